@@ -1,0 +1,217 @@
+"""The confluent-kafka adapter: the one module that imports it.
+
+- :class:`BoundedProducer` — the thin producer every gpulens producer uses: idempotent, acks=all,
+  compressed, batched by linger, a bounded local queue whose overflow is counted (never unbounded
+  memory), delivery reports counted, flush on close.
+- :func:`make_consumer` — a consumer with manual commits, for sinks and tools.
+- :func:`ensure_topics` / :func:`broker_reachable` — the admin side of ``gpulens topics create``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from common.settings import KafkaSettings, ProducerSettings
+from schemas.topics import TopicSpec
+
+Headers = list[tuple[str, str | bytes | None]]
+
+__all__ = [
+    "BoundedProducer",
+    "BrokerUnavailable",
+    "Consumer",
+    "KafkaError",
+    "KafkaException",
+    "Message",
+    "TopicReport",
+    "broker_reachable",
+    "ensure_topics",
+    "make_consumer",
+]
+
+
+class BrokerUnavailable(Exception):
+    """No broker answered at the configured bootstrap servers."""
+
+
+@dataclass
+class ProducerStats:
+    produced: int = 0
+    delivered: int = 0
+    failed: int = 0
+    overflowed: int = 0
+    last_error: str | None = None
+
+
+class BoundedProducer:
+    """confluent-kafka Producer with a bounded queue and counted outcomes.
+
+    ``produce`` never blocks and never grows memory past ``queue_max_messages`` /
+    ``queue_max_kbytes``: when the local queue is full (broker down for long), the record is
+    counted in ``stats.overflowed`` and ``False`` is returned. Queued records are delivered when
+    the broker comes back, within ``delivery_timeout_ms``.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        settings: ProducerSettings | None = None,
+        on_delivery: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        settings = settings or ProducerSettings()
+        conf = kafka.to_librdkafka() | {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": settings.compression,
+            "linger.ms": settings.linger_ms,
+            "queue.buffering.max.messages": settings.queue_max_messages,
+            "queue.buffering.max.kbytes": settings.queue_max_kbytes,
+            "message.timeout.ms": settings.delivery_timeout_ms,
+        }
+        self._producer = Producer(conf)
+        self._on_delivery = on_delivery
+        self._lock = threading.Lock()
+        self.stats = ProducerStats()
+
+    def _delivery(self, err: KafkaError | None, msg: Message) -> None:
+        with self._lock:
+            if err is None:
+                self.stats.delivered += 1
+            else:
+                self.stats.failed += 1
+                self.stats.last_error = str(err)
+        if self._on_delivery is not None:
+            self._on_delivery(msg.topic() or "", err is None)
+
+    def produce(
+        self, topic: str, key: str | bytes | None, value: bytes | None, headers: Headers | None = None
+    ) -> bool:
+        """Queue one record; ``False`` when the bounded queue is full (counted as overflow)."""
+        try:
+            self._producer.produce(
+                topic, value=value, key=key, headers=headers, on_delivery=self._delivery
+            )
+        except BufferError:
+            self.stats.overflowed += 1
+            self._producer.poll(0)
+            return False
+        self.stats.produced += 1
+        self._producer.poll(0)
+        return True
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self._producer.poll(timeout_s)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._producer)
+
+    def flush(self, timeout_s: float = 30.0) -> int:
+        """Wait for outstanding deliveries; returns how many are still queued."""
+        return int(self._producer.flush(timeout_s))
+
+    def close(self, timeout_s: float = 30.0) -> int:
+        return self.flush(timeout_s)
+
+
+def make_consumer(
+    kafka: KafkaSettings, group_id: str, extra: dict[str, Any] | None = None
+) -> Consumer:
+    conf = kafka.to_librdkafka() | {
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+    }
+    conf.update(extra or {})
+    return Consumer(conf)
+
+
+def broker_reachable(kafka: KafkaSettings, timeout_s: float = 5.0) -> bool:
+    admin = AdminClient(kafka.to_librdkafka())
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return True
+
+
+@dataclass
+class TopicReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+
+def ensure_topics(
+    kafka: KafkaSettings,
+    specs: Iterable[TopicSpec],
+    prefix: str,
+    replication_factor: int = 1,
+    timeout_s: float = 15.0,
+) -> TopicReport:
+    """Create every missing topic with its partitions and cleanup policy; idempotent.
+
+    Existing topics are left alone; a partition count or cleanup policy that differs from the
+    registry is reported in ``mismatched`` (never silently changed).
+    """
+    admin = AdminClient(kafka.to_librdkafka())
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise BrokerUnavailable(f"no Kafka broker at {kafka.bootstrap_servers}: {exc}") from None
+    report = TopicReport()
+    wanted: dict[str, TopicSpec] = {spec.name(prefix): spec for spec in specs}
+    missing = [name for name in wanted if name not in metadata.topics]
+    present = [name for name in wanted if name in metadata.topics]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    name,
+                    num_partitions=wanted[name].partitions,
+                    replication_factor=replication_factor,
+                    config=wanted[name].kafka_config(),
+                )
+                for name in missing
+            ],
+            request_timeout=timeout_s,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+                report.created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    report.existing.append(name)
+                else:
+                    raise
+    for name in present:
+        spec = wanted[name]
+        partitions = len(metadata.topics[name].partitions)
+        policy = _cleanup_policy(admin, name, timeout_s)
+        if partitions != spec.partitions or policy != spec.cleanup_policy:
+            report.mismatched.append(
+                f"{name} (partitions {partitions}, want {spec.partitions}; "
+                f"cleanup.policy {policy}, want {spec.cleanup_policy})"
+            )
+        else:
+            report.existing.append(name)
+    return report
+
+
+def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+    return str(result["cleanup.policy"].value)
+
+
+def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:
+    metadata = AdminClient(kafka.to_librdkafka()).list_topics(topic, timeout=timeout_s)
+    return sorted(metadata.topics[topic].partitions)

@@ -1,0 +1,229 @@
+"""Configuration of every gpulens service, validated once at start-up.
+
+Each service has one settings model. Values come from CLI flags (highest precedence), then
+environment variables prefixed ``GPULENS_`` (nested with ``__``, e.g.
+``GPULENS_KAFKA__BOOTSTRAP_SERVERS``), then defaults. No other module reads the environment.
+Kafka connection settings are mapped here, once, to librdkafka keys (confluent-kafka) and to
+aiokafka/faust arguments. Secrets are ``SecretStr`` and never printed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "GPULENS_"
+
+
+class ConfigError(Exception):
+    """Invalid configuration: the message names the setting and what it accepts."""
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpulens"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpulens"
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    ssl_certificate_location: Path | None = None
+    ssl_key_location: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    client_id: str = "gpulens"
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _hosts_have_ports(cls, value: str) -> str:
+        for server in value.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port...], got {server!r}")
+        return value
+
+    def to_librdkafka(self) -> dict[str, Any]:
+        """confluent-kafka configuration for this connection."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+            "client.id": self.client_id,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            conf["ssl.ca.location"] = str(self.ssl_ca_location)
+        if self.ssl_certificate_location:
+            conf["ssl.certificate.location"] = str(self.ssl_certificate_location)
+        if self.ssl_key_location:
+            conf["ssl.key.location"] = str(self.ssl_key_location)
+        if self.ssl_key_password:
+            conf["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        return conf
+
+    def to_aiokafka(self) -> dict[str, Any]:
+        """aiokafka (and so faust) keyword arguments for this connection."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+        }
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = (
+                self.sasl_password.get_secret_value() if self.sasl_password else None
+            )
+        return kwargs
+
+    def faust_broker_url(self) -> str:
+        scheme = "kafka"
+        return ";".join(f"{scheme}://{server.strip()}" for server in self.bootstrap_servers.split(","))
+
+
+class ProducerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
+    linger_ms: int = Field(default=50, ge=0, le=5000)
+    queue_max_messages: int = Field(default=100_000, ge=1)
+    queue_max_kbytes: int = Field(default=262_144, ge=1)
+    delivery_timeout_ms: int = Field(default=300_000, ge=1000)
+
+
+class LocalKafkaSettings(BaseModel):
+    """The single-node broker ``gpulens kafka up`` runs for the embedded default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = "3.9.1"
+    port: int = Field(default=9092, ge=1, le=65535)
+    controller_port: int = Field(default=9093, ge=1, le=65535)
+    heap_mb: int = Field(default=512, ge=128)
+    start_timeout_s: float = Field(default=90.0, gt=0)
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    """Where the broker's jars are kept between runs (shared by every data directory)."""
+
+
+class ClickHouseSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = ""
+    """``chdb:///path`` (embedded) or ``http(s)://user:pass@host:port/db``; empty = embedded under data_dir."""
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if value and urlsplit(value).scheme not in ("chdb", "http", "https"):
+            raise ValueError(f"expected chdb:///path or http(s)://host:port/db, got {value!r}")
+        return value
+
+
+class CommonSettings(BaseSettings):
+    """What every service shares."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    topic_prefix: str = Field(default="gpulens", pattern=r"^[A-Za-z0-9._-]+$")
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the Prometheus ``/metrics`` endpoint; 0 disables it."""
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    producer: ProducerSettings = Field(default_factory=ProducerSettings)
+    local_kafka: LocalKafkaSettings = Field(default_factory=LocalKafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+
+    def clickhouse_url(self) -> str:
+        return self.clickhouse.url or f"chdb://{self.data_dir / 'clickhouse'}"
+
+
+class AgentSettings(CommonSettings):
+    node_name: str | None = None
+    sample_interval_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    proc_root: Path = Path("/proc")
+    simulate: bool = False
+
+
+class WatcherSettings(CommonSettings):
+    kubeconfig: Path | None = None
+    namespaces: list[str] = Field(default_factory=list)
+    team_label_keys: list[str] = Field(default_factory=lambda: ["team", "gpulens.io/team"])
+    project_label_keys: list[str] = Field(default_factory=lambda: ["project", "gpulens.io/project"])
+    extra_gpu_resources: list[str] = Field(default_factory=list)
+    simulate: bool = False
+
+
+class WorkerSettings(CommonSettings):
+    stage: Literal["node", "cluster", "all"] = "all"
+    window_s: float = Field(default=60.0, ge=1.0)
+    sample_interval_s: float = Field(default=10.0, ge=1.0)
+    prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+    web_port: int = Field(default=6066, ge=1, le=65535)
+
+
+class SinkSettings(CommonSettings):
+    batch_max_rows: int = Field(default=10_000, ge=1)
+    batch_max_age_s: float = Field(default=2.0, gt=0)
+    group_id: str = "gpulens-sink"
+    raw_sample_ttl_days: int = Field(default=14, ge=1)
+    rollup_ttl_days: int = Field(default=730, ge=1)
+
+
+S = TypeVar("S", bound=CommonSettings)
+
+
+def _env_name(loc: tuple[int | str, ...]) -> str:
+    return ENV_PREFIX + "__".join(str(part).upper() for part in loc)
+
+
+def load_settings(settings_type: type[S], **overrides: Any) -> S:
+    """Build settings from flags (``overrides``; ``None`` means "not given"), env and defaults.
+
+    Raises :class:`ConfigError` naming the environment variable and what it accepts.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return settings_type(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(error["loc"])
+            problems.append(f"{_env_name(loc)}: {error['msg']} (got {error.get('input')!r})")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+
+
+def redacted(settings: BaseSettings) -> dict[str, Any]:
+    """Settings as plain data with every secret masked, for ``gpulens config show``."""
+    data = settings.model_dump(mode="json")
+    clickhouse = data.get("clickhouse", {})
+    if clickhouse.get("url"):
+        parts = urlsplit(clickhouse["url"])
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":**********@")
+            clickhouse["url"] = parts._replace(netloc=netloc).geturl()
+    return data

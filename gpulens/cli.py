@@ -1,0 +1,192 @@
+"""The ``gpulens`` command line: one entry point for every part of the product.
+
+Each part contributes a click command from ``gpulens/commands``. Settings are loaded and
+validated once per command (flags over ``GPULENS_*`` environment over defaults). User errors —
+bad flags, bad configuration, a broker that is down — print one clear line and exit 2; a
+traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from common import logs
+from common.kafka import BrokerUnavailable, ensure_topics
+from common.settings import (
+    AgentSettings,
+    CommonSettings,
+    ConfigError,
+    SinkSettings,
+    WatcherSettings,
+    WorkerSettings,
+    load_settings,
+    redacted,
+)
+from gpulens import __version__
+from gpulens.errors import UserError
+from gpulens.kafka_local import LocalKafka
+from schemas.json_schema import export as export_schemas
+from schemas.topics import ALL_TOPICS
+
+common_options = [
+    click.option("--bootstrap-servers", "bootstrap_servers", default=None,
+                 help="Kafka bootstrap servers [env GPULENS_KAFKA__BOOTSTRAP_SERVERS]"),
+    click.option("--topic-prefix", default=None, help="topic name prefix [env GPULENS_TOPIC_PREFIX]"),
+    click.option("--data-dir", default=None, type=click.Path(path_type=Path),
+                 help="local state directory [env GPULENS_DATA_DIR]"),
+    click.option("--log-level", default=None, help="DEBUG|INFO|WARNING|ERROR [env GPULENS_LOG_LEVEL]"),
+]
+
+
+def with_common_options(func: Any) -> Any:
+    for option in reversed(common_options):
+        func = option(func)
+    return func
+
+
+def settings_from_flags(settings_type: type[Any], **flags: Any) -> Any:
+    """Load ``settings_type`` with the common flags folded into their nested places."""
+    bootstrap = flags.pop("bootstrap_servers", None)
+    settings = load_settings(settings_type, **flags)
+    if bootstrap is not None:
+        kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
+        settings = load_settings(settings_type, **(flags | {"kafka": kafka.model_dump()}))
+    logs.configure(settings.log_level, settings.log_format)
+    return settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpulens")
+def cli() -> None:
+    """gpulens: see what a Kubernetes GPU fleet is really doing."""
+
+
+@cli.group()
+def kafka() -> None:
+    """Run the local single-node Kafka broker (KRaft) for the embedded default."""
+
+
+def _kafka_command(action: str) -> Any:
+    @with_common_options
+    @click.option("--port", type=int, default=None, help="broker port [env GPULENS_LOCAL_KAFKA__PORT]")
+    @click.option("--controller-port", type=int, default=None, help="KRaft controller port")
+    def command(port: int | None, controller_port: int | None, **flags: Any) -> None:
+        settings = settings_from_flags(CommonSettings, **flags)
+        local = LocalKafka.from_settings(settings)
+        if port:
+            local = dataclasses.replace(local, port=port)
+        if controller_port:
+            local = dataclasses.replace(local, controller_port=controller_port)
+        if action == "up":
+            click.echo(local.up(timeout_s=settings.local_kafka.start_timeout_s))
+        elif action == "down":
+            click.echo(local.down())
+        else:
+            click.echo(local.status())
+
+    command.__doc__ = {"up": "Fetch (once) and start the broker; reuse it if running.",
+                       "down": "Stop the broker gpulens started.",
+                       "status": "Say whether the broker runs."}[action]
+    return command
+
+
+for _action in ("up", "down", "status"):
+    kafka.command(_action)(_kafka_command(_action))
+
+
+@cli.group()
+def topics() -> None:
+    """Kafka topics of this install."""
+
+
+@topics.command("create")
+@with_common_options
+def topics_create(**flags: Any) -> None:
+    """Create every topic with its partitions and cleanup policy (idempotent)."""
+    settings = settings_from_flags(CommonSettings, **flags)
+    try:
+        report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix)
+    except BrokerUnavailable as exc:
+        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+    for name in report.created:
+        click.echo(f"created  {name}")
+    for name in report.existing:
+        click.echo(f"exists   {name}")
+    for line in report.mismatched:
+        click.echo(f"DIFFERS  {line}")
+    if not report.created:
+        click.echo(f"nothing to change: all {len(report.existing)} topics exist" if not report.mismatched
+                   else "some topics differ from the registry; not changed")
+    else:
+        click.echo(f"created {len(report.created)}, already present {len(report.existing)}")
+
+
+@topics.command("list")
+@click.option("--topic-prefix", default=None)
+def topics_list(topic_prefix: str | None) -> None:
+    """Show the topic registry: name, key, partitions, cleanup policy."""
+    settings = load_settings(CommonSettings, topic_prefix=topic_prefix)
+    for spec in ALL_TOPICS:
+        click.echo(f"{spec.name(settings.topic_prefix):40} key={spec.key:14} partitions={spec.partitions:<3} "
+                   f"cleanup={spec.cleanup_policy}")
+
+
+@cli.group()
+def schemas() -> None:
+    """JSON Schema documents of every topic."""
+
+
+@schemas.command("export")
+@click.argument("directory", type=click.Path(path_type=Path))
+def schemas_export(directory: Path) -> None:
+    """Write one JSON Schema per topic into DIRECTORY."""
+    for path in export_schemas(directory):
+        click.echo(str(path))
+
+
+@cli.group()
+def config() -> None:
+    """Configuration."""
+
+
+@config.command("show")
+@click.option("--service", type=click.Choice(["common", "agent", "watcher", "worker", "sink"]), default="common")
+def config_show(service: str) -> None:
+    """Print the effective configuration (secrets masked)."""
+    settings_type = {"common": CommonSettings, "agent": AgentSettings, "watcher": WatcherSettings,
+                     "worker": WorkerSettings, "sink": SinkSettings}[service]
+    click.echo(orjson.dumps(redacted(load_settings(settings_type)), option=orjson.OPT_INDENT_2).decode())
+
+
+def _register_part_commands() -> None:
+    from gpulens.commands import register
+
+    register(cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register_part_commands()
+    try:
+        cli.main(args=argv, prog_name="gpulens", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (ConfigError, UserError) as exc:
+        click.echo(f"gpulens: {exc}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

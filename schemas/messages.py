@@ -1,0 +1,406 @@
+"""Typed message contracts for every gpulens topic.
+
+These pydantic models are the single source of truth for what travels on Kafka: the JSON Schema
+documents committed under ``schemas/json`` are generated from them (a test fails on drift), and
+every producer, stream job and sink encodes and decodes through them (see ``schemas.codec``).
+
+Conventions, fixed by DESIGN.md:
+- every message carries ``schema_version``;
+- timestamps are timezone-aware UTC datetimes, serialised as ISO 8601 with ``Z``;
+- units are in field names (``mem_used_bytes``, ``sm_util_pct``, ``power_w``, ``*_s`` seconds);
+- unknown fields are ignored on decode, so old consumers survive newer producers;
+- a value NVML or Kubernetes does not provide is ``None`` (absent), never a made-up zero.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+
+SCHEMA_VERSION = 1
+
+
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamp must carry a timezone (UTC)")
+    return value.astimezone(UTC)
+
+
+def _iso_z(value: datetime) -> str:
+    text = value.astimezone(UTC).isoformat()
+    return text.replace("+00:00", "Z")
+
+
+UtcDatetime = Annotated[
+    datetime,
+    AfterValidator(_as_utc),
+    PlainSerializer(_iso_z, return_type=str, when_used="json"),
+]
+"""A UTC timestamp; naive datetimes are rejected so wall-clock confusion cannot creep in."""
+
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Percent = Annotated[float, Field(ge=0, le=100)]
+
+
+class Message(BaseModel):
+    """Base of every topic's value: versioned, tolerant of unknown fields, immutable."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class Part(BaseModel):
+    """Base of nested records inside a message."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# --------------------------------------------------------------------------- gpu.samples.v1
+
+GpuHealth = Literal["ok", "degraded", "lost", "error"]
+
+
+class XidEvent(Part):
+    xid: int
+    at: UtcDatetime
+    critical: bool
+    message: str | None = None
+
+
+class PodRef(Part):
+    """A pod/container the kubelet's PodResources API assigned a device to."""
+
+    namespace: str
+    pod: str
+    container: str
+    pod_uid: str | None = None
+
+
+class GpuProcess(Part):
+    pid: int
+    container_id: str | None = None
+    pod_uid: str | None = None
+    pod_namespace: str | None = None
+    pod_name: str | None = None
+    container_name: str | None = None
+    mem_used_bytes: NonNegInt | None = None
+    sm_util_pct: Percent | None = None
+    process_name: str | None = None
+
+
+class GpuReading(Part):
+    uuid: str
+    index: int
+    model: str
+    mig_parent_uuid: str | None = None
+    mig_profile: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    gpu_util_pct: Percent | None = None
+    mem_util_pct: Percent | None = None
+    mem_used_bytes: NonNegInt | None = None
+    mem_total_bytes: NonNegInt | None = None
+    power_w: NonNegFloat | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: NonNegInt | None = None
+    mem_clock_mhz: NonNegInt | None = None
+    pcie_tx_bytes_per_s: NonNegFloat | None = None
+    pcie_rx_bytes_per_s: NonNegFloat | None = None
+    nvlink_tx_bytes_per_s: NonNegFloat | None = None
+    nvlink_rx_bytes_per_s: NonNegFloat | None = None
+    health: GpuHealth = "ok"
+    health_reason: str | None = None
+    xids: list[XidEvent] = Field(default_factory=list)
+    assigned_to: list[PodRef] = Field(default_factory=list)
+    processes: list[GpuProcess] = Field(default_factory=list)
+    shared: bool = False
+
+
+class GpuSample(Message):
+    """One node's NVML sample: every GPU and process of the node at one sampling moment."""
+
+    node: str
+    ts: UtcDatetime
+    agent_boot_id: str
+    seq: NonNegInt
+    sample_interval_s: Annotated[float, Field(gt=0)]
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: list[GpuReading] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- k8s.pods.v1
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+
+
+class PodCondition(Part):
+    type: str
+    status: str
+    reason: str | None = None
+    message: str | None = None
+    last_transition_at: UtcDatetime | None = None
+
+
+class OwnerRef(Part):
+    kind: str
+    name: str
+    uid: str | None = None
+    api_version: str | None = None
+
+
+class ContainerState(Part):
+    name: str
+    container_id: str | None = None
+    image: str | None = None
+    ready: bool = False
+    state: Literal["waiting", "running", "terminated", "unknown"] = "unknown"
+    state_reason: str | None = None
+    restart_count: NonNegInt = 0
+    last_termination_reason: str | None = None
+    last_exit_code: int | None = None
+    last_finished_at: UtcDatetime | None = None
+
+
+class PodState(Message):
+    """Full state of one pod on each relevant change; a Kafka tombstone follows its deletion."""
+
+    uid: str
+    namespace: str
+    name: str
+    ts: UtcDatetime
+    node: str | None = None
+    phase: PodPhase
+    conditions: list[PodCondition] = Field(default_factory=list)
+    gpu_requests: dict[str, NonNegInt] = Field(default_factory=dict)
+    owners: list[OwnerRef] = Field(default_factory=list)
+    team: str | None = None
+    project: str | None = None
+    gang_id: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    containers: list[ContainerState] = Field(default_factory=list)
+    restarts: NonNegInt = 0
+    last_termination_reason: str | None = None
+    last_exit_code: int | None = None
+    status_reason: str | None = None
+    deleted: bool = False
+    created_at: UtcDatetime
+    scheduled_at: UtcDatetime | None = None
+    started_at: UtcDatetime | None = None
+    finished_at: UtcDatetime | None = None
+    deleted_at: UtcDatetime | None = None
+    priority_class: str | None = None
+
+
+# --------------------------------------------------------------------------- k8s.nodes.v1
+
+
+class Taint(Part):
+    key: str
+    value: str | None = None
+    effect: str
+
+
+class NodeState(Message):
+    node: str
+    ts: UtcDatetime
+    uid: str | None = None
+    gpu_capacity: dict[str, NonNegInt] = Field(default_factory=dict)
+    gpu_allocatable: dict[str, NonNegInt] = Field(default_factory=dict)
+    gpu_product: str | None = None
+    gpu_memory_bytes: NonNegInt | None = None
+    gpu_count_label: NonNegInt | None = None
+    cuda_driver_version: str | None = None
+    driver_version: str | None = None
+    mig_strategy: str | None = None
+    ready: bool
+    unschedulable: bool = False
+    taints: list[Taint] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    deleted: bool = False
+
+
+# --------------------------------------------------------------------------- k8s.events.v1
+
+EventCategory = Literal[
+    "scheduling_failed", "preempted", "evicted", "oom_killed", "scheduled", "other"
+]
+
+
+class K8sEvent(Message):
+    uid: str
+    ts: UtcDatetime
+    category: EventCategory
+    reason: str
+    message: str = ""
+    type: str = "Normal"
+    count: NonNegInt = 1
+    involved_kind: str
+    involved_uid: str | None = None
+    involved_namespace: str | None = None
+    involved_name: str
+    source: str | None = None
+
+
+# --------------------------------------------------------------------------- workload.progress.v1
+
+
+class WorkloadProgress(Message):
+    """Monotonic counters a workload reports, for cost per unit of work."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    ts: UtcDatetime
+    steps_total: NonNegFloat | None = None
+    tokens_total: NonNegFloat | None = None
+    samples_total: NonNegFloat | None = None
+
+
+# --------------------------------------------------------------------------- pod.windows.v1
+
+
+class PodWindow(Message):
+    """Per pod, per GPU, per event-time window utilisation. ``window_id`` is deterministic."""
+
+    window_id: str
+    pod_uid: str
+    namespace: str
+    pod: str
+    node: str
+    gpu_uuid: str
+    gpu_model: str
+    window_start: UtcDatetime
+    window_end: UtcDatetime
+    team: str | None = None
+    project: str | None = None
+    allocated_s: NonNegFloat
+    busy_s: NonNegFloat
+    idle_s: NonNegFloat
+    gap_s: NonNegFloat = 0.0
+    samples: NonNegInt
+    avg_sm_util_pct: Percent | None = None
+    max_sm_util_pct: Percent | None = None
+    avg_mem_used_bytes: NonNegFloat | None = None
+    max_mem_used_bytes: NonNegInt | None = None
+    energy_j: NonNegFloat | None = None
+    share_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    share_estimated: bool = False
+    cost_usd: NonNegFloat = 0.0
+    steps: NonNegFloat | None = None
+    tokens: NonNegFloat | None = None
+
+
+# --------------------------------------------------------------------------- cluster.capacity.v1
+
+
+class ClusterCapacity(Message):
+    window_id: str
+    window_start: UtcDatetime
+    window_end: UtcDatetime
+    gpus_total: NonNegInt
+    gpus_allocated: NonNegInt
+    gpus_busy: NonNegInt
+    gpus_idle_allocated: NonNegInt
+    gpus_free: NonNegInt
+    free_gpus_by_node: dict[str, NonNegInt] = Field(default_factory=dict)
+    largest_free_block: NonNegInt = 0
+    stranded_gpus: NonNegInt = 0
+    pending_pods: NonNegInt = 0
+    pending_gpu_demand: NonNegInt = 0
+
+
+# --------------------------------------------------------------------------- pod.lifecycle.v1
+
+EndReason = Literal[
+    "Succeeded", "Failed", "OOMKilled", "Evicted", "Deleted", "Preempted", "Running", "Pending"
+]
+
+
+class PodLifecycle(Message):
+    """One record when a GPU pod ends (also emitted for pods still open at the end of a replay)."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    team: str | None = None
+    project: str | None = None
+    node: str | None = None
+    gpus: NonNegInt
+    gpu_model: str | None = None
+    created_at: UtcDatetime
+    scheduled_at: UtcDatetime | None = None
+    started_at: UtcDatetime | None = None
+    finished_at: UtcDatetime | None = None
+    pending_reasons: list[str] = Field(default_factory=list)
+    pending_s: NonNegFloat
+    running_s: NonNegFloat
+    gpu_hours: NonNegFloat
+    idle_gpu_hours: NonNegFloat
+    peak_mem_bytes: NonNegInt | None = None
+    avg_sm_util_pct: Percent | None = None
+    cost_usd: NonNegFloat = 0.0
+    end_reason: EndReason
+    steps: NonNegFloat | None = None
+    cost_per_step_usd: NonNegFloat | None = None
+
+
+# --------------------------------------------------------------------------- alerts.v1
+
+AlertType = Literal[
+    "idle_gpu",
+    "vram_pressure",
+    "gpu_health",
+    "pending_gpu",
+    "fragmentation",
+    "gang_partial",
+    "crashloop_gpu",
+    "idle_node",
+]
+Severity = Literal["info", "warning", "critical"]
+
+
+class AlertSubject(Part):
+    kind: Literal["pod", "node", "gang", "cluster"]
+    namespace: str | None = None
+    name: str | None = None
+    node: str | None = None
+    gpu_uuid: str | None = None
+
+
+class Alert(Message):
+    """One alert transition. ``id`` = hash(type, subject, start) is shared by firing and resolved."""
+
+    id: str
+    type: AlertType
+    severity: Severity
+    state: Literal["firing", "resolved"]
+    at: UtcDatetime
+    started_at: UtcDatetime
+    subject: AlertSubject
+    summary: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- deadletter.v1
+
+
+class DeadLetter(Message):
+    """A rejected input record; the same facts also travel as Kafka headers."""
+
+    error: str
+    source_topic: str
+    source_partition: int | None = None
+    source_offset: int | None = None
+    at: UtcDatetime
+    payload_text: str | None = None
+    payload_b64: str | None = None
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

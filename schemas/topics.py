@@ -1,0 +1,120 @@
+"""The topic registry: every gpulens topic's name, key, message type and Kafka settings.
+
+Names live under a configurable prefix (default ``gpulens``) so several installs can share one
+Kafka cluster. Compacted topics hold the latest state per key (pods, nodes); the others are
+time-bounded streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.messages import (
+    Alert,
+    ClusterCapacity,
+    DeadLetter,
+    GpuSample,
+    K8sEvent,
+    Message,
+    NodeState,
+    PodLifecycle,
+    PodState,
+    PodWindow,
+    WorkloadProgress,
+)
+
+DEFAULT_PREFIX = "gpulens"
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic's contract. ``suffix`` is the name without the install prefix."""
+
+    suffix: str
+    key: str
+    message: type[Message]
+    partitions: int
+    cleanup_policy: str  # "delete" or "compact"
+    retention_ms: int
+    description: str
+
+    def name(self, prefix: str = DEFAULT_PREFIX) -> str:
+        return f"{prefix}.{self.suffix}"
+
+    def kafka_config(self) -> dict[str, str]:
+        config = {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
+        if self.cleanup_policy == "compact":
+            config["min.compaction.lag.ms"] = "60000"
+            config["delete.retention.ms"] = str(_DAY_MS)
+        return config
+
+
+GPU_SAMPLES = TopicSpec(
+    "gpu.samples.v1", "node", GpuSample, 12, "delete", 3 * _DAY_MS,
+    "one NVML sample per node per interval with every GPU and process",
+)
+K8S_PODS = TopicSpec(
+    "k8s.pods.v1", "pod uid", PodState, 6, "compact", -1,
+    "full pod state on each change; tombstone on delete",
+)
+K8S_NODES = TopicSpec(
+    "k8s.nodes.v1", "node", NodeState, 3, "compact", -1,
+    "GPU capacity, labels, readiness and taints per node",
+)
+K8S_EVENTS = TopicSpec(
+    "k8s.events.v1", "involved uid", K8sEvent, 3, "delete", 7 * _DAY_MS,
+    "scheduling failures, evictions, preemptions, OOM kills",
+)
+WORKLOAD_PROGRESS = TopicSpec(
+    "workload.progress.v1", "pod uid", WorkloadProgress, 3, "delete", 7 * _DAY_MS,
+    "counters workloads report (steps, tokens, samples)",
+)
+POD_WINDOWS = TopicSpec(
+    "pod.windows.v1", "pod uid", PodWindow, 6, "delete", 7 * _DAY_MS,
+    "per pod, per GPU, per window utilisation and cost",
+)
+CLUSTER_CAPACITY = TopicSpec(
+    "cluster.capacity.v1", "cluster", ClusterCapacity, 1, "delete", 7 * _DAY_MS,
+    "per window cluster capacity and fragmentation",
+)
+POD_LIFECYCLE = TopicSpec(
+    "pod.lifecycle.v1", "pod uid", PodLifecycle, 3, "delete", 30 * _DAY_MS,
+    "one record when a GPU pod ends",
+)
+ALERTS = TopicSpec(
+    "alerts.v1", "alert id", Alert, 3, "delete", 30 * _DAY_MS,
+    "alert transitions (firing / resolved)",
+)
+DEADLETTER = TopicSpec(
+    "deadletter.v1", "original key", DeadLetter, 1, "delete", 14 * _DAY_MS,
+    "rejected input with the reason and source position",
+)
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    GPU_SAMPLES,
+    K8S_PODS,
+    K8S_NODES,
+    K8S_EVENTS,
+    WORKLOAD_PROGRESS,
+    POD_WINDOWS,
+    CLUSTER_CAPACITY,
+    POD_LIFECYCLE,
+    ALERTS,
+    DEADLETTER,
+)
+
+
+def by_suffix(suffix: str) -> TopicSpec:
+    for spec in ALL_TOPICS:
+        if spec.suffix == suffix:
+            return spec
+    raise KeyError(f"unknown topic {suffix!r}; known: {', '.join(t.suffix for t in ALL_TOPICS)}")
+
+
+def spec_for_name(name: str) -> TopicSpec:
+    """The spec of a full topic name, whatever its prefix."""
+    for spec in ALL_TOPICS:
+        if name.endswith("." + spec.suffix):
+            return spec
+    raise KeyError(f"{name!r} is not a gpulens topic")

@@ -1,0 +1,1 @@
+"""Sinks: every topic into ClickHouse exactly once."""

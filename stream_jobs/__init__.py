@@ -1,0 +1,1 @@
+"""Stream jobs: faust workers joining samples with pod state into windows, capacity, lifecycle records and alerts."""

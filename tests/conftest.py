@@ -1,0 +1,34 @@
+"""Shared fixtures. Kafka tests use the real local broker, started through the same code path as
+``gpulens kafka up`` (idempotent: ``scripts/test.sh`` has usually started it already). If it
+cannot start, the tests fail loudly — they are never skipped."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from common.settings import CommonSettings, KafkaSettings, load_settings
+from gpulens.kafka_local import LocalKafka
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_SCENARIOS = REPO_ROOT.parent / "shared" / "scenarios"
+
+
+@pytest.fixture(scope="session")
+def local_kafka() -> LocalKafka:
+    return LocalKafka.from_settings(load_settings(CommonSettings))
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(local_kafka: LocalKafka) -> KafkaSettings:
+    local_kafka.up(progress=False)
+    return KafkaSettings(bootstrap_servers=local_kafka.bootstrap)
+
+
+@pytest.fixture
+def topic_prefix() -> Iterator[str]:
+    """A fresh topic prefix per test, so tests sharing the broker never see each other's data."""
+    yield f"test{uuid.uuid4().hex[:10]}"

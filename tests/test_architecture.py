@@ -1,0 +1,70 @@
+"""The layering rules of DESIGN.md, checked: one-way dependencies (also enforced by import-linter
+in ``scripts/test.sh``) and each third-party client used from exactly one adapter module."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("gpulens", "common", "schemas", "producers", "stream_jobs", "sinks")
+
+# third-party client -> the only modules allowed to import it
+ADAPTERS: dict[str, set[str]] = {
+    "confluent_kafka": {"common/kafka.py"},
+    "faust": {"stream_jobs/faust_app.py"},
+    "mode": {"stream_jobs/faust_app.py"},
+    "aiokafka": set(),
+    "clickhouse_connect": {"sinks/clickhouse.py"},
+    "chdb": {"sinks/clickhouse.py"},
+    "pynvml": {"producers/agent/nvml.py"},
+    "grpc": {"producers/agent/podresources.py", "producers/agent/fake_kubelet.py"},
+    "kubernetes": {"producers/watcher/kube.py"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _source_files() -> list[Path]:
+    return [p for pkg in PACKAGES for p in (REPO_ROOT / pkg).rglob("*.py") if "_pb2" not in p.name]
+
+
+def test_each_third_party_client_lives_in_its_adapter() -> None:
+    offenders = []
+    for path in _source_files():
+        rel = path.relative_to(REPO_ROOT).as_posix()
+        for module in _imports(path) & ADAPTERS.keys():
+            if rel not in ADAPTERS[module]:
+                offenders.append(f"{rel} imports {module}")
+    assert offenders == [], "third-party clients outside their adapter modules:\n" + "\n".join(offenders)
+
+
+def test_parts_never_import_each_other() -> None:
+    parts = {"producers", "stream_jobs", "sinks", "gpulens"}
+    offenders = []
+    for path in _source_files():
+        own = path.relative_to(REPO_ROOT).parts[0]
+        if own == "gpulens":
+            continue
+        for module in _imports(path) & parts:
+            if module != own:
+                offenders.append(f"{path.relative_to(REPO_ROOT)} imports {module}")
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_import_linter_contracts_hold() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint)], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
