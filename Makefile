@@ -1,0 +1,32 @@
+.PHONY: install test bench kafka-up kafka-down topics demo lint
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+
+install: $(PY)
+
+test:
+	bash scripts/test.sh
+
+lint: $(PY)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/lint-imports && $(VENV)/bin/mypy .
+
+kafka-up: $(PY)
+	$(VENV)/bin/gpulens kafka up
+
+kafka-down: $(PY)
+	$(VENV)/bin/gpulens kafka down
+
+topics: $(PY)
+	$(VENV)/bin/gpulens topics create
+
+bench: $(PY)
+	$(PY) -m benchmarks $(ARGS)
+
+demo: $(PY)
+	$(VENV)/bin/gpulens demo
