@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "GPULENS_"
@@ -161,11 +161,23 @@ class CommonSettings(BaseSettings):
 
 
 class AgentSettings(CommonSettings):
-    node_name: str | None = None
+    node_name: str | None = Field(
+        default=None, validation_alias=AliasChoices("GPULENS_NODE_NAME", "node_name", "NODE_NAME")
+    )
+    """This node's name: ``--node-name``, else ``GPULENS_NODE_NAME``, else ``NODE_NAME`` (downward API)."""
     sample_interval_s: float = Field(default=10.0, ge=1.0, le=3600.0)
     kubelet_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     proc_root: Path = Path("/proc")
     simulate: bool = False
+    kubelet_timeout_s: float = Field(default=5.0, gt=0, le=60.0)
+    """Deadline of one PodResources gRPC call."""
+    gpu_resource_prefixes: list[str] = Field(default_factory=lambda: ["nvidia.com/"])
+    """Extended resources whose device ids are GPUs or MIG devices (``nvidia.com/gpu``, ``nvidia.com/mig-*``)."""
+    buffer_max_kbytes: int = Field(default=16_384, ge=64)
+    """Bound of the local queue while the broker is unreachable; beyond it samples are dropped and counted."""
+    buffer_max_messages: int = Field(default=10_000, ge=10)
+    nvml_backoff_max_s: float = Field(default=60.0, ge=1.0)
+    """Longest wait between NVML (re-)initialisation attempts (exponential backoff from 1 s)."""
 
 
 class WatcherSettings(CommonSettings):
