@@ -1,0 +1,555 @@
+"""Pure translation from Kubernetes API JSON to gpulens messages.
+
+Input is the JSON the API server serves (camelCase dicts, as a raw watch event's ``object`` or
+``ApiClient.sanitize_for_serialization`` gives), so the same functions serve the live watcher, the
+simulated API server and the fleet simulator, with no client library involved. Everything here is
+deterministic: the observation time ``ts`` is passed in, never read from a clock.
+
+Choices worth knowing:
+- GPU requests per resource name follow the scheduler's rule: ``max(sum(app containers +
+  restartable init containers), max(init containers))``; extended resources usually appear only
+  as limits, and limits stand for requests when requests are absent.
+- The owner chain is inferred from the pod alone (no extra API calls): a ReplicaSet owner whose
+  name ends in the pod's ``pod-template-hash`` implies its Deployment; a Job named
+  ``<cronjob>-<minutes>`` implies its CronJob; JobSet and Kubeflow job labels add their owner.
+- Container ids drop the runtime prefix (``containerd://``) so they match what the node agent
+  reads from cgroups.
+- ``gang_id`` is ``<namespace>/<group name>``: gang names are namespace-scoped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, cast
+
+from schemas.messages import (
+    ContainerState,
+    K8sEvent,
+    Message,
+    NodeState,
+    OwnerRef,
+    PodCondition,
+    PodPhase,
+    PodState,
+    Taint,
+)
+
+JsonDict = Mapping[str, Any]
+
+NVIDIA_GPU = "nvidia.com/gpu"
+_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+_CRONJOB_JOB = re.compile(r"^(?P<cron>.+)-(?P<minutes>\d{8,10})$")
+_GPU_NODE_LABELS = (
+    "nvidia.com/gpu.present",
+    "nvidia.com/gpu.product",
+    "nvidia.com/gpu.count",
+    "cloud.google.com/gke-accelerator",
+    "k8s.amazonaws.com/accelerator",
+)
+
+
+@dataclass(frozen=True)
+class TranslateConfig:
+    """Which label/annotation keys carry team, project and gang; which extra resources are GPUs."""
+
+    team_keys: tuple[str, ...] = ("team", "gpulens.io/team")
+    project_keys: tuple[str, ...] = ("project", "gpulens.io/project")
+    gang_keys: tuple[str, ...] = (
+        "scheduling.x-k8s.io/pod-group",
+        "scheduling.k8s.io/group-name",
+        "kueue.x-k8s.io/workload",
+        "training.kubeflow.org/job-name",
+        "jobset.sigs.k8s.io/jobset-name",
+    )
+    extra_gpu_resources: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _dict(value: Any) -> JsonDict:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp (``2024-05-01T10:00:00Z``, micro-time too) as aware UTC, else None."""
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    text = str(value).strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+_QUANTITY = re.compile(r"^(?P<num>[+-]?\d+(?:\.\d+)?)(?P<suffix>[a-zA-Z]{0,2})$")
+
+
+def parse_quantity(value: Any) -> int:
+    """A Kubernetes quantity as a whole number (GPU counts are integers); 0 when unparseable."""
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(value, 0)
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        return 0
+    suffix = match.group("suffix")
+    try:
+        number = Decimal(match.group("num"))
+    except InvalidOperation:
+        return 0
+    if suffix == "m":
+        return max(int(number / 1000), 0)
+    if suffix not in _SUFFIXES:
+        return 0
+    return max(int(number * _SUFFIXES[suffix]), 0)
+
+
+def is_gpu_resource(name: str, config: TranslateConfig | None = None) -> bool:
+    """``nvidia.com/gpu``, MIG slices (``nvidia.com/mig-1g.10gb``), shared/time-sliced variants
+    (``nvidia.com/gpu.shared``, ``nvidia.com/mig-1g.10gb.shared``) and configured extras."""
+    if name == NVIDIA_GPU or name.startswith(("nvidia.com/mig-", "nvidia.com/gpu.")):
+        return True
+    return config is not None and name in config.extra_gpu_resources
+
+
+def _first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
+    labels = _dict(meta.get("labels"))
+    annotations = _dict(meta.get("annotations"))
+    for key in keys:
+        for source in (labels, annotations):
+            value = source.get(key)
+            if value:
+                return str(value)
+    return None
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def _container_gpus(container: JsonDict, config: TranslateConfig) -> dict[str, int]:
+    resources = _dict(container.get("resources"))
+    requests = _dict(resources.get("requests"))
+    limits = _dict(resources.get("limits"))
+    found: dict[str, int] = {}
+    for name in set(requests) | set(limits):
+        if not is_gpu_resource(name, config):
+            continue
+        amount = parse_quantity(requests[name] if name in requests else limits[name])
+        if amount > 0:
+            found[name] = amount
+    return found
+
+
+def gpu_requests(pod: dict[str, Any], config: TranslateConfig) -> dict[str, int]:
+    """GPU resources the pod asks for, by resource name, as the scheduler accounts them."""
+    spec = _dict(pod.get("spec"))
+    total: dict[str, int] = {}
+    for container in _list(spec.get("containers")):
+        for name, amount in _container_gpus(_dict(container), config).items():
+            total[name] = total.get(name, 0) + amount
+    init_peak: dict[str, int] = {}
+    sidecars: dict[str, int] = {}
+    for container in _list(spec.get("initContainers")):
+        init = _dict(container)
+        gpus = _container_gpus(init, config)
+        # restartable init containers (sidecars) keep running beside the app containers
+        if init.get("restartPolicy") == "Always":
+            for name, amount in gpus.items():
+                sidecars[name] = sidecars.get(name, 0) + amount
+                total[name] = total.get(name, 0) + amount
+        else:
+            for name, amount in gpus.items():
+                # a regular init container runs with the sidecars started before it
+                init_peak[name] = max(init_peak.get(name, 0), amount + sidecars.get(name, 0))
+    for name, amount in init_peak.items():
+        total[name] = max(total.get(name, 0), amount)
+    return {name: total[name] for name in sorted(total) if total[name] > 0}
+
+
+def strip_runtime(container_id: Any) -> str | None:
+    """``containerd://abc`` -> ``abc`` (what cgroup paths carry)."""
+    if not container_id:
+        return None
+    text = str(container_id)
+    return text.split("://", 1)[1] if "://" in text else text
+
+
+def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
+    """Owners from the pod outward, inferred without API calls (see module docstring)."""
+    meta = _dict(pod.get("metadata"))
+    labels = _dict(meta.get("labels"))
+    refs = [_dict(ref) for ref in _list(meta.get("ownerReferences"))]
+    refs.sort(key=lambda ref: not ref.get("controller", False))
+    chain: list[OwnerRef] = []
+    for ref in refs:
+        kind, name = ref.get("kind"), ref.get("name")
+        if not kind or not name:
+            continue
+        chain.append(OwnerRef(kind=str(kind), name=str(name), uid=ref.get("uid"),
+                              api_version=ref.get("apiVersion")))
+    if not chain:
+        return chain
+    top = chain[0]
+    if top.kind == "ReplicaSet":
+        template_hash = labels.get("pod-template-hash")
+        if template_hash and top.name.endswith("-" + str(template_hash)):
+            chain.insert(1, OwnerRef(kind="Deployment", name=top.name[: -len(str(template_hash)) - 1],
+                                     api_version="apps/v1"))
+    elif top.kind == "Job" and (top.api_version or "batch/v1").startswith("batch/"):
+        jobset = labels.get("jobset.sigs.k8s.io/jobset-name")
+        match = _CRONJOB_JOB.match(top.name)
+        if jobset:
+            chain.insert(1, OwnerRef(kind="JobSet", name=str(jobset), api_version="jobset.x-k8s.io/v1alpha2"))
+        elif match:
+            chain.insert(1, OwnerRef(kind="CronJob", name=match.group("cron"), api_version="batch/v1"))
+    return chain
+
+
+def _container_state(status: JsonDict, spec_images: Mapping[str, str]) -> ContainerState:
+    name = str(status.get("name", ""))
+    state = _dict(status.get("state"))
+    last = _dict(_dict(status.get("lastState")).get("terminated"))
+    kind: str = "unknown"
+    reason: str | None = None
+    for candidate in ("running", "waiting", "terminated"):
+        if candidate in state and state[candidate] is not None:
+            kind = candidate
+            reason = _dict(state[candidate]).get("reason")
+            break
+    terminated = _dict(state.get("terminated"))
+    ended = terminated or last
+    return ContainerState(
+        name=name,
+        container_id=strip_runtime(status.get("containerID") or terminated.get("containerID")),
+        image=spec_images.get(name) or status.get("image"),
+        ready=bool(status.get("ready", False)),
+        state=cast(Any, kind),
+        state_reason=reason,
+        restart_count=max(int(status.get("restartCount") or 0), 0),
+        last_termination_reason=ended.get("reason"),
+        last_exit_code=ended.get("exitCode"),
+        last_finished_at=parse_time(ended.get("finishedAt")),
+    )
+
+
+def _start_times(status: JsonDict) -> list[datetime]:
+    times = []
+    state = _dict(status.get("state"))
+    for part in (_dict(state.get("running")), _dict(state.get("terminated")),
+                 _dict(_dict(status.get("lastState")).get("terminated"))):
+        started = parse_time(part.get("startedAt"))
+        if started:
+            times.append(started)
+    return times
+
+
+def pod_to_state(
+    pod: dict[str, Any],
+    ts: datetime,
+    config: TranslateConfig,
+    gpu_nodes: Collection[str] = (),
+) -> PodState | None:
+    """The pod's message, or None when it neither requests a GPU nor runs on a GPU node."""
+    meta = _dict(pod.get("metadata"))
+    spec = _dict(pod.get("spec"))
+    status = _dict(pod.get("status"))
+    uid = meta.get("uid")
+    if not uid or not meta.get("name"):
+        return None
+    node = spec.get("nodeName") or None
+    requests = gpu_requests(pod, config)
+    if not requests and (node is None or node not in gpu_nodes):
+        return None
+    namespace = str(meta.get("namespace") or "default")
+
+    conditions = []
+    scheduled_at: datetime | None = None
+    latest_transition: datetime | None = None
+    for raw in _list(status.get("conditions")):
+        cond = _dict(raw)
+        at = parse_time(cond.get("lastTransitionTime"))
+        conditions.append(PodCondition(type=str(cond.get("type", "")), status=str(cond.get("status", "")),
+                                       reason=cond.get("reason"), message=cond.get("message"),
+                                       last_transition_at=at))
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            scheduled_at = at
+        if at and (latest_transition is None or at > latest_transition):
+            latest_transition = at
+
+    spec_images = {str(_dict(c).get("name")): str(_dict(c).get("image"))
+                   for c in _list(spec.get("initContainers")) + _list(spec.get("containers"))
+                   if _dict(c).get("image")}
+    raw_statuses = [_dict(s) for s in _list(status.get("initContainerStatuses"))
+                    + _list(status.get("containerStatuses"))]
+    containers = [_container_state(s, spec_images) for s in raw_statuses]
+    if not raw_statuses:  # not started yet: still name the images the pod will run
+        containers = [ContainerState(name=name, image=image) for name, image in spec_images.items()]
+
+    starts = [t for s in raw_statuses for t in _start_times(s)]
+    phase_text = str(status.get("phase") or "Pending")
+    phase = cast(PodPhase, phase_text if phase_text in _PHASES else "Unknown")
+
+    last_reason: str | None = None
+    last_code: int | None = None
+    newest: datetime | None = None
+    for container in containers:
+        if container.last_termination_reason is None and container.last_exit_code is None:
+            continue
+        finished = container.last_finished_at or datetime.min.replace(tzinfo=UTC)
+        if newest is None or finished >= newest:
+            newest, last_reason, last_code = finished, container.last_termination_reason, container.last_exit_code
+    status_reason = status.get("reason")
+    if phase == "Failed" and status_reason:
+        last_reason = str(status_reason)  # Evicted, DeadlineExceeded, NodeLost... says more
+
+    finished_at: datetime | None = None
+    if phase in ("Succeeded", "Failed"):
+        ends = [c.last_finished_at for c in containers if c.state == "terminated" and c.last_finished_at]
+        finished_at = max(ends) if ends else (latest_transition or ts)
+
+    return PodState(
+        uid=str(uid),
+        namespace=namespace,
+        name=str(meta["name"]),
+        ts=ts,
+        node=node,
+        phase=phase,
+        conditions=conditions,
+        gpu_requests=requests,
+        owners=owner_chain(pod),
+        team=_first_value(meta, config.team_keys) or namespace,
+        project=_first_value(meta, config.project_keys) or namespace,
+        gang_id=_gang(meta, namespace, config),
+        labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
+        containers=containers,
+        restarts=sum(c.restart_count for c in containers),
+        last_termination_reason=last_reason,
+        last_exit_code=last_code,
+        status_reason=str(status_reason) if status_reason else None,
+        deleted=False,
+        created_at=parse_time(meta.get("creationTimestamp")) or ts,
+        scheduled_at=scheduled_at,
+        started_at=min(starts) if starts else None,
+        finished_at=finished_at,
+        deleted_at=parse_time(meta.get("deletionTimestamp")),
+        priority_class=spec.get("priorityClassName"),
+    )
+
+
+def _gang(meta: JsonDict, namespace: str, config: TranslateConfig) -> str | None:
+    group = _first_value(meta, config.gang_keys)
+    return f"{namespace}/{group}" if group else None
+
+
+def deleted_state(state: PodState, ts: datetime) -> PodState:
+    """The final message of a pod that is gone: ``deleted`` set, ``deleted_at`` kept or ``ts``."""
+    return state.model_copy(update={"deleted": True, "ts": ts, "deleted_at": state.deleted_at or ts})
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def _int_label(labels: JsonDict, key: str) -> int | None:
+    try:
+        return int(str(labels[key]))
+    except (KeyError, ValueError):
+        return None
+
+
+def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
+    if labels.get(full):
+        return str(labels[full])
+    values = [labels.get(p) for p in parts]
+    present = [str(v) for v in values if v not in (None, "")]
+    return ".".join(present) if present else None
+
+
+def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | None = None) -> NodeState | None:
+    """The node's message, or None for a node with neither GPU resources nor GPU labels."""
+    meta = _dict(node.get("metadata"))
+    spec = _dict(node.get("spec"))
+    status = _dict(node.get("status"))
+    name = meta.get("name")
+    if not name:
+        return None
+    labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
+    capacity = {k: parse_quantity(v) for k, v in _dict(status.get("capacity")).items() if is_gpu_resource(k, config)}
+    allocatable = {k: parse_quantity(v) for k, v in _dict(status.get("allocatable")).items()
+                   if is_gpu_resource(k, config)}
+    gpu_labelled = any(labels.get(key) not in (None, "", "false") for key in _GPU_NODE_LABELS)
+    if not any(capacity.values()) and not gpu_labelled:
+        return None
+    ready = False
+    for raw in _list(status.get("conditions")):
+        cond = _dict(raw)
+        if cond.get("type") == "Ready":
+            ready = cond.get("status") == "True"
+    memory_mib = _int_label(labels, "nvidia.com/gpu.memory")
+    return NodeState(
+        node=str(name),
+        ts=ts,
+        uid=meta.get("uid"),
+        gpu_capacity=dict(sorted(capacity.items())),
+        gpu_allocatable=dict(sorted(allocatable.items())),
+        gpu_product=labels.get("nvidia.com/gpu.product") or labels.get("cloud.google.com/gke-accelerator")
+        or labels.get("k8s.amazonaws.com/accelerator"),
+        gpu_memory_bytes=memory_mib * 1024 * 1024 if memory_mib is not None and memory_mib >= 0 else None,
+        gpu_count_label=_int_label(labels, "nvidia.com/gpu.count"),
+        driver_version=_version(labels, "nvidia.com/cuda.driver-version.full",
+                                ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                                 "nvidia.com/cuda.driver.rev")),
+        cuda_driver_version=_version(labels, "nvidia.com/cuda.runtime-version.full",
+                                     ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
+        mig_strategy=labels.get("nvidia.com/mig.strategy"),
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        taints=[Taint(key=str(_dict(t).get("key", "")), value=_dict(t).get("value"),
+                      effect=str(_dict(t).get("effect", ""))) for t in _list(spec.get("taints"))],
+        labels=labels,
+        deleted=False,
+    )
+
+
+def deleted_node(state: NodeState, ts: datetime) -> NodeState:
+    return state.model_copy(update={"deleted": True, "ts": ts})
+
+
+# --------------------------------------------------------------------------- events
+
+_PREEMPTED = {"Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler"}
+_EVICTED = {"Evicted", "Evicting", "TaintManagerEviction", "EvictionThresholdMet", "Killing-Evicted"}
+_OOM = {"OOMKilling", "SystemOOM", "OOMKilled"}
+
+
+def event_category(reason: str, message: str) -> str:
+    if reason == "FailedScheduling":
+        return "scheduling_failed"
+    if reason == "Scheduled":
+        return "scheduled"
+    if reason in _PREEMPTED or (reason == "Killing" and "preempt" in message.lower()):
+        return "preempted"
+    if reason in _EVICTED:
+        return "evicted"
+    if reason in _OOM or "oom" in reason.lower():
+        return "oom_killed"
+    return "other"
+
+
+def event_to_message(event: dict[str, Any]) -> K8sEvent | None:
+    """A ``core/v1`` Event or an ``events.k8s.io/v1`` Event as a :class:`K8sEvent`."""
+    meta = _dict(event.get("metadata"))
+    new_shape = "regarding" in event or str(event.get("apiVersion", "")).startswith("events.k8s.io/")
+    involved = _dict(event.get("regarding") if new_shape else event.get("involvedObject"))
+    reason = event.get("reason")
+    uid = meta.get("uid")
+    if not involved.get("name") or not involved.get("kind") or not reason or not uid:
+        return None
+    series = _dict(event.get("series"))
+    message = str((event.get("note") if new_shape else event.get("message")) or "")
+    times = [
+        parse_time(series.get("lastObservedTime")),
+        parse_time(event.get("deprecatedLastTimestamp") if new_shape else event.get("lastTimestamp")),
+        parse_time(event.get("eventTime")),
+        parse_time(event.get("deprecatedFirstTimestamp") if new_shape else event.get("firstTimestamp")),
+        parse_time(meta.get("creationTimestamp")),
+    ]
+    ts = max((t for t in times if t is not None), default=None)
+    if ts is None:
+        return None
+    count = series.get("count") or (event.get("deprecatedCount") if new_shape else event.get("count")) or 1
+    source = (event.get("reportingController") if new_shape else event.get("reportingComponent")) or None
+    if not source:
+        legacy = _dict(event.get("deprecatedSource") if new_shape else event.get("source"))
+        source = legacy.get("component") or None
+    return K8sEvent(
+        uid=str(uid),
+        ts=ts,
+        category=cast(Any, event_category(str(reason), message)),
+        reason=str(reason),
+        message=message,
+        type=str(event.get("type") or "Normal"),
+        count=max(int(count), 1),
+        involved_kind=str(involved["kind"]),
+        involved_uid=involved.get("uid") or None,
+        involved_namespace=involved.get("namespace") or None,
+        involved_name=str(involved["name"]),
+        source=str(source) if source else None,
+    )
+
+
+def event_key(message: K8sEvent) -> str:
+    """The Kafka key of an event: the involved object's uid, else ``kind/namespace/name``."""
+    if message.involved_uid:
+        return message.involved_uid
+    return "/".join(p for p in (message.involved_kind, message.involved_namespace, message.involved_name) if p)
+
+
+def object_time(obj: dict[str, Any]) -> datetime | None:
+    """The newest timestamp an object carries: how recent the change we just saw is (for lag)."""
+    meta = _dict(obj.get("metadata"))
+    status = _dict(obj.get("status"))
+    candidates: list[Any] = [meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
+                             obj.get("eventTime"), obj.get("lastTimestamp"),
+                             _dict(obj.get("series")).get("lastObservedTime")]
+    candidates += [_dict(c).get("lastTransitionTime") for c in _list(status.get("conditions"))]
+    for raw in _list(status.get("containerStatuses")):
+        state = _dict(_dict(raw).get("state"))
+        candidates += [_dict(state.get("running")).get("startedAt"), _dict(state.get("terminated")).get("finishedAt")]
+    times = [t for t in (parse_time(c) for c in candidates) if t is not None]
+    return max(times) if times else None
+
+
+# --------------------------------------------------------------------------- change filter
+
+
+class ChangeFilter:
+    """Remembers a fingerprint of the last message per key and says whether a new one differs.
+
+    The fingerprint covers every field except ``ts`` (observation time), so a new resourceVersion,
+    a node heartbeat or a re-list that changes nothing we report emits nothing. Memory is one
+    16-byte digest per live key; :meth:`forget` drops a key when its object is gone.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, bytes] = {}
+
+    @staticmethod
+    def fingerprint(message: Message) -> bytes:
+        body = message.model_dump_json(exclude={"ts"}).encode()
+        return hashlib.blake2b(body, digest_size=16).digest()
+
+    def changed(self, key: str, message: PodState | NodeState | Message) -> bool:
+        digest = self.fingerprint(message)
+        if self._seen.get(key) == digest:
+            return False
+        self._seen[key] = digest
+        return True
+
+    def forget(self, key: str) -> None:
+        self._seen.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._seen
+
+    def __len__(self) -> int:
+        return len(self._seen)

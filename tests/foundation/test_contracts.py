@@ -1,0 +1,96 @@
+"""The topic contracts: every type round-trips, JSON Schemas are committed and current, bad
+messages are rejected with the field path, unknown fields are tolerated, size is bounded."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from jsonschema import Draft202012Validator
+
+from schemas import codec
+from schemas.examples import all_examples, gpu_sample
+from schemas.json_schema import COMMITTED_DIR, render
+from schemas.messages import GpuSample, PodState
+from schemas.topics import ALL_TOPICS, by_suffix
+
+
+def test_registry_covers_the_ten_topics_of_the_design() -> None:
+    assert {spec.name() for spec in ALL_TOPICS} == {
+        "gpulens.gpu.samples.v1", "gpulens.k8s.pods.v1", "gpulens.k8s.nodes.v1", "gpulens.k8s.events.v1",
+        "gpulens.workload.progress.v1", "gpulens.pod.windows.v1", "gpulens.cluster.capacity.v1",
+        "gpulens.pod.lifecycle.v1", "gpulens.alerts.v1", "gpulens.deadletter.v1",
+    }
+    assert by_suffix("k8s.pods.v1").cleanup_policy == "compact"
+    assert by_suffix("k8s.nodes.v1").cleanup_policy == "compact"
+    assert by_suffix("gpu.samples.v1").cleanup_policy == "delete"
+    assert by_suffix("gpu.samples.v1").name("team-a") == "team-a.gpu.samples.v1"
+
+
+@pytest.mark.parametrize("spec", ALL_TOPICS, ids=lambda s: s.suffix)
+def test_every_message_type_round_trips(spec) -> None:  # type: ignore[no-untyped-def]
+    example = all_examples()[spec.suffix]
+    assert isinstance(example, spec.message)
+    encoded = codec.encode(example)
+    assert codec.decode(encoded, spec.message) == example
+    assert orjson.loads(encoded)["schema_version"] == 1
+
+
+@pytest.mark.parametrize("spec", ALL_TOPICS, ids=lambda s: s.suffix)
+def test_committed_json_schema_is_current_and_validates_messages(spec) -> None:  # type: ignore[no-untyped-def]
+    committed = COMMITTED_DIR / f"{spec.suffix}.schema.json"
+    assert committed.exists(), f"missing {committed}: run `gpulens schemas export schemas/json`"
+    assert committed.read_bytes() == render(spec), (
+        f"{committed.name} drifted from the code: run `gpulens schemas export schemas/json` and commit"
+    )
+    validator = Draft202012Validator(orjson.loads(committed.read_bytes()))
+    validator.validate(orjson.loads(codec.encode(all_examples()[spec.suffix])))
+
+
+def test_timestamps_are_utc_with_z_suffix() -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    assert data["ts"] == "2026-01-05T09:00:00Z"
+
+
+def test_malformed_message_names_the_field_path() -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    data["gpus"][3]["mem_used_bytes"] = -5
+    with pytest.raises(codec.MessageError) as excinfo:
+        codec.decode(orjson.dumps(data), GpuSample)
+    assert excinfo.value.field_path == "gpus.3.mem_used_bytes"
+    assert "greater than or equal to 0" in str(excinfo.value)
+
+    del data["gpus"][3]["mem_used_bytes"]
+    del data["node"]
+    with pytest.raises(codec.MessageError) as excinfo:
+        codec.decode(orjson.dumps(data), GpuSample)
+    assert excinfo.value.field_path == "node"
+
+
+def test_naive_timestamps_and_non_json_are_rejected() -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    data["ts"] = "2026-01-05T09:00:00"
+    with pytest.raises(codec.MessageError, match="timezone"):
+        codec.decode(orjson.dumps(data), GpuSample)
+    with pytest.raises(codec.MessageError, match="not valid JSON"):
+        codec.decode(b"\x00garbage", GpuSample)
+    with pytest.raises(codec.MessageError, match="JSON object"):
+        codec.decode(b"[1, 2]", GpuSample)
+    with pytest.raises(codec.MessageError, match="tombstone"):
+        codec.decode(None, PodState)
+
+
+def test_unknown_fields_from_newer_producers_are_tolerated() -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    data["added_in_v2"] = {"anything": 1}
+    data["gpus"][0]["new_counter"] = 7
+    decoded = codec.decode(orjson.dumps(data), GpuSample)
+    assert decoded.node == "gpu-a"
+    assert "added_in_v2" not in orjson.loads(codec.encode(decoded))
+
+
+def test_oversized_messages_are_rejected_both_ways() -> None:
+    huge = b'{"node": "' + b"x" * (codec.MAX_MESSAGE_BYTES + 1) + b'"}'
+    with pytest.raises(codec.MessageError, match="exceeds limit"):
+        codec.decode(huge, GpuSample)
+    with pytest.raises(codec.MessageError, match="exceeds limit"):
+        codec.encode(gpu_sample(gpus=8).model_copy(update={"errors": ["e" * codec.MAX_MESSAGE_BYTES]}))
