@@ -187,6 +187,15 @@ class WatcherSettings(CommonSettings):
     project_label_keys: list[str] = Field(default_factory=lambda: ["project", "gpulens.io/project"])
     extra_gpu_resources: list[str] = Field(default_factory=list)
     simulate: bool = False
+    gang_label_keys: list[str] = Field(default_factory=lambda: [
+        "scheduling.x-k8s.io/pod-group", "scheduling.k8s.io/group-name", "kueue.x-k8s.io/workload",
+        "training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name"])
+    """Label or annotation keys whose value names a pod's gang (first match wins)."""
+    watch_timeout_s: int = Field(default=300, ge=1, le=3600)
+    """Server-side watch timeout; each watch lasts between this and twice this."""
+    events_api: Literal["events.k8s.io", "core"] = "events.k8s.io"
+    """Which Event API to watch (the same events either way; both are allowed by the ClusterRole)."""
+    kube_context: str | None = None
 
 
 class WorkerSettings(CommonSettings):
