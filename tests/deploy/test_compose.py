@@ -1,0 +1,218 @@
+"""docker-compose.yml against the code: the configuration names and values each gpulens service
+receives are real settings, ports agree with the defaults (Kafka 9092, ClickHouse 8123, one
+metrics port), Kafka runs in KRaft mode at the version the local broker uses, the services start
+in the right order, and Grafana's provisioned data source points at the compose ClickHouse.
+
+No machine here runs a Docker engine, so this is the check that the file would work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from common.settings import ConfigError, KafkaSettings, LocalKafkaSettings, load_settings
+from tests.deploy.helpers import (
+    GRAFANA_DIR,
+    REPO_ROOT,
+    by_name,
+    compose,
+    compose_command,
+    compose_env,
+    gpulens_services,
+    is_setting,
+    load_yaml_docs,
+    manifests,
+    settings_for,
+)
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict[str, Any]:
+    return compose()
+
+
+def _kafka_env(spec: dict[str, Any]) -> dict[str, str]:
+    return compose_env(spec["services"]["kafka"])
+
+
+def _listeners(value: str) -> dict[str, tuple[str, int]]:
+    """``NAME://host:port,...`` -> {NAME: (host, port)}."""
+    found = {}
+    for item in value.split(","):
+        name, _, address = item.partition("://")
+        host, _, port = address.rpartition(":")
+        found[name] = (host, int(port))
+    return found
+
+
+def _published(service: dict[str, Any]) -> dict[int, int]:
+    """container port -> host port."""
+    ports = {}
+    for item in service.get("ports", []):
+        host, _, container = str(item).rpartition(":")
+        ports[int(container)] = int(host)
+    return ports
+
+
+def test_every_component_is_there(spec: dict[str, Any]) -> None:
+    services = spec["services"]
+    assert {"kafka", "clickhouse", "topics", "watcher", "worker", "sink", "grafana"} <= set(services)
+    commands = {name: compose_command(svc) for name, svc in gpulens_services(spec).items()}
+    agents = [name for name, cmd in commands.items() if cmd[:1] == ["agent"]]
+    assert len(agents) >= 2, "the compose fleet runs at least two simulated agents"
+    for name in agents:
+        assert "--simulate" in commands[name], f"{name} must run on simulated GPUs (no GPU in compose)"
+    assert commands["watcher"] == ["watch", "--simulate"]
+    assert commands["topics"] == ["topics", "create"]
+    node_names = {compose_env(spec["services"][name])["GPULENS_NODE_NAME"] for name in agents}
+    assert len(node_names) == len(agents), "each agent needs its own node name"
+    for name in agents:
+        env = compose_env(spec["services"][name])
+        assert env["NODE_NAME"] == env["GPULENS_NODE_NAME"]
+
+
+def test_gpulens_services_use_the_project_image(spec: dict[str, Any]) -> None:
+    services = gpulens_services(spec)
+    assert len(services) >= 6
+    for name, service in services.items():
+        assert service.get("build") in (".", {"context": "."}), f"{name} must build the repository's Dockerfile"
+
+
+def test_every_gpulens_env_name_is_a_setting_and_loads(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, service in gpulens_services(spec).items():
+        settings_type = settings_for(compose_command(service))
+        env = compose_env(service)
+        for key in env:
+            assert not key.startswith("GPULENS_") or is_setting(settings_type, key), (
+                f"compose service {name}: {key} is not a setting of {settings_type.__name__}"
+            )
+        with monkeypatch.context() as patch:
+            for key in list(os.environ):
+                if key.startswith("GPULENS_") or key == "NODE_NAME":
+                    patch.delenv(key)
+            for key, value in env.items():
+                patch.setenv(key, value)
+            try:
+                settings = load_settings(settings_type)
+            except ConfigError as exc:
+                pytest.fail(f"compose service {name}: {exc}")
+        assert settings.kafka.bootstrap_servers == "kafka:9092", f"{name} must reach Kafka inside compose"
+
+
+def test_no_other_service_sets_gpulens_names(spec: dict[str, Any]) -> None:
+    others = set(spec["services"]) - set(gpulens_services(spec))
+    for name in others:
+        leaked = [key for key in compose_env(spec["services"][name]) if key.startswith("GPULENS_")]
+        assert not leaked, f"{name} sets {leaked}, which no gpulens service reads there"
+
+
+def test_kafka_is_kraft_at_the_local_broker_version_on_the_default_port(spec: dict[str, Any]) -> None:
+    kafka = spec["services"]["kafka"]
+    local = LocalKafkaSettings()
+    assert kafka["image"] == f"apache/kafka:{local.version}"
+    env = _kafka_env(spec)
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}, "single-node KRaft"
+    assert not any("ZOOKEEPER" in key for key in env)
+
+    listeners = _listeners(env["KAFKA_LISTENERS"])
+    advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(listeners) == set(protocols)
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in listeners
+    assert env["KAFKA_INTER_BROKER_LISTENER_NAME"] in advertised
+
+    # inside compose: services reach kafka:<port> of a listener advertised under that address
+    inside = ("kafka", 9092)
+    assert inside in advertised.values()
+    (inside_name,) = [name for name, address in advertised.items() if address == inside]
+    assert listeners[inside_name][1] == 9092
+
+    # from the host: the default bootstrap address (127.0.0.1:9092) reaches a listener that
+    # advertises an address the host can use
+    default_port = int(KafkaSettings().bootstrap_servers.rpartition(":")[2])
+    assert default_port == local.port == 9092
+    published = _published(kafka)
+    (outside_name,) = [name for name, address in advertised.items() if address[0] in ("localhost", "127.0.0.1")]
+    assert advertised[outside_name][1] == default_port
+    assert published.get(listeners[outside_name][1]) == default_port, "host port 9092 -> the host listener"
+
+
+def test_sink_writes_to_the_compose_clickhouse(spec: dict[str, Any]) -> None:
+    clickhouse = spec["services"]["clickhouse"]
+    ch_env = compose_env(clickhouse)
+    assert str(clickhouse["image"]).startswith("clickhouse/clickhouse-server")
+    assert _published(clickhouse).get(8123) == 8123
+    url = urlsplit(compose_env(spec["services"]["sink"])["GPULENS_CLICKHOUSE__URL"])
+    assert (url.scheme, url.hostname, url.port) == ("http", "clickhouse", 8123)
+    assert url.path.strip("/") == ch_env["CLICKHOUSE_DB"]
+    assert (url.username, url.password) == (ch_env["CLICKHOUSE_USER"], ch_env["CLICKHOUSE_PASSWORD"])
+
+
+def test_start_order(spec: dict[str, Any]) -> None:
+    services = spec["services"]
+    assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["kafka"] and "healthcheck" in services["clickhouse"]
+    for name, service in gpulens_services(spec).items():
+        if name == "topics":
+            continue
+        assert service["depends_on"]["topics"]["condition"] == "service_completed_successfully", name
+    assert services["sink"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    assert services["topics"].get("restart") == "no", "the one-shot topics service must not restart"
+
+
+def test_ports_and_settings_agree_with_kubernetes(spec: dict[str, Any]) -> None:
+    docs = manifests()
+    common = by_name(docs, "ConfigMap", "gpulens-common")["data"]
+    for name, service in gpulens_services(spec).items():
+        env = compose_env(service)
+        assert env["GPULENS_METRICS_PORT"] == common["GPULENS_METRICS_PORT"], name
+        assert env["GPULENS_TOPIC_PREFIX"] == common["GPULENS_TOPIC_PREFIX"], name
+        assert env["GPULENS_DATA_DIR"] == common["GPULENS_DATA_DIR"], name
+    worker = by_name(docs, "ConfigMap", "gpulens-worker")["data"]
+    agent = by_name(docs, "ConfigMap", "gpulens-agent")["data"]
+    compose_worker = compose_env(spec["services"]["worker"])
+    assert compose_worker["GPULENS_WEB_PORT"] == worker["GPULENS_WEB_PORT"]
+    assert compose_worker["GPULENS_SAMPLE_INTERVAL_S"] == agent["GPULENS_SAMPLE_INTERVAL_S"]
+    for name, service in gpulens_services(spec).items():
+        if compose_command(service)[:1] == ["agent"]:
+            assert compose_env(service)["GPULENS_SAMPLE_INTERVAL_S"] == compose_worker["GPULENS_SAMPLE_INTERVAL_S"]
+
+
+def test_grafana_is_provisioned_with_the_clickhouse_source_and_dashboards(spec: dict[str, Any]) -> None:
+    grafana = spec["services"]["grafana"]
+    env = compose_env(grafana)
+    assert "grafana-clickhouse-datasource" in env["GF_INSTALL_PLUGINS"].split(",")
+    mounts = {}
+    for volume in grafana["volumes"]:
+        source, _, rest = str(volume).partition(":")
+        mounts[rest.split(":")[0]] = source
+    provisioning = REPO_ROOT / mounts["/etc/grafana/provisioning"]
+    assert provisioning.resolve() == (GRAFANA_DIR / "provisioning").resolve()
+
+    (datasource,) = load_yaml_docs(provisioning / "datasources" / "clickhouse.yaml")[0]["datasources"]
+    assert datasource["type"] == "grafana-clickhouse-datasource"
+    ch_env = compose_env(spec["services"]["clickhouse"])
+    data = datasource["jsonData"]
+    assert data["host"] == "clickhouse"
+    assert data["port"] == 8123 and data["protocol"] == "http"
+    assert data["username"] == ch_env["CLICKHOUSE_USER"]
+    assert data["defaultDatabase"] == ch_env["CLICKHOUSE_DB"]
+    password = datasource["secureJsonData"]["password"]
+    assert password.startswith("$") and env[password.lstrip("$").strip("{}")] == ch_env["CLICKHOUSE_PASSWORD"]
+
+    (provider,) = load_yaml_docs(provisioning / "dashboards" / "gpulens.yaml")[0]["providers"]
+    dashboards_path = provider["options"]["path"]
+    dashboards = REPO_ROOT / mounts[dashboards_path]
+    files = sorted(dashboards.glob("*.json"))
+    assert files, "no dashboards provisioned"
+    home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(dashboards_path + "/") and (dashboards / home.rpartition("/")[2]).is_file()
+    for path in files:
+        dashboard = json.loads(path.read_text())
+        for panel in dashboard["panels"]:
+            assert panel["datasource"]["uid"] == datasource["uid"], f"{path.name}: {panel['title']}"

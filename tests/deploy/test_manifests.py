@@ -1,0 +1,363 @@
+"""The Kubernetes manifests under deploy/k8s: kinds and required fields, least privilege for the
+node agent and the watcher's RBAC, and configuration names that the services really read.
+
+No cluster runs here, so these checks are what stands between a typo (a selector that matches
+nothing, an env name that is silently ignored, a capability left in) and an operator's cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from common.settings import ConfigError, load_settings
+from tests.deploy.helpers import (
+    K8S_DIR,
+    NAMESPACE,
+    SECRETS_DIR,
+    by_name,
+    containers,
+    is_setting,
+    manifest_files,
+    manifests,
+    of_kind,
+    pod_template,
+    secret_setting_names,
+    secret_templates,
+    settings_for,
+    workloads,
+)
+
+API_VERSIONS = {
+    "Namespace": "v1",
+    "ConfigMap": "v1",
+    "Secret": "v1",
+    "Service": "v1",
+    "ServiceAccount": "v1",
+    "Deployment": "apps/v1",
+    "DaemonSet": "apps/v1",
+    "Job": "batch/v1",
+    "ClusterRole": "rbac.authorization.k8s.io/v1",
+    "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+AGENT = ("DaemonSet", "gpulens-agent")
+WATCHER = ("Deployment", "gpulens-watcher")
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+
+# What the watcher may do, and nothing else: read pods, nodes and events (both event APIs).
+ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}}
+ALLOWED_VERBS = {"get", "list", "watch"}
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict[str, Any]]:
+    return manifests()
+
+
+@pytest.fixture(scope="module")
+def agent(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return by_name(docs, *AGENT)
+
+
+def _pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = pod_template(workload)["spec"]
+    return spec
+
+
+def _name(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_every_manifest_parses_with_known_kind_api_version_and_name(docs: list[dict[str, Any]]) -> None:
+    assert docs, "deploy/k8s holds no manifests"
+    for doc in docs + secret_templates():
+        kind = doc.get("kind")
+        assert kind in API_VERSIONS, f"unexpected kind {kind!r}"
+        assert doc.get("apiVersion") == API_VERSIONS[kind], f"{kind}: apiVersion {doc.get('apiVersion')!r}"
+        assert doc.get("metadata", {}).get("name"), f"{kind} without metadata.name"
+        if kind not in CLUSTER_SCOPED:
+            assert doc["metadata"].get("namespace") == NAMESPACE, f"{_name(doc)} not in namespace {NAMESPACE}"
+    names = [(doc["kind"], doc["metadata"]["name"]) for doc in docs]
+    assert len(names) == len(set(names)), "duplicate kind/name in deploy/k8s"
+
+
+def test_kustomization_applies_every_manifest_and_no_secret_template() -> None:
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    resources = kustomization["resources"]
+    assert sorted(resources) == sorted(path.name for path in manifest_files()), (
+        "kustomization.yaml must list exactly the manifests in deploy/k8s"
+    )
+    assert not any(str(resource).startswith("secrets") for resource in resources), (
+        "secret templates must not be applied by kustomize (it would overwrite real credentials)"
+    )
+    assert kustomization.get("namespace") == NAMESPACE
+    assert {"namespace.yaml", "agent-daemonset.yaml", "watcher.yaml"} <= set(resources)
+
+
+def test_every_component_has_a_workload(docs: list[dict[str, Any]]) -> None:
+    commands = {
+        pod_template(w)["spec"]["containers"][0]["args"][0] for w in workloads(docs)
+    }
+    assert {"agent", "watch", "worker", "sink", "topics"} <= commands
+    assert by_name(docs, *WATCHER)["spec"]["replicas"] == 1, "two watchers would emit every change twice"
+
+
+def test_selectors_match_template_labels_and_containers_are_complete(docs: list[dict[str, Any]]) -> None:
+    for workload in workloads(docs):
+        template = pod_template(workload)
+        labels = template["metadata"]["labels"]
+        if workload["kind"] != "Job":
+            selector = workload["spec"]["selector"]["matchLabels"]
+            assert selector, f"{_name(workload)}: empty selector"
+            assert selector.items() <= labels.items(), f"{_name(workload)}: selector does not match template labels"
+        for container in containers(template["spec"]):
+            where = f"{_name(workload)}/{container.get('name')}"
+            assert container.get("name") and container.get("image"), f"{where}: name and image required"
+            resources = container.get("resources", {})
+            for part in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(resources.get(part, {})), f"{where}: {part} for cpu and memory"
+
+
+def test_services_select_a_workload_and_target_a_named_port(docs: list[dict[str, Any]]) -> None:
+    services = of_kind(docs, "Service")
+    assert services
+    for service in services:
+        selector = service["spec"]["selector"]
+        matches = [w for w in workloads(docs) if selector.items() <= pod_template(w)["metadata"]["labels"].items()]
+        assert matches, f"{_name(service)} selects no pod"
+        for port in service["spec"]["ports"]:
+            for workload in matches:
+                port_names = {p.get("name") for c in containers(_pod_spec(workload)) for p in c.get("ports", [])}
+                assert port["targetPort"] in port_names, f"{_name(service)} targets an unknown port"
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+def test_no_container_is_privileged_or_keeps_capabilities(docs: list[dict[str, Any]]) -> None:
+    for workload in workloads(docs):
+        spec = _pod_spec(workload)
+        assert not spec.get("hostNetwork"), f"{_name(workload)} uses the host network"
+        assert not spec.get("hostIPC"), f"{_name(workload)} uses the host IPC namespace"
+        pod_security = spec.get("securityContext", {})
+        assert pod_security.get("seccompProfile", {}).get("type") == "RuntimeDefault", _name(workload)
+        for container in containers(spec):
+            where = f"{_name(workload)}/{container['name']}"
+            security = container.get("securityContext", {})
+            assert security.get("privileged") is not True, f"{where} is privileged"
+            assert security.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation"
+            assert security.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem"
+            capabilities = security.get("capabilities", {})
+            assert capabilities.get("drop") == ["ALL"], f"{where} must drop ALL capabilities"
+            assert not capabilities.get("add"), f"{where} adds capabilities {capabilities.get('add')}"
+            assert "SYS_ADMIN" not in str(container), f"{where} mentions SYS_ADMIN"
+
+
+def test_pods_run_as_non_root_except_the_agent_with_its_reason(docs: list[dict[str, Any]], agent: dict[str, Any]) -> None:
+    for workload in workloads(docs):
+        if workload is agent:
+            continue
+        spec = _pod_spec(workload)
+        assert spec["securityContext"].get("runAsNonRoot") is True, f"{_name(workload)} must run as non-root"
+        assert spec["securityContext"].get("runAsUser", 0) != 0
+    agent_spec = _pod_spec(agent)
+    if agent_spec["securityContext"].get("runAsNonRoot") is not True:
+        reason = pod_template(agent)["metadata"]["annotations"].get("gpulens.io/run-as-root-reason", "")
+        assert "socket" in reason, "the agent runs as root: document why (gpulens.io/run-as-root-reason)"
+
+
+def test_service_account_tokens_only_where_the_api_is_used(docs: list[dict[str, Any]]) -> None:
+    for workload in workloads(docs):
+        spec = _pod_spec(workload)
+        if (workload["kind"], workload["metadata"]["name"]) == WATCHER:
+            assert spec["serviceAccountName"] == "gpulens-watcher"
+            continue
+        assert spec.get("automountServiceAccountToken") is False, f"{_name(workload)} mounts an API token"
+        assert spec.get("serviceAccountName", "default") == "default", f"{_name(workload)} uses the watcher's account"
+
+
+def test_agent_daemonset_least_privilege(agent: dict[str, Any]) -> None:
+    template = pod_template(agent)
+    spec = template["spec"]
+    (container,) = spec["containers"]
+
+    # host PID, with the reason documented next to it
+    assert spec["hostPID"] is True
+    reason = template["metadata"]["annotations"]["gpulens.io/host-pid-reason"]
+    assert "/proc/<pid>/cgroup" in reason and "pod" in reason
+
+    # GPU access through the NVIDIA runtime, not privileged mode
+    assert spec.get("runtimeClassName") == "nvidia"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+
+    # the pod-resources directory, read-only, and no other host path
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert list(host_paths.values()) == [POD_RESOURCES], f"unexpected host paths {host_paths}"
+    mounts = [m for m in container["volumeMounts"] if m["name"] in host_paths]
+    assert mounts and all(m.get("readOnly") is True for m in mounts), "pod-resources must be mounted read-only"
+    assert mounts[0]["mountPath"] == POD_RESOURCES
+
+    # node name from the downward API, under both names the agent reads
+    for name in ("NODE_NAME", "GPULENS_NODE_NAME"):
+        assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", name
+
+    # GPU nodes only, tolerating their taints
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    toleration_keys = {t.get("key") for t in spec["tolerations"]}
+    assert "nvidia.com/gpu" in toleration_keys
+    assert all(t.get("operator") == "Exists" for t in spec["tolerations"] if t.get("key") == "nvidia.com/gpu")
+
+    assert spec["automountServiceAccountToken"] is False
+    limits = container["resources"]["limits"]
+    assert limits["cpu"] and limits["memory"]
+
+    # metrics endpoint announced for scraping
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+
+
+# --------------------------------------------------------------------------- RBAC
+
+
+def test_rbac_is_read_only_on_pods_nodes_and_events(docs: list[dict[str, Any]]) -> None:
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    (role,) = of_kind(docs, "ClusterRole")
+    granted: set[tuple[str, str]] = set()
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields {sorted(rule)}"
+        assert set(rule["verbs"]) <= ALLOWED_VERBS, f"verbs beyond get/list/watch: {rule['verbs']}"
+        for group in rule["apiGroups"]:
+            assert group in ALLOWED_RBAC, f"API group {group!r} not allowed"
+            for resource in rule["resources"]:
+                assert resource in ALLOWED_RBAC[group], f"{group or 'core'}/{resource} not allowed"
+                granted.add((group, resource))
+    wanted = {(group, resource) for group, resources in ALLOWED_RBAC.items() for resource in resources}
+    assert granted == wanted, f"the watcher needs exactly {sorted(wanted)}, got {sorted(granted)}"
+
+    (binding,) = of_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"],
+    }
+    (subject,) = binding["subjects"]
+    account = by_name(docs, "ServiceAccount", subject["name"])
+    assert subject["kind"] == "ServiceAccount" and subject["namespace"] == account["metadata"]["namespace"]
+    assert _pod_spec(by_name(docs, *WATCHER))["serviceAccountName"] == subject["name"]
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """The container's effective environment as the service would see it (secrets from templates)."""
+    templates = {t["metadata"]["name"]: t["stringData"] for t in secret_templates()}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        env.update(by_name(docs, "ConfigMap", name)["data"])
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            assert ref["name"] in templates, f"Secret {ref['name']} has no template in {SECRETS_DIR}"
+            assert ref["key"] in templates[ref["name"]], f"Secret {ref['name']} has no key {ref['key']}"
+            env[item["name"]] = templates[ref["name"]][ref["key"]]
+        elif "fieldRef" in item["valueFrom"]:
+            env[item["name"]] = "gpu-node-1"
+    return env
+
+
+def test_every_gpulens_env_name_is_a_setting_of_its_service(docs: list[dict[str, Any]]) -> None:
+    checked = 0
+    for workload in workloads(docs):
+        for container in containers(_pod_spec(workload)):
+            settings_type = settings_for(container.get("args"))
+            for name in _container_env(docs, container):
+                if name.startswith("GPULENS_"):
+                    checked += 1
+                    assert is_setting(settings_type, name), (
+                        f"{_name(workload)}: {name} is not a setting of {settings_type.__name__} "
+                        "(pydantic-settings would silently ignore it)"
+                    )
+    assert checked > 20
+
+
+def test_every_service_accepts_its_configuration(docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for workload in workloads(docs):
+        for container in containers(_pod_spec(workload)):
+            settings_type = settings_for(container.get("args"))
+            with monkeypatch.context() as patch:
+                for name in list(os.environ):
+                    if name.startswith("GPULENS_") or name == "NODE_NAME":
+                        patch.delenv(name)
+                for name, value in _container_env(docs, container).items():
+                    patch.setenv(name, value)
+                try:
+                    settings = load_settings(settings_type)
+                except ConfigError as exc:
+                    pytest.fail(f"{_name(workload)}: {exc}")
+            assert settings.metrics_port > 0, f"{_name(workload)}: metrics endpoint disabled"
+            if settings_type.__name__ == "AgentSettings":
+                assert getattr(settings, "node_name", None) == "gpu-node-1"
+            if settings_type.__name__ == "SinkSettings":
+                assert settings.clickhouse.url.startswith("http"), "the sink must write to a ClickHouse server"
+
+
+def test_credentials_only_from_secrets(docs: list[dict[str, Any]]) -> None:
+    from common.settings import SinkSettings
+
+    secret_names = secret_setting_names(SinkSettings)
+    assert "GPULENS_KAFKA__SASL_PASSWORD" in secret_names
+    for config_map in of_kind(docs, "ConfigMap"):
+        leaked = secret_names & set(config_map["data"])
+        assert not leaked, f"{_name(config_map)} holds credentials {leaked}; use a Secret"
+    for workload in workloads(docs):
+        for container in containers(_pod_spec(workload)):
+            for item in container.get("env", []):
+                if item["name"] in secret_names:
+                    assert "secretKeyRef" in item.get("valueFrom", {}), f"{_name(workload)}: {item['name']} inline"
+    for template in secret_templates():
+        for key, value in template["stringData"].items():
+            assert "CHANGE_ME" in value, f"secret template {template['metadata']['name']}/{key} holds a real value"
+    assert not of_kind(docs, "Secret"), "Secrets belong in deploy/k8s/secrets/ templates, not in the applied set"
+
+
+def test_metrics_port_agrees_everywhere(docs: list[dict[str, Any]]) -> None:
+    (common,) = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] == "gpulens-common"]
+    port = int(common["data"]["GPULENS_METRICS_PORT"])
+    for workload in workloads(docs):
+        if workload["kind"] == "Job":
+            continue
+        template = pod_template(workload)
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port), _name(workload)
+        for container in containers(template["spec"]):
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            assert ports.get("metrics") == port, f"{_name(workload)}: containerPort metrics != {port}"
+            env = _container_env(docs, container)
+            if "GPULENS_WEB_PORT" in env:
+                assert ports.get("web") == int(env["GPULENS_WEB_PORT"]), f"{_name(workload)}: web port"
+    for service in of_kind(docs, "Service"):
+        assert [p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics"] == [port]
+
+
+def test_worker_stages_and_scaling(docs: list[dict[str, Any]]) -> None:
+    stages: dict[str, int] = {}
+    for workload in workloads(docs):
+        for container in containers(_pod_spec(workload)):
+            if container.get("args", [None])[0] == "worker":
+                env = _container_env(docs, container)
+                stages[env.get("GPULENS_STAGE", "all")] = workload["spec"]["replicas"]
+    assert set(stages) == {"node", "cluster"}, f"worker stages deployed: {stages}"
+    assert stages["cluster"] == 1, "the cluster stage has one key: one replica"
+    from schemas.topics import GPU_SAMPLES
+
+    assert 1 <= stages["node"] <= GPU_SAMPLES.partitions, "node-stage replicas beyond the partitions sit idle"
