@@ -1,0 +1,428 @@
+"""A simulated Kubernetes API server for tests and ``gpulens watch --simulate``.
+
+No cluster runs here, yet the watcher must be tested through the real ``kubernetes`` client and
+its real HTTP behaviour. This server speaks the same protocol for the collections the watcher
+reads, with plain ``http.server`` and threads (it imports no Kubernetes library):
+
+- ``GET /api/v1/pods``, ``/api/v1/namespaces/{ns}/pods``, ``/api/v1/nodes``, ``/api/v1/events``,
+  ``/api/v1/namespaces/{ns}/events``, ``/apis/events.k8s.io/v1/events`` (and namespaced): lists
+  with a resourceVersion per object and per list, ``limit`` / ``continue`` pages over a snapshot;
+- ``?watch=true``: a chunked stream of ``{"type", "object"}`` lines from ``resourceVersion``
+  (``""``/``"0"`` = synthetic ADDED of the current state first), ``BOOKMARK`` events every
+  ``bookmark_interval_s`` when ``allowWatchBookmarks``, closed after ``timeoutSeconds``;
+- a bounded history: watching from a version older than the retained window gets what the real
+  server sends — HTTP 200 with one ``ERROR`` event carrying a ``Status`` with code 410 — and
+  :meth:`compact` drops the whole history to force it;
+- fault injection: :meth:`fail_next` answers the next requests with a 5xx ``Status``;
+  :meth:`drop_watches` cuts every open watch mid-stream (a broken chunk, then a closed socket).
+
+Events are stored once, in the core/v1 shape, and served converted under events.k8s.io/v1, as
+the real server does with its single storage.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import itertools
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+COLLECTIONS = ("pods", "nodes", "events")
+_KINDS = {"pods": ("Pod", "v1"), "nodes": ("Node", "v1"), "events": ("Event", "v1")}
+
+
+def _now_text() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def _status(code: int, reason: str, message: str) -> Obj:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def to_events_v1(event: Obj) -> Obj:
+    """A core/v1 Event in the events.k8s.io/v1 shape (the API server converts the same way)."""
+    source = event.get("source") or {}
+    converted = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": copy.deepcopy(event.get("metadata", {})),
+        "eventTime": event.get("eventTime"),
+        "series": event.get("series"),
+        "reportingController": event.get("reportingComponent") or source.get("component"),
+        "reportingInstance": event.get("reportingInstance") or source.get("host"),
+        "action": event.get("action"),
+        "reason": event.get("reason"),
+        "regarding": event.get("involvedObject"),
+        "related": event.get("related"),
+        "note": event.get("message"),
+        "type": event.get("type"),
+        "deprecatedSource": source or None,
+        "deprecatedFirstTimestamp": event.get("firstTimestamp"),
+        "deprecatedLastTimestamp": event.get("lastTimestamp"),
+        "deprecatedCount": event.get("count"),
+    }
+    return {k: v for k, v in converted.items() if v not in (None, "", {})}
+
+
+class _Route:
+    def __init__(self, collection: str, namespace: str | None, events_v1: bool) -> None:
+        self.collection = collection
+        self.namespace = namespace
+        self.events_v1 = events_v1
+
+    def matches(self, collection: str, obj: Obj) -> bool:
+        if collection != self.collection:
+            return False
+        return self.namespace is None or obj.get("metadata", {}).get("namespace") == self.namespace
+
+    def render(self, obj: Obj) -> Obj:
+        if self.events_v1:
+            return to_events_v1(obj)
+        kind, version = _KINDS[self.collection]
+        return {"kind": kind, "apiVersion": version, **obj}
+
+
+def _route(path: str) -> _Route | None:
+    parts = [p for p in path.split("/") if p]
+    events_v1 = False
+    if parts[:2] == ["api", "v1"]:
+        rest = parts[2:]
+    elif parts[:3] == ["apis", "events.k8s.io", "v1"]:
+        rest, events_v1 = parts[3:], True
+    else:
+        return None
+    namespace = None
+    if len(rest) == 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) != 1 or rest[0] not in COLLECTIONS:
+        return None
+    if events_v1 and rest[0] != "events":
+        return None
+    if rest[0] == "nodes" and namespace:
+        return None
+    return _Route(rest[0], namespace, events_v1)
+
+
+class FakeApiServer:
+    """In-memory objects with resourceVersions, a change history, and HTTP list/watch over them."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, retain: int = 1000,
+                 bookmark_interval_s: float = 1.0, max_watch_s: float = 1800.0) -> None:
+        self.retain = retain
+        self.bookmark_interval_s = bookmark_interval_s
+        self.max_watch_s = max_watch_s
+        self._cond = threading.Condition()
+        self._rv = 1000
+        self._objects: dict[str, dict[str, Obj]] = {c: {} for c in COLLECTIONS}
+        self._history: list[tuple[int, str, str, Obj]] = []
+        self._compacted_rv = self._rv
+        self._failures: list[tuple[int, str | None]] = []
+        self._drop_generation = 0
+        self._snapshots: dict[str, tuple[list[Obj], int]] = {}
+        self._snapshot_ids = itertools.count(1)
+        self._stopping = False
+        self.requests: list[str] = []
+        self.watch_requests: list[dict[str, str]] = []
+        self._host = host
+        self._server = ThreadingHTTPServer((host, port), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self._server.server_port}"
+
+    def start(self) -> FakeApiServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="fake-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ state changes
+
+    @property
+    def resource_version(self) -> int:
+        with self._cond:
+            return self._rv
+
+    def put(self, collection: str, obj: Obj) -> Obj:
+        """Create or replace an object (ADDED or MODIFIED); returns the stored copy."""
+        stored = copy.deepcopy(obj)
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now_text())
+        key = _key(stored)
+        with self._cond:
+            existing = self._objects[collection].get(key)
+            if existing is not None:
+                meta["uid"] = existing["metadata"]["uid"]
+                meta["creationTimestamp"] = existing["metadata"].get("creationTimestamp", meta["creationTimestamp"])
+            self._record(collection, "MODIFIED" if existing is not None else "ADDED", stored)
+            self._objects[collection][key] = stored
+            return copy.deepcopy(stored)
+
+    def patch(self, collection: str, key: str, change: Callable[[Obj], None]) -> Obj:
+        """Apply ``change`` to a copy of the object and store it (one MODIFIED event)."""
+        with self._cond:
+            obj = copy.deepcopy(self._objects[collection][key])
+        change(obj)
+        return self.put(collection, obj)
+
+    def delete(self, collection: str, key: str) -> Obj | None:
+        with self._cond:
+            obj = self._objects[collection].pop(key, None)
+            if obj is None:
+                return None
+            self._record(collection, "DELETED", obj)
+            return copy.deepcopy(obj)
+
+    def get(self, collection: str, key: str) -> Obj | None:
+        with self._cond:
+            obj = self._objects[collection].get(key)
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def keys(self, collection: str) -> list[str]:
+        with self._cond:
+            return sorted(self._objects[collection])
+
+    def _record(self, collection: str, kind: str, obj: Obj) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append((self._rv, collection, kind, copy.deepcopy(obj)))
+        if len(self._history) > self.retain:
+            dropped = self._history[: len(self._history) - self.retain]
+            del self._history[: len(dropped)]
+            self._compacted_rv = dropped[-1][0]
+        self._cond.notify_all()
+
+    # ------------------------------------------------------------------ fault injection
+
+    def compact(self) -> None:
+        """Forget the whole change history: any watch from an older version gets 410 Gone."""
+        with self._cond:
+            self._history.clear()
+            self._compacted_rv = self._rv
+            self._cond.notify_all()
+
+    def fail_next(self, count: int = 1, status: int = 500, path_contains: str | None = None) -> None:
+        """Answer the next ``count`` matching requests with HTTP ``status`` and a Status body."""
+        with self._cond:
+            self._failures.extend([(status, path_contains)] * count)
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection mid-stream, the way a crashing proxy would."""
+        with self._cond:
+            self._drop_generation += 1
+            self._cond.notify_all()
+
+    def _take_failure(self, path: str) -> int | None:
+        with self._cond:
+            for index, (status, needle) in enumerate(self._failures):
+                if needle is None or needle in path:
+                    del self._failures[index]
+                    return status
+        return None
+
+    # ------------------------------------------------------------------ serving
+
+    def _list(self, route: _Route, query: dict[str, str]) -> Obj:
+        token = query.get("continue")
+        limit = int(query.get("limit") or 0)
+        if token:
+            snap_id, _, offset_text = token.rpartition(":")
+            with self._cond:
+                snapshot = self._snapshots.get(snap_id)
+            if snapshot is None:
+                return _status(410, "Expired", "the provided continue parameter is too old")
+            items, rv = snapshot
+            offset = int(offset_text)
+        else:
+            with self._cond:
+                rv = self._rv
+                items = [route.render(copy.deepcopy(obj))
+                         for _, obj in sorted(self._objects[route.collection].items())
+                         if route.matches(route.collection, obj)]
+            offset = 0
+        for item in items:
+            if not route.events_v1:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+        kind, version = ("EventList", "events.k8s.io/v1") if route.events_v1 else (
+            _KINDS[route.collection][0] + "List", "v1")
+        metadata: Obj = {"resourceVersion": str(rv)}
+        page = items[offset:]
+        if limit and len(page) > limit:
+            page = page[:limit]
+            snap_id = token.rpartition(":")[0] if token else f"snap{next(self._snapshot_ids)}"
+            with self._cond:
+                self._snapshots[snap_id] = (items, rv)
+                while len(self._snapshots) > 64:
+                    self._snapshots.pop(next(iter(self._snapshots)))
+            metadata["continue"] = f"{snap_id}:{offset + limit}"
+        return {"kind": kind, "apiVersion": version, "metadata": metadata, "items": page}
+
+    def _watch_events(self, route: _Route, query: dict[str, str]) -> Iterator[Obj | None]:
+        """Watch events to send; ``None`` means "cut the connection now"."""
+        timeout_s = float(query.get("timeoutSeconds") or self.max_watch_s)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        deadline = time.monotonic() + min(timeout_s, self.max_watch_s)
+        requested = query.get("resourceVersion") or ""
+        gone: Obj | None = None
+        with self._cond:
+            generation = self._drop_generation
+            if requested in ("", "0"):
+                cursor = self._rv
+                initial = [route.render(copy.deepcopy(obj))
+                           for _, obj in sorted(self._objects[route.collection].items())
+                           if route.matches(route.collection, obj)]
+            else:
+                cursor = int(requested)
+                initial = []
+                if cursor < self._compacted_rv:
+                    gone = _status(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
+        if gone is not None:
+            yield {"type": "ERROR", "object": gone}
+            return
+        for obj in initial:
+            yield {"type": "ADDED", "object": obj}
+        last_bookmark = time.monotonic()
+        while True:
+            batch: list[tuple[int, str, str, Obj]] = []
+            end: str | None = None
+            with self._cond:
+                while True:
+                    if self._stopping:
+                        end = "stop"
+                    elif self._drop_generation != generation:
+                        end = "drop"
+                    elif cursor < self._compacted_rv:  # events we have not sent are gone
+                        end = "gone"
+                        gone = _status(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
+                    if end:
+                        break
+                    start = bisect.bisect_right(self._history, cursor, key=lambda entry: entry[0])
+                    batch = self._history[start:]
+                    now = time.monotonic()
+                    if batch or now >= deadline or (bookmarks and now - last_bookmark >= self.bookmark_interval_s):
+                        break
+                    wait = deadline - now
+                    if bookmarks:
+                        wait = min(wait, self.bookmark_interval_s - (now - last_bookmark))
+                    self._cond.wait(max(min(wait, 0.5), 0.01))
+                current = self._rv
+            if end == "drop":
+                yield None
+            if end == "gone":
+                yield {"type": "ERROR", "object": gone}
+            if end:
+                return
+            for rv, collection, kind, obj in batch:
+                cursor = rv
+                if route.matches(collection, obj):
+                    yield {"type": kind, "object": route.render(copy.deepcopy(obj))}
+            now = time.monotonic()
+            if bookmarks and now - last_bookmark >= self.bookmark_interval_s:
+                cursor = max(cursor, current)
+                kind_name = "Event" if route.events_v1 else _KINDS[route.collection][0]
+                api_version = "events.k8s.io/v1" if route.events_v1 else "v1"
+                yield {"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": api_version,
+                                                      "metadata": {"resourceVersion": str(cursor)}}}
+                last_bookmark = now
+            if now >= deadline:
+                return
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet
+                return
+
+            def _send_json(self, code: int, body: Obj) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                parts = urlsplit(self.path)
+                query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+                server.requests.append(self.path)
+                failure = server._take_failure(parts.path)
+                if failure is not None:
+                    reason = "InternalError" if failure == 500 else "ServiceUnavailable"
+                    self._send_json(failure, _status(failure, reason, "injected failure"))
+                    return
+                route = _route(parts.path)
+                if route is None:
+                    self._send_json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
+                    return
+                if query.get("watch") in ("true", "1"):
+                    server.watch_requests.append(query)
+                    self._stream(route, query)
+                    return
+                body = server._list(route, query)
+                self._send_json(int(body.get("code", 200)) if body.get("kind") == "Status" else 200, body)
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _stream(self, route: _Route, query: dict[str, str]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    for event in server._watch_events(route, query):
+                        if event is None:  # a broken chunk, then a dead socket
+                            self.wfile.write(b"40\r\n{\"type\":\"MODIF")
+                            self.wfile.flush()
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            self.close_connection = True
+                            return
+                        self._chunk(json.dumps(event).encode() + b"\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    self.close_connection = True
+
+        return Handler

@@ -1,0 +1,156 @@
+"""The Kubernetes API adapter: the only module that imports the ``kubernetes`` client.
+
+It turns the client into :class:`~producers.watcher.informer.WatchSource` objects that hand out
+raw JSON (camelCase dicts exactly as the API server serves them): translation never depends on
+the client's model classes, and the same translation runs on the simulator's JSON. Lists are
+paginated (``limit`` / ``continue``, a consistent snapshot) so a large cluster is not read in one
+response; watches ask for bookmarks and a server-side timeout, with a client read timeout a bit
+longer so a silently dead connection cannot hang the watcher.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from producers.watcher.informer import Gone, RawObject, SourceError
+
+RESOURCES = ("pods", "nodes", "events", "core-events")
+"""``events`` = events.k8s.io/v1 (the current API); ``core-events`` = core/v1 Events."""
+
+
+class KubeConfigError(Exception):
+    """No usable cluster configuration (no in-cluster service account, no kubeconfig)."""
+
+
+def api_client(kubeconfig: Path | None = None, host: str | None = None, context: str | None = None) -> Any:
+    """An ApiClient for ``host`` (plain URL, e.g. the simulated server), a kubeconfig file, or
+    the in-cluster service account, tried in that order; without either file, the kubeconfig the
+    client library finds by itself (``$KUBECONFIG`` or ``~/.kube/config``)."""
+    configuration = k8s_client.Configuration()
+    try:
+        if host:
+            configuration.host = host
+        elif kubeconfig is not None:
+            if not kubeconfig.exists():
+                raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist")
+            k8s_config.load_kube_config(config_file=str(kubeconfig), context=context,
+                                        client_configuration=configuration)
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except ConfigException:
+                k8s_config.load_kube_config(context=context, client_configuration=configuration)
+    except (ConfigException, OSError) as exc:
+        raise KubeConfigError(f"no Kubernetes configuration: {exc}") from None
+    return k8s_client.ApiClient(configuration)
+
+
+def api_host(api: Any) -> str:
+    return str(api.configuration.host)
+
+
+class KubeSource:
+    """List and watch one collection (``pods``, ``nodes``, ``events``, ``core-events``)."""
+
+    def __init__(self, api: Any, resource: str, namespace: str | None = None, page_size: int = 500,
+                 request_timeout_s: float = 60.0) -> None:
+        if resource not in RESOURCES:
+            raise ValueError(f"unknown resource {resource!r}; known: {', '.join(RESOURCES)}")
+        if resource == "nodes" and namespace:
+            raise ValueError("nodes are cluster-scoped")
+        self.resource = resource if not namespace else f"{resource}:{namespace}"
+        self.kind = resource
+        self.namespace = namespace
+        self.page_size = page_size
+        self.request_timeout_s = request_timeout_s
+        self._func = self._list_function(api, resource, namespace)
+        self._lock = threading.Lock()
+        self._watches: set[Any] = set()
+
+    @staticmethod
+    def _list_function(api: Any, resource: str, namespace: str | None) -> Callable[..., Any]:
+        core = k8s_client.CoreV1Api(api)
+        if resource == "nodes":
+            method: Callable[..., Any] = core.list_node
+        elif resource == "pods":
+            method = core.list_namespaced_pod if namespace else core.list_pod_for_all_namespaces
+        elif resource == "core-events":
+            method = core.list_namespaced_event if namespace else core.list_event_for_all_namespaces
+        else:
+            events = k8s_client.EventsV1Api(api)
+            method = events.list_namespaced_event if namespace else events.list_event_for_all_namespaces
+
+        # A plain wrapper without a return annotation: the client's Watch then yields the raw
+        # JSON object instead of deserialising it into model classes (and still maps ERROR events).
+        def call(**kwargs: Any) -> Any:
+            if namespace:
+                return method(namespace, **kwargs)
+            return method(**kwargs)
+
+        return call
+
+    def list(self) -> tuple[list[RawObject], str]:
+        items: list[RawObject] = []
+        resource_version = ""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.page_size, "_preload_content": False,
+                                      "_request_timeout": self.request_timeout_s}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self._func(**kwargs)
+                body = json.loads(response.data)
+            except ApiException as exc:
+                raise SourceError(f"list {self.resource}: {exc.status} {exc.reason}", int(exc.status or 0)) from None
+            except Exception as exc:
+                raise SourceError(f"list {self.resource}: {type(exc).__name__}: {exc}") from None
+            metadata = body.get("metadata") or {}
+            if not resource_version:
+                resource_version = str(metadata.get("resourceVersion") or "")
+            items.extend(item for item in body.get("items") or [] if isinstance(item, dict))
+            token = metadata.get("continue") or None
+            if not token:
+                return items, resource_version
+
+    def watch(self, resource_version: str, timeout_s: int) -> Iterator[RawObject]:
+        watcher = k8s_watch.Watch()
+        with self._lock:
+            self._watches.add(watcher)
+        try:
+            stream = watcher.stream(
+                self._func,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=int(timeout_s),
+                _request_timeout=(10, int(timeout_s) + 30),
+            )
+            for event in stream:
+                yield {"type": event.get("type"), "object": event.get("raw_object", event.get("object"))}
+        except ApiException as exc:
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+            raise SourceError(f"watch {self.resource}: {exc.status} {exc.reason}", int(exc.status or 0)) from None
+        except (Gone, SourceError, GeneratorExit):
+            raise
+        except Exception as exc:
+            raise SourceError(f"watch {self.resource}: {type(exc).__name__}: {exc}") from None
+        finally:
+            with self._lock:
+                self._watches.discard(watcher)
+
+    def interrupt(self) -> None:
+        with self._lock:
+            watches = list(self._watches)
+        for watcher in watches:
+            watcher.stop()

@@ -1,0 +1,414 @@
+"""The watcher service: informers for nodes, pods and events -> translation -> Kafka (or stdout).
+
+Wiring and policy live here; protocol details are in ``informer`` and translation in
+``translate``. Policy:
+
+- start-up lists nodes first, then pods, then events, so the GPU-node set is known when pods are
+  judged and the GPU-pod set is known when events are judged; then every collection is watched
+  on its own thread;
+- a pod is reported when it requests a GPU resource or runs on a GPU node; a node when it has GPU
+  resources or GPU labels; an event when it concerns a reported pod or a GPU node (or its text
+  names an ``nvidia.com/`` resource) and is a scheduling failure, preemption, eviction, OOM kill,
+  successful scheduling, or any Warning;
+- nothing is produced unless the message differs from the last one for its key (``ChangeFilter``);
+- a pod or node that is gone produces its final state (``deleted: true``) and then a tombstone,
+  exactly once, whether the API told us (DELETED) or a re-list after 410 Gone showed it vanished;
+- self-metrics: watch events seen, re-lists, deletes found by re-list, errors, event lag, store
+  sizes, messages produced.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+import orjson
+
+from common.kafka import BoundedProducer
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from common.settings import WatcherSettings
+from producers.watcher.backoff import Backoff
+from producers.watcher.informer import Clock, Informer, RawObject, SystemClock, WatchSource, name_key, uid_key
+from producers.watcher.translate import (
+    ChangeFilter,
+    TranslateConfig,
+    deleted_node,
+    deleted_state,
+    event_key,
+    event_to_message,
+    node_to_state,
+    object_time,
+    pod_to_state,
+)
+from schemas.codec import encode
+from schemas.messages import Message
+from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, TopicSpec
+
+log = get_logger(__name__)
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+class Sink(Protocol):
+    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class KafkaSink:
+    """Produces through :class:`BoundedProducer`; ``None`` is a tombstone."""
+
+    def __init__(self, producer: BoundedProducer, prefix: str) -> None:
+        self.producer = producer
+        self.prefix = prefix
+
+    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
+        value = encode(message) if message is not None else None
+        if not self.producer.produce(topic.name(self.prefix), key, value):
+            log.warning("producer queue full; record dropped", topic=topic.suffix, key=key)
+
+    def flush(self) -> None:
+        self.producer.flush()
+
+
+class StdoutSink:
+    """One JSON line per record: ``{"topic", "key", "value"}`` (``value`` null for a tombstone)."""
+
+    def __init__(self, prefix: str, stream: IO[str] | None = None,
+                 on_closed: Callable[[], None] | None = None) -> None:
+        self.prefix = prefix
+        self.stream = stream or sys.stdout
+        self.on_closed = on_closed
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
+        record = {"topic": topic.name(self.prefix), "key": key,
+                  "value": message.model_dump(mode="json") if message is not None else None}
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self.stream.write(orjson.dumps(record).decode() + "\n")
+                self.stream.flush()
+            except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
+                self.closed = True
+                if self.on_closed is not None:
+                    self.on_closed()
+
+    def flush(self) -> None:
+        if not self.closed:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.closed = True
+
+
+@dataclass
+class Record:
+    topic: str
+    key: str
+    message: Message | None
+
+
+class MemorySink:
+    """Keeps records in a list (tests, the in-process demo)."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+        self._lock = threading.Lock()
+
+    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
+        with self._lock:
+            self.records.append(Record(topic.suffix, key, message))
+
+    def flush(self) -> None:
+        pass
+
+    def of(self, topic: TopicSpec) -> list[Record]:
+        with self._lock:
+            return [r for r in self.records if r.topic == topic.suffix]
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+class WatcherMetrics:
+    """Prometheus self-metrics; also the informers' :class:`~producers.watcher.informer.Observer`."""
+
+    def __init__(self, registry: MetricsRegistry | None = None) -> None:
+        self.registry = registry or MetricsRegistry()
+        r = self.registry
+        self.events = r.counter("watcher_watch_events_total", "Watch events received", ("resource", "type"))
+        self.relists = r.counter("watcher_relists_total", "Full lists (initial and after 410 Gone)",
+                                 ("resource", "reason"))
+        self.vanished = r.counter("watcher_relist_deletes_total",
+                                  "Objects found deleted by a re-list (deleted while not watching)", ("resource",))
+        self.errors = r.counter("watcher_errors_total", "List/watch/handler errors", ("resource", "kind"))
+        self.lag_seconds = r.gauge("watcher_lag_seconds", "Now minus the time carried by the last event seen",
+                                   ("resource",))
+        self.objects = r.gauge("watcher_objects", "Objects held in the informer's store", ("resource",))
+        self.messages = r.counter("watcher_messages_total", "Records produced", ("topic", "kind"))
+
+    def event(self, resource: str, kind: str) -> None:
+        self.events.labels(resource, kind).inc()
+
+    def relist(self, resource: str, reason: str, vanished: int) -> None:
+        self.relists.labels(resource, reason).inc()
+        if vanished:
+            self.vanished.labels(resource).inc(vanished)
+
+    def error(self, resource: str, kind: str) -> None:
+        self.errors.labels(resource, kind).inc()
+
+    def lag(self, resource: str, seconds: float) -> None:
+        self.lag_seconds.labels(resource).set(seconds)
+
+    def store_size(self, resource: str, size: int) -> None:
+        self.objects.labels(resource).set(size)
+
+    def produced(self, topic: TopicSpec, tombstone: bool) -> None:
+        self.messages.labels(topic.suffix, "tombstone" if tombstone else "state").inc()
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+@dataclass
+class WatcherConfig:
+    translate: TranslateConfig = field(default_factory=TranslateConfig)
+    namespaces: tuple[str, ...] = ()
+    watch_timeout_s: int = 300
+    events_api: str = "events.k8s.io"
+
+    @classmethod
+    def from_settings(cls, settings: WatcherSettings) -> WatcherConfig:
+        return cls(
+            translate=TranslateConfig(
+                team_keys=tuple(settings.team_label_keys),
+                project_keys=tuple(settings.project_label_keys),
+                gang_keys=tuple(settings.gang_label_keys),
+                extra_gpu_resources=tuple(settings.extra_gpu_resources),
+            ),
+            namespaces=tuple(settings.namespaces),
+            watch_timeout_s=settings.watch_timeout_s,
+            events_api=settings.events_api,
+        )
+
+
+class Pipeline:
+    """The state shared by the three handlers: GPU nodes, reported pods, change filters."""
+
+    def __init__(self, sink: Sink, config: WatcherConfig, clock: Clock, metrics: WatcherMetrics) -> None:
+        self.sink = sink
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics
+        self.lock = threading.RLock()
+        self.gpu_nodes: set[str] = set()
+        self.pods = ChangeFilter()
+        self.nodes = ChangeFilter()
+        self.events = ChangeFilter()
+        self.pod_stores: list[Callable[[], list[RawObject]]] = []
+        self.pod_handler = _PodHandler(self)
+        self.node_handler = _NodeHandler(self)
+        self.event_handler = _EventHandler(self)
+
+    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
+        self.sink.emit(topic, key, message)
+        self.metrics.produced(topic, message is None)
+
+
+class _PodHandler:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+
+    def upsert(self, obj: RawObject) -> None:
+        p = self.p
+        with p.lock:
+            uid = uid_key(obj)
+            state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes)
+            if state is None:
+                if uid in p.pods:  # no longer relevant (its node lost its GPUs): drop it downstream
+                    p.emit(K8S_PODS, uid, None)
+                    p.pods.forget(uid)
+                return
+            if p.pods.changed(uid, state):
+                p.emit(K8S_PODS, uid, state)
+
+    def delete(self, obj: RawObject, observed: str) -> None:
+        p = self.p
+        with p.lock:
+            uid = uid_key(obj)
+            if uid not in p.pods:
+                return  # never reported: nothing to delete downstream
+            now = p.clock.now()
+            state = pod_to_state(obj, now, p.config.translate, p.gpu_nodes | {str(obj.get("spec", {}).get("nodeName"))})
+            if state is not None:
+                p.emit(K8S_PODS, uid, deleted_state(state, now))
+            p.emit(K8S_PODS, uid, None)
+            p.pods.forget(uid)
+            log.debug("pod gone", uid=uid, name=obj.get("metadata", {}).get("name"), observed=observed)
+
+
+class _NodeHandler:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+
+    def upsert(self, obj: RawObject) -> None:
+        p = self.p
+        with p.lock:
+            name = name_key(obj)
+            state = node_to_state(obj, p.clock.now(), p.config.translate)
+            if state is None:
+                if name in p.nodes:
+                    p.gpu_nodes.discard(name)
+                    p.emit(K8S_NODES, name, None)
+                    p.nodes.forget(name)
+                return
+            newly_gpu = name not in p.gpu_nodes
+            p.gpu_nodes.add(name)
+            if p.nodes.changed(name, state):
+                p.emit(K8S_NODES, name, state)
+            if newly_gpu:
+                # pods already on this node that requested no GPU become relevant now
+                for store in p.pod_stores:
+                    for pod in store():
+                        if pod.get("spec", {}).get("nodeName") == name:
+                            p.pod_handler.upsert(pod)
+
+    def delete(self, obj: RawObject, observed: str) -> None:
+        p = self.p
+        with p.lock:
+            name = name_key(obj)
+            p.gpu_nodes.discard(name)
+            if name not in p.nodes:
+                return
+            now = p.clock.now()
+            state = node_to_state(obj, now, p.config.translate)
+            if state is not None:
+                p.emit(K8S_NODES, name, deleted_node(state, now))
+            p.emit(K8S_NODES, name, None)
+            p.nodes.forget(name)
+
+
+class _EventHandler:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+
+    def upsert(self, obj: RawObject) -> None:
+        p = self.p
+        message = event_to_message(obj)
+        if message is None:
+            return
+        if message.category == "other" and message.type != "Warning":
+            return
+        with p.lock:
+            if message.involved_kind == "Pod":
+                relevant = (message.involved_uid or "") in p.pods or "nvidia.com/" in message.message
+            elif message.involved_kind == "Node":
+                relevant = message.involved_name in p.gpu_nodes
+            else:
+                relevant = False
+            if relevant and p.events.changed(message.uid, message):
+                p.emit(K8S_EVENTS, event_key(message), message)
+
+    def delete(self, obj: RawObject, observed: str) -> None:
+        with self.p.lock:
+            self.p.events.forget(uid_key(obj))  # events expire; the events topic keeps its history
+
+
+# --------------------------------------------------------------------------- the service
+
+
+@dataclass
+class Sources:
+    nodes: WatchSource
+    pods: Sequence[WatchSource]
+    events: Sequence[WatchSource]
+
+    def all(self) -> list[WatchSource]:
+        return [self.nodes, *self.pods, *self.events]
+
+
+class WatcherService:
+    """Runs one informer per source; ``run`` blocks until ``stop`` is set."""
+
+    def __init__(self, sources: Sources, sink: Sink, config: WatcherConfig | None = None, *,
+                 clock: Clock | None = None, metrics: WatcherMetrics | None = None,
+                 backoff_factory: Callable[[], Backoff] = Backoff) -> None:
+        self.sources = sources
+        self.config = config or WatcherConfig()
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or WatcherMetrics()
+        self.pipeline = Pipeline(sink, self.config, self.clock, self.metrics)
+        p = self.pipeline
+
+        def informer(source: WatchSource, handler: Any, key: Callable[[RawObject], str],
+                     time_of: Callable[[RawObject], Any] | None = None) -> Informer:
+            return Informer(source, handler, key, clock=self.clock, backoff=backoff_factory(),
+                            watch_timeout_s=self.config.watch_timeout_s, observer=self.metrics, time_of=time_of)
+
+        self.node_informer = informer(sources.nodes, p.node_handler, name_key)
+        self.pod_informers = [informer(s, p.pod_handler, uid_key) for s in sources.pods]
+        self.event_informers = [informer(s, p.event_handler, uid_key, object_time) for s in sources.events]
+        for pod_informer in self.pod_informers:
+            p.pod_stores.append(_store_reader(pod_informer))
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def informers(self) -> list[Informer]:
+        return [self.node_informer, *self.pod_informers, *self.event_informers]
+
+    def sync(self, stop: threading.Event) -> bool:
+        """The ordered initial lists (nodes, pods, events); False when stopped first."""
+        return all(inf.sync(stop) for inf in self.informers)
+
+    def start(self, stop: threading.Event) -> None:
+        """Initial lists, then one watch thread per informer (returns once they run)."""
+        if not self.sync(stop):
+            return
+        for inf in self.informers:
+            thread = threading.Thread(target=inf.run, args=(stop,), name=f"watch-{inf.resource}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("watching", resources=[inf.resource for inf in self.informers],
+                 gpu_nodes=len(self.pipeline.gpu_nodes), gpu_pods=len(self.pipeline.pods))
+
+    def shutdown(self, stop: threading.Event, timeout_s: float = 5.0) -> None:
+        stop.set()
+        for source in self.sources.all():
+            source.interrupt()
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self.pipeline.sink.flush()
+
+    def run(self, stop: threading.Event) -> None:
+        self.start(stop)
+        try:
+            while not stop.wait(1.0):
+                pass
+        finally:
+            self.shutdown(stop)
+
+
+def _store_reader(informer: Informer) -> Callable[[], list[RawObject]]:
+    return lambda: list(informer.store.values())
+
+
+def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io") -> Sources:
+    """Sources over the real client (``producers.watcher.kube``) for all or some namespaces."""
+    from producers.watcher.kube import KubeSource
+
+    event_resource = "events" if events_api == "events.k8s.io" else "core-events"
+    scopes: list[str | None] = list(namespaces) or [None]
+    return Sources(
+        nodes=KubeSource(api, "nodes"),
+        pods=[KubeSource(api, "pods", ns) for ns in scopes],
+        events=[KubeSource(api, event_resource, ns) for ns in scopes],
+    )
