@@ -1,0 +1,156 @@
+"""Stand-ins for the kubelet's PodResources API.
+
+- :class:`StaticPodResources`: an in-process source with a settable mapping (tests, simulator).
+- :class:`FakePodResourcesServer`: a real gRPC server on a unix socket serving ``List``,
+  ``GetAllocatableResources`` and ``Get`` from a mapping, so the real client
+  (:class:`producers.agent.podresources.KubeletPodResources`) runs end to end without a kubelet.
+  Like the NVIDIA device plugin with time-slicing, a device held by several containers is
+  handed out as replica ids ``<uuid>::<n>``. ``stop``/``start`` on the same path imitate a
+  kubelet restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from producers.agent import podresources_pb2 as pb
+from producers.agent import podresources_pb2_grpc as pb_grpc
+from producers.agent.podresources import PodResourcesError, unix_target
+from schemas.messages import PodRef
+
+
+class StaticPodResources:
+    """A PodResources source whose answer the caller sets; ``fail`` makes the next calls raise."""
+
+    def __init__(self, mapping: dict[str, list[PodRef]] | None = None) -> None:
+        self._mapping: dict[str, list[PodRef]] = dict(mapping or {})
+        self.failing: str | None = None
+
+    def set(self, mapping: dict[str, list[PodRef]]) -> None:
+        self._mapping = {device: list(refs) for device, refs in mapping.items()}
+
+    def assignments(self) -> dict[str, list[PodRef]]:
+        if self.failing:
+            raise PodResourcesError(self.failing)
+        return {device: list(refs) for device, refs in self._mapping.items()}
+
+
+def default_resource_name(device_id: str) -> str:
+    return "nvidia.com/mig-1g.10gb" if device_id.startswith("MIG-") else "nvidia.com/gpu"
+
+
+class _Servicer(pb_grpc.PodResourcesListerServicer):
+    def __init__(self, server: FakePodResourcesServer) -> None:
+        self.server = server
+
+    def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
+        self.server.calls["List"] += 1
+        return pb.ListPodResourcesResponse(pod_resources=self.server.pod_resources())
+
+    def GetAllocatableResources(
+        self, request: pb.AllocatableResourcesRequest, context: Any
+    ) -> pb.AllocatableResourcesResponse:
+        self.server.calls["GetAllocatableResources"] += 1
+        by_resource: dict[str, list[str]] = {}
+        for device in self.server.allocatable:
+            by_resource.setdefault(self.server.resource_of(device), []).append(device)
+        return pb.AllocatableResourcesResponse(
+            devices=[pb.ContainerDevices(resource_name=name, device_ids=ids) for name, ids in by_resource.items()]
+        )
+
+    def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
+        self.server.calls["Get"] += 1
+        for pod in self.server.pod_resources():
+            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
+                return pb.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        raise AssertionError("unreachable")
+
+
+class FakePodResourcesServer:
+    """A PodResources v1 gRPC server on a unix socket (use as a context manager)."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        mapping: dict[str, list[PodRef]] | None = None,
+        allocatable: list[str] | None = None,
+        resource_of: Callable[[str], str] = default_resource_name,
+    ) -> None:
+        self.socket_path = socket_path
+        self.resource_of = resource_of
+        self._lock = threading.Lock()
+        self._mapping: dict[str, list[PodRef]] = dict(mapping or {})
+        self.allocatable = list(allocatable if allocatable is not None else self._mapping)
+        self.calls = {"List": 0, "GetAllocatableResources": 0, "Get": 0}
+        self._server: grpc.Server | None = None
+
+    def set(self, mapping: dict[str, list[PodRef]]) -> None:
+        with self._lock:
+            self._mapping = {device: list(refs) for device, refs in mapping.items()}
+
+    def pod_resources(self) -> list[pb.PodResources]:
+        """The mapping as the kubelet reports it: per pod, per container, per resource name."""
+        with self._lock:
+            mapping = {device: list(refs) for device, refs in self._mapping.items()}
+        # (namespace, pod) -> container -> resource -> device ids
+        pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        for device, refs in sorted(mapping.items()):
+            for replica, ref in enumerate(refs):
+                device_id = f"{device}::{replica}" if len(refs) > 1 else device
+                containers = pods.setdefault((ref.namespace, ref.pod), {})
+                resources = containers.setdefault(ref.container, {})
+                resources.setdefault(self.resource_of(device), []).append(device_id)
+        return [
+            pb.PodResources(
+                namespace=namespace,
+                name=name,
+                containers=[
+                    pb.ContainerResources(
+                        name=container,
+                        devices=[
+                            pb.ContainerDevices(resource_name=resource, device_ids=ids)
+                            for resource, ids in resources.items()
+                        ],
+                    )
+                    for container, resources in containers.items()
+                ],
+            )
+            for (namespace, name), containers in pods.items()
+        ]
+
+    def start(self) -> FakePodResourcesServer:
+        if self._server is not None:
+            return self
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.socket_path.exists():
+            self.socket_path.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="fake-kubelet"))
+        pb_grpc.add_PodResourcesListerServicer_to_server(_Servicer(self), server)
+        if server.add_insecure_port(unix_target(self.socket_path)) == 0:
+            raise OSError(f"cannot listen on {self.socket_path}")
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5)
+            self._server = None
+        if self.socket_path.exists():
+            self.socket_path.unlink()
+
+    def __enter__(self) -> FakePodResourcesServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

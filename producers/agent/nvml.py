@@ -1,0 +1,457 @@
+"""The NVML adapter: the only module that imports pynvml (nvidia-ml-py).
+
+Why an interface this fine-grained: NVML answers field by field, and any single field can be
+unsupported on a given GPU or mode (utilisation under MIG is the known case), a GPU can fall off
+the bus between two calls, and the whole library can go away (driver reload). The sampler must
+keep every answer it can get, so it asks one field at a time and decides what each failure means.
+:class:`NvmlBackend` therefore mirrors the NVML calls the sampler needs, with pynvml's error
+classes translated into the few that matter here (:class:`NvmlNotSupported`,
+:class:`NvmlGpuLost`, :class:`NvmlUnavailable`, ...). :class:`PynvmlBackend` is the real thing;
+``fake_nvml.FakeNvml`` behaves the same way without a GPU.
+
+XID errors arrive through an NVML event set; :class:`PynvmlBackend` waits on it on a background
+thread (so an event is timestamped when it happens, not when the next sample is taken) and keeps
+a bounded buffer that :meth:`NvmlBackend.drain_xids` empties once per sample.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, TypeVar
+
+import pynvml
+
+from common.logs import get_logger
+
+log = get_logger(__name__)
+
+Device = Any
+"""An opaque device handle (a physical GPU or a MIG device) returned by the backend."""
+
+Clock = Literal["sm", "mem"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class NvmlError(Exception):
+    """An NVML call failed; ``kind`` is a short stable label (metrics, logs)."""
+
+    kind = "unknown"
+
+    def __init__(self, message: str = "", kind: str | None = None) -> None:
+        super().__init__(message or self.kind)
+        if kind is not None:
+            self.kind = kind
+
+
+class NvmlNotSupported(NvmlError):
+    """This field is not available on this GPU or in this mode: report it absent, nothing else."""
+
+    kind = "not_supported"
+
+
+class NvmlGpuLost(NvmlError):
+    """The GPU fell off the bus or stopped answering: report this GPU as lost, keep the others."""
+
+    kind = "gpu_lost"
+
+
+class NvmlNoPermission(NvmlError):
+    kind = "no_permission"
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML as a whole is unusable (library missing, driver not loaded, not initialised)."""
+
+    kind = "unavailable"
+
+
+class NvmlLibraryNotFound(NvmlUnavailable):
+    """No libnvidia-ml on this machine: retrying in-process cannot help."""
+
+    kind = "library_not_found"
+
+
+# --------------------------------------------------------------------------- plain records
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class Utilization:
+    gpu_pct: float
+    mem_pct: float
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One compute process on a device (nvmlDeviceGetComputeRunningProcesses_v3)."""
+
+    pid: int
+    used_memory_bytes: int | None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessUtilSample:
+    """One per-process utilisation sample (nvmlDeviceGetProcessUtilization)."""
+
+    pid: int
+    timestamp_us: int
+    sm_util_pct: float
+    mem_util_pct: float
+
+
+@dataclass(frozen=True)
+class XidRecord:
+    """An XID error NVML reported for a GPU; ``at`` is None when the source has no clock (fakes)."""
+
+    gpu_uuid: str | None
+    xid: int
+    at: datetime | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+class NvmlBackend(Protocol):
+    """What the sampler needs from NVML. Every device method may raise :class:`NvmlError`."""
+
+    def init(self) -> None:
+        """Initialise NVML (and start XID collection). Raises :class:`NvmlUnavailable`."""
+
+    def shutdown(self) -> None:
+        """Release NVML; never raises. ``init`` may be called again afterwards."""
+
+    def driver_version(self) -> str: ...
+
+    def cuda_driver_version(self) -> str:
+        """The CUDA version the driver supports, as ``"12.4"``."""
+
+    def device_count(self) -> int: ...
+
+    def device_by_index(self, index: int) -> Device: ...
+
+    def uuid(self, device: Device) -> str: ...
+
+    def name(self, device: Device) -> str:
+        """Product name; for a MIG device NVML appends the profile (``"... MIG 1g.10gb"``)."""
+
+    def memory(self, device: Device) -> MemoryInfo: ...
+
+    def utilization(self, device: Device) -> Utilization: ...
+
+    def power_w(self, device: Device) -> float: ...
+
+    def temperature_c(self, device: Device) -> float: ...
+
+    def clock_mhz(self, device: Device, clock: Clock) -> int: ...
+
+    def pcie_throughput_bytes_per_s(self, device: Device) -> tuple[float, float]:
+        """(tx, rx) over NVML's last ~20 ms window."""
+
+    def nvlink_bytes_total(self, device: Device) -> tuple[int, int]:
+        """Cumulative NVLink (tx, rx) data bytes over all links; the sampler turns them into rates."""
+
+    def compute_processes(self, device: Device) -> list[ProcessInfo]: ...
+
+    def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
+        """Per-process samples newer than ``since_us`` (NVML's own microsecond clock); may be empty."""
+
+    def mig_enabled(self, device: Device) -> bool: ...
+
+    def mig_devices(self, device: Device) -> list[Device]: ...
+
+    def mig_instance_ids(self, mig_device: Device) -> tuple[int, int]:
+        """(GPU instance id, compute instance id) of a MIG device."""
+
+    def drain_xids(self) -> list[XidRecord]:
+        """XID events seen since the previous call, oldest first."""
+
+
+# --------------------------------------------------------------------------- the real backend
+
+_T = TypeVar("_T")
+
+_UNAVAILABLE_CODES = {
+    pynvml.NVML_ERROR_UNINITIALIZED: "uninitialized",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_version_mismatch",
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
+}
+
+_KIND_BY_CODE = {
+    pynvml.NVML_ERROR_TIMEOUT: "timeout",
+    pynvml.NVML_ERROR_NOT_FOUND: "not_found",
+    pynvml.NVML_ERROR_INSUFFICIENT_POWER: "insufficient_power",
+    pynvml.NVML_ERROR_IRQ_ISSUE: "irq_issue",
+    pynvml.NVML_ERROR_CORRUPTED_INFOROM: "corrupted_inforom",
+    pynvml.NVML_ERROR_RESET_REQUIRED: "reset_required",
+    pynvml.NVML_ERROR_MEMORY: "memory",
+    pynvml.NVML_ERROR_UNKNOWN: "unknown",
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid_argument",
+}
+
+_NVLINK_ALL_LINKS = 0xFFFFFFFF
+"""Field-value scope id meaning "summed over every link" for the NVLink throughput counters."""
+_NO_INSTANCE = 0xFFFFFFFF
+
+
+def translate(exc: pynvml.NVMLError) -> NvmlError:
+    """Map a pynvml error to the adapter's error classes."""
+    code = getattr(exc, "value", None)
+    text = str(exc)
+    if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+        return NvmlNotSupported(text)
+    if code == pynvml.NVML_ERROR_GPU_IS_LOST:
+        return NvmlGpuLost(text)
+    if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        return NvmlNoPermission(text)
+    if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        return NvmlLibraryNotFound(text)
+    if code in _UNAVAILABLE_CODES:
+        return NvmlUnavailable(text, kind=_UNAVAILABLE_CODES[code])
+    return NvmlError(text, kind=_KIND_BY_CODE.get(code, "unknown"))
+
+
+@contextmanager
+def _nvml_errors() -> Iterator[None]:
+    try:
+        yield
+    except pynvml.NVMLError as exc:
+        raise translate(exc) from None
+
+
+def _call(func: Callable[..., _T], *args: Any) -> _T:
+    with _nvml_errors():
+        return func(*args)
+
+
+def format_cuda_version(version: int) -> str:
+    """NVML encodes the CUDA driver version as 1000*major + 10*minor (12040 -> "12.4")."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+class PynvmlBackend:
+    """NVML through pynvml, with XID events collected on a background thread."""
+
+    XID_BUFFER = 1024
+
+    def __init__(self, xid_wait_ms: int = 500) -> None:
+        self._xid_wait_ms = xid_wait_ms
+        self._xids: deque[XidRecord] = deque(maxlen=self.XID_BUFFER)
+        self._xid_lock = threading.Lock()
+        self._xid_thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._event_set: Any = None
+        self._initialised = False
+
+    # -- lifecycle
+
+    def init(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            err = translate(exc)
+            if isinstance(err, NvmlLibraryNotFound):
+                raise NvmlLibraryNotFound(
+                    "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver is visible to this "
+                    "process. Run the agent on a GPU node with the NVIDIA container runtime, or use "
+                    "--simulate."
+                ) from None
+            if isinstance(err, NvmlUnavailable):
+                raise err from None
+            raise NvmlUnavailable(str(err), kind=err.kind) from None
+        except OSError as exc:  # a broken library file
+            raise NvmlUnavailable(f"cannot load NVML: {exc}", kind="library_not_found") from None
+        self._initialised = True
+        self._start_xid_watch()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=self._xid_wait_ms / 1000 + 2)
+            self._xid_thread = None
+        if self._event_set is not None:
+            with suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        if self._initialised:
+            with suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+            self._initialised = False
+
+    def _start_xid_watch(self) -> None:
+        try:
+            self._event_set = pynvml.nvmlEventSetCreate()
+            registered = 0
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, self._event_set)
+                    registered += 1
+                except pynvml.NVMLError as exc:
+                    log.warning("xid events unavailable for gpu", index=index, error=str(exc))
+        except pynvml.NVMLError as exc:
+            log.warning("xid event set unavailable", error=str(exc))
+            return
+        if not registered:
+            return
+        self._stop.clear()
+        self._xid_thread = threading.Thread(target=self._watch_xids, name="nvml-xid", daemon=True)
+        self._xid_thread.start()
+
+    def _watch_xids(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._event_set, self._xid_wait_ms)
+            except pynvml.NVMLError as exc:
+                if getattr(exc, "value", None) == pynvml.NVML_ERROR_TIMEOUT:
+                    continue
+                log.warning("xid event wait failed", error=str(exc))
+                self._stop.wait(1.0)
+                continue
+            if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                uuid: str | None = str(pynvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError:
+                uuid = None
+            record = XidRecord(
+                gpu_uuid=uuid,
+                xid=int(data.eventData),
+                at=datetime.now(UTC),
+                gpu_instance_id=None if data.gpuInstanceId == _NO_INSTANCE else int(data.gpuInstanceId),
+                compute_instance_id=None if data.computeInstanceId == _NO_INSTANCE else int(data.computeInstanceId),
+            )
+            with self._xid_lock:
+                self._xids.append(record)
+
+    def drain_xids(self) -> list[XidRecord]:
+        with self._xid_lock:
+            records = list(self._xids)
+            self._xids.clear()
+        return records
+
+    # -- system
+
+    def driver_version(self) -> str:
+        return str(_call(pynvml.nvmlSystemGetDriverVersion))
+
+    def cuda_driver_version(self) -> str:
+        return format_cuda_version(int(_call(pynvml.nvmlSystemGetCudaDriverVersion_v2)))
+
+    def device_count(self) -> int:
+        return int(_call(pynvml.nvmlDeviceGetCount))
+
+    def device_by_index(self, index: int) -> Device:
+        return _call(pynvml.nvmlDeviceGetHandleByIndex, index)
+
+    # -- per device
+
+    def uuid(self, device: Device) -> str:
+        return str(_call(pynvml.nvmlDeviceGetUUID, device))
+
+    def name(self, device: Device) -> str:
+        return str(_call(pynvml.nvmlDeviceGetName, device))
+
+    def memory(self, device: Device) -> MemoryInfo:
+        info = _call(pynvml.nvmlDeviceGetMemoryInfo, device)
+        return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
+
+    def utilization(self, device: Device) -> Utilization:
+        rates = _call(pynvml.nvmlDeviceGetUtilizationRates, device)
+        return Utilization(gpu_pct=float(rates.gpu), mem_pct=float(rates.memory))
+
+    def power_w(self, device: Device) -> float:
+        return int(_call(pynvml.nvmlDeviceGetPowerUsage, device)) / 1000.0  # milliwatts
+
+    def temperature_c(self, device: Device) -> float:
+        return float(_call(pynvml.nvmlDeviceGetTemperature, device, pynvml.NVML_TEMPERATURE_GPU))
+
+    def clock_mhz(self, device: Device, clock: Clock) -> int:
+        kind = pynvml.NVML_CLOCK_SM if clock == "sm" else pynvml.NVML_CLOCK_MEM
+        return int(_call(pynvml.nvmlDeviceGetClockInfo, device, kind))
+
+    def pcie_throughput_bytes_per_s(self, device: Device) -> tuple[float, float]:
+        tx_kb = _call(pynvml.nvmlDeviceGetPcieThroughput, device, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx_kb = _call(pynvml.nvmlDeviceGetPcieThroughput, device, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+        return float(tx_kb) * 1024.0, float(rx_kb) * 1024.0  # NVML reports KB/s
+
+    def nvlink_bytes_total(self, device: Device) -> tuple[int, int]:
+        fields = [
+            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _NVLINK_ALL_LINKS),
+            (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _NVLINK_ALL_LINKS),
+        ]
+        values = _call(pynvml.nvmlDeviceGetFieldValues, device, fields)
+        out: list[int] = []
+        for value in values:
+            if value.nvmlReturn != pynvml.NVML_SUCCESS:
+                raise translate(pynvml.NVMLError(value.nvmlReturn))
+            out.append(int(value.value.ullVal) * 1024)  # KiB counters
+        return out[0], out[1]
+
+    def compute_processes(self, device: Device) -> list[ProcessInfo]:
+        procs = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, device)
+        result = []
+        for proc in procs:
+            gi = getattr(proc, "gpuInstanceId", _NO_INSTANCE)
+            ci = getattr(proc, "computeInstanceId", _NO_INSTANCE)
+            used = proc.usedGpuMemory
+            result.append(
+                ProcessInfo(
+                    pid=int(proc.pid),
+                    used_memory_bytes=None if used is None else int(used),
+                    gpu_instance_id=None if gi in (None, _NO_INSTANCE) else int(gi),
+                    compute_instance_id=None if ci in (None, _NO_INSTANCE) else int(ci),
+                )
+            )
+        return result
+
+    def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(device, since_us)
+        except pynvml.NVMLError as exc:
+            if getattr(exc, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
+                return []  # no sample newer than since_us: nothing ran
+            raise translate(exc) from None
+        return [
+            ProcessUtilSample(
+                pid=int(s.pid),
+                timestamp_us=int(s.timeStamp),
+                sm_util_pct=float(s.smUtil),
+                mem_util_pct=float(s.memUtil),
+            )
+            for s in samples
+        ]
+
+    def mig_enabled(self, device: Device) -> bool:
+        current, _pending = _call(pynvml.nvmlDeviceGetMigMode, device)
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def mig_devices(self, device: Device) -> list[Device]:
+        count = int(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, device))
+        found = []
+        for index in range(count):
+            try:
+                found.append(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index))
+            except pynvml.NVMLError as exc:
+                if getattr(exc, "value", None) == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue  # an unused slot
+                raise translate(exc) from None
+        return found
+
+    def mig_instance_ids(self, mig_device: Device) -> tuple[int, int]:
+        gi = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig_device))
+        ci = int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig_device))
+        return gi, ci

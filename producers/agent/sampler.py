@@ -1,0 +1,452 @@
+"""One node sample: every GPU, MIG device and GPU process of the node, attributed to pods.
+
+:class:`NodeSampler` is plain, deterministic Python over three interfaces (NVML, the kubelet's
+PodResources, a PID -> container resolver): given the same answers it builds the same
+:class:`schemas.messages.GpuSample`, so tests, the fleet simulator and the live agent share it.
+
+What each failure means here (NVML answers field by field):
+- a field NVML does not support on this GPU or mode -> that field is absent (None), nothing else;
+- any other error on one field -> the field is absent, the GPU is marked ``degraded`` with the
+  reason, the sample's ``errors`` name it, and ``on_nvml_error(kind)`` counts it;
+- the GPU is lost (fell off the bus) or cannot be opened -> that GPU alone is reported with health
+  ``lost`` / ``error`` under its last known identity, the other GPUs keep flowing;
+- NVML as a whole is unavailable -> :class:`NvmlUnavailable` propagates: the service re-initialises
+  NVML; no sample is produced, because a sample without GPUs would read as "no GPUs" downstream.
+
+Attribution: each device's ``assigned_to`` comes from PodResources (replica ids ``uuid::n`` of
+time-slicing and index ids are normalised to NVML UUIDs); ``shared`` is set when more than one pod
+holds the device. Each process carries its container id and pod UID from its cgroup. Pod names are
+filled in when the process's pod UID matches an assigned :class:`PodRef` — by its ``pod_uid`` when
+the source gives one, otherwise by elimination (exactly one unmatched pod and one unmatched UID on
+a device, consistent on every device that UID appears on). On a time-sliced or MPS GPU each pod
+therefore gets its own processes' memory and SM utilisation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from common.logs import get_logger
+from producers.agent.cgroup import ProcessResolver
+from producers.agent.nvml import (
+    Device,
+    NvmlBackend,
+    NvmlError,
+    NvmlGpuLost,
+    NvmlNotSupported,
+    NvmlUnavailable,
+    XidRecord,
+)
+from producers.agent.podresources import PodResourcesError, PodResourcesSource
+from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+XID_INFO: dict[int, tuple[str, bool]] = {
+    13: ("graphics engine exception", False),
+    31: ("GPU memory page fault", False),
+    43: ("GPU stopped processing", False),
+    45: ("preemptive cleanup after a previous error", False),
+    48: ("double bit ECC error", True),
+    61: ("internal micro-controller breakpoint/warning", True),
+    62: ("internal micro-controller halt", True),
+    63: ("ECC page retirement or row remapping recorded", False),
+    64: ("ECC page retirement or row remapping failure", True),
+    74: ("NVLink error", True),
+    79: ("GPU has fallen off the bus", True),
+    92: ("high single-bit ECC error rate", True),
+    94: ("contained ECC error", True),
+    95: ("uncontained ECC error", True),
+    119: ("GSP RPC timeout", True),
+    120: ("GSP error", True),
+    140: ("unrecovered ECC error", True),
+}
+"""XID -> (meaning, critical). Critical means the hardware or driver needs attention (drain,
+reset, RMA); the others are usually caused by the application (bad kernel, page fault)."""
+
+_MIG_PROFILE = re.compile(r"MIG\s+(\S+)\s*$")
+
+
+def xid_event(record: XidRecord, default_at: datetime) -> XidEvent:
+    meaning, critical = XID_INFO.get(record.xid, (None, False))
+    return XidEvent(xid=record.xid, at=record.at or default_at, critical=critical, message=meaning)
+
+
+def mig_profile(name: str) -> str | None:
+    """``"NVIDIA H100 80GB HBM3 MIG 1g.10gb"`` -> ``"1g.10gb"``."""
+    match = _MIG_PROFILE.search(name)
+    return match.group(1) if match else None
+
+
+@dataclass
+class _Device:
+    """A reading under construction (GpuReading is immutable)."""
+
+    fields: dict[str, Any]
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)
+    xids: list[XidEvent] = field(default_factory=list)
+    assigned_to: list[PodRef] = field(default_factory=list)
+
+    @property
+    def uuid(self) -> str:
+        return str(self.fields["uuid"])
+
+    @property
+    def is_mig(self) -> bool:
+        return self.fields.get("mig_parent_uuid") is not None
+
+    def build(self) -> GpuReading:
+        fields = dict(self.fields)
+        if self.issues and fields.get("health", "ok") == "ok":
+            fields["health"] = "degraded"
+            fields["health_reason"] = "nvml errors: " + ", ".join(self.issues)
+        critical = [x for x in self.xids if x.critical]
+        if critical and fields.get("health", "ok") in ("ok", "degraded"):
+            reason = "; ".join(f"xid {x.xid}: {x.message}" for x in critical)
+            fields["health"] = "degraded"
+            fields["health_reason"] = reason if not self.issues else f"{reason}; {fields.get('health_reason')}"
+        pods = {(r.namespace, r.pod) for r in self.assigned_to}
+        return GpuReading(
+            **fields,
+            xids=self.xids,
+            assigned_to=self.assigned_to,
+            processes=[GpuProcess(**p) for p in self.processes],
+            shared=len(pods) > 1,
+        )
+
+
+class NodeSampler:
+    """Builds one :class:`GpuSample` per call; ``seq`` increments with every sample produced."""
+
+    def __init__(
+        self,
+        node_name: str,
+        nvml: NvmlBackend,
+        pod_resources: PodResourcesSource | None,
+        processes: ProcessResolver,
+        boot_id: str,
+        sample_interval_s: float,
+        *,
+        on_nvml_error: Callable[[str], None] | None = None,
+        on_pod_resources_error: Callable[[], None] | None = None,
+        assignments_max_age_samples: int = 3,
+    ) -> None:
+        self.node_name = node_name
+        self.nvml = nvml
+        self.pod_resources = pod_resources
+        self.processes = processes
+        self.boot_id = boot_id
+        self.sample_interval_s = sample_interval_s
+        self.seq = 0
+        self._on_nvml_error = on_nvml_error
+        self._on_pod_resources_error = on_pod_resources_error
+        self._assignments_max_age = assignments_max_age_samples
+        self._identity: dict[int, tuple[str, str]] = {}
+        self._versions: tuple[str, str] | None = None
+        self._nvlink_prev: dict[str, tuple[datetime, int, int]] = {}
+        self._util_since_us: dict[str, int] = {}
+        self._last_assignments: tuple[int, dict[str, list[PodRef]]] | None = None
+
+    def reset(self) -> None:
+        """Forget what belongs to one NVML session (call after re-initialising NVML)."""
+        self._versions = None
+        self._nvlink_prev.clear()
+        self._util_since_us.clear()
+
+    # ------------------------------------------------------------------ the sample
+
+    def sample(self, ts: datetime) -> GpuSample:
+        """Read everything once; raises :class:`NvmlUnavailable` if NVML as a whole is gone."""
+        errors: list[str] = []
+        driver, cuda = self._read_versions(errors)
+        count = self.nvml.device_count()
+        devices: list[_Device] = []
+        for index in range(count):
+            devices.extend(self._read_gpu(index, ts, errors))
+        self._attach_xids(devices, self.nvml.drain_xids(), ts, errors)
+        self._attribute(devices, self._assignments(errors))
+        sample = GpuSample(
+            node=self.node_name,
+            ts=ts,
+            agent_boot_id=self.boot_id,
+            seq=self.seq,
+            sample_interval_s=self.sample_interval_s,
+            driver_version=driver,
+            cuda_driver_version=cuda,
+            gpus=[d.build() for d in devices],
+            errors=errors,
+        )
+        self.seq += 1
+        return sample
+
+    # ------------------------------------------------------------------ NVML reads
+
+    def _report(self, kind: str) -> None:
+        if self._on_nvml_error is not None:
+            self._on_nvml_error(kind)
+
+    def _read_versions(self, errors: list[str]) -> tuple[str | None, str | None]:
+        if self._versions is None:
+            try:
+                self._versions = (self.nvml.driver_version(), self.nvml.cuda_driver_version())
+            except NvmlUnavailable:
+                raise
+            except NvmlError as exc:
+                self._report(exc.kind)
+                errors.append(f"driver version: {exc.kind}: {exc}")
+                return None, None
+        return self._versions
+
+    def _field(self, device: _Device, what: str, call: Callable[[], T], errors: list[str]) -> T | None:
+        try:
+            return call()
+        except NvmlNotSupported:
+            return None
+        except (NvmlGpuLost, NvmlUnavailable):
+            raise
+        except NvmlError as exc:
+            self._report(exc.kind)
+            device.issues.append(f"{what} ({exc.kind})")
+            errors.append(f"gpu {device.fields['index']} {device.uuid}: {what}: {exc.kind}: {exc}")
+            return None
+
+    def _unreadable(self, index: int, health: str, reason: str) -> _Device:
+        uuid, model = self._identity.get(index, (f"GPU-unknown-{self.node_name}-{index}", "unknown"))
+        return _Device({"uuid": uuid, "index": index, "model": model, "health": health, "health_reason": reason})
+
+    def _read_gpu(self, index: int, ts: datetime, errors: list[str]) -> list[_Device]:
+        nvml = self.nvml
+        try:
+            handle = nvml.device_by_index(index)
+            uuid = nvml.uuid(handle)
+        except NvmlUnavailable:
+            raise
+        except NvmlGpuLost as exc:
+            self._report(exc.kind)
+            errors.append(f"gpu {index}: lost: {exc}")
+            return [self._unreadable(index, "lost", str(exc))]
+        except NvmlError as exc:
+            self._report(exc.kind)
+            errors.append(f"gpu {index}: cannot open: {exc.kind}: {exc}")
+            return [self._unreadable(index, "error", f"{exc.kind}: {exc}")]
+        known = self._identity.get(index)
+        device = _Device({"uuid": uuid, "index": index, "model": known[1] if known and known[0] == uuid else ""})
+        try:
+            return self._read_physical(device, handle, index, ts, errors)
+        except NvmlGpuLost as exc:
+            self._report(exc.kind)
+            errors.append(f"gpu {index} {uuid}: lost: {exc}")
+            return [self._unreadable(index, "lost", str(exc))]
+
+    def _read_physical(
+        self, device: _Device, handle: Device, index: int, ts: datetime, errors: list[str]
+    ) -> list[_Device]:
+        nvml, f, uuid = self.nvml, device.fields, device.uuid
+        name = self._field(device, "name", lambda: nvml.name(handle), errors)
+        f["model"] = name or f["model"] or "unknown"
+        self._identity[index] = (uuid, f["model"])
+        memory = self._field(device, "memory", lambda: nvml.memory(handle), errors)
+        if memory is not None:
+            f["mem_total_bytes"], f["mem_used_bytes"] = memory.total_bytes, memory.used_bytes
+        util = self._field(device, "utilization", lambda: nvml.utilization(handle), errors)
+        if util is not None:
+            f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
+        power = self._field(device, "power", lambda: nvml.power_w(handle), errors)
+        f["power_w"] = max(0.0, power) if power is not None else None
+        f["temperature_c"] = self._field(device, "temperature", lambda: nvml.temperature_c(handle), errors)
+        f["sm_clock_mhz"] = self._field(device, "sm_clock", lambda: nvml.clock_mhz(handle, "sm"), errors)
+        f["mem_clock_mhz"] = self._field(device, "mem_clock", lambda: nvml.clock_mhz(handle, "mem"), errors)
+        pcie = self._field(device, "pcie_throughput", lambda: nvml.pcie_throughput_bytes_per_s(handle), errors)
+        if pcie is not None:
+            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = pcie
+        nvlink = self._field(device, "nvlink_throughput", lambda: nvml.nvlink_bytes_total(handle), errors)
+        if nvlink is not None:
+            f["nvlink_tx_bytes_per_s"], f["nvlink_rx_bytes_per_s"] = self._nvlink_rate(uuid, ts, nvlink)
+        mig = bool(self._field(device, "mig_mode", lambda: nvml.mig_enabled(handle), errors))
+        readings = [device]
+        if not mig:
+            device.processes = self._processes(device, handle, errors, per_process_util=True)
+            return readings
+        # MIG: the parent lists no processes of its own; each MIG device is its own reading
+        for mig_handle in self._field(device, "mig_devices", lambda: nvml.mig_devices(handle), errors) or []:
+            try:
+                readings.append(self._read_mig(device, mig_handle, errors))
+            except (NvmlGpuLost, NvmlUnavailable):
+                raise
+            except NvmlError as exc:
+                self._report(exc.kind)
+                device.issues.append(f"mig device ({exc.kind})")
+                errors.append(f"gpu {index} {uuid}: mig device: {exc.kind}: {exc}")
+        return readings
+
+    def _read_mig(self, parent: _Device, handle: Device, errors: list[str]) -> _Device:
+        nvml = self.nvml
+        uuid = nvml.uuid(handle)
+        device = _Device(
+            {
+                "uuid": uuid,
+                "index": parent.fields["index"],
+                "model": parent.fields["model"],
+                "mig_parent_uuid": parent.uuid,
+            }
+        )
+        f = device.fields
+        name = self._field(device, "name", lambda: nvml.name(handle), errors)
+        f["mig_profile"] = mig_profile(name) if name else None
+        ids = self._field(device, "mig_instance_ids", lambda: nvml.mig_instance_ids(handle), errors)
+        if ids is not None:
+            f["gpu_instance_id"], f["compute_instance_id"] = ids
+        memory = self._field(device, "memory", lambda: nvml.memory(handle), errors)
+        if memory is not None:
+            f["mem_total_bytes"], f["mem_used_bytes"] = memory.total_bytes, memory.used_bytes
+        util = self._field(device, "utilization", lambda: nvml.utilization(handle), errors)
+        if util is not None:
+            f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
+        device.processes = self._processes(device, handle, errors, per_process_util=False)
+        return device
+
+    def _nvlink_rate(
+        self, uuid: str, ts: datetime, totals: tuple[int, int]
+    ) -> tuple[float | None, float | None]:
+        previous = self._nvlink_prev.get(uuid)
+        self._nvlink_prev[uuid] = (ts, totals[0], totals[1])
+        if previous is None:
+            return None, None
+        seconds = (ts - previous[0]).total_seconds()
+        if seconds <= 0 or totals[0] < previous[1] or totals[1] < previous[2]:
+            return None, None  # first sample, clock went back, or the counters were reset
+        return (totals[0] - previous[1]) / seconds, (totals[1] - previous[2]) / seconds
+
+    def _processes(
+        self, device: _Device, handle: Device, errors: list[str], per_process_util: bool
+    ) -> list[dict[str, Any]]:
+        nvml = self.nvml
+        infos = self._field(device, "processes", lambda: nvml.compute_processes(handle), errors) or []
+        if not infos:
+            return []
+        sm_util: dict[int, float] | None = None
+        if per_process_util:
+            since = self._util_since_us.get(device.uuid, 0)
+            samples = self._field(
+                device, "process_utilization", lambda: nvml.process_utilization(handle, since), errors
+            )
+            if samples is not None:
+                sums: dict[int, list[float]] = {}
+                for s in samples:
+                    sums.setdefault(s.pid, []).append(s.sm_util_pct)
+                    since = max(since, s.timestamp_us)
+                self._util_since_us[device.uuid] = since
+                # a process without a sample since the last read did not run on the SMs
+                sm_util = {pid: _pct(sum(v) / len(v)) for pid, v in sums.items()}
+        out = []
+        for info in sorted(infos, key=lambda p: p.pid):
+            ref = self.processes.resolve(info.pid)
+            out.append(
+                {
+                    "pid": info.pid,
+                    "container_id": ref.container_id if ref else None,
+                    "pod_uid": ref.pod_uid if ref else None,
+                    "mem_used_bytes": info.used_memory_bytes,
+                    "sm_util_pct": None if sm_util is None else sm_util.get(info.pid, 0.0),
+                }
+            )
+        return out
+
+    # ------------------------------------------------------------------ XIDs
+
+    def _attach_xids(
+        self, devices: list[_Device], records: list[XidRecord], ts: datetime, errors: list[str]
+    ) -> None:
+        physical = {d.uuid: d for d in devices if not d.is_mig}
+        for record in records:
+            target = physical.get(record.gpu_uuid or "")
+            event = xid_event(record, ts)
+            if target is None:
+                errors.append(f"xid {record.xid} on unknown device {record.gpu_uuid}")
+                continue
+            target.xids.append(event)
+            if event.critical:
+                log.warning("critical xid", node=self.node_name, gpu=target.uuid, xid=record.xid,
+                            meaning=event.message)
+
+    # ------------------------------------------------------------------ attribution
+
+    def _assignments(self, errors: list[str]) -> dict[str, list[PodRef]]:
+        if self.pod_resources is None:
+            return {}
+        try:
+            mapping = self.pod_resources.assignments()
+        except PodResourcesError as exc:
+            if self._on_pod_resources_error is not None:
+                self._on_pod_resources_error()
+            errors.append(f"pod resources: {exc}")
+            if self._last_assignments and self.seq - self._last_assignments[0] <= self._assignments_max_age:
+                return self._last_assignments[1]  # a kubelet restart: keep the recent answer briefly
+            return {}
+        self._last_assignments = (self.seq, mapping)
+        return mapping
+
+    def _attribute(self, devices: list[_Device], raw: dict[str, list[PodRef]]) -> None:
+        by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
+        assigned: dict[str, list[PodRef]] = {}
+        for device_id, refs in raw.items():
+            base = device_id.split("::", 1)[0]  # time-slicing replica "uuid::n"
+            if base.isdigit():  # deviceIDStrategy=index
+                base = by_index.get(int(base), base)
+            bucket = assigned.setdefault(base, [])
+            for ref in refs:
+                if ref not in bucket:
+                    bucket.append(ref)
+        for device in devices:
+            device.assigned_to = assigned.get(device.uuid, [])
+
+        pod_of_uid = self._bind_uids(devices)
+        for device in devices:
+            for proc in device.processes:
+                pod = pod_of_uid.get(proc["pod_uid"]) if proc["pod_uid"] else None
+                if pod is None:
+                    continue
+                proc["pod_namespace"], proc["pod_name"] = pod
+                containers = {r.container for r in device.assigned_to if (r.namespace, r.pod) == pod}
+                if len(containers) == 1:
+                    proc["container_name"] = next(iter(containers))
+
+    @staticmethod
+    def _bind_uids(devices: list[_Device]) -> dict[str, tuple[str, str]]:
+        """Pod UID -> (namespace, pod): from PodRef.pod_uid, then by elimination per device."""
+        bound: dict[str, tuple[str, str]] = {}
+        for device in devices:
+            for ref in device.assigned_to:
+                if ref.pod_uid:
+                    bound[ref.pod_uid] = (ref.namespace, ref.pod)
+        known = set(bound)
+        inferred: dict[str, tuple[str, str]] = {}
+        changed = True
+        while changed:
+            changed = False
+            for device in devices:
+                taken = set(bound.values()) | set(inferred.values())
+                pods = {(r.namespace, r.pod) for r in device.assigned_to} - taken
+                uids = {p["pod_uid"] for p in device.processes if p["pod_uid"]} - known - set(inferred)
+                if len(pods) == 1 and len(uids) == 1:
+                    inferred[uids.pop()] = pods.pop()
+                    changed = True
+        # an inferred UID must hold its pod's devices only, wherever it runs
+        for uid, pod in list(inferred.items()):
+            for device in devices:
+                runs_here = any(p["pod_uid"] == uid for p in device.processes)
+                if runs_here and pod not in {(r.namespace, r.pod) for r in device.assigned_to}:
+                    del inferred[uid]
+                    break
+        return bound | inferred
+
+
+def _pct(value: float) -> float:
+    return min(100.0, max(0.0, float(value)))

@@ -1,0 +1,281 @@
+"""The agent's run loop: sample on the interval grid, produce, survive NVML and broker failures.
+
+- Samples are taken on the wall-clock grid of ``sample_interval_s`` (10:00:00, 10:00:10, ...), so
+  every node's samples line up; a sample that overruns skips the ticks it missed (counted) instead
+  of bunching up.
+- NVML initialisation is retried with exponential backoff (1 s doubling to ``backoff_max_s``) and
+  reported (log + ``nvml_up`` gauge + init-failure counter). When NVML fails as a whole mid-run
+  (driver reload), it is shut down and re-initialised in-process. A missing NVML library is fatal
+  (:class:`NvmlLibraryNotFound`): no retry inside this container can make it appear.
+- Samples go to a :class:`SampleSink`: Kafka through :class:`common.kafka.BoundedProducer`
+  (bounded local queue: when the broker is away, the overflow is dropped and counted, memory
+  stays bounded) or stdout (one JSON document per line).
+- Self-metrics (Prometheus): samples produced / dropped, NVML errors by kind, delivery failures,
+  queue depth, sampling duration, missed ticks, GPUs by health.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import IO, Protocol
+
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from common.settings import AgentSettings, ProducerSettings
+from producers.agent.nvml import NvmlError, NvmlLibraryNotFound, NvmlUnavailable
+from producers.agent.sampler import NodeSampler
+from schemas.codec import encode
+from schemas.messages import GpuSample
+from schemas.topics import GPU_SAMPLES
+
+log = get_logger(__name__)
+
+
+class AgentError(Exception):
+    """The agent cannot do what was asked (e.g. ``--once`` without a working NVML)."""
+
+
+class AgentMetrics:
+    """The agent's Prometheus self-metrics, on its own registry."""
+
+    def __init__(self, registry: MetricsRegistry | None = None) -> None:
+        self.registry = registry or MetricsRegistry()
+        r = self.registry
+        self.samples_produced = r.counter("agent_samples_produced_total", "Samples handed to the sink")
+        self.samples_dropped = r.counter(
+            "agent_samples_dropped_total", "Samples dropped because the local buffer was full (broker away)"
+        )
+        self.nvml_errors = r.counter("agent_nvml_errors_total", "NVML errors by kind", ("kind",))
+        self.nvml_init_failures = r.counter(
+            "agent_nvml_init_failures_total", "Failed NVML (re-)initialisations by kind", ("kind",)
+        )
+        self.nvml_up = r.gauge("agent_nvml_up", "1 when NVML is initialised and answering")
+        self.delivery_failures = r.counter(
+            "agent_delivery_failures_total", "Samples the broker did not acknowledge in time"
+        )
+        self.queue_depth = r.gauge("agent_queue_depth", "Samples waiting in the local producer queue")
+        self.sample_duration = r.histogram("agent_sample_duration_seconds", "Time to take and encode one sample")
+        self.missed_ticks = r.counter("agent_missed_ticks_total", "Interval ticks skipped because sampling overran")
+        self.pod_resources_errors = r.counter(
+            "agent_pod_resources_errors_total", "Failed kubelet PodResources calls"
+        )
+        self.gpus = r.gauge("agent_gpus", "GPU and MIG devices in the last sample by health", ("health",))
+
+
+class SampleSink(Protocol):
+    def send(self, key: str, payload: bytes) -> bool:
+        """Queue one encoded sample; False when it was dropped (buffer full)."""
+
+    def poll(self) -> None: ...
+
+    def queue_depth(self) -> int: ...
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Flush; returns how many samples are still undelivered."""
+
+
+class StdoutSink:
+    """One JSON document per line on stdout (``--stdout``)."""
+
+    def __init__(self, stream: IO[bytes] | None = None) -> None:
+        self.stream = stream or sys.stdout.buffer
+
+    def send(self, key: str, payload: bytes) -> bool:
+        self.stream.write(payload + b"\n")
+        self.stream.flush()
+        return True
+
+    def poll(self) -> None:
+        return None
+
+    def queue_depth(self) -> int:
+        return 0
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        self.stream.flush()
+        return 0
+
+
+class KafkaSink:
+    """Produces to ``<prefix>.gpu.samples.v1`` keyed by node, through the bounded shared producer."""
+
+    def __init__(self, settings: AgentSettings, metrics: AgentMetrics) -> None:
+        from common.kafka import BoundedProducer  # the broker client only when producing
+
+        producer_settings = ProducerSettings(
+            **(
+                settings.producer.model_dump()
+                | {
+                    "queue_max_kbytes": min(settings.producer.queue_max_kbytes, settings.buffer_max_kbytes),
+                    "queue_max_messages": min(settings.producer.queue_max_messages, settings.buffer_max_messages),
+                }
+            )
+        )
+        self.topic = GPU_SAMPLES.name(settings.topic_prefix)
+        self._metrics = metrics
+        self.producer = BoundedProducer(settings.kafka, producer_settings, on_delivery=self._delivered)
+
+    def _delivered(self, topic: str, ok: bool) -> None:
+        if not ok:
+            self._metrics.delivery_failures.inc()
+
+    def send(self, key: str, payload: bytes) -> bool:
+        return self.producer.produce(self.topic, key, payload)
+
+    def poll(self) -> None:
+        self.producer.poll(0)
+
+    def queue_depth(self) -> int:
+        return self.producer.queue_depth
+
+    def close(self, timeout_s: float = 10.0) -> int:
+        return self.producer.close(timeout_s)
+
+
+def next_tick(now_s: float, interval_s: float) -> float:
+    """The next instant on the interval grid strictly after ``now_s``."""
+    return (math.floor(now_s / interval_s) + 1) * interval_s
+
+
+class AgentService:
+    """Owns NVML's lifecycle and the sampling loop around a :class:`NodeSampler`."""
+
+    def __init__(
+        self,
+        sampler: NodeSampler,
+        sink: SampleSink,
+        metrics: AgentMetrics,
+        *,
+        backoff_max_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+        before_sample: Callable[[datetime], None] | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.nvml = sampler.nvml
+        self.sink = sink
+        self.metrics = metrics
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.before_sample = before_sample
+        self.nvml_ready = False
+        self._init_failures = 0
+        self._next_init_at = 0.0
+        self.last_sample: GpuSample | None = None
+        metrics.nvml_up.set(0)
+
+    @property
+    def interval_s(self) -> float:
+        return self.sampler.sample_interval_s
+
+    # ------------------------------------------------------------------ NVML lifecycle
+
+    def ensure_nvml(self, now_s: float) -> bool:
+        """Initialise NVML if needed and due; False while it is down (retried with backoff)."""
+        if self.nvml_ready:
+            return True
+        if now_s < self._next_init_at:
+            return False
+        try:
+            self.nvml.init()
+        except NvmlLibraryNotFound:
+            self.metrics.nvml_init_failures.labels("library_not_found").inc()
+            raise
+        except NvmlError as exc:
+            self._init_failures += 1
+            delay = min(self.backoff_max_s, 2.0 ** (self._init_failures - 1))
+            self._next_init_at = now_s + delay
+            self.metrics.nvml_init_failures.labels(exc.kind).inc()
+            log.warning("nvml init failed", kind=exc.kind, error=str(exc), attempt=self._init_failures,
+                        retry_in_s=delay)
+            return False
+        if self._init_failures:
+            log.info("nvml initialised", after_attempts=self._init_failures + 1)
+        self._init_failures = 0
+        self.nvml_ready = True
+        self.sampler.reset()
+        self.metrics.nvml_up.set(1)
+        return True
+
+    def _nvml_lost(self, exc: NvmlError, now_s: float) -> None:
+        log.error("nvml unavailable; re-initialising", kind=exc.kind, error=str(exc))
+        self.metrics.nvml_errors.labels(exc.kind).inc()
+        self.metrics.nvml_up.set(0)
+        try:
+            self.nvml.shutdown()
+        except Exception as shutdown_exc:  # the library is already broken: report, carry on
+            log.warning("nvml shutdown failed", error=str(shutdown_exc))
+        self.nvml_ready = False
+        self._next_init_at = now_s  # first retry right away, then backoff
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self) -> GpuSample | None:
+        """Take, encode and hand one sample to the sink; None when NVML is not available."""
+        now_s = self.clock()
+        if not self.ensure_nvml(now_s):
+            return None
+        ts = datetime.fromtimestamp(now_s, UTC)
+        started = time.perf_counter()
+        if self.before_sample is not None:
+            self.before_sample(ts)
+        try:
+            sample = self.sampler.sample(ts)
+        except NvmlUnavailable as exc:
+            self._nvml_lost(exc, now_s)
+            return None
+        payload = encode(sample)
+        self.metrics.sample_duration.observe(time.perf_counter() - started)
+        if self.sink.send(sample.node, payload):
+            self.metrics.samples_produced.inc()
+        else:
+            self.metrics.samples_dropped.inc()
+            log.warning("sample dropped: local buffer full (broker unreachable?)", seq=sample.seq)
+        self.sink.poll()
+        self.metrics.queue_depth.set(self.sink.queue_depth())
+        health: dict[str, int] = {"ok": 0, "degraded": 0, "lost": 0, "error": 0}
+        for gpu in sample.gpus:
+            health[gpu.health] += 1
+        for state, count in health.items():
+            self.metrics.gpus.labels(state).set(count)
+        self.last_sample = sample
+        return sample
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event, once: bool = False) -> int:
+        """Sample until ``stop`` is set (or once); returns how many samples were produced."""
+        produced = 0
+        try:
+            if once:
+                if not self.ensure_nvml(self.clock()):
+                    raise AgentError("NVML is not available (see the log above); no sample taken")
+                sample = self.step()
+                if sample is None:
+                    raise AgentError("NVML failed while sampling (see the log above); no sample taken")
+                return 1
+            log.info("agent started", node=self.sampler.node_name, interval_s=self.interval_s,
+                     boot_id=self.sampler.boot_id)
+            due: float | None = None
+            while not stop.is_set():
+                if self.step() is not None:
+                    produced += 1
+                now = self.clock()
+                upcoming = next_tick(now, self.interval_s)
+                if due is not None:
+                    missed = round((upcoming - due) / self.interval_s) - 1
+                    if missed > 0:
+                        self.metrics.missed_ticks.inc(missed)
+                        log.warning("sampling overran the interval", missed_ticks=missed)
+                due = upcoming
+                stop.wait(max(0.0, upcoming - now))
+            return produced
+        finally:
+            remaining = self.sink.close(10.0)
+            if remaining:
+                log.warning("samples not delivered at shutdown", count=remaining)
+            self.nvml.shutdown()
