@@ -1,0 +1,222 @@
+"""``gpulens top``: a live terminal view of the fleet, read from the pipeline's topics.
+
+:class:`FleetView` folds messages (capacity windows, pod windows, pod states, scheduling events,
+alerts) into the figures an operator looks at — GPUs by state, usage by team, the idlest pods,
+pending pods with their reasons, active alerts — and is plain Python so tests drive it directly.
+:func:`render` turns it into rich renderables; :func:`run_top` feeds it from Kafka and redraws.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from common.kafka import make_consumer
+from common.settings import KafkaSettings
+from schemas import codec
+from schemas.messages import Alert, ClusterCapacity, K8sEvent, Message, PodState, PodWindow
+from schemas.topics import ALERTS, CLUSTER_CAPACITY, K8S_EVENTS, K8S_PODS, POD_WINDOWS, TopicSpec
+
+VIEW_TOPICS: tuple[TopicSpec, ...] = (CLUSTER_CAPACITY, POD_WINDOWS, K8S_PODS, K8S_EVENTS, ALERTS)
+
+
+@dataclass
+class PodUsage:
+    namespace: str
+    pod: str
+    team: str
+    node: str
+    gpus: set[str] = field(default_factory=set)
+    allocated_s: float = 0.0
+    idle_s: float = 0.0
+    busy_s: float = 0.0
+    last_util_pct: float | None = None
+
+
+@dataclass
+class FleetView:
+    """The latest state of the fleet as the pipeline reports it."""
+
+    capacity: ClusterCapacity | None = None
+    pods: dict[str, PodState] = field(default_factory=dict)
+    usage: dict[str, PodUsage] = field(default_factory=dict)
+    pending_reason: dict[str, str] = field(default_factory=dict)
+    alerts: dict[str, Alert] = field(default_factory=dict)
+    messages_seen: int = 0
+    alert_transitions: int = 0
+
+    def apply(self, message: Message | None, key: str | None = None) -> None:
+        self.messages_seen += 1
+        if message is None:  # pod tombstone
+            if key is not None:
+                self.pods.pop(key, None)
+                self.usage.pop(key, None)
+            return
+        if isinstance(message, ClusterCapacity):
+            if self.capacity is None or message.window_end >= self.capacity.window_end:
+                self.capacity = message
+        elif isinstance(message, PodState):
+            if message.deleted or message.phase in ("Succeeded", "Failed"):
+                self.pods.pop(message.uid, None)
+                self.usage.pop(message.uid, None)
+            else:
+                self.pods[message.uid] = message
+        elif isinstance(message, PodWindow):
+            self._apply_window(message)
+        elif isinstance(message, K8sEvent):
+            if message.category == "scheduling_failed" and message.involved_uid:
+                self.pending_reason[message.involved_uid] = message.message
+        elif isinstance(message, Alert):
+            self.alert_transitions += 1
+            if message.state == "firing":
+                self.alerts[message.id] = message
+            else:
+                self.alerts.pop(message.id, None)
+
+    def _apply_window(self, window: PodWindow) -> None:
+        usage = self.usage.get(window.pod_uid)
+        if usage is None:
+            usage = self.usage[window.pod_uid] = PodUsage(
+                window.namespace, window.pod, window.team or window.namespace, window.node
+            )
+        usage.gpus.add(window.gpu_uuid)
+        usage.allocated_s += window.allocated_s
+        usage.idle_s += window.idle_s
+        usage.busy_s += window.busy_s
+        usage.last_util_pct = window.avg_sm_util_pct
+
+    # ------------------------------------------------------------------ figures
+
+    def gpus_by_state(self) -> dict[str, int]:
+        cap = self.capacity
+        if cap is None:
+            return {}
+        return {
+            "busy": cap.gpus_busy,
+            "idle allocated": cap.gpus_idle_allocated,
+            "unallocated": cap.gpus_free - cap.stranded_gpus,
+            "stranded": cap.stranded_gpus,
+        }
+
+    def usage_by_team(self) -> list[tuple[str, int, float]]:
+        """(team, GPUs held now, busy share of allocated time) sorted by GPUs held."""
+        gpus: dict[str, int] = defaultdict(int)
+        busy: dict[str, float] = defaultdict(float)
+        allocated: dict[str, float] = defaultdict(float)
+        for pod_uid, usage in self.usage.items():
+            if pod_uid in self.pods:
+                gpus[usage.team] += len(usage.gpus)
+            busy[usage.team] += usage.busy_s
+            allocated[usage.team] += usage.allocated_s
+        rows = [(team, gpus[team], busy[team] / allocated[team] if allocated[team] else 0.0) for team in allocated]
+        return sorted(rows, key=lambda row: (-row[1], row[0]))
+
+    def idlest_pods(self, limit: int = 8) -> list[PodUsage]:
+        live = [u for uid, u in self.usage.items() if uid in self.pods and u.allocated_s > 0]
+        return sorted(live, key=lambda u: (-u.idle_s, u.namespace, u.pod))[:limit]
+
+    def pending_pods(self) -> list[tuple[PodState, str]]:
+        pending = [p for p in self.pods.values() if p.phase == "Pending" and not p.node]
+        pending.sort(key=lambda p: p.created_at)
+        return [(p, self.pending_reason.get(p.uid, p.status_reason or "")) for p in pending]
+
+    def active_alerts(self) -> list[Alert]:
+        return sorted(self.alerts.values(), key=lambda a: (a.started_at, a.type, a.id))
+
+
+_STATE_STYLE = {"busy": "green", "idle allocated": "yellow", "unallocated": "blue", "stranded": "red"}
+
+
+def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
+    cap = view.capacity
+    header = Text(f"{title} — ", style="bold")
+    if cap is None:
+        header.append("waiting for the first capacity window…", style="dim")
+        return Panel(header)
+    header.append(f"window ending {cap.window_end:%Y-%m-%d %H:%M:%S}Z   {cap.gpus_total} GPUs   "
+                  f"{cap.pending_pods} pending pods wanting {cap.pending_gpu_demand} GPUs   "
+                  f"largest free block {cap.largest_free_block}")
+
+    states = Table(title="GPUs by state", expand=True)
+    states.add_column("state")
+    states.add_column("GPUs", justify="right")
+    states.add_column("", ratio=3)
+    total = max(cap.gpus_total, 1)
+    for state, count in view.gpus_by_state().items():
+        states.add_row(state, str(count), Text("█" * int(40 * count / total), style=_STATE_STYLE[state]))
+
+    teams = Table(title="Usage by team", expand=True)
+    for column in ("team", "GPUs held", "busy %"):
+        teams.add_column(column, justify="left" if column == "team" else "right")
+    for team, gpus, busy in view.usage_by_team()[:8]:
+        teams.add_row(team, str(gpus), f"{100 * busy:.0f}")
+
+    idle = Table(title="Idlest pods (idle GPU-minutes)", expand=True)
+    for column in ("pod", "team", "GPUs", "idle min", "util %"):
+        idle.add_column(column, justify="left" if column in ("pod", "team") else "right")
+    for usage in view.idlest_pods():
+        util = "" if usage.last_util_pct is None else f"{usage.last_util_pct:.0f}"
+        idle.add_row(f"{usage.namespace}/{usage.pod}", usage.team, str(len(usage.gpus)),
+                     f"{usage.idle_s / 60:.0f}", util)
+
+    pending = Table(title="Pending GPU pods", expand=True)
+    pending.add_column("pod")
+    pending.add_column("GPUs", justify="right")
+    pending.add_column("reason", ratio=3)
+    for pod, reason in view.pending_pods()[:8]:
+        pending.add_row(f"{pod.namespace}/{pod.name}", str(sum(pod.gpu_requests.values())), reason)
+
+    alerts = Table(title=f"Active alerts ({len(view.alerts)})", expand=True)
+    alerts.add_column("since")
+    alerts.add_column("type")
+    alerts.add_column("severity")
+    alerts.add_column("summary", ratio=3)
+    for alert in view.active_alerts()[-10:]:
+        alerts.add_row(f"{alert.started_at:%H:%M:%S}", alert.type, alert.severity, alert.summary)
+
+    return Group(Panel(header), states, teams, idle, pending, alerts)
+
+
+def drain_topics(
+    kafka: KafkaSettings, prefix: str, view: FleetView, should_stop: Callable[[], bool],
+    on_batch: Callable[[], None] | None = None, poll_s: float = 0.5,
+) -> None:
+    """Read the view's topics from the beginning into ``view`` until ``should_stop()``."""
+    specs = {spec.name(prefix): spec for spec in VIEW_TOPICS}
+    consumer = make_consumer(kafka, group_id=f"gpulens-top-{uuid.uuid4().hex[:8]}")
+    consumer.subscribe(list(specs))
+    try:
+        while not should_stop():
+            for record in consumer.consume(500, poll_s):
+                if record.error():
+                    continue
+                spec = specs[record.topic() or ""]
+                raw_key = record.key()
+                key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+                value = record.value()
+                try:
+                    view.apply(None if value is None else codec.decode(value, spec.message), key)
+                except codec.MessageError:
+                    continue  # the stream workers dead-letter bad input; the view just skips it
+            if on_batch is not None:
+                on_batch()
+    finally:
+        consumer.close()
+
+
+def run_top(kafka: KafkaSettings, prefix: str, refresh_s: float = 1.0, duration_s: float | None = None) -> None:
+    view = FleetView()
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    with Live(render(view), refresh_per_second=max(1, int(1 / refresh_s)), screen=False) as live:
+        drain_topics(kafka, prefix, view,
+                     should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
+                     on_batch=lambda: live.update(render(view)))
