@@ -178,7 +178,7 @@ def test_ports_and_settings_agree_with_kubernetes(spec: dict[str, Any]) -> None:
     compose_worker = compose_env(spec["services"]["worker"])
     assert compose_worker["GPULENS_WEB_PORT"] == worker["GPULENS_WEB_PORT"]
     assert compose_worker["GPULENS_SAMPLE_INTERVAL_S"] == agent["GPULENS_SAMPLE_INTERVAL_S"]
-    for name, service in gpulens_services(spec).items():
+    for service in gpulens_services(spec).values():
         if compose_command(service)[:1] == ["agent"]:
             assert compose_env(service)["GPULENS_SAMPLE_INTERVAL_S"] == compose_worker["GPULENS_SAMPLE_INTERVAL_S"]
 

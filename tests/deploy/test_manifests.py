@@ -159,7 +159,9 @@ def test_no_container_is_privileged_or_keeps_capabilities(docs: list[dict[str, A
             assert "SYS_ADMIN" not in str(container), f"{where} mentions SYS_ADMIN"
 
 
-def test_pods_run_as_non_root_except_the_agent_with_its_reason(docs: list[dict[str, Any]], agent: dict[str, Any]) -> None:
+def test_pods_run_as_non_root_except_the_agent_with_its_reason(
+    docs: list[dict[str, Any]], agent: dict[str, Any]
+) -> None:
     for workload in workloads(docs):
         if workload is agent:
             continue
