@@ -216,3 +216,15 @@ def test_grafana_is_provisioned_with_the_clickhouse_source_and_dashboards(spec: 
         dashboard = json.loads(path.read_text())
         for panel in dashboard["panels"]:
             assert panel["datasource"]["uid"] == datasource["uid"], f"{path.name}: {panel['title']}"
+
+
+def test_workers_and_sink_price_gpus_alike(spec: dict[str, Any]) -> None:
+    key = "GPULENS_PRICES_USD_PER_GPU_HOUR"
+    worker, sink = (compose_env(spec["services"][name]) for name in ("worker", "sink"))
+    assert json.loads(worker[key]) == json.loads(sink[key]) != {}
+    docs = manifests()
+    assert json.loads(by_name(docs, "ConfigMap", "gpulens-prices")["data"][key]) == json.loads(worker[key])
+    for name in ("gpulens-worker-node", "gpulens-worker-cluster", "gpulens-sink"):
+        (container,) = by_name(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"]
+        sources = [source["configMapRef"]["name"] for source in container["envFrom"]]
+        assert "gpulens-prices" in sources, f"{name} must read the shared price table"
