@@ -313,6 +313,15 @@ class ClusterCapacity(Message):
     stranded_gpus: NonNegInt = 0
     pending_pods: NonNegInt = 0
     pending_gpu_demand: NonNegInt = 0
+    # Integrals over the window (GPU-seconds; the counts above are the state at the window's last
+    # instant): exact GPU-hours even when allocations change inside a window.
+    gpu_s_total: NonNegFloat | None = None
+    gpu_s_allocated: NonNegFloat | None = None
+    gpu_s_busy: NonNegFloat | None = None
+    gpu_s_idle_allocated: NonNegFloat | None = None
+    gpu_s_free: NonNegFloat | None = None
+    stranded_gpus_max: NonNegInt | None = None
+    """The most stranded GPUs at any instant of the window."""
 
 
 # --------------------------------------------------------------------------- pod.lifecycle.v1
