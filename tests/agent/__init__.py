@@ -1,0 +1,1 @@
+"""Tests of the node agent (issue 3)."""
