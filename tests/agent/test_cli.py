@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from schemas.codec import decode
 from schemas.messages import GpuSample
@@ -19,14 +20,23 @@ GPULENS = str(Path(sys.executable).parent / "gpulens")
 SCHEMA = REPO_ROOT / "schemas" / "json" / "gpu.samples.v1.schema.json"
 
 
-def run_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+ENTRY_POINTS = {
+    "gpulens agent": [GPULENS, "agent"],
+    "python -m producers.agent": [sys.executable, "-m", "producers.agent"],
+}
+
+
+def run_agent(
+    *args: str, env: dict[str, str] | None = None, entry: str = "gpulens agent"
+) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "GPULENS_NODE_NAME")}
-    return subprocess.run([GPULENS, "agent", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([*ENTRY_POINTS[entry], *args], capture_output=True, text=True, timeout=60,
                           env=clean | (env or {}), cwd=REPO_ROOT, check=False)
 
 
-def test_simulate_once_stdout_prints_one_valid_sample_with_every_gpu_process_and_pod() -> None:
-    result = run_agent("--simulate", "--once", "--stdout", "--node-name", "gpu-node-7")
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_simulate_once_stdout_prints_one_valid_sample_with_every_gpu_process_and_pod(entry: str) -> None:
+    result = run_agent("--simulate", "--once", "--stdout", "--node-name", "gpu-node-7", entry=entry)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 1
@@ -55,8 +65,9 @@ def test_node_name_comes_from_the_downward_api_variable() -> None:
     assert json.loads(result.stdout)["node"] == "from-downward-api"
 
 
-def test_without_nvml_the_agent_says_so_in_one_line() -> None:
-    result = run_agent("--once", "--stdout", "--node-name", "n1")
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_without_nvml_the_agent_says_so_in_one_line(entry: str) -> None:
+    result = run_agent("--once", "--stdout", "--node-name", "n1", entry=entry)
     assert result.returncode == 2
     assert "NVML library (libnvidia-ml.so.1) not found" in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
