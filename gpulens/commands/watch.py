@@ -69,6 +69,8 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
         except BrokerUnavailable as exc:
             raise UserError(f"{exc}. Start one with `gpulens kafka up`, set GPULENS_KAFKA__BOOTSTRAP_SERVERS, "
                             "or use --stdout.") from None
+        except Exception as exc:  # e.g. no ACL to create or describe topics: they may well exist already
+            log.warning("could not check topics; producing anyway", error=str(exc)[:300])
         producer = BoundedProducer(settings.kafka, settings.producer)
         sink = KafkaSink(producer, settings.topic_prefix)
 

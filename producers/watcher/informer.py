@@ -135,6 +135,14 @@ def name_key(obj: RawObject) -> str:
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name") or "")
 
 
+def drop_managed_fields(obj: RawObject) -> RawObject:
+    """What the store keeps by default: the object without ``managedFields`` (often half its size)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return obj
+
+
 def _resource_version(obj: RawObject) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     value = meta.get("resourceVersion") if isinstance(meta, dict) else None
@@ -157,6 +165,7 @@ class Informer:
         time_of: Callable[[RawObject], datetime | None] | None = None,
         min_watch_s: float = 1.0,
         rng: random.Random | None = None,
+        slim: Callable[[RawObject], RawObject] | None = None,
     ) -> None:
         self.source = source
         self.resource = source.resource
@@ -169,6 +178,7 @@ class Informer:
         self.time_of = time_of
         self.min_watch_s = min_watch_s
         self.rng = rng or random.Random()
+        self.slim = slim or drop_managed_fields
         self.store: dict[str, RawObject] = {}
         self.resource_version: str | None = None
         self.synced = False
@@ -190,8 +200,8 @@ class Informer:
             self.store.pop(key, None)  # leaves the store as it is reported: exactly once
             self._call(self.handler.delete, obj, "relist")
         for key, obj in fresh.items():
-            self.store[key] = obj
             self._call(self.handler.upsert, obj)
+            self.store[key] = self.slim(obj)
         self.resource_version = resource_version
         self.synced = True
         self.relists += 1
@@ -223,8 +233,8 @@ class Informer:
             if kind in ("ADDED", "MODIFIED"):
                 key = self.key(obj)
                 if key:
-                    self.store[key] = obj
                     self._call(self.handler.upsert, obj)
+                    self.store[key] = self.slim(obj)
             elif kind == "DELETED":
                 key = self.key(obj)
                 if key:

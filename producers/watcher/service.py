@@ -32,7 +32,16 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WatcherSettings
 from producers.watcher.backoff import Backoff
-from producers.watcher.informer import Clock, Informer, RawObject, SystemClock, WatchSource, name_key, uid_key
+from producers.watcher.informer import (
+    Clock,
+    Informer,
+    RawObject,
+    SystemClock,
+    WatchSource,
+    drop_managed_fields,
+    name_key,
+    uid_key,
+)
 from producers.watcher.translate import (
     ChangeFilter,
     TranslateConfig,
@@ -228,6 +237,28 @@ class _PodHandler:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
 
+    def slim(self, obj: RawObject) -> RawObject:
+        """Store a pod we do not report as a stub (identity, node, phase, containers): most pods of a
+        mixed cluster hold no GPU, and the store must not grow with their full specs. The stub is
+        enough to report the pod if its node turns out to be a GPU node (conditions arrive with its
+        next change)."""
+        uid = uid_key(obj)
+        if uid in self.p.pods:
+            return drop_managed_fields(obj)
+        meta = obj.get("metadata", {})
+        spec = obj.get("spec", {})
+        status = obj.get("status", {})
+        return {
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp",
+                                              "labels", "ownerReferences") if k in meta},
+            "spec": {"nodeName": spec.get("nodeName"),
+                     "containers": [{"name": c.get("name"), "image": c.get("image")}
+                                    for c in spec.get("containers", [])]},
+            "status": {"phase": status.get("phase"), "startTime": status.get("startTime"),
+                       "containerStatuses": [{k: c.get(k) for k in ("name", "containerID", "restartCount", "state")}
+                                             for c in status.get("containerStatuses", [])]},
+        }
+
     def upsert(self, obj: RawObject) -> None:
         p = self.p
         with p.lock:
@@ -350,13 +381,16 @@ class WatcherService:
         p = self.pipeline
 
         def informer(source: WatchSource, handler: Any, key: Callable[[RawObject], str],
-                     time_of: Callable[[RawObject], Any] | None = None) -> Informer:
+                     time_of: Callable[[RawObject], Any] | None = None,
+                     slim: Callable[[RawObject], RawObject] | None = None) -> Informer:
             return Informer(source, handler, key, clock=self.clock, backoff=backoff_factory(),
-                            watch_timeout_s=self.config.watch_timeout_s, observer=self.metrics, time_of=time_of)
+                            watch_timeout_s=self.config.watch_timeout_s, observer=self.metrics, time_of=time_of,
+                            slim=slim)
 
         self.node_informer = informer(sources.nodes, p.node_handler, name_key)
-        self.pod_informers = [informer(s, p.pod_handler, uid_key) for s in sources.pods]
-        self.event_informers = [informer(s, p.event_handler, uid_key, object_time) for s in sources.events]
+        self.pod_informers = [informer(s, p.pod_handler, uid_key, slim=p.pod_handler.slim) for s in sources.pods]
+        self.event_informers = [informer(s, p.event_handler, uid_key, object_time, slim=_event_stub)
+                                for s in sources.events]
         for pod_informer in self.pod_informers:
             p.pod_stores.append(_store_reader(pod_informer))
         self._threads: list[threading.Thread] = []
@@ -395,6 +429,12 @@ class WatcherService:
                 pass
         finally:
             self.shutdown(stop)
+
+
+def _event_stub(obj: RawObject) -> RawObject:
+    """Events are only needed in the store to notice that they expired."""
+    meta = obj.get("metadata", {})
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}}
 
 
 def _store_reader(informer: Informer) -> Callable[[], list[RawObject]]:

@@ -235,3 +235,19 @@ def test_kube_source_lists_in_pages(server: FakeApiServer) -> None:
     items, version = source.list()
     assert sorted(i["metadata"]["name"] for i in items) == [f"p{i}" for i in range(7)]
     assert version == str(server.resource_version)
+
+
+def test_pods_already_on_a_node_that_becomes_a_gpu_node_are_reported(
+        server: FakeApiServer, make_service: Factory) -> None:
+    uids = populate(server)
+    service, sink, _ = make_service()
+    service.sync(threading.Event())
+    assert uids["web"] not in pod_keys(sink)
+    stored = service.pod_informers[0].store[uids["web"]]
+    assert "conditions" not in stored["status"]  # a CPU pod is kept as a small stub
+    server.put("nodes", make_node("cpu-0", gpus=2))  # the device plugin came up
+    service.node_informer.watch_once()
+    web = [r.message for r in sink.of(K8S_PODS) if r.key == uids["web"]]
+    assert len(web) == 1 and isinstance(web[0], PodState)
+    assert (web[0].node, web[0].phase, web[0].gpu_requests) == ("cpu-0", "Running", {})
+    assert web[0].containers[0].container_id  # what attribution needs

@@ -24,7 +24,7 @@ from tests.watcher.conftest import Factory, populate
 TOPICS = (K8S_PODS, K8S_NODES, K8S_EVENTS)
 
 
-def consume_all(kafka: KafkaSettings, topics: list[str], expected: int, timeout_s: float = 30.0) -> list[Any]:
+def consume_all(kafka: KafkaSettings, topics: list[str], expected: int, timeout_s: float = 90.0) -> list[Any]:
     consumer = make_consumer(kafka, f"watcher-test-{time.time_ns()}")
     consumer.subscribe(topics)
     records: list[Any] = []
@@ -62,11 +62,11 @@ def test_watcher_produces_schema_valid_records(
     server.patch("pods", "ml/train-0", lambda p: set_finished(p, datetime(2024, 5, 6, 9, tzinfo=UTC)))
     server.delete("pods", "ml/train-0")
     informer.watch_once()
-    assert producer.flush(15) == 0 and producer.stats.failed == 0
+    assert producer.flush(60) == 0 and producer.stats.failed == 0, producer.stats
     # 6 pods + 2 nodes + 1 event initially; then train-0: Succeeded, deleted final state, tombstone
     expected = 6 + 2 + 1 + 3
     records = consume_all(kafka_settings, [t.name(topic_prefix) for t in TOPICS], expected)
-    assert len(records) == expected
+    assert len(records) == expected, [(r.topic(), r.key(), r.value() is None) for r in records]
 
     validators = {t.name(topic_prefix): Draft202012Validator(json.loads(
         (COMMITTED_DIR / f"{t.suffix}.schema.json").read_text())) for t in TOPICS}
