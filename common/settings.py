@@ -10,6 +10,7 @@ aiokafka/faust arguments. Secrets are ``SecretStr`` and never printed.
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -93,7 +94,20 @@ class KafkaSettings(BaseModel):
             kwargs["sasl_plain_password"] = (
                 self.sasl_password.get_secret_value() if self.sasl_password else None
             )
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = self.ssl_context()
         return kwargs
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A TLS context from the configured CA / client certificate files (aiokafka needs one)."""
+        context = ssl.create_default_context(cafile=str(self.ssl_ca_location) if self.ssl_ca_location else None)
+        if self.ssl_certificate_location:
+            context.load_cert_chain(
+                str(self.ssl_certificate_location),
+                str(self.ssl_key_location) if self.ssl_key_location else None,
+                self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+            )
+        return context
 
     def faust_broker_url(self) -> str:
         scheme = "kafka"
@@ -213,6 +227,17 @@ class SinkSettings(CommonSettings):
     group_id: str = "gpulens-sink"
     raw_sample_ttl_days: int = Field(default=14, ge=1)
     rollup_ttl_days: int = Field(default=730, ge=1)
+    state_ttl_days: int = Field(default=400, ge=1)
+    """TTL of pods, nodes, events, progress, windows, capacity, lifecycle and alerts."""
+    group_instance_id: str | None = None
+    """Kafka static membership: a restarted sink with the same id resumes its partitions at once."""
+    session_timeout_ms: int = Field(default=45_000, ge=6_000)
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+    prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
+    """Price table loaded into ClickHouse at start (same variable as the workers')."""
+    query_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the local read-only query endpoint served for the embedded engine (0 = any free)."""
 
 
 S = TypeVar("S", bound=CommonSettings)

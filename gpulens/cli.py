@@ -107,11 +107,13 @@ def topics() -> None:
 
 @topics.command("create")
 @with_common_options
-def topics_create(**flags: Any) -> None:
+@click.option("--replication-factor", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="replicas per partition (3 on a production cluster)")
+def topics_create(replication_factor: int, **flags: Any) -> None:
     """Create every topic with its partitions and cleanup policy (idempotent)."""
     settings = settings_from_flags(CommonSettings, **flags)
     try:
-        report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix)
+        report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix, replication_factor)
     except BrokerUnavailable as exc:
         raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
     for name in report.created:

@@ -105,3 +105,13 @@ def test_missing_java_names_the_alternatives(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "java and mvn not found" in result.stderr
     assert "GPULENS_KAFKA__BOOTSTRAP_SERVERS" in result.stderr and "docker compose" in result.stderr
+
+
+def test_ssl_settings_reach_aiokafka_as_a_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ssl
+
+    monkeypatch.setenv("GPULENS_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("GPULENS_KAFKA__SASL_MECHANISM", "PLAIN")
+    kwargs = load_settings(CommonSettings).kafka.to_aiokafka()
+    assert isinstance(kwargs["ssl_context"], ssl.SSLContext)
+    assert kwargs["ssl_context"].verify_mode == ssl.CERT_REQUIRED
