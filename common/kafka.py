@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from common.settings import KafkaSettings, ProducerSettings
@@ -31,6 +31,8 @@ __all__ = [
     "Message",
     "TopicReport",
     "broker_reachable",
+    "commit_offsets",
+    "consumer_lag",
     "ensure_topics",
     "make_consumer",
 ]
@@ -131,6 +133,32 @@ def make_consumer(
     }
     conf.update(extra or {})
     return Consumer(conf)
+
+
+def commit_offsets(consumer: Consumer, offsets: dict[tuple[str, int], int]) -> None:
+    """Synchronously commit, per (topic, partition), the next offset to read; raises KafkaException."""
+    consumer.commit(
+        offsets=[TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
+        asynchronous=False,
+    )
+
+
+def consumer_lag(consumer: Consumer) -> dict[tuple[str, int], int]:
+    """Messages not yet consumed per assigned (topic, partition), from cached high watermarks."""
+    lags: dict[tuple[str, int], int] = {}
+    assignment = consumer.assignment()
+    if not assignment:
+        return lags
+    for tp in consumer.position(assignment):
+        try:
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+        except KafkaException:
+            continue
+        if high is None or high < 0:
+            continue
+        position = tp.offset if tp.offset >= 0 else low
+        lags[(tp.topic, tp.partition)] = max(0, high - position)
+    return lags
 
 
 def broker_reachable(kafka: KafkaSettings, timeout_s: float = 5.0) -> bool:

@@ -1,0 +1,125 @@
+"""``gpulens sql`` and ``gpulens report``: read-only questions to ClickHouse.
+
+Both work against a ClickHouse server, against the embedded engine directly, or — while a sink
+owns the embedded engine — through the sink's local query endpoint (see sinks/query_server.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from common.settings import CommonSettings
+from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.errors import UserError
+from sinks.analyses import ANALYSES, TITLES, run_report
+from sinks.clickhouse import QueryResult, StoreError
+from sinks.query_server import Reader, open_reader
+from sinks.readonly import ReadOnlyViolation, check_read_only
+
+clickhouse_option = click.option(
+    "--clickhouse-url", default=None,
+    help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]")
+
+
+def _reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
+    if clickhouse_url is not None:
+        flags["clickhouse"] = {"url": clickhouse_url}
+    settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
+    try:
+        return open_reader(settings.clickhouse_url(), Path(settings.data_dir))
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}".rstrip("0").rstrip(".") if value != int(value) or abs(value) < 1e15 else str(value)
+    if isinstance(value, list | dict):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def format_table(columns: list[str], rows: list[list[Any]], max_width: int = 60) -> str:
+    cells = [[_cell(v)[:max_width] for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+def format_csv(columns: list[str], rows: list[list[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([[_cell(v) for v in row] for row in rows])
+    return out.getvalue().rstrip("\n")
+
+
+def render(result: QueryResult, fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps(result.dicts(), option=orjson.OPT_INDENT_2).decode()
+    if fmt == "csv":
+        return format_csv(result.columns, result.rows)
+    return format_table(result.columns, result.rows)
+
+
+@click.command("sql")
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@clickhouse_option
+@with_common_options
+def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
+    """Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."""
+    try:
+        statement = check_read_only(query)
+    except ReadOnlyViolation as exc:
+        raise UserError(f"refused: {exc}") from None
+    reader = _reader(clickhouse_url, flags)
+    try:
+        result = reader.query(statement)
+    except ReadOnlyViolation as exc:
+        raise UserError(f"refused: {exc}") from None
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        reader.close()
+    click.echo(render(result, fmt))
+
+
+@click.command("report")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object: section name -> list of rows")
+@click.option("--section", "sections", multiple=True, type=click.Choice(list(ANALYSES)),
+              help="only these sections (repeatable)")
+@clickhouse_option
+@with_common_options
+def report(as_json: bool, sections: tuple[str, ...], clickhouse_url: str | None, **flags: Any) -> None:
+    """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
+    reader = _reader(clickhouse_url, flags)
+    try:
+        data = run_report(reader, list(sections) or None)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        reader.close()
+    if as_json:
+        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        return
+    for name, rows in data.items():
+        click.echo(f"\n== {TITLES.get(name, name)}")
+        if not rows:
+            click.echo("(no data)")
+            continue
+        columns = list(rows[0])
+        click.echo(format_table(columns, [[row.get(c) for c in columns] for row in rows]))
+
+
+COMMANDS = [sql, report]

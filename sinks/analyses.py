@@ -1,0 +1,311 @@
+"""The canned analyses of ``gpulens report``, as functions returning plain data.
+
+Each analysis is one SQL query over the sink's tables (the same SQL on chDB and on a server) and
+returns ``list[dict]`` with JSON-friendly values, so the CLI prints them, ``--json`` emits them and
+an HTML report can reuse them unchanged. :func:`run_report` runs them all.
+
+Conventions: rows come from the deduplicated view of each table (``FINAL``); an empty team or
+project is shown as ``(none)``; hours are GPU-hours; money is USD. ``window_cost_usd`` is the cost
+the stream jobs attached to each window; ``list_cost_usd`` re-prices GPU-hours with the sink's
+price table (``gpu_prices``), so a price change is visible without replaying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sinks.clickhouse import QueryResult
+
+
+class Reader(Protocol):
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
+
+
+Rows = list[dict[str, Any]]
+
+NONE = "'(none)'"
+PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
+         "FROM gpu_prices GROUP BY gpu_model)")
+
+
+_WINDOW_S = "(dateDiff('millisecond', window_start, window_end) / 1000)"
+"""Window length in seconds: capacity counts are states, integrals (gpu_s_*) are preferred when sent."""
+
+
+def _label(column: str) -> str:
+    return f"if({column} = '', {NONE}, {column})"
+
+
+def _rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+    return reader.query(sql, parameters).dicts()
+
+
+def _round(rows: Rows, digits: int = 6) -> Rows:
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, float):
+                row[key] = round(value, digits)
+    return rows
+
+
+def summary(reader: Reader) -> Rows:
+    """Fleet totals: allocated, busy, idle GPU-hours and cost from windows; capacity from capacity windows."""
+    windows = _rows(reader, f"""
+SELECT count() AS windows, uniqExact(pod_uid) AS pods,
+       sum(allocated_s) / 3600 AS gpu_hours_allocated, sum(busy_s) / 3600 AS gpu_hours_busy,
+       sum(idle_s) / 3600 AS gpu_hours_idle, sum(gap_s) / 3600 AS gpu_hours_gap,
+       sum(cost_usd) AS window_cost_usd,
+       sum(w.allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       minOrNull(window_start) AS first_window, maxOrNull(window_end) AS last_window
+FROM pod_windows AS w FINAL LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model""")
+    capacity = _rows(reader, f"""
+SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_capacity,
+       sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_S})) / 3600 AS gpu_hours_allocated_capacity,
+       sum(coalesce(gpu_s_idle_allocated, gpus_idle_allocated * {_WINDOW_S})) / 3600 AS gpu_hours_idle_allocated,
+       sum(coalesce(gpu_s_free, gpus_free * {_WINDOW_S})) / 3600 AS gpu_hours_unallocated,
+       max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
+       max(pending_gpu_demand) AS max_pending_gpu_demand
+FROM cluster_capacity FINAL""")
+    lifecycle = _rows(reader, """
+SELECT count() AS pods_ended, sum(gpu_hours) AS lifecycle_gpu_hours, sum(idle_gpu_hours) AS lifecycle_idle_gpu_hours,
+       sum(cost_usd) AS lifecycle_cost_usd
+FROM pod_lifecycle FINAL""")
+    return _round([windows[0] | capacity[0] | lifecycle[0]])
+
+
+def top_consumers(reader: Reader, by: str, limit: int = 20) -> Rows:
+    """GPU-hours, utilisation and cost per team, project or pod, biggest first."""
+    keys = {
+        "team": f"{_label('team')} AS team",
+        "project": f"{_label('team')} AS team, {_label('project')} AS project",
+        "pod": f"namespace, pod, {_label('team')} AS team, {_label('project')} AS project",
+    }[by]
+    group = {"team": "team", "project": "team, project", "pod": "namespace, pod, team, project"}[by]
+    return _round(_rows(reader, f"""
+SELECT {keys},
+       sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
+       sum(cost_usd) AS cost_usd
+FROM pod_windows FINAL
+GROUP BY {group}
+ORDER BY gpu_hours DESC, {group}
+LIMIT {int(limit)}"""))
+
+
+def idle_by_team_and_class(reader: Reader) -> Rows:
+    """Idle GPU-hours by team and why: no process at all, VRAM held but no compute, or partly idle windows.
+
+    Gaps in the data are reported separately (missing data is never idle).
+    """
+    return _round(_rows(reader, f"""
+SELECT {_label('team')} AS team,
+       multiIf(busy_s = 0 AND coalesce(max_mem_used_bytes, 0) = 0, 'no_process',
+               busy_s = 0, 'vram_held', 'partly_idle') AS idle_class,
+       sum(idle_s) / 3600 AS idle_gpu_hours, sum(gap_s) / 3600 AS gap_gpu_hours,
+       uniqExact(pod_uid) AS pods,
+       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_cost_usd
+FROM pod_windows FINAL
+WHERE idle_s > 0 OR gap_s > 0
+GROUP BY team, idle_class
+ORDER BY idle_gpu_hours DESC, team, idle_class"""))
+
+
+def pending_distribution(reader: Reader) -> Rows:
+    """How long GPU pods waited to be scheduled, in buckets, from the lifecycle records."""
+    return _round(_rows(reader, """
+SELECT multiIf(pending_s < 60, '< 1m', pending_s < 300, '1-5m', pending_s < 900, '5-15m',
+               pending_s < 3600, '15-60m', '>= 1h') AS bucket,
+       min(pending_s) AS bucket_floor_s, count() AS pods, sum(gpus) AS gpus,
+       sum(pending_s) / 3600 AS pending_hours, max(pending_s) AS max_pending_s
+FROM pod_lifecycle FINAL
+GROUP BY bucket
+ORDER BY bucket_floor_s"""))
+
+
+def pending_reasons(reader: Reader, limit: int = 20) -> Rows:
+    """Why pods waited: the reasons on lifecycle records, with the scheduler's failure events."""
+    return _round(_rows(reader, f"""
+SELECT reason, sum(pods) AS pods, sum(pending_hours) AS pending_hours, sum(events) AS scheduler_events
+FROM (
+    SELECT arrayJoin(if(empty(pending_reasons), ['(none recorded)'], pending_reasons)) AS reason,
+           count() AS pods, sum(pending_s) / 3600 AS pending_hours, 0 AS events
+    FROM pod_lifecycle FINAL WHERE pending_s > 0 GROUP BY reason
+    UNION ALL
+    SELECT message AS reason, 0 AS pods, 0 AS pending_hours, sum(count) AS events
+    FROM k8s_events FINAL WHERE category = 'scheduling_failed' GROUP BY reason
+)
+GROUP BY reason
+ORDER BY pending_hours DESC, scheduler_events DESC, reason
+LIMIT {int(limit)}"""))
+
+
+def fragmentation_over_time(reader: Reader) -> Rows:
+    """Per hour: free GPUs, the largest free block, stranded GPUs and pending GPU demand."""
+    return _round(_rows(reader, """
+SELECT toStartOfHour(window_start) AS hour, count() AS windows,
+       avg(gpus_total) AS avg_gpus_total, avg(gpus_free) AS avg_gpus_free,
+       min(largest_free_block) AS min_largest_free_block,
+       max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
+       sum(stranded_gpus * dateDiff('millisecond', window_start, window_end)) / 3600000 AS stranded_gpu_hours,
+       max(pending_gpu_demand) AS max_pending_gpu_demand, max(pending_pods) AS max_pending_pods
+FROM cluster_capacity FINAL
+GROUP BY hour
+ORDER BY hour"""))
+
+
+def nodes_to_scale_down(reader: Reader, limit: int = 20) -> Rows:
+    """Nodes whose GPUs sat unallocated, with the cost burned (unallocated GPU-hours x list price)."""
+    return _round(_rows(reader, f"""
+WITH s AS (
+    SELECT node, any(gpu_model) AS gpu_model, uniqExact(gpu_uuid) AS gpus,
+           sum(sample_interval_s) / 3600 AS observed_gpu_hours,
+           sumIf(sample_interval_s, empty(pod_uids)) / 3600 AS unallocated_gpu_hours,
+           sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < 5) / 3600
+               AS allocated_idle_gpu_hours,
+           min(ts) AS first_seen, max(ts) AS last_seen
+    FROM gpu_samples GROUP BY node
+),
+a AS (
+    SELECT subject_node AS node, countIf(state = 'firing') AS idle_node_alerts
+    FROM alerts FINAL WHERE type = 'idle_node' GROUP BY node
+)
+SELECT s.node AS node, s.gpu_model AS gpu_model, s.gpus AS gpus, s.observed_gpu_hours AS observed_gpu_hours,
+       s.unallocated_gpu_hours AS unallocated_gpu_hours,
+       s.unallocated_gpu_hours / nullIf(s.observed_gpu_hours, 0) AS unallocated_share,
+       s.allocated_idle_gpu_hours AS allocated_idle_gpu_hours,
+       s.unallocated_gpu_hours * coalesce(p.usd_per_gpu_hour, 0) AS cost_burned_usd,
+       coalesce(a.idle_node_alerts, 0) AS idle_node_alerts, s.first_seen AS first_seen, s.last_seen AS last_seen
+FROM s
+LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
+LEFT JOIN a ON a.node = s.node
+WHERE s.unallocated_gpu_hours > 0
+ORDER BY unallocated_share DESC, cost_burned_usd DESC, node
+LIMIT {int(limit)}"""))
+
+
+def cost_by_team(reader: Reader) -> Rows:
+    """Cost per team and project: window cost, list-price cost, and the idle part of it."""
+    return _round(_rows(reader, f"""
+SELECT {_label('w.team')} AS team, {_label('w.project')} AS project,
+       sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+       sum(cost_usd) AS window_cost_usd,
+       sum(allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       sum(idle_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS idle_list_cost_usd,
+       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_window_cost_usd
+FROM pod_windows AS w FINAL
+LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
+GROUP BY team, project
+ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))
+
+
+def cost_per_unit_of_work(reader: Reader, limit: int = 50) -> Rows:
+    """Cost per training step and per 1k tokens for pods that report progress."""
+    return _round(_rows(reader, f"""
+SELECT namespace, pod, {_label('team')} AS team, {_label('project')} AS project, gpu_hours, cost_usd,
+       steps, tokens, cost_per_step_usd, cost_per_1k_tokens_usd
+FROM v_cost_per_unit
+ORDER BY cost_usd DESC, namespace, pod
+LIMIT {int(limit)}"""), 9)
+
+
+def shared_gpu_cost(reader: Reader, limit: int = 50) -> Rows:
+    """Pods on shared GPUs: request-based versus usage-based cost."""
+    return _round(_rows(reader, f"""
+SELECT namespace, pod, {_label('team')} AS team, requested_gpu_hours, usage_gpu_hours,
+       request_based_cost_usd, usage_based_cost_usd
+FROM v_shared_gpu_cost
+ORDER BY usage_based_cost_usd DESC, namespace, pod
+LIMIT {int(limit)}"""))
+
+
+def pods(reader: Reader) -> Rows:
+    """Per pod: GPU-hours, idle GPU-hours, utilisation and cost from its windows, and how it ended."""
+    return _round(_rows(reader, f"""
+WITH w AS (
+    SELECT pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team, any(project) AS project,
+           any(node) AS node, uniqExact(gpu_uuid) AS gpus,
+           sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+           sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+               / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+           max(max_mem_used_bytes) AS peak_mem_bytes, sum(cost_usd) AS cost_usd
+    FROM pod_windows FINAL GROUP BY pod_uid
+),
+l AS (SELECT pod_uid, end_reason, pending_s, running_s FROM pod_lifecycle FINAL)
+SELECT w.namespace AS namespace, w.pod AS name, {_label('w.team')} AS team, {_label('w.project')} AS project,
+       w.node AS node, w.gpus AS gpus, w.gpu_hours AS gpu_hours, w.idle_gpu_hours AS idle_gpu_hours,
+       w.avg_sm_util_pct AS avg_sm_util_pct, w.peak_mem_bytes AS peak_mem_bytes, w.cost_usd AS cost_usd,
+       l.end_reason AS end_reason, l.pending_s AS pending_s, l.running_s AS running_s
+FROM w LEFT JOIN l ON l.pod_uid = w.pod_uid
+ORDER BY namespace, name"""))
+
+
+def lifecycle_timeline(reader: Reader, limit: int = 200) -> Rows:
+    """GPU pods from creation to end: when they were scheduled, started, finished, and what they cost."""
+    return _round(_rows(reader, f"""
+SELECT namespace, name, {_label('team')} AS team, {_label('project')} AS project, node, gpus, gpu_model,
+       created_at, scheduled_at, started_at, finished_at, pending_s, running_s, end_reason,
+       pending_reasons, gpu_hours, idle_gpu_hours, avg_sm_util_pct, peak_mem_bytes, cost_usd, steps,
+       cost_per_step_usd
+FROM pod_lifecycle FINAL
+ORDER BY created_at, namespace, name
+LIMIT {int(limit)}"""))
+
+
+def alerts_by_type(reader: Reader) -> Rows:
+    """Alert counts per type: how many fired, are still firing, and their mean duration."""
+    return _round(_rows(reader, """
+SELECT alert_type AS type, count() AS alerts, countIf(current_state = 'firing') AS still_firing,
+       avgIf(dateDiff('second', first_at, resolved_at), current_state = 'resolved') AS avg_duration_s
+FROM v_alerts
+GROUP BY type
+ORDER BY alerts DESC, type"""))
+
+
+ANALYSES: dict[str, Callable[[Reader], Rows]] = {
+    "summary": summary,
+    "top_teams": lambda r: top_consumers(r, "team"),
+    "top_projects": lambda r: top_consumers(r, "project"),
+    "top_pods": lambda r: top_consumers(r, "pod"),
+    "idle_by_team_and_class": idle_by_team_and_class,
+    "pending_distribution": pending_distribution,
+    "pending_reasons": pending_reasons,
+    "fragmentation_over_time": fragmentation_over_time,
+    "nodes_to_scale_down": nodes_to_scale_down,
+    "cost_by_team": cost_by_team,
+    "cost_per_unit_of_work": cost_per_unit_of_work,
+    "shared_gpu_cost": shared_gpu_cost,
+    "alerts_by_type": alerts_by_type,
+    "pods": pods,
+    "lifecycle_timeline": lifecycle_timeline,
+}
+"""Report sections in display order; each maps a reader to plain rows."""
+
+TITLES: dict[str, str] = {
+    "summary": "Fleet summary",
+    "top_teams": "Top GPU consumers by team",
+    "top_projects": "Top GPU consumers by project",
+    "top_pods": "Top GPU consumers by pod",
+    "idle_by_team_and_class": "Idle GPU-hours by team and idle class",
+    "pending_distribution": "Pending time distribution",
+    "pending_reasons": "Pending reasons",
+    "fragmentation_over_time": "Fragmentation and stranded GPUs over time",
+    "nodes_to_scale_down": "Nodes to scale down (cost burned)",
+    "cost_by_team": "Cost per team and project",
+    "cost_per_unit_of_work": "Cost per unit of work",
+    "shared_gpu_cost": "Usage-based cost on shared GPUs",
+    "alerts_by_type": "Alerts by type",
+    "pods": "Pods",
+    "lifecycle_timeline": "GPU pod lifecycle timeline",
+}
+
+
+def run_report(reader: Reader, sections: list[str] | None = None) -> dict[str, Rows]:
+    """Every analysis (or the named ones), in display order."""
+    names = sections or list(ANALYSES)
+    unknown = [n for n in names if n not in ANALYSES]
+    if unknown:
+        raise KeyError(f"unknown report section(s) {', '.join(unknown)}; known: {', '.join(ANALYSES)}")
+    return {name: ANALYSES[name](reader) for name in names}

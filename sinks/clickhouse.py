@@ -1,0 +1,290 @@
+"""The ClickHouse adapter: the one module that imports clickhouse-connect (and, through it, chDB).
+
+One client, two targets, same SQL: ``chdb:///path`` opens the embedded engine in this process
+(a real ClickHouse engine; one process per data directory), ``http(s)://user:pass@host:port/db``
+talks to a server. Everything above this module sees :class:`ClickHouseStore` and three error
+kinds, so the sink's retry logic never depends on the driver:
+
+- :class:`StoreUnavailable` — transient (connection refused, timeout, too many parts, memory):
+  back off and retry the same batch with the same deduplication token;
+- :class:`StoreRejected` — the data itself was refused (type, range, parse errors): retrying
+  cannot help, the rows go to the dead-letter topic with the reason;
+- :class:`StoreLocked` — the embedded data directory is owned by another process.
+
+Query results come back as :class:`QueryResult` with JSON-friendly values (timestamps as ISO 8601
+UTC strings, decimals as floats) so a direct chDB query and one relayed by the sink's local query
+endpoint give byte-identical output.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import decimal
+import ipaddress
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import clickhouse_connect
+from clickhouse_connect.driver.exceptions import (
+    ClickHouseError,
+    DatabaseError,
+    DataError,
+    OperationalError,
+    ProgrammingError,
+)
+
+# ClickHouse error codes that mean "this data can never be stored as is".
+DATA_ERROR_CODES = frozenset({
+    6,    # CANNOT_PARSE_TEXT
+    16,   # NO_SUCH_COLUMN_IN_TABLE
+    27,   # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    38,   # CANNOT_PARSE_DATE
+    41,   # CANNOT_PARSE_DATETIME
+    53,   # TYPE_MISMATCH
+    69,   # ARGUMENT_OUT_OF_BOUND
+    70,   # CANNOT_CONVERT_TYPE
+    72,   # CANNOT_PARSE_NUMBER
+    117,  # INCORRECT_DATA
+    131,  # TOO_LARGE_STRING_SIZE
+    190,  # SIZES_OF_ARRAYS_DONT_MATCH
+    321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+    349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    407,  # DECIMAL_OVERFLOW
+    469,  # VIOLATED_CONSTRAINT
+})
+
+
+class StoreError(Exception):
+    """Base of the adapter's errors; ``code`` is ClickHouse's numeric error code when known."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class StoreUnavailable(StoreError):
+    """Transient: retry later with the same data and deduplication token."""
+
+
+class StoreRejected(StoreError):
+    """Permanent: ClickHouse refuses this data; retrying the same rows cannot succeed."""
+
+
+class StoreLocked(StoreError):
+    """The embedded data directory is owned by another running process."""
+
+
+@dataclass
+class QueryResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+
+    def dicts(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"columns": self.columns, "types": self.types, "rows": self.rows}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QueryResult:
+        return cls(list(data["columns"]), list(data["types"]), [list(r) for r in data["rows"]])
+
+
+def plain_value(value: Any) -> Any:
+    """A JSON-friendly form of one driver value (recursively for arrays, tuples and maps)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID | ipaddress.IPv4Address | ipaddress.IPv6Address):
+        return str(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode()
+    if isinstance(value, Mapping):
+        return {str(plain_value(k)): plain_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_value(v) for v in value]
+    return str(value)
+
+
+def describe_target(url: str) -> str:
+    """The URL with any password masked, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url
+
+
+def is_embedded(url: str) -> bool:
+    return urlsplit(url).scheme == "chdb"
+
+
+def embedded_path(url: str) -> str:
+    parts = urlsplit(url)
+    return unquote(parts.path if not parts.netloc else parts.netloc + parts.path)
+
+
+def _classify(exc: BaseException, what: str) -> StoreError:
+    code = getattr(exc, "code", None)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = f"{what}: {text}"[:2000]
+    if isinstance(exc, OperationalError):
+        return StoreUnavailable(text, code)
+    if isinstance(exc, DatabaseError) and not isinstance(exc, DataError):
+        if code in DATA_ERROR_CODES:
+            return StoreRejected(text, code)
+        return StoreUnavailable(text, code)
+    if isinstance(exc, DataError | ProgrammingError | ValueError | TypeError | OverflowError):
+        return StoreRejected(text, code)
+    if isinstance(exc, ClickHouseError | OSError):
+        return StoreUnavailable(text, code)
+    return StoreRejected(text, code)
+
+
+class ClickHouseStore:
+    """A thread-safe handle on one ClickHouse target (embedded chDB or a server)."""
+
+    def __init__(
+        self,
+        url: str,
+        read_only: bool = False,
+        connect_timeout_s: float = 10.0,
+        query_timeout_s: float = 300.0,
+    ) -> None:
+        self.url = url
+        self.embedded = is_embedded(url)
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._column_type_cache: dict[str, dict[str, str]] = {}
+        settings: dict[str, Any] = {"session_timezone": "UTC"}
+        if read_only:
+            # enforced by the engine for every statement of this client (a chDB client's session
+            # settings stick to its own handle, so the sink's writing client is unaffected)
+            settings["readonly"] = 2
+        try:
+            if self.embedded:
+                self._client = clickhouse_connect.get_client(dsn=url, settings=settings)
+            else:
+                self._client = clickhouse_connect.get_client(
+                    dsn=url,
+                    settings=settings,
+                    connect_timeout=connect_timeout_s,
+                    send_receive_timeout=query_timeout_s,
+                    query_retries=0,
+                    autogenerate_session_id=False,
+                )
+        except (ClickHouseError, OSError) as exc:
+            if "Cannot lock file" in str(exc) or "already running" in str(exc):
+                raise StoreLocked(
+                    f"the embedded ClickHouse directory {embedded_path(url)} is in use by another process"
+                ) from None
+            raise _classify(exc, f"cannot connect to {describe_target(url)}") from None
+
+    @property
+    def server_version(self) -> str:
+        return str(self._client.server_version)
+
+    def command(self, sql: str, settings: Mapping[str, Any] | None = None) -> None:
+        """Run DDL or any statement without a result set."""
+        with self._lock:
+            try:
+                self._client.command(sql, settings=dict(settings or {}))
+            except Exception as exc:
+                raise _classify(exc, "statement failed") from None
+
+    def query(
+        self,
+        sql: str,
+        parameters: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> QueryResult:
+        with self._lock:
+            try:
+                result = self._client.query(sql, parameters=dict(parameters or {}), settings=dict(settings or {}))
+            except Exception as exc:
+                raise _classify(exc, "query failed") from None
+            types = [t.name for t in result.column_types]
+            rows = [[plain_value(v) for v in row] for row in result.result_rows]
+            return QueryResult(list(result.column_names), types, rows)
+
+    def insert(
+        self,
+        table: str,
+        columns: Mapping[str, Sequence[Any]],
+        dedup_token: str | None = None,
+    ) -> int:
+        """Insert column-oriented data; a block whose ``dedup_token`` was already stored is dropped.
+
+        Returns the number of rows sent. Raises :class:`StoreUnavailable` or :class:`StoreRejected`.
+        """
+        names = tuple(columns)
+        data = [list(columns[name]) for name in names]
+        n_rows = len(data[0]) if data else 0
+        if n_rows == 0:
+            return 0
+        settings: dict[str, Any] = {"deduplicate_blocks_in_dependent_materialized_views": 1}
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        with self._lock:
+            try:
+                types = self._column_types(table, names)
+                self._client.insert(
+                    table,
+                    data,
+                    column_names=list(names),
+                    column_type_names=types,
+                    column_oriented=True,
+                    settings=settings,
+                )
+            except StoreError:
+                raise
+            except Exception as exc:
+                self._column_type_cache.pop(table, None)
+                raise _classify(exc, f"insert into {table} failed") from None
+        return n_rows
+
+    def _column_types(self, table: str, names: Sequence[str]) -> list[str]:
+        known = self._column_type_cache.get(table)
+        if known is None or any(name not in known for name in names):
+            try:
+                result = self._client.query(f"DESCRIBE TABLE {table}")
+            except Exception as exc:
+                raise _classify(exc, f"cannot describe {table}") from None
+            known = {str(row[0]): str(row[1]) for row in result.result_rows}
+            self._column_type_cache[table] = known
+        missing = [name for name in names if name not in known]
+        if missing:
+            raise StoreRejected(f"table {table} has no column(s) {', '.join(missing)}")
+        return [known[name] for name in names]
+
+    def forget_schema(self) -> None:
+        """Drop cached column types (after migrations changed a table)."""
+        with self._lock:
+            self._column_type_cache.clear()
+
+    def close(self) -> None:
+        # closing a broken connection must not mask the real error
+        with self._lock, contextlib.suppress(Exception):
+            self._client.close()
+
+
+def open_store(url: str, read_only: bool = False) -> ClickHouseStore:
+    return ClickHouseStore(url, read_only=read_only)

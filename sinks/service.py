@@ -1,0 +1,100 @@
+"""Starting the sink: open ClickHouse, migrate, load prices, serve queries, consume.
+
+Kept apart from the CLI so tests, benchmarks and the demo run the very same start-up in-process.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from types import FrameType
+
+from common.kafka import ensure_topics
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from common.settings import SinkSettings
+from schemas.topics import DEADLETTER
+from sinks.clickhouse import ClickHouseStore, describe_target, open_store
+from sinks.migrations import TtlDays, migrate
+from sinks.query_server import QueryServer
+from sinks.rows import SINK_TOPICS
+from sinks.sink import FlushOutcome, Sink
+
+log = get_logger(__name__)
+
+
+def ttl_days(settings: SinkSettings) -> TtlDays:
+    return TtlDays(raw=settings.raw_sample_ttl_days, state=settings.state_ttl_days, rollup=settings.rollup_ttl_days)
+
+
+def load_prices(store: ClickHouseStore, prices: dict[str, float]) -> int:
+    """Record the configured price per GPU-hour of each GPU model (newest wins)."""
+    if not prices:
+        return 0
+    now = datetime.now(UTC)
+    models = sorted(prices)
+    store.insert("gpu_prices", {"gpu_model": models, "usd_per_gpu_hour": [float(prices[m]) for m in models],
+                                "updated_at": [now] * len(models)})
+    return len(models)
+
+
+def prepare_store(settings: SinkSettings) -> ClickHouseStore:
+    """Open the target, apply missing migrations and load the price table."""
+    url = settings.clickhouse_url()
+    store = open_store(url)
+    applied = migrate(store, ttl_days(settings))
+    store.forget_schema()
+    priced = load_prices(store, settings.prices_usd_per_gpu_hour)
+    log.info("clickhouse ready", target=describe_target(url), server_version=store.server_version,
+             migrations_applied=applied, prices=priced)
+    return store
+
+
+@contextmanager
+def running_services(settings: SinkSettings, store: ClickHouseStore, registry: MetricsRegistry) -> Iterator[None]:
+    """The query endpoint (embedded engine only) and the /metrics endpoint, for the sink's lifetime."""
+    server: QueryServer | None = None
+    reader: ClickHouseStore | None = None
+    if store.embedded:
+        reader = open_store(store.url, read_only=True)
+        server = QueryServer(reader, settings.data_dir, settings.query_port)
+        server.start()
+    if settings.metrics_port:
+        port = registry.serve(settings.metrics_port)
+        log.info("metrics serving", port=port)
+    try:
+        yield
+    finally:
+        if server is not None:
+            server.stop()
+        if reader is not None:
+            reader.close()
+
+
+def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, create_topics: bool = True) -> FlushOutcome:
+    """The whole sink process: returns totals when stopped (SIGTERM/SIGINT) or idle."""
+    if create_topics:
+        ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix)
+    store = prepare_store(settings)
+    registry = MetricsRegistry()
+    sink = Sink(settings, store, registry)
+    previous: dict[signal.Signals, object] = {}
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping", signal=signum)
+        sink.stop()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, _stop)
+    try:
+        with running_services(settings, store, registry):
+            return sink.run(exit_when_idle_s=exit_when_idle_s)
+    finally:
+        for sig, handler in previous.items():
+            with suppress(TypeError, ValueError):
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+        store.close()

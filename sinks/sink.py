@@ -1,0 +1,535 @@
+"""The ClickHouse sink: every topic into ClickHouse exactly once.
+
+At-least-once transport becomes exactly-once rows through three rules:
+
+1. **Deterministic batches.** Records are buffered per (topic, partition) and cut by size and age.
+   Before a batch is inserted its offset range is journalled in ``sink_batches``; after a crash the
+   next owner of the partition finds the journalled ranges it has not committed and cuts its first
+   batches at exactly those offsets, so a replayed batch is the same block of rows.
+2. **Deduplicated inserts.** Each table insert carries ``insert_deduplication_token`` =
+   ``topic:partition:first-last``; tables keep a deduplication window, so a block already stored
+   (crash after insert, lost acknowledgement, outage retry) is dropped by the engine, and so are
+   the rollup views' blocks.
+3. **Commit after acknowledgement.** Kafka offsets are committed only after ClickHouse accepted
+   every table's block and the dead-letter records are delivered. While ClickHouse is down the
+   partitions are paused, the same batch is retried with jittered exponential backoff, and nothing
+   is committed; the sink catches up afterwards.
+
+Records a producer sent twice (same deterministic id, different offsets) collapse in the
+``ReplacingMergeTree`` tables; for ``pod_windows``, whose inserts feed the rollup views, ids already
+stored by earlier batches are also filtered out before the insert, deterministically.
+
+Rows that cannot be decoded, or that ClickHouse rejects, go to the dead-letter topic with the reason
+and their source position; they never stop the stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from common.settings import SinkSettings
+from schemas.codec import MessageError, decode, encode
+from schemas.messages import DeadLetter, Message
+from schemas.topics import DEADLETTER, K8S_NODES, K8S_PODS, spec_for_name
+from sinks.clickhouse import StoreRejected, StoreUnavailable
+from sinks.rows import SINK_TOPICS, TableColumns, rows_for, tombstone_rows
+
+log = get_logger(__name__)
+
+
+class Store(Protocol):
+    """What the sink needs from ClickHouse (``sinks.clickhouse.ClickHouseStore``)."""
+
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None) -> int: ...
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Record:
+    """One Kafka record, detached from the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass
+class Batch:
+    topic: str
+    partition: int
+    records: list[Record]
+    first_offset: int
+    last_offset: int
+    replayed: bool = False
+
+    @property
+    def token(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.first_offset}-{self.last_offset}"
+
+
+@dataclass
+class PartitionBuffer:
+    records: list[Record] = field(default_factory=list)
+    opened_at: float = 0.0
+    plans: list[tuple[int, int]] | None = None
+    """Journalled (first, last) ranges still to replay exactly; None until looked up."""
+
+
+@dataclass
+class FlushOutcome:
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    skipped_duplicates: int = 0
+
+
+class SinkMetrics:
+    def __init__(self, registry: MetricsRegistry) -> None:
+        self.rows = registry.counter("sink_rows_written_total", "Rows written per table", ("table",))
+        self.batches = registry.counter("sink_batches_total", "Batches committed per topic", ("topic",))
+        self.latency = registry.histogram(
+            "sink_batch_latency_seconds", "Decode+insert+commit time per batch", ("topic",)
+        )
+        self.errors = registry.counter("sink_errors_total", "Errors by kind", ("kind",))
+        self.dead_letters = registry.counter(
+            "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic",)
+        )
+        self.duplicates = registry.counter(
+            "sink_duplicates_skipped_total", "Records whose id was already stored", ("table",)
+        )
+        self.lag = registry.gauge("sink_consumer_lag", "Messages not yet consumed", ("topic", "partition"))
+        self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
+
+
+class Backoff:
+    """Exponential backoff with full jitter, reset on success."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.attempt = 0
+        self.rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.max_s, self.initial_s * (2 ** min(self.attempt, 30)))
+        self.attempt += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(record: Record) -> datetime:
+    if record.timestamp_ms and record.timestamp_ms > 0:
+        return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
+    return _now()
+
+
+class BatchWriter:
+    """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
+
+    def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.prefix = topic_prefix
+
+    # ---------------------------------------------------------------- decode
+
+    def decode(self, record: Record) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        """Rows of one record, or the reason it goes to the dead-letter topic."""
+        spec = spec_for_name(record.topic)
+        if record.value is None:
+            if spec in (K8S_PODS, K8S_NODES):
+                key = (record.key or b"").decode(errors="replace")
+                return list(tombstone_rows(spec.suffix, key, _ts(record), record.partition, record.offset)), None
+            return [], "empty value (tombstone) on a topic that has no tombstones"
+        try:
+            message: Message = decode(record.value, spec.message)
+        except MessageError as exc:
+            return [], f"invalid {spec.suffix} message: {exc}"
+        return rows_for(message, record.partition, record.offset), None
+
+    # ---------------------------------------------------------------- write
+
+    def plan(self, batch: Batch) -> None:
+        self.store.insert(
+            "sink_batches",
+            {
+                "topic": [batch.topic],
+                "partition": [batch.partition],
+                "first_offset": [batch.first_offset],
+                "last_offset": [batch.last_offset],
+                "planned_at": [_now()],
+            },
+            dedup_token=f"plan:{batch.token}",
+        )
+
+    def pending_plans(self, topic: str, partition: int, from_offset: int) -> list[tuple[int, int]]:
+        result = self.store.query(
+            "SELECT first_offset, last_offset FROM sink_batches "
+            "WHERE topic = {topic:String} AND partition = {partition:UInt16} AND last_offset >= {offset:UInt64} "
+            "GROUP BY first_offset, last_offset ORDER BY last_offset",
+            {"topic": topic, "partition": partition, "offset": from_offset},
+        )
+        return [(int(r[0]), int(r[1])) for r in result.rows]
+
+    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
+        """Insert a batch; returns what was written and the records for the dead-letter topic.
+
+        Raises :class:`StoreUnavailable` when ClickHouse cannot be reached: nothing may be committed.
+        """
+        outcome = FlushOutcome()
+        rejected: list[tuple[Record, str]] = []
+        per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]] = []
+        for record in batch.records:
+            rows, reason = self.decode(record)
+            if reason is not None:
+                rejected.append((record, reason))
+            else:
+                per_record.append((record, rows))
+        tables = self._pivot(row for _, rows in per_record for row in rows)
+        outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
+        self.plan(batch)
+        try:
+            for table, columns in tables.items():
+                self.store.insert(table, columns.columns, dedup_token=batch.token)
+                outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
+        except StoreRejected as exc:
+            log.warning("batch rejected, inserting record by record", batch=batch.token, error=str(exc))
+            outcome.rows_by_table.clear()
+            rejected.extend(self._write_one_by_one(batch, per_record, outcome))
+        outcome.dead_letters = len(rejected)
+        return outcome, rejected
+
+    def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
+        tables: dict[str, TableColumns] = {}
+        for table, row in rows:
+            tables.setdefault(table, TableColumns()).append(row)
+        return tables
+
+    def _drop_stored_windows(self, batch: Batch, tables: dict[str, TableColumns]) -> int:
+        """Remove windows whose id an earlier batch already stored (the rollups must not see them twice).
+
+        Rows of this very batch's offset range are not "earlier": a retried batch filters to the same
+        rows, so its deduplication token still matches.
+        """
+        windows = tables.get("pod_windows")
+        if windows is None or windows.n_rows == 0:
+            return 0
+        ids = windows.columns["window_id"]
+        starts = windows.columns["window_start"]
+        result = self.store.query(
+            "SELECT DISTINCT window_id FROM pod_windows "
+            "WHERE window_start >= {lo:DateTime64(3, 'UTC')} AND window_start <= {hi:DateTime64(3, 'UTC')} "
+            "AND window_id IN {ids:Array(String)} "
+            "AND NOT (kafka_partition = {p:UInt16} AND kafka_offset BETWEEN {first:UInt64} AND {last:UInt64})",
+            {
+                "lo": min(starts), "hi": max(starts), "ids": sorted(set(ids)),
+                "p": batch.partition, "first": batch.first_offset, "last": batch.last_offset,
+            },
+        )
+        seen = {str(r[0]) for r in result.rows}
+        keep = [i for i, window_id in enumerate(ids) if window_id not in seen and not _dup_in(ids, i)]
+        dropped = windows.n_rows - len(keep)
+        if dropped:
+            windows.columns = {name: [values[i] for i in keep] for name, values in windows.columns.items()}
+            windows.n_rows = len(keep)
+            self.metrics.duplicates.labels(table="pod_windows").inc(dropped)
+            if windows.n_rows == 0:
+                del tables["pod_windows"]
+        return dropped
+
+    def _write_one_by_one(
+        self,
+        batch: Batch,
+        per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]],
+        outcome: FlushOutcome,
+    ) -> list[tuple[Record, str]]:
+        rejected: list[tuple[Record, str]] = []
+        for record, rows in per_record:
+            token = f"{batch.topic}:{batch.partition}:{record.offset}-{record.offset}"
+            try:
+                for table, columns in self._pivot(rows).items():
+                    self.store.insert(table, columns.columns, dedup_token=token)
+                    outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
+            except StoreRejected as exc:
+                rejected.append((record, f"rejected by ClickHouse: {exc}"))
+        return rejected
+
+
+def _dup_in(ids: list[str], index: int) -> bool:
+    """True when ids[index] already occurs earlier in the same batch (keep the first)."""
+    return ids[index] in ids[:index]
+
+
+def dead_letter(record: Record, reason: str) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+    payload_text: str | None = None
+    payload_b64: str | None = None
+    if record.value is not None:
+        try:
+            payload_text = record.value.decode()
+        except UnicodeDecodeError:
+            payload_b64 = base64.b64encode(record.value).decode()
+    message = DeadLetter(
+        error=reason[:4000],
+        source_topic=record.topic,
+        source_partition=record.partition,
+        source_offset=record.offset,
+        at=_now(),
+        payload_text=payload_text[:500_000] if payload_text else None,
+        payload_b64=payload_b64[:500_000] if payload_b64 else None,
+    )
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("error", reason[:4000]),
+        ("source_topic", record.topic),
+        ("source_partition", str(record.partition)),
+        ("source_offset", str(record.offset)),
+    ]
+    return encode(message), headers
+
+
+class Sink:
+    """The consumer loop: buffers per partition, writes batches, commits after acknowledgement."""
+
+    def __init__(
+        self,
+        settings: SinkSettings,
+        store: Store,
+        registry: MetricsRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry or MetricsRegistry()
+        self.metrics = SinkMetrics(self.registry)
+        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix)
+        self.clock = clock
+        self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
+        self.dlq_topic = DEADLETTER.name(settings.topic_prefix)
+        self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
+        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self.stopping = threading.Event()
+        self.totals = FlushOutcome()
+        self._consumer: Any = None
+        self._producer: BoundedProducer | None = None
+        self._last_lag_at = 0.0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _open(self) -> None:
+        extra: dict[str, Any] = {
+            "session.timeout.ms": self.settings.session_timeout_ms,
+            "max.poll.interval.ms": max(300_000, self.settings.session_timeout_ms + 1),
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+        if self.settings.group_instance_id:
+            extra["group.instance.id"] = self.settings.group_instance_id
+        self._consumer = make_consumer(self.settings.kafka, self.settings.group_id, extra)
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
+        self._producer = BoundedProducer(self.settings.kafka, self.settings.producer)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            self.buffers.pop((tp.topic, tp.partition), None)
+        log.info("partitions assigned", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            # uncommitted records are simply re-read by the next owner, which replays the journal
+            self.buffers.pop((tp.topic, tp.partition), None)
+        log.info("partitions revoked", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close(10.0)
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("consumer close failed", error=str(exc))
+            self._consumer = None
+
+    def run(self, exit_when_idle_s: float | None = None) -> FlushOutcome:
+        """Consume until :meth:`stop` (or, with ``exit_when_idle_s``, until caught up and idle)."""
+        self._open()
+        last_record_at = self.clock()
+        log.info("sink started", topics=self.topics, group=self.settings.group_id)
+        try:
+            while not self.stopping.is_set():
+                messages = self._consumer.consume(num_messages=1000, timeout=0.2)
+                now = self.clock()
+                for msg in messages:
+                    if msg.error() is not None:
+                        self.metrics.errors.labels(kind="kafka").inc()
+                        log.warning("consume error", error=str(msg.error()))
+                        continue
+                    last_record_at = now
+                    self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                        msg.timestamp()[1]))
+                self._flush_due(now)
+                self._report_lag(now)
+                if (exit_when_idle_s is not None and not any(b.records for b in self.buffers.values())
+                        and now - last_record_at >= exit_when_idle_s):
+                    break
+            self._flush_due(self.clock(), force=True)
+        finally:
+            self.close()
+        log.info("sink stopped", rows=self.totals.rows_by_table, dead_letters=self.totals.dead_letters)
+        return self.totals
+
+    # ---------------------------------------------------------------- batching
+
+    def _buffer(self, record: Record) -> None:
+        buffer = self.buffers.setdefault((record.topic, record.partition), PartitionBuffer())
+        if not buffer.records:
+            buffer.opened_at = self.clock()
+        buffer.records.append(record)
+
+    def _due_batches(self, key: tuple[str, int], buffer: PartitionBuffer, now: float, force: bool) -> list[Batch]:
+        topic, partition = key
+        batches: list[Batch] = []
+        if buffer.plans is None and buffer.records:
+            buffer.plans = self._retry(lambda: self.writer.pending_plans(topic, partition, buffer.records[0].offset))
+            if buffer.plans:
+                log.info("replaying journalled batches", topic=topic, partition=partition, ranges=buffer.plans)
+        while buffer.plans and buffer.records:
+            first, last = buffer.plans[0]
+            if buffer.records[-1].offset < last and not force:
+                return batches  # wait until the whole journalled range is read again
+            take = [r for r in buffer.records if r.offset <= last]
+            buffer.records = buffer.records[len(take):]
+            buffer.plans.pop(0)
+            if take:
+                batches.append(Batch(topic, partition, take, first, last, replayed=True))
+        if not buffer.records:
+            return batches
+        size_due = len(buffer.records) >= self.settings.batch_max_rows
+        age_due = now - buffer.opened_at >= self.settings.batch_max_age_s
+        if size_due or age_due or force:
+            while buffer.records:
+                take = buffer.records[: self.settings.batch_max_rows]
+                buffer.records = buffer.records[len(take):]
+                batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
+            buffer.opened_at = now
+        return batches
+
+    def _flush_due(self, now: float, force: bool = False) -> None:
+        for key in list(self.buffers):
+            buffer = self.buffers.get(key)
+            if buffer is None:
+                continue
+            for batch in self._due_batches(key, buffer, now, force):
+                if self.stopping.is_set() and not force:
+                    return
+                self._flush(batch)
+
+    # ---------------------------------------------------------------- one batch
+
+    def _retry(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` until ClickHouse answers, pausing consumption while it is down."""
+        paused = False
+        try:
+            while True:
+                try:
+                    result = action()
+                    self.backoff.reset()
+                    self.metrics.retry_backoff.set(0)
+                    return result
+                except StoreUnavailable as exc:
+                    delay = self.backoff.next_delay()
+                    self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
+                    self.metrics.retry_backoff.set(delay)
+                    log.warning("clickhouse unavailable, retrying", error=str(exc), retry_in_s=round(delay, 2))
+                    if not paused and self._consumer is not None:
+                        self._consumer.pause(self._consumer.assignment())
+                        paused = True
+                    self._sleep_polling(delay)
+        finally:
+            if paused and self._consumer is not None:
+                self._consumer.resume(self._consumer.assignment())
+
+    def _sleep_polling(self, delay_s: float) -> None:
+        deadline = self.clock() + delay_s
+        while self.clock() < deadline:
+            if self._consumer is not None:
+                # partitions are paused: this returns nothing but keeps the group membership alive
+                for msg in self._consumer.consume(num_messages=1, timeout=min(0.2, delay_s)):
+                    if msg.error() is None:
+                        self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                            msg.timestamp()[1]))
+            else:
+                time.sleep(min(0.2, delay_s))
+
+    def _flush(self, batch: Batch) -> None:
+        started = time.perf_counter()
+        outcome, rejected = self._retry(lambda: self.writer.write(batch))
+        for record, reason in rejected:
+            self._send_dead_letter(record, reason)
+        if rejected:
+            self._retry(self._deliver_dead_letters)
+        self._commit(batch)
+        for table, n in outcome.rows_by_table.items():
+            self.metrics.rows.labels(table=table).inc(n)
+            self.totals.rows_by_table[table] = self.totals.rows_by_table.get(table, 0) + n
+        self.totals.dead_letters += outcome.dead_letters
+        self.totals.skipped_duplicates += outcome.skipped_duplicates
+        self.metrics.batches.labels(topic=batch.topic).inc()
+        self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - started)
+        log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
+
+    def _send_dead_letter(self, record: Record, reason: str) -> None:
+        assert self._producer is not None
+        value, headers = dead_letter(record, reason)
+        while not self._producer.produce(self.dlq_topic, record.key, value, headers):
+            self._producer.poll(0.5)
+        self.metrics.dead_letters.labels(topic=record.topic).inc()
+        log.warning("record dead-lettered", topic=record.topic, partition=record.partition,
+                    offset=record.offset, reason=reason[:300])
+
+    def _deliver_dead_letters(self) -> None:
+        assert self._producer is not None
+        failed_before = self._producer.stats.failed
+        if self._producer.flush(30.0) > 0 or self._producer.stats.failed > failed_before:
+            self.metrics.errors.labels(kind="deadletter_delivery").inc()
+            raise StoreUnavailable(f"dead-letter delivery failed: {self._producer.stats.last_error}")
+
+    def _commit(self, batch: Batch) -> None:
+        if self._consumer is None:
+            return
+        try:
+            commit_offsets(self._consumer, {(batch.topic, batch.partition): batch.last_offset + 1})
+        except KafkaException as exc:
+            # the rows are stored; a later commit (or the journal replay after a restart) covers it
+            self.metrics.errors.labels(kind="commit").inc()
+            log.warning("offset commit failed", batch=batch.token, error=str(exc))
+
+    def _report_lag(self, now: float) -> None:
+        if now - self._last_lag_at < 5.0 or self._consumer is None:
+            return
+        self._last_lag_at = now
+        try:
+            for (topic, partition), lag in consumer_lag(self._consumer).items():
+                self.metrics.lag.labels(topic=topic, partition=str(partition)).set(lag)
+        except KafkaException as exc:
+            log.debug("lag unavailable", error=str(exc))
