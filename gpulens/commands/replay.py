@@ -1,0 +1,110 @@
+"""``gpulens replay SCENARIO``: play a scenario file and print the report of FORMAT.md.
+
+In-process by default (no broker): the simulator's records go through the same decoding, routing
+and stages as the faust workers. ``--json`` prints the report (deterministic: the same file gives
+byte-identical output); otherwise a readable summary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from gpulens.errors import UserError
+from gpulens.scenario import load_scenario
+
+
+def _dump(report: dict[str, Any]) -> str:
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if Console().is_terminal else 160)
+    console.print(f"[bold]scenario[/bold] {report['scenario']}")
+    alerts = Table(title="alerts", show_lines=False)
+    for column in ("at", "state", "type", "subject", "summary"):
+        alerts.add_column(column, overflow="fold")
+    for a in report["alerts"]:
+        s = a["subject"]
+        subject = "/".join(p for p in (s.get("namespace"), s.get("name")) if p)
+        if s.get("gpu_uuid"):
+            subject += f" [{s['gpu_uuid'][:12]}]"
+        alerts.add_row(a["at"], a["state"], a["type"], subject, a["summary"])
+    console.print(alerts if report["alerts"] else "no alerts")
+    pods = Table(title="pods")
+    for column in ("pod", "team", "gpus", "node", "pending_s", "running_s", "gpu_h", "idle_gpu_h", "avg_util%",
+                   "cost_usd", "end"):
+        pods.add_column(column, justify="right" if column not in ("pod", "team", "node", "end") else "left")
+    for p in report["pods"]:
+        avg = p["avg_sm_util_pct"]
+        pods.add_row(f"{p['namespace']}/{p['name']}", str(p["team"]), str(p["gpus"]), str(p["node"] or "-"),
+                     str(p["pending_s"]), str(p["running_s"]), f"{p['gpu_hours']:.4f}", f"{p['idle_gpu_hours']:.4f}",
+                     "-" if avg is None else f"{avg:.1f}", f"{p['cost_usd']:.2f}", p["end_reason"])
+    console.print(pods)
+    c = report["cluster"]
+    console.print(
+        f"cluster: capacity {c['gpu_hours_capacity']:.4f} GPU-h, allocated {c['gpu_hours_allocated']:.4f}, "
+        f"idle allocated {c['gpu_hours_idle_allocated']:.4f}, unallocated {c['gpu_hours_unallocated']:.4f}, "
+        f"max stranded GPUs {c['max_stranded_gpus']}")
+    stream = report.get("stream", {})
+    if stream:
+        console.print("stream: " + ", ".join(f"{k}={v}" for k, v in stream.items()))
+
+
+@click.command("replay")
+@click.argument("scenario", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report of FORMAT.md")
+@click.option("--kafka", "bootstrap", default=None, metavar="BOOTSTRAP",
+              help="run through real topics and faust workers on this Kafka (host:port)")
+@click.option("--lateness", "lateness_s", type=float, default=None,
+              help="allowed lateness in seconds before a sample counts as late (default 30)")
+@click.option("--topic-prefix", default=None, help="topic prefix for --kafka (default: a fresh one per run)")
+@click.option("--expect", "expected_path", type=click.Path(path_type=Path), default=None,
+              help="compare with an expected-results JSON file; exit 1 on any difference")
+def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: float | None,
+           topic_prefix: str | None, expected_path: Path | None) -> None:
+    """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
+    from gpulens.replay import DEFAULT_LATENESS_S, run_in_process
+
+    parsed = load_scenario(scenario)
+    lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
+    if lateness < 0:
+        raise UserError("--lateness must not be negative")
+    if bootstrap:
+        try:
+            from gpulens.replay_kafka import run_through_kafka  # type: ignore[import-not-found]
+        except ModuleNotFoundError:
+            raise UserError("--kafka is not available in this build yet") from None
+        report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix)
+    else:
+        report = run_in_process(parsed, lateness_s=lateness).report
+    if as_json:
+        click.echo(_dump(report))
+    else:
+        _print_summary(report)
+    if expected_path is not None:
+        _check_expected(report, expected_path, parsed.sample_interval_s)
+
+
+def _check_expected(report: dict[str, Any], path: Path, sample_interval_s: float) -> None:
+    from gpulens.replay import compare_report
+
+    try:
+        expected = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UserError(f"{path}: cannot read expected results: {exc}") from None
+    problems = compare_report(report, expected, sample_interval_s)
+    for line in problems:
+        click.echo(f"MISMATCH {line}", err=True)
+    if problems:
+        raise click.ClickException(f"{len(problems)} difference(s) from {path}")
+    click.echo(f"matches {path}", err=True)
+
+
+COMMANDS = [replay]

@@ -1,0 +1,216 @@
+"""``gpulens replay``: play a scenario through the pipeline and build FORMAT.md's report.
+
+In-process by default: the simulator's records (encoded exactly as the producers would put them
+on Kafka) are decoded, routed and processed by the same stages the faust workers run, with the
+watermark advanced after each tick (minus the allowed lateness, so slightly late samples are
+reordered like on Kafka). The report is computed from the pipeline's *outputs* — lifecycle
+records, capacity windows and alerts — never from the simulator's own bookkeeping, except for a
+pod the pipeline cannot know (one never created before the end, or a zero-GPU pod never bound).
+
+The report is deterministic: the same file gives byte-identical JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from gpulens.scenario import Scenario
+from gpulens.simulator import FleetSimulator, Tick
+from schemas.messages import Alert, ClusterCapacity, DeadLetter, Message, PodLifecycle, PodWindow
+from stream_jobs.alerts import TYPE_ORDER
+from stream_jobs.config import EngineConfig
+from stream_jobs.pipeline import LocalPipeline
+from stream_jobs.timeutil import epoch
+
+DEFAULT_LATENESS_S = 30.0
+
+
+def engine_config(scenario: Scenario) -> EngineConfig:
+    return EngineConfig(window_s=scenario.window_s, sample_interval_s=scenario.sample_interval_s,
+                        prices_usd_per_gpu_hour=dict(scenario.prices), thresholds=scenario.thresholds)
+
+
+@dataclass
+class ReplayResult:
+    report: dict[str, Any]
+    outputs: list[Message]
+    deadletters: list[DeadLetter]
+
+
+def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S) -> ReplayResult:
+    simulator = FleetSimulator(scenario)
+    pipeline = LocalPipeline(engine_config(scenario))
+    for tick in simulator.run():
+        feed_tick(pipeline, tick)
+        pipeline.advance(epoch(tick.ts) - lateness_s)
+    end = scenario.start + timedelta(seconds=scenario.end_offset_s)
+    pipeline.flush(epoch(end))
+    report = build_report(scenario, pipeline.outputs, simulator.pod_truth(scenario.end_offset_s),
+                          pipeline.stats())
+    return ReplayResult(report, pipeline.outputs, pipeline.deadletters)
+
+
+def feed_tick(pipeline: LocalPipeline, tick: Tick) -> None:
+    for record in tick.records:
+        pipeline.feed(record.topic, record.value, at=tick.ts)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _num(value: float | None, digits: int = 4) -> float | int | None:
+    if value is None:
+        return None
+    rounded = round(float(value), digits)
+    if rounded == int(rounded) and abs(rounded) < 2**53:
+        return int(rounded) if digits == 0 else float(int(rounded))
+    return rounded
+
+
+def _seconds(value: float) -> float | int:
+    rounded = round(value, 3)
+    return int(rounded) if rounded == int(rounded) else rounded
+
+
+def alert_row(alert: Alert) -> dict[str, Any]:
+    data = alert.model_dump(mode="json")
+    return {
+        "id": data["id"], "type": data["type"], "state": data["state"], "at": data["at"],
+        "severity": data["severity"], "subject": data["subject"], "summary": data["summary"],
+        "details": data["details"],
+    }
+
+
+def _alert_key(alert: Alert) -> tuple[Any, ...]:
+    s = alert.subject
+    return (epoch(alert.at), alert.type, TYPE_ORDER.index(alert.type), s.kind, s.namespace or "", s.name or "",
+            s.node or "", s.gpu_uuid or "", 0 if alert.state == "firing" else 1, alert.id)
+
+
+def build_report(scenario: Scenario, outputs: Iterable[Message], truth: dict[int, dict[str, Any]],
+                 stats: dict[str, Any]) -> dict[str, Any]:
+    outputs = list(outputs)
+    alerts = sorted((m for m in outputs if isinstance(m, Alert)), key=_alert_key)
+    seen_alerts: set[tuple[str, str]] = set()
+    unique_alerts = []
+    for alert in alerts:  # at-least-once transport: the same transition twice is one transition
+        if (alert.id, alert.state) not in seen_alerts:
+            seen_alerts.add((alert.id, alert.state))
+            unique_alerts.append(alert)
+    lifecycle = {m.pod_uid: m for m in outputs if isinstance(m, PodLifecycle)}
+    pods = []
+    for spec in scenario.pods:
+        fact = truth[spec.index]
+        record = lifecycle.get(fact["uid"])
+        if record is not None:
+            pods.append({
+                "namespace": record.namespace, "name": record.name, "team": record.team,
+                "project": record.project, "gpus": record.gpus, "node": record.node,
+                "pending_s": _seconds(record.pending_s), "running_s": _seconds(record.running_s),
+                "gpu_hours": _num(record.gpu_hours), "idle_gpu_hours": _num(record.idle_gpu_hours),
+                "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
+                "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
+                "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
+            })
+            continue
+        labels = spec.labels
+        pods.append({
+            "namespace": spec.namespace, "name": spec.name,
+            "team": labels.get("team") or labels.get("gpulens.io/team") or spec.namespace,
+            "project": labels.get("project") or labels.get("gpulens.io/project") or spec.namespace,
+            "gpus": spec.gpus, "node": fact["node"], "pending_s": _seconds(fact["pending_s"]),
+            "running_s": _seconds(fact["running_s"]), "gpu_hours": _num(spec.gpus * fact["running_s"] / 3600.0),
+            "idle_gpu_hours": 0.0, "avg_sm_util_pct": None, "peak_mem_bytes": None, "cost_usd": 0.0,
+            "end_reason": fact["end_reason"], "steps": None, "cost_per_step_usd": None,
+        })
+    windows = [m for m in outputs if isinstance(m, ClusterCapacity)]
+    total = sum(w.gpu_s_total or 0.0 for w in windows)
+    allocated = sum(w.gpu_s_allocated or 0.0 for w in windows)
+    idle = sum(w.gpu_s_idle_allocated or 0.0 for w in windows)
+    cluster = {
+        "gpu_hours_capacity": _num(total / 3600.0),
+        "gpu_hours_allocated": _num(allocated / 3600.0),
+        "gpu_hours_idle_allocated": _num(idle / 3600.0),
+        "gpu_hours_unallocated": _num(max(total - allocated, 0.0) / 3600.0),
+        "max_stranded_gpus": max((w.stranded_gpus_max or 0 for w in windows), default=0),
+    }
+    pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
+    return {
+        "scenario": scenario.name,
+        "alerts": [alert_row(a) for a in unique_alerts],
+        "pods": pods,
+        "cluster": cluster,
+        "stream": dict(stats) | {"pod_windows": pod_windows, "capacity_windows": len(windows)},
+    }
+
+
+# --------------------------------------------------------------------------- expected results
+
+
+def _close(actual: Any, expected: Any) -> bool:
+    if isinstance(expected, bool) or not isinstance(expected, int | float):
+        return bool(actual == expected)
+    if actual is None or isinstance(actual, bool) or not isinstance(actual, int | float):
+        return False
+    return abs(float(actual) - float(expected)) <= 1e-4 + 1e-9 * abs(float(expected))
+
+
+def compare_report(report: dict[str, Any], expected: dict[str, Any], sample_interval_s: float) -> list[str]:
+    """Differences between a report and an expected file (FORMAT.md's tolerances).
+
+    Only fields present in ``expected`` are compared; numbers match to 4 decimals; an alert
+    matches one of the same type, state and subject fields within two sample intervals. The
+    expected ``alerts`` list is the complete list: an alert transition it does not name is a
+    difference too (so "no alert for X" is checked).
+    """
+    problems: list[str] = []
+    tolerance = 2 * sample_interval_s
+    unused = list(report.get("alerts", []))
+    for i, want in enumerate(expected.get("alerts", [])):
+        match = None
+        for got in unused:
+            if any(got.get(k) != want[k] for k in ("type", "state", "severity", "id") if k in want):
+                continue
+            subject = want.get("subject", {})
+            if any(got["subject"].get(k) != v for k, v in subject.items()):
+                continue
+            if "at" in want:
+                delta = abs(epoch(_parse(got["at"])) - epoch(_parse(want["at"])))
+                if delta > tolerance + 1e-6:
+                    continue
+            if "details" in want and any(got["details"].get(k) != v for k, v in want["details"].items()):
+                continue
+            match = got
+            break
+        if match is None:
+            problems.append(f"alerts[{i}]: no {want.get('state', '')} {want.get('type')} alert for "
+                            f"{want.get('subject')} at {want.get('at')} (+-{tolerance:g}s)")
+        else:
+            unused.remove(match)
+    if "alerts" in expected:
+        for got in unused:
+            problems.append(f"unexpected alert: {got['state']} {got['type']} {got['subject']} at {got['at']}")
+    rows = {(p["namespace"], p["name"]): p for p in report.get("pods", [])}
+    for want in expected.get("pods", []):
+        key = (want.get("namespace", "default"), want["name"])
+        got = rows.get(key)
+        if got is None:
+            problems.append(f"pods: no row for {key[0]}/{key[1]}")
+            continue
+        for field, value in want.items():
+            if not _close(got.get(field), value):
+                problems.append(f"pods {key[0]}/{key[1]}.{field}: expected {value!r}, got {got.get(field)!r}")
+    for field, value in expected.get("cluster", {}).items():
+        got_value = report.get("cluster", {}).get(field)
+        if not _close(got_value, value):
+            problems.append(f"cluster.{field}: expected {value!r}, got {got_value!r}")
+    return problems
+
+
+def _parse(text: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

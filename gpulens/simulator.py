@@ -1,0 +1,513 @@
+"""The fleet simulator: plays a scenario through the same code paths as real data.
+
+Each tick (t = 0, dt, 2dt, ... while t < duration) follows FORMAT.md's order:
+
+1. create pods whose ``create`` <= t, delete pods whose ``delete`` <= t, complete pods whose
+   ``run_for`` has elapsed, remove nodes whose ``ready_until`` <= t (their pods end ``Evicted``);
+2. schedule pending pods in creation order (file order within a tick), first fit over Ready nodes
+   in file order (a pinned pod only to its node), lowest-indexed free GPUs; a pod that does not
+   fit gets a ``FailedScheduling`` event worded like kube-scheduler's;
+3. every Ready node's agent samples every GPU.
+
+Kubernetes objects are built as the API server serves them and translated by the watcher's own
+``producers.watcher.translate``; samples are taken by the agent's own ``NodeSampler`` over
+``FakeNvml``, ``StaticPodResources`` and ``StaticProcessResolver``. Every record is encoded with
+``schemas.codec`` exactly as the producers would put it on Kafka, so the stream jobs see real
+records. Nothing is random: uids, pids and container ids derive from the scenario's names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpulens.scenario import NodeSpec, PodSpec, Scenario, step_value
+from producers.agent.cgroup import ContainerRef, StaticProcessResolver
+from producers.agent.fake_kubelet import StaticPodResources
+from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
+from producers.agent.sampler import NodeSampler
+from producers.watcher.translate import (
+    TranslateConfig,
+    deleted_node,
+    deleted_state,
+    event_to_message,
+    node_to_state,
+    pod_to_state,
+)
+from schemas.codec import encode
+from schemas.messages import Message, PodRef, PodState, WorkloadProgress
+from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS
+
+GIB = 2**30
+GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+_NS = uuidlib.UUID("6f1c2a55-0d7e-4c83-9a7e-3b2f5c1d9e40")
+EPS = 1e-6
+
+
+def _uid(*parts: str) -> str:
+    return str(uuidlib.uuid5(_NS, "/".join(parts)))
+
+
+def _iso(ts: datetime) -> str:
+    return ts.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Record:
+    """One Kafka record as a producer would send it (``value`` None = tombstone)."""
+
+    topic: str
+    key: str | None
+    value: bytes | None
+
+
+@dataclass
+class Tick:
+    offset_s: float
+    ts: datetime
+    records: list[Record]
+
+
+@dataclass
+class _Node:
+    spec: NodeSpec
+    uid: str
+    nvml: FakeNvml
+    gpus: list[FakeGpu]
+    resources: StaticPodResources
+    sampler: NodeSampler
+    slots: list[int | None]
+    """Schedulable unit -> index of the pod holding it."""
+    removed: bool = False
+    state: Any = None
+
+
+@dataclass
+class _Pod:
+    spec: PodSpec
+    uid: str
+    container_id: str
+    phase: str = "new"  # new | pending | running | ended
+    created: float | None = None
+    scheduled: float | None = None
+    node: str | None = None
+    slots: list[int] = field(default_factory=list)
+    end_reason: str | None = None
+    ended: float | None = None
+    deleted: bool = False
+    restarts: int = 0
+    last_message: str | None = None
+    event_count: int = 0
+    state: PodState | None = None
+
+    @property
+    def resource(self) -> str:
+        return self.spec.resource or "nvidia.com/gpu"
+
+
+class FleetSimulator:
+    def __init__(self, scenario: Scenario, translate_config: TranslateConfig | None = None) -> None:
+        self.scenario = scenario
+        self.config = translate_config or TranslateConfig()
+        self.dt = scenario.sample_interval_s
+        self.nodes: dict[str, _Node] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
+        self.pods: list[_Pod] = [
+            _Pod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
+                 hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
+            for spec in scenario.pods
+        ]
+        self._late: list[tuple[float, Record]] = []
+        self._fired_xids: set[int] = set()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _make_node(self, spec: NodeSpec) -> _Node:
+        name = self.scenario.name
+        gpus = []
+        mem_total = int(spec.memory_gib * GIB)
+        for index in range(spec.gpus):
+            gpu = FakeGpu(uuid="GPU-" + _uid(name, "gpu", spec.name, str(index)), index=index, model=spec.model,
+                          mem_total_bytes=mem_total)
+            if spec.mig:
+                slices = int(spec.mig.split("g")[0])
+                mig_mem = int(float(spec.mig.split(".")[1][:-2]) * GIB)
+                gpu.mig_devices = [
+                    FakeMigDevice(uuid="MIG-" + _uid(name, "mig", spec.name, str(index), str(j)), profile=spec.mig,
+                                  gpu_instance_id=j * slices, compute_instance_id=0, mem_total_bytes=mig_mem)
+                    for j in range(spec.mig_per_gpu)
+                ]
+            gpus.append(gpu)
+        nvml = FakeNvml(gpus, driver_version=spec.driver, cuda_driver_version=spec.cuda)
+        nvml.init()
+        resources = StaticPodResources()
+        sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
+                              boot_id=_uid(name, "boot", spec.name), sample_interval_s=self.dt)
+        return _Node(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+
+    # ------------------------------------------------------------------ Kubernetes objects
+
+    def _node_object(self, node: _Node, ts: datetime) -> dict[str, Any]:
+        spec = node.spec
+        labels = {
+            "kubernetes.io/hostname": spec.name,
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": spec.model.replace(" ", "-"),
+            "nvidia.com/gpu.memory": str(int(spec.memory_gib * 1024)),
+            "nvidia.com/gpu.count": str(spec.gpus),
+            "nvidia.com/cuda.driver-version.full": spec.driver,
+            "nvidia.com/cuda.runtime-version.full": spec.cuda,
+        } | spec.labels
+        if spec.mig:
+            labels["nvidia.com/mig.strategy"] = "mixed"
+        amount = {spec.resource: str(spec.units)}
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": spec.name, "uid": node.uid, "labels": labels,
+                         "creationTimestamp": _iso(self.scenario.start)},
+            "spec": {"unschedulable": spec.unschedulable} if spec.unschedulable else {},
+            "status": {
+                "capacity": amount, "allocatable": amount,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "lastTransitionTime": _iso(self.scenario.start)}],
+            },
+        }
+
+    def _pod_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+        spec = pod.spec
+        start = self.scenario.start
+        labels = dict(spec.labels)
+        if spec.gang:
+            labels[GANG_LABEL] = spec.gang
+        meta: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "uid": pod.uid, "labels": labels,
+                                "creationTimestamp": _iso(start + timedelta(seconds=pod.created or 0.0))}
+        if pod.deleted and pod.ended is not None:
+            meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
+        amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
+        pod_spec: dict[str, Any] = {
+            "schedulerName": "default-scheduler",
+            "containers": [{"name": "main", "image": spec.image, "resources": {"requests": amount, "limits": amount}}],
+        }
+        if spec.node:
+            pod_spec["nodeSelector"] = {"kubernetes.io/hostname": spec.node}
+        if pod.node:
+            pod_spec["nodeName"] = pod.node
+        status: dict[str, Any] = {"phase": "Pending", "conditions": []}
+        if pod.scheduled is None:
+            if pod.last_message:
+                status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                             "message": pod.last_message, "lastTransitionTime": _iso(ts)})
+        else:
+            sched = start + timedelta(seconds=pod.scheduled)
+            status["startTime"] = _iso(sched)
+            status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(sched)})
+            cstatus: dict[str, Any] = {"name": "main", "image": spec.image, "imageID": spec.image,
+                                       "containerID": f"containerd://{pod.container_id}",
+                                       "restartCount": pod.restarts}
+            finished_reason = pod.end_reason if pod.phase == "ended" and not pod.deleted else None
+            if finished_reason is not None:
+                status["phase"] = "Succeeded" if finished_reason == "Succeeded" else "Failed"
+                code = {"Succeeded": 0, "Failed": 1, "OOMKilled": 137, "Evicted": 137}[finished_reason]
+                reason = {"Succeeded": "Completed", "Failed": "Error", "OOMKilled": "OOMKilled",
+                          "Evicted": "Error"}[finished_reason]
+                if finished_reason == "Evicted":
+                    status["reason"] = "Evicted"
+                    status["message"] = "The node was removed."
+                cstatus |= {"ready": False, "state": {"terminated": {
+                    "reason": reason, "exitCode": code, "startedAt": _iso(sched),
+                    "finishedAt": _iso(start + timedelta(seconds=pod.ended or 0.0))}}}
+            elif spec.crashloop:
+                status["phase"] = "Running"
+                cstatus |= {"ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+                if pod.restarts:
+                    last = start + timedelta(seconds=pod.scheduled + 60.0 * pod.restarts)
+                    cstatus["lastState"] = {"terminated": {"reason": "Error", "exitCode": 1,
+                                                           "startedAt": _iso(last - timedelta(seconds=50)),
+                                                           "finishedAt": _iso(last)}}
+            else:
+                status["phase"] = "Running"
+                cstatus |= {"ready": True, "state": {"running": {"startedAt": _iso(sched)}}}
+            status["containerStatuses"] = [cstatus]
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec, "status": status}
+
+    def _event_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+        pod.event_count += 1
+        spec = pod.spec
+        first = self.scenario.start + timedelta(seconds=pod.created or 0.0)
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{spec.name}.{pod.event_count:x}", "namespace": spec.namespace,
+                         "uid": _uid(self.scenario.name, "event", pod.uid, str(pod.event_count)),
+                         "creationTimestamp": _iso(ts)},
+            "involvedObject": {"kind": "Pod", "name": spec.name, "namespace": spec.namespace, "uid": pod.uid,
+                               "apiVersion": "v1"},
+            "reason": "FailedScheduling", "message": pod.last_message, "type": "Warning",
+            "firstTimestamp": _iso(first), "lastTimestamp": _iso(ts), "count": pod.event_count,
+            "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler",
+        }
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> Iterator[Tick]:
+        sc = self.scenario
+        poison = sorted(sc.poison, key=lambda p: p.at)
+        for i in range(sc.ticks):
+            t = i * self.dt
+            ts = sc.start + timedelta(seconds=t)
+            records: list[Record] = []
+            changed: list[_Pod] = []
+            if i == 0:
+                for node in self.nodes.values():
+                    node_state = node_to_state(self._node_object(node, ts), ts)
+                    node.state = node_state
+                    if node_state is not None:
+                        records.append(self._encode(K8S_NODES.suffix, node.spec.name, node_state))
+            self._lifecycle(t, ts, changed, records)
+            failed = self._schedule(t, changed)
+            self._crashloops(t, changed)
+            gpu_nodes = set(self.nodes)
+            for pod in sorted({p.spec.index: p for p in changed}.values(), key=lambda p: p.spec.index):
+                state = pod_to_state(self._pod_object(pod, ts), ts, self.config, gpu_nodes)
+                if state is None:
+                    continue
+                if pod.deleted:
+                    state = deleted_state(state, ts)
+                pod.state = state
+                records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
+                if pod.deleted:
+                    records.append(Record(K8S_PODS.suffix, pod.uid, None))
+            for pod in failed:
+                event = event_to_message(self._event_object(pod, ts))
+                if event is not None:
+                    records.append(self._encode(K8S_EVENTS.suffix, pod.uid, event))
+            records.extend(self._progress(t, ts))
+            records.extend(self._samples(t, ts))
+            due = [rec for at, rec in self._late if at <= t + EPS]
+            self._late = [(at, rec) for at, rec in self._late if at > t + EPS]
+            records.extend(due)
+            while poison and poison[0].at <= t + EPS:
+                bad = poison.pop(0)
+                records.append(Record(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
+            yield Tick(t, ts, records)
+
+    @staticmethod
+    def _encode(topic: str, key: str, message: Message) -> Record:
+        return Record(topic, key, encode(message))
+
+    def _release(self, pod: _Pod) -> None:
+        if pod.node is not None:
+            node = self.nodes[pod.node]
+            for slot in pod.slots:
+                if node.slots[slot] == pod.spec.index:
+                    node.slots[slot] = None
+
+    def _end(self, pod: _Pod, t: float, reason: str, changed: list[_Pod], deleted: bool = False) -> None:
+        self._release(pod)
+        pod.phase, pod.end_reason, pod.ended, pod.deleted = "ended", reason, t, deleted
+        changed.append(pod)
+
+    def _lifecycle(self, t: float, ts: datetime, changed: list[_Pod], records: list[Record]) -> None:
+        for pod in self.pods:
+            if pod.phase == "new" and pod.spec.create <= t + EPS:
+                pod.phase, pod.created = "pending", t
+                changed.append(pod)
+        for pod in self.pods:
+            if pod.phase in ("pending", "running") and pod.spec.delete is not None and pod.spec.delete <= t + EPS:
+                self._end(pod, t, "Deleted", changed, deleted=True)
+        for pod in self.pods:
+            if (pod.phase == "running" and pod.spec.run_for is not None and pod.scheduled is not None
+                    and t - pod.scheduled >= pod.spec.run_for - EPS):
+                self._end(pod, t, pod.spec.end, changed)
+        for node in self.nodes.values():
+            if not node.removed and node.spec.ready_until is not None and node.spec.ready_until <= t + EPS:
+                node.removed = True
+                if node.state is not None:
+                    records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
+                    records.append(Record(K8S_NODES.suffix, node.spec.name, None))
+                for pod in self.pods:
+                    if pod.phase == "running" and pod.node == node.spec.name:
+                        self._end(pod, t, "Evicted", changed)
+
+    def _schedule(self, t: float, changed: list[_Pod]) -> list[_Pod]:
+        failed = []
+        pending = sorted((p for p in self.pods if p.phase == "pending"), key=lambda p: (p.created, p.spec.index))
+        live = [n for n in self.nodes.values() if not n.removed]
+        for pod in pending:
+            reasons: dict[str, int] = {}
+            for node in live:
+                why = self._misfit(pod, node)
+                if why is None:
+                    free = [i for i, owner in enumerate(node.slots) if owner is None]
+                    taken = free[: pod.spec.gpus]
+                    for slot in taken:
+                        node.slots[slot] = pod.spec.index
+                    pod.phase, pod.scheduled, pod.node, pod.slots = "running", t, node.spec.name, taken
+                    changed.append(pod)
+                    break
+                reasons[why] = reasons.get(why, 0) + 1
+            else:
+                if live:
+                    detail = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+                    message = f"0/{len(live)} nodes are available: {detail}."
+                else:
+                    message = "no nodes available to schedule pods"
+                if message != pod.last_message:
+                    pod.last_message = message
+                    changed.append(pod)
+                    failed.append(pod)
+        return failed
+
+    def _misfit(self, pod: _Pod, node: _Node) -> str | None:
+        if pod.spec.node is not None and pod.spec.node != node.spec.name:
+            return "node(s) didn't match Pod's node affinity/selector"
+        if node.spec.unschedulable:
+            return "node(s) were unschedulable"
+        if pod.spec.gpus == 0:
+            return None
+        if node.spec.resource != pod.resource:
+            return f"Insufficient {pod.resource}"
+        free = sum(1 for owner in node.slots if owner is None)
+        return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
+
+    def _crashloops(self, t: float, changed: list[_Pod]) -> None:
+        for pod in self.pods:
+            if pod.phase == "running" and pod.spec.crashloop and pod.scheduled is not None:
+                restarts = int((t - pod.scheduled + EPS) // 60.0)
+                if restarts != pod.restarts:
+                    pod.restarts = restarts
+                    changed.append(pod)
+
+    def _progress(self, t: float, ts: datetime) -> list[Record]:
+        out = []
+        for pod in self.pods:
+            if pod.spec.steps_per_s is None or pod.scheduled is None:
+                continue
+            if pod.phase == "running" or (pod.phase == "ended" and pod.ended is not None and abs(pod.ended - t) < EPS):
+                end = t if pod.phase == "running" else (pod.ended or t)
+                steps = 0.0 if pod.spec.crashloop else pod.spec.steps_per_s * max(end - pod.scheduled, 0.0)
+                message = WorkloadProgress(pod_uid=pod.uid, namespace=pod.spec.namespace, pod=pod.spec.name, ts=ts,
+                                           steps_total=steps)
+                out.append(self._encode(WORKLOAD_PROGRESS.suffix, pod.uid, message))
+        return out
+
+    # ------------------------------------------------------------------ samples
+
+    def _samples(self, t: float, ts: datetime) -> list[Record]:
+        sc = self.scenario
+        out = []
+        for node in self.nodes.values():
+            if node.removed:
+                continue
+            self._apply_faults(node, t)
+            if any(g.node == node.spec.name and g.start <= t + EPS < g.end for g in sc.agent_gaps):
+                continue
+            self._dress(node, t)
+            sample = node.sampler.sample(ts)
+            record = self._encode(GPU_SAMPLES.suffix, node.spec.name, sample)
+            delay = next((late.by for late in sc.late_samples
+                          if late.node == node.spec.name and abs(late.at - t) < self.dt / 2), None)
+            if delay is not None:
+                self._late.append((t + delay, record))
+            else:
+                out.append(record)
+        return out
+
+    def _apply_faults(self, node: _Node, t: float) -> None:
+        for i, fault in enumerate(self.scenario.faults):
+            if fault.node != node.spec.name:
+                continue
+            gpu = node.gpus[fault.gpu]
+            if fault.xid is not None and i not in self._fired_xids and fault.at <= t + EPS:
+                self._fired_xids.add(i)
+                node.nvml.inject_xid(gpu.uuid, fault.xid)
+            if fault.lost:
+                gpu.lost = fault.at <= t + EPS and (fault.until is None or t + EPS < fault.until)
+
+    def _load(self, pod: _Pod, t: float, capacity: int) -> tuple[float, int, int]:
+        """(util %, memory bytes, processes) of one of the pod's devices at ``t``."""
+        spec = pod.spec
+        if spec.crashloop or spec.processes == 0 or pod.scheduled is None:
+            return 0.0, 0, 0
+        offset = t - pod.scheduled
+        util = step_value(spec.util, offset)
+        mem = min(int(step_value(spec.memory_gib, offset) * GIB), capacity)
+        return util, mem, spec.processes
+
+    def _procs(self, pod: _Pod, ordinal: int, util: float, mem: int, count: int, stats: bool,
+               resolver: dict[int, ContainerRef]) -> list[FakeProcess]:
+        procs = []
+        for j in range(count):
+            pid = 100_000 + pod.spec.index * 10_000 + ordinal * 100 + j
+            share_mem = mem // count + (mem % count if j == 0 else 0)
+            procs.append(FakeProcess(pid=pid, used_gpu_memory_bytes=share_mem if stats else None,
+                                     sm_util_pct=util / count if stats else None))
+            resolver[pid] = ContainerRef(pod.container_id, pod.uid, "containerd")
+        return procs
+
+    def _dress(self, node: _Node, t: float) -> None:
+        """Set the fake GPUs, the kubelet's assignments and the process map for this tick."""
+        spec = node.spec
+        by_index = {p.spec.index: p for p in self.pods}
+        mapping: dict[str, list[PodRef]] = {}
+        resolver: dict[int, ContainerRef] = {}
+        per_gpu = spec.mig_per_gpu if spec.mig else spec.time_slicing
+        for gpu in node.gpus:
+            owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
+            if spec.mig:
+                for k, mig in enumerate(gpu.mig_devices):
+                    owner = owners[k]
+                    mig.processes, mig.mem_used_bytes = [], 0
+                    if owner is None:
+                        continue
+                    pod = by_index[owner]
+                    _util, mem, count = self._load(pod, t, mig.mem_total_bytes)
+                    mig.mem_used_bytes = mem
+                    mig.processes = self._procs(pod, pod.slots.index(gpu.index * per_gpu + k), 0.0, mem, count,
+                                                spec.process_stats, resolver)
+                    mapping[mig.uuid] = [PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
+                                                pod_uid=pod.uid)]
+                continue
+            util_sum, mem_sum, procs, refs = 0.0, 0, [], []
+            for k, owner in enumerate(owners):
+                if owner is None:
+                    continue
+                pod = by_index[owner]
+                util, mem, count = self._load(pod, t, gpu.mem_total_bytes - mem_sum)
+                util_sum += util
+                mem_sum += mem
+                procs += self._procs(pod, pod.slots.index(gpu.index * per_gpu + k), util, mem, count,
+                                     spec.process_stats, resolver)
+                ref = PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main", pod_uid=pod.uid)
+                if ref not in refs:
+                    refs.append(ref)
+            gpu.gpu_util_pct = min(100.0, util_sum)
+            gpu.mem_util_pct = min(100.0, util_sum * 0.6)
+            gpu.mem_used_bytes = mem_sum
+            gpu.processes = procs
+            gpu.power_w = 70.0 + 6.3 * gpu.gpu_util_pct
+            gpu.temperature_c = 35.0 + 0.4 * gpu.gpu_util_pct
+            if refs:
+                mapping[gpu.uuid] = refs
+        node.resources.set(mapping)
+        node.sampler.processes = StaticProcessResolver(resolver)
+
+    # ------------------------------------------------------------------ ground truth (fallback only)
+
+    def pod_truth(self, end_offset: float) -> dict[int, dict[str, Any]]:
+        """What the simulator did per pod; the report uses it only for pods the pipeline never saw
+        (never created before the end, or a zero-GPU pod that never reached a node)."""
+        out = {}
+        for pod in self.pods:
+            end = pod.ended if pod.ended is not None else end_offset
+            created = pod.created
+            out[pod.spec.index] = {
+                "uid": pod.uid, "node": pod.node,
+                "pending_s": 0.0 if created is None else max((pod.scheduled if pod.scheduled is not None else end)
+                                                             - created, 0.0),
+                "running_s": 0.0 if pod.scheduled is None else max(end - pod.scheduled, 0.0),
+                "end_reason": pod.end_reason or ("Running" if pod.scheduled is not None else "Pending"),
+            }
+        return out

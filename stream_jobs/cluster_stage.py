@@ -1,0 +1,448 @@
+"""The cluster stage: a single instance (one key) that sees the whole fleet at low volume.
+
+Inputs, in event-time order through a reorder buffer: node states, pod states (every GPU pod),
+scheduling events, workload progress, and from the node stages one :class:`NodeSummary` per node
+sample and one :class:`PodUsage` per pod leaving a node. After applying all inputs of one
+timestamp it evaluates the cluster at that instant with the scheduler's view (allocatable GPUs
+per Ready node minus the requests of the pods bound to it):
+
+- ``pending_gpu``: a GPU pod unscheduled ``pending_after`` after its creation;
+- ``fragmentation``: a pending pod that no schedulable node can fit although the free GPUs sum
+  to enough, held for ``fragmentation_after``;
+- ``gang_partial``: a gang with members holding GPUs while others wait, for ``gang_after``;
+- capacity windows (:class:`ClusterCapacity`): the state at each instant holds until the next
+  one, so GPU-seconds integrate exactly; counts are the state at the window's last instant;
+- one :class:`PodLifecycle` per pod when it ends (joined with its :class:`PodUsage`), and for
+  every open pod when a replay ends.
+
+State is plain JSON-serialisable data (:meth:`to_dict` / :meth:`from_dict`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.messages import (
+    ClusterCapacity,
+    K8sEvent,
+    Message,
+    NodeState,
+    PodLifecycle,
+    PodState,
+    WorkloadProgress,
+)
+from stream_jobs import alerts
+from stream_jobs.config import EngineConfig
+from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.node_stage import pod_end_reason
+from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, stable_id, window_start
+
+KINDS: dict[str, tuple[int, type[Message]]] = {
+    "node": (0, NodeState),
+    "pod": (1, PodState),
+    "usage": (2, PodUsage),
+    "event": (3, K8sEvent),
+    "progress": (4, WorkloadProgress),
+    "summary": (5, NodeSummary),
+}
+_TYPES = {cls: kind for kind, (_rank, cls) in KINDS.items()}
+_MAX_REASONS = 20
+_DONE_KEEP = 5000
+
+
+def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
+    return all(free.get(res, 0) >= n for res, n in request.items())
+
+
+class ClusterStage:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.wm: float | None = None
+        self.buffer = ReorderBuffer()
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.done: dict[str, float] = {}
+        self.early: dict[str, dict[str, Any]] = {}
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self.pending_alerts: dict[str, dict[str, Any]] = {}
+        self.frag: dict[str, dict[str, Any]] = {}
+        self.gangs: dict[str, dict[str, Any]] = {}
+        self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
+        self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
+        self._out: list[Message] = []
+
+    # ------------------------------------------------------------------ driving
+
+    def submit(self, message: Message) -> None:
+        kind = _TYPES.get(type(message))
+        if kind is None:
+            raise TypeError(f"the cluster stage does not take {type(message).__name__}")
+        ts = epoch(message.ts)  # type: ignore[attr-defined]
+        if self.wm is not None and ts <= self.wm:
+            self.counters["late_inputs"] += 1
+            if kind != "summary":
+                self._apply(kind, ts, message)  # state is applied; the past is not re-evaluated
+            return
+        self.buffer.push(ts, KINDS[kind][0], kind, message)
+
+    def advance(self, watermark: float) -> list[Message]:
+        current: float | None = None
+        for ts, kind, message in self.buffer.pop_until(watermark):
+            if current is not None and ts > current:
+                self._evaluate(current)
+            current = ts
+            self._apply(kind, ts, message)
+        if current is not None:
+            self._evaluate(current)
+        if self.wm is None or watermark > self.wm:
+            self.wm = watermark
+        if self.cap["t"] is not None and self.wm > self.cap["t"]:
+            self._integrate_to(self.wm)
+        self._close_windows(self.wm, final=False)
+        return self.drain()
+
+    def flush(self, end: float) -> list[Message]:
+        """End of a replay: close every window at ``end`` and report every pod not yet reported."""
+        self._out = self.advance(end)
+        for uid in sorted(self.pods, key=lambda u: (self.pods[u]["created"], u)):
+            self._emit_lifecycle(self.pods[uid], end)
+        self._close_windows(end, final=True)
+        return self.drain()
+
+    def drain(self) -> list[Message]:
+        out, self._out = self._out, []
+        return out
+
+    def _apply(self, kind: str, ts: float, message: Any) -> None:
+        getattr(self, f"_on_{kind}")(ts, message)
+
+    # ------------------------------------------------------------------ inputs
+
+    def _on_node(self, ts: float, state: NodeState) -> None:
+        node = self.nodes.setdefault(state.node, {})
+        node.update(ready=state.ready and not state.deleted, unschedulable=state.unschedulable,
+                    deleted=state.deleted, alloc=dict(state.gpu_allocatable or state.gpu_capacity),
+                    model=state.gpu_product or node.get("model"))
+        if state.deleted:
+            for uid in sorted(self.pods):
+                pod = self.pods[uid]
+                if pod["node"] == state.node and pod["end"] is None:
+                    pod["end"], pod["end_reason"] = ts, "Evicted"
+                    self._try_lifecycle(pod)
+
+    def _on_pod(self, ts: float, state: PodState) -> None:
+        uid = state.uid
+        if uid in self.done:
+            return
+        pod = self.pods.get(uid)
+        if pod is None:
+            pod = self.pods[uid] = {
+                "uid": uid, "node": None, "scheduled": None, "started": None, "end": None, "end_reason": None,
+                "reasons": [], "last_reason": None, "usage": None, "steps": None,
+            }
+            early = self.early.pop(uid, None)
+            if early:
+                pod["reasons"] = early.get("reasons", [])
+                pod["last_reason"] = early.get("last_reason")
+                pod["usage"] = early.get("usage")
+                pod["steps"] = early.get("steps")
+        pod.update(ns=state.namespace, name=state.name, team=state.team, project=state.project,
+                   gang=state.gang_id, requests=dict(state.gpu_requests), gpus=sum(state.gpu_requests.values()),
+                   created=epoch(state.created_at))
+        if state.node and pod["node"] is None:
+            pod["node"] = state.node
+            pod["scheduled"] = epoch(state.scheduled_at) if state.scheduled_at else ts
+        if state.started_at and pod["started"] is None:
+            pod["started"] = epoch(state.started_at)
+        for cond in state.conditions:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.message:
+                self._reason(pod, cond.message)
+        if pod["end"] is None:
+            reason = pod_end_reason(state)
+            if reason is not None:
+                pod["end"], pod["end_reason"] = ts, reason
+        self._try_lifecycle(pod)
+
+    def _reason(self, pod: dict[str, Any], text: str) -> None:
+        pod["last_reason"] = text
+        if text not in pod["reasons"]:
+            pod["reasons"] = (pod["reasons"] + [text])[-_MAX_REASONS:]
+
+    def _target(self, uid: str | None) -> dict[str, Any] | None:
+        """The pod record a side input refers to (stashed when the pod is not known yet)."""
+        if uid is None or uid in self.done:
+            return None
+        if uid in self.pods:
+            return self.pods[uid]
+        return self.early.setdefault(uid, {"reasons": [], "last_reason": None, "usage": None, "steps": None})
+
+    def _on_event(self, ts: float, event: K8sEvent) -> None:
+        if event.category != "scheduling_failed" or event.involved_kind != "Pod":
+            return
+        target = self._target(event.involved_uid)
+        if target is not None and event.message:
+            self._reason(target, event.message)
+
+    def _on_usage(self, ts: float, usage: PodUsage) -> None:
+        target = self._target(usage.pod_uid)
+        if target is not None:
+            target["usage"] = usage.model_dump(mode="json")
+            if usage.pod_uid in self.pods:
+                self._try_lifecycle(self.pods[usage.pod_uid])
+
+    def _on_progress(self, ts: float, progress: WorkloadProgress) -> None:
+        target = self._target(progress.pod_uid)
+        if target is not None and progress.steps_total is not None:
+            target["steps"] = max(target["steps"] or 0.0, progress.steps_total)
+
+    def _on_summary(self, ts: float, summary: NodeSummary) -> None:
+        self.summaries[summary.node] = {"ts": ts, "dt": summary.sample_interval_s, "busy": summary.busy,
+                                        "idle": summary.idle_allocated}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _try_lifecycle(self, pod: dict[str, Any]) -> None:
+        if pod["end"] is not None and (pod["node"] is None or pod["usage"] is not None):
+            self._emit_lifecycle(pod, pod["end"])
+
+    def _emit_lifecycle(self, pod: dict[str, Any], now: float) -> None:
+        uid = pod["uid"]
+        if uid in self.done:
+            return
+        end = pod["end"] if pod["end"] is not None else now
+        scheduled = pod["scheduled"]
+        pending_s = max((scheduled if scheduled is not None else end) - pod["created"], 0.0)
+        running_s = max(end - scheduled, 0.0) if scheduled is not None else 0.0
+        gpu_hours = pod["gpus"] * running_s / 3600.0
+        usage = pod["usage"] or {}
+        model = usage.get("gpu_model") or (self.nodes.get(pod["node"] or "", {}).get("model"))
+        factor = usage["cost_units_s"] / usage["unit_s"] if usage.get("unit_s") else 1.0
+        cost = gpu_hours * self.config.price(model) * factor
+        steps = pod["steps"]
+        reason = pod["end_reason"] or ("Running" if scheduled is not None else "Pending")
+        self._out.append(PodLifecycle(
+            pod_uid=uid, namespace=pod["ns"], name=pod["name"], team=pod["team"], project=pod["project"],
+            node=pod["node"], gpus=pod["gpus"], gpu_model=model, created_at=from_epoch(pod["created"]),
+            scheduled_at=from_epoch(scheduled) if scheduled is not None else None,
+            started_at=from_epoch(pod["started"]) if pod["started"] is not None else None,
+            finished_at=from_epoch(pod["end"]) if pod["end"] is not None else None,
+            pending_reasons=list(pod["reasons"]), pending_s=pending_s, running_s=running_s, gpu_hours=gpu_hours,
+            idle_gpu_hours=usage.get("idle_s", 0.0) / 3600.0, peak_mem_bytes=usage.get("peak_mem_bytes"),
+            avg_sm_util_pct=min(100.0, usage["util_s"] / usage["data_s"]) if usage.get("data_s") else None,
+            cost_usd=cost, end_reason=reason,  # type: ignore[arg-type]
+            steps=steps, cost_per_step_usd=cost / steps if steps else None,
+        ))
+        if pod["end"] is not None:
+            self.done[uid] = pod["end"]
+            del self.pods[uid]
+            if len(self.done) > _DONE_KEEP:
+                for old in sorted(self.done, key=lambda k: self.done[k])[: len(self.done) - _DONE_KEEP]:
+                    del self.done[old]
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _evaluate(self, t: float) -> None:
+        self.counters["instants"] += 1
+        self._integrate_to(t)
+        th = self.config.thresholds
+        used: dict[str, dict[str, int]] = {}
+        for pod in self.pods.values():
+            if pod["node"] is not None and pod["end"] is None:
+                bucket = used.setdefault(pod["node"], {})
+                for res, n in pod["requests"].items():
+                    bucket[res] = bucket.get(res, 0) + n
+        total = allocated = busy = idle = 0
+        free: dict[str, dict[str, int]] = {}
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            if not node.get("ready") or node.get("deleted"):
+                continue
+            alloc = node["alloc"]
+            here = used.get(name, {})
+            total += sum(alloc.values())
+            allocated += sum(min(here.get(res, 0), n) for res, n in alloc.items())
+            if not node.get("unschedulable"):
+                free[name] = {res: max(n - here.get(res, 0), 0) for res, n in alloc.items()}
+            summary = self.summaries.get(name)
+            if summary and t - summary["ts"] <= th.gap_intervals * summary["dt"] + EPS:
+                busy += summary["busy"]
+                idle += summary["idle"]
+        pending = sorted((p for p in self.pods.values()
+                          if p["end"] is None and p["node"] is None and p["gpus"] > 0 and p["created"] <= t + EPS),
+                         key=lambda p: (p["created"], p["uid"]))
+        free_by_node = {name: sum(f.values()) for name, f in free.items()}
+        stranded = 0
+        if pending:
+            smallest = min(pending, key=lambda p: (p["gpus"], p["created"], p["uid"]))
+            for f in free.values():
+                if not _fits(f, smallest["requests"]):
+                    stranded += sum(f.get(res, 0) for res in smallest["requests"])
+        snap = {
+            "total": total, "allocated": allocated, "busy": min(busy, allocated),
+            "idle": min(idle, allocated), "free": max(total - allocated, 0), "free_by_node": free_by_node,
+            "largest": max(free_by_node.values(), default=0), "stranded": stranded,
+            "pending": len(pending), "demand": sum(p["gpus"] for p in pending),
+        }
+        self.cap["snap"] = snap
+        acc = self._cap_window(window_start(t, self.config.window_s))
+        acc["stranded_max"] = max(acc["stranded_max"], stranded)
+        acc["last"] = snap
+
+        self._pending_rules(t, pending, free)
+        self._gang_rules(t)
+
+    def _pending_rules(self, t: float, pending: list[dict[str, Any]], free: dict[str, dict[str, int]]) -> None:
+        th = self.config.thresholds
+        waiting = {p["uid"] for p in pending}
+        for pod in pending:
+            request = pod["requests"]
+            cluster_free = {res: sum(f.get(res, 0) for f in free.values()) for res in request}
+            unfragmented = _fits(cluster_free, request)
+            fits_somewhere = any(_fits(f, request) for f in free.values())
+            largest = max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0)
+            free_sum = sum(cluster_free.values())
+            uid = pod["uid"]
+            subj = alerts.subject("pod", pod["ns"], pod["name"])
+            if uid not in self.pending_alerts and elapsed(t, pod["created"], th.pending_after):
+                details = {"request": request, "gpus": pod["gpus"], "last_scheduler_reason": pod["last_reason"],
+                           "would_fit_unfragmented": unfragmented, "free_gpus": free_sum,
+                           "largest_free_block": largest, "pending_s": t - pod["created"]}
+                summary = (f"{pod['ns']}/{pod['name']} pending for {fmt_duration(t - pod['created'])}: needs "
+                           f"{pod['gpus']} GPU(s); {pod['last_reason'] or 'no scheduler reason seen'}")
+                self.pending_alerts[uid], message = alerts.fire("pending_gpu", subj, t, summary, details)
+                self._out.append(message)
+            condition = unfragmented and not fits_somewhere
+            state = self.frag.get(uid)
+            if condition:
+                if state is None:
+                    state = self.frag[uid] = {"since": t, "alert": None}
+                if state["alert"] is None and elapsed(t, state["since"], th.fragmentation_after):
+                    details = {"request": request, "gpus": pod["gpus"], "free_gpus": free_sum,
+                               "largest_free_block": largest,
+                               "free_gpus_by_node": {n: sum(f.get(r, 0) for r in request) for n, f in free.items()}}
+                    summary = (f"{pod['name']} needs {pod['gpus']} GPUs; {free_sum} are free but at most "
+                               f"{largest} on one node")
+                    state["alert"], message = alerts.fire("fragmentation", subj, t, summary, details)
+                    self._out.append(message)
+            elif state is not None:
+                if state["alert"] is not None:
+                    self._out.append(alerts.resolve(state["alert"], t, "fits on a node" if fits_somewhere
+                                                    else "not enough free GPUs"))
+                del self.frag[uid]
+        for uid in sorted(set(self.pending_alerts) - waiting):
+            self._out.append(alerts.resolve(self.pending_alerts.pop(uid), t, self._why_not_pending(uid)))
+        for uid in sorted(set(self.frag) - waiting):
+            state = self.frag.pop(uid)
+            if state["alert"] is not None:
+                self._out.append(alerts.resolve(state["alert"], t, self._why_not_pending(uid)))
+
+    def _why_not_pending(self, uid: str) -> str:
+        pod = self.pods.get(uid)
+        if pod is None:
+            return "pod ended"
+        if pod["end"] is not None:
+            return f"pod ended ({pod['end_reason']})"
+        return f"scheduled on {pod['node']}" if pod["node"] else "no longer pending"
+
+    def _gang_rules(self, t: float) -> None:
+        th = self.config.thresholds
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.pods.values():
+            if pod["gang"] and pod["end"] is None and pod["created"] <= t + EPS:
+                groups.setdefault(pod["gang"], []).append(pod)
+        partial: set[str] = set()
+        for gang in sorted(groups):
+            members = sorted(groups[gang], key=lambda p: p["name"])
+            running = [p for p in members if p["node"] is not None]
+            waiting = [p for p in members if p["node"] is None]
+            if not (running and waiting):
+                continue
+            partial.add(gang)
+            state = self.gangs.setdefault(gang, {"since": t, "alert": None})
+            if state["alert"] is None and elapsed(t, state["since"], th.gang_after):
+                namespace, _, group = gang.partition("/") if "/" in gang else (members[0]["ns"], "", gang)
+                details = {"running": [p["name"] for p in running], "pending": [p["name"] for p in waiting],
+                           "gpus_held": sum(p["gpus"] for p in running),
+                           "gpus_waiting": sum(p["gpus"] for p in waiting)}
+                summary = (f"gang {group} in {namespace}: {len(running)} of {len(members)} members hold "
+                           f"{details['gpus_held']} GPUs while {len(waiting)} wait, for "
+                           f"{fmt_duration(t - state['since'])}")
+                subj = alerts.subject("gang", namespace, group or gang)
+                state["alert"], message = alerts.fire("gang_partial", subj, t, summary, details)
+                self._out.append(message)
+        for gang in sorted(set(self.gangs) - partial):
+            state = self.gangs.pop(gang)
+            if state["alert"] is not None:
+                members = groups.get(gang, [])
+                why = "all members running" if members and all(p["node"] for p in members) else "no member running"
+                self._out.append(alerts.resolve(state["alert"], t, why))
+
+    # ------------------------------------------------------------------ capacity windows
+
+    def _cap_window(self, ws: float) -> dict[str, Any]:
+        key = repr(ws)
+        acc = self.cap["windows"].get(key)
+        if acc is None:
+            acc = self.cap["windows"][key] = {"ws": ws, "total": 0.0, "allocated": 0.0, "busy": 0.0, "idle": 0.0,
+                                              "free": 0.0, "stranded_max": 0, "last": None}
+        return acc
+
+    def _integrate_to(self, t: float) -> None:
+        start, snap = self.cap["t"], self.cap["snap"]
+        if start is None or snap is None:
+            self.cap["t"] = t if start is None or t > start else start
+            return
+        width = self.config.window_s
+        while start < t - EPS:
+            ws = window_start(start, width)
+            seg = min(t, ws + width) - start
+            acc = self._cap_window(ws)
+            for field in ("total", "allocated", "busy", "idle", "free"):
+                acc[field] += snap[field] * seg
+            acc["stranded_max"] = max(acc["stranded_max"], snap["stranded"])
+            if acc["last"] is None:
+                acc["last"] = snap
+            start += seg
+        self.cap["t"] = max(t, self.cap["t"])
+
+    def _close_windows(self, watermark: float, final: bool) -> None:
+        width = self.config.window_s
+        for key in sorted(self.cap["windows"], key=lambda k: self.cap["windows"][k]["ws"]):
+            acc = self.cap["windows"][key]
+            if not final and acc["ws"] + width > watermark + EPS:
+                continue
+            del self.cap["windows"][key]
+            if final and acc["ws"] >= watermark - EPS:
+                continue  # starts at the end of a replay: nothing in it
+            snap = acc["last"] or {"total": 0, "allocated": 0, "busy": 0, "idle": 0, "free": 0, "free_by_node": {},
+                                   "largest": 0, "stranded": 0, "pending": 0, "demand": 0}
+            self._out.append(ClusterCapacity(
+                window_id=stable_id("capacity", acc["ws"]), window_start=from_epoch(acc["ws"]),
+                window_end=from_epoch(acc["ws"] + width), gpus_total=snap["total"],
+                gpus_allocated=snap["allocated"], gpus_busy=snap["busy"], gpus_idle_allocated=snap["idle"],
+                gpus_free=snap["free"], free_gpus_by_node=snap["free_by_node"], largest_free_block=snap["largest"],
+                stranded_gpus=snap["stranded"], pending_pods=snap["pending"], pending_gpu_demand=snap["demand"],
+                gpu_s_total=acc["total"], gpu_s_allocated=acc["allocated"], gpu_s_busy=acc["busy"],
+                gpu_s_idle_allocated=acc["idle"], gpu_s_free=acc["free"], stranded_gpus_max=acc["stranded_max"],
+            ))
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "wm": self.wm, "buffer": self.buffer.to_dict(), "nodes": self.nodes, "pods": self.pods,
+            "done": self.done, "early": self.early, "summaries": self.summaries,
+            "pending_alerts": self.pending_alerts, "frag": self.frag, "gangs": self.gangs, "cap": self.cap,
+            "counters": self.counters,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> ClusterStage:
+        stage = cls(config)
+        stage.wm = data["wm"]
+        stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
+        for name in ("nodes", "pods", "done", "early", "summaries", "pending_alerts", "frag", "gangs", "cap",
+                     "counters"):
+            setattr(stage, name, data[name])
+        return stage

@@ -1,0 +1,99 @@
+"""Engine configuration: alert thresholds, window length, prices.
+
+One frozen object shared by both stages so the in-process replay and the faust workers apply the
+same rules. Threshold names are those of DESIGN.md's alert catalogue (durations in seconds here;
+the scenario parser and the settings loader convert duration strings).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+_MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+\s*$")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Alert thresholds (DESIGN.md catalogue defaults); durations are seconds."""
+
+    idle_util_pct: float = 5.0
+    idle_after: float = 600.0
+    vram_pressure_pct: float = 95.0
+    vram_pressure_after: float = 60.0
+    pending_after: float = 300.0
+    fragmentation_after: float = 120.0
+    gang_after: float = 300.0
+    idle_node_after: float = 1800.0
+    crashloop_restarts: float = 3.0
+    crashloop_window: float = 600.0
+    gpu_health_clear_after: float = 300.0
+    gap_intervals: float = 3.0
+    """A silence longer than this many sample intervals is a gap (not idle)."""
+
+    DURATIONS = (
+        "idle_after", "vram_pressure_after", "pending_after", "fragmentation_after", "gang_after",
+        "idle_node_after", "crashloop_window", "gpu_health_clear_after",
+    )
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Thresholds:
+        """Apply ``{name: value}``; names may carry a ``_s`` suffix for durations. Raises
+        ``ValueError`` naming the unknown threshold or bad value."""
+        known = set(self.names())
+        changes: dict[str, float] = {}
+        for raw_name, value in overrides.items():
+            name = raw_name[:-2] if raw_name.endswith("_s") and raw_name[:-2] in self.DURATIONS else raw_name
+            if name not in known:
+                raise ValueError(f"unknown threshold {raw_name!r}; known: {', '.join(sorted(known))}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"threshold {raw_name!r} must be a number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"threshold {raw_name!r} must not be negative, got {value!r}")
+            changes[name] = float(value)
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: float(getattr(self, name)) for name in self.names()}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    window_s: float = 60.0
+    sample_interval_s: float = 10.0
+    """Expected sampling interval; samples carry their own and that one wins."""
+    prices_usd_per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def price(self, model: str | None) -> float:
+        """USD per GPU-hour of ``model``; a MIG device falls back to its parent's model."""
+        if not model:
+            return 0.0
+        prices = self.prices_usd_per_gpu_hour
+        if model in prices:
+            return float(prices[model])
+        parent = _MIG_SUFFIX.sub("", model)
+        return float(prices.get(parent, 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "window_s": self.window_s,
+            "sample_interval_s": self.sample_interval_s,
+            "prices_usd_per_gpu_hour": dict(self.prices_usd_per_gpu_hour),
+            "thresholds": self.thresholds.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EngineConfig:
+        return cls(
+            window_s=float(data.get("window_s", 60.0)),
+            sample_interval_s=float(data.get("sample_interval_s", 10.0)),
+            prices_usd_per_gpu_hour=dict(data.get("prices_usd_per_gpu_hour", {})),
+            thresholds=Thresholds().with_overrides(data.get("thresholds", {})),
+        )

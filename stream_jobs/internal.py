@@ -1,0 +1,47 @@
+"""Messages between the two stages (not public topics).
+
+The node stage tells the cluster stage what only it can see: per node, how many allocated GPUs are
+busy or idle at each sample (``NodeSummary``), and per pod, what its GPUs did while it held them
+(``PodUsage``, sent once when the pod leaves the node or the replay ends). In the faust runtime
+these travel on internal topics; in-process they are handed over directly. Both are JSON
+messages like the public ones, so they survive a worker restart.
+"""
+
+from __future__ import annotations
+
+from schemas.messages import Message, NonNegFloat, NonNegInt, UtcDatetime
+
+
+class NodeSummary(Message):
+    node: str
+    ts: UtcDatetime
+    sample_interval_s: float
+    gpus: NonNegInt
+    """Allocation units seen in the sample (physical GPUs, or MIG devices in MIG mode)."""
+    allocated: NonNegInt
+    busy: NonNegInt
+    idle_allocated: NonNegInt
+
+
+class PodUsage(Message):
+    pod_uid: str
+    node: str
+    ts: UtcDatetime
+    """When the pod left the node (or the replay ended)."""
+    open: bool = False
+    """True: the pod was still on the node when the replay ended."""
+    gpu_model: str | None = None
+    unit_s: NonNegFloat = 0.0
+    """Sampled unit-seconds (each GPU's sample covers its interval)."""
+    data_s: NonNegFloat = 0.0
+    """Unit-seconds with a utilisation figure."""
+    idle_s: NonNegFloat = 0.0
+    busy_s: NonNegFloat = 0.0
+    gap_s: NonNegFloat = 0.0
+    util_s: NonNegFloat = 0.0
+    """Sum of SM util % x seconds (for the time-weighted mean)."""
+    cost_units_s: NonNegFloat = 0.0
+    """Sum of seconds x unit fraction x share (how much of a whole GPU it paid for)."""
+    peak_mem_bytes: NonNegInt | None = None
+    samples: NonNegInt = 0
+    share_estimated: bool = False

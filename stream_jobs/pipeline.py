@@ -1,0 +1,140 @@
+"""Routing and the in-process pipeline: the two stages wired together without a broker.
+
+:func:`decode_record` and :func:`route` are what the faust agents do with each record too, so the
+in-process replay and the Kafka workers share every rule: records are decoded and validated
+through ``schemas.codec`` (a record that fails becomes a :class:`DeadLetter` naming the reason
+and the source position, and the stream goes on); pod states go to the cluster stage and, re-keyed
+by their node, to that node's stage; node states to both; samples to their node's stage; events
+and workload progress to the cluster stage. Node-stage outputs that are internal
+(:class:`NodeSummary`, :class:`PodUsage`) feed the cluster stage; the rest are the public outputs.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from schemas.codec import MessageError, decode
+from schemas.messages import DeadLetter, GpuSample, K8sEvent, Message, NodeState, PodState, WorkloadProgress
+from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS, TopicSpec
+from stream_jobs.cluster_stage import ClusterStage
+from stream_jobs.config import EngineConfig
+from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.node_stage import NodeStage
+
+INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES)
+_BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
+COMPACTED_SUFFIXES = {K8S_PODS.suffix, K8S_NODES.suffix}
+
+
+class Tombstone(Exception):
+    """A compacted topic's delete marker: not an error, nothing to do (the state said ``deleted``)."""
+
+
+def decode_record(suffix: str, value: bytes | None) -> Message:
+    """Decode one input record; raises :class:`MessageError` (dead-letter it) or :class:`Tombstone`."""
+    spec = _BY_SUFFIX.get(suffix)
+    if spec is None:
+        raise MessageError(f"not an input topic of the stream jobs: {suffix}")
+    if value is None and suffix in COMPACTED_SUFFIXES:
+        raise Tombstone(suffix)
+    return decode(value, spec.message)
+
+
+def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, partition: int | None = None,
+                offset: int | None = None) -> DeadLetter:
+    text: str | None = None
+    b64: str | None = None
+    if value is not None:
+        try:
+            text = value.decode("utf-8")[:65536]
+        except UnicodeDecodeError:
+            b64 = base64.b64encode(value[:65536]).decode()
+    return DeadLetter(error=error, source_topic=topic, source_partition=partition, source_offset=offset, at=at,
+                      payload_text=text, payload_b64=b64)
+
+
+def route(message: Message) -> list[tuple[str, str | None]]:
+    """Where a decoded input goes: ``("node", node_name)`` and/or ``("cluster", None)``."""
+    if isinstance(message, GpuSample):
+        return [("node", message.node)]
+    if isinstance(message, PodState):
+        targets: list[tuple[str, str | None]] = [("cluster", None)]
+        if message.node:
+            targets.insert(0, ("node", message.node))
+        return targets
+    if isinstance(message, NodeState):
+        return [("node", message.node), ("cluster", None)]
+    if isinstance(message, K8sEvent | WorkloadProgress | NodeSummary | PodUsage):
+        return [("cluster", None)]
+    raise TypeError(f"no route for {type(message).__name__}")
+
+
+def is_internal(message: Message) -> bool:
+    return isinstance(message, NodeSummary | PodUsage)
+
+
+class LocalPipeline:
+    """Both stages in one process. Feed records, then ``advance`` the watermark; outputs accumulate."""
+
+    def __init__(self, config: EngineConfig, topic_prefix: str = "gpulens") -> None:
+        self.config = config
+        self.topic_prefix = topic_prefix
+        self.nodes: dict[str, NodeStage] = {}
+        self.cluster = ClusterStage(config)
+        self.outputs: list[Message] = []
+        self.deadletters: list[DeadLetter] = []
+        self.counters: dict[str, int] = {"records": 0, "tombstones": 0, "deadletters": 0}
+
+    def node_stage(self, node: str) -> NodeStage:
+        stage = self.nodes.get(node)
+        if stage is None:
+            stage = self.nodes[node] = NodeStage(node, self.config)
+        return stage
+
+    def feed(self, suffix: str, value: bytes | None, at: datetime, partition: int | None = None,
+             offset: int | None = None) -> None:
+        self.counters["records"] += 1
+        try:
+            message = decode_record(suffix, value)
+        except Tombstone:
+            self.counters["tombstones"] += 1
+            return
+        except MessageError as exc:
+            self.counters["deadletters"] += 1
+            self.deadletters.append(dead_letter(str(exc), f"{self.topic_prefix}.{suffix}", value, at,
+                                                partition, offset))
+            return
+        self.submit(message)
+
+    def submit(self, message: Message) -> None:
+        for stage, key in route(message):
+            if stage == "node":
+                assert key is not None
+                self.node_stage(key).submit(message)
+            else:
+                self.cluster.submit(message)
+
+    def _collect(self, produced: Iterable[Message]) -> None:
+        for message in produced:
+            if is_internal(message):
+                self.cluster.submit(message)
+            else:
+                self.outputs.append(message)
+
+    def advance(self, watermark: float) -> None:
+        for name in sorted(self.nodes):
+            self._collect(self.nodes[name].advance(watermark))
+        self._collect(self.cluster.advance(watermark))
+
+    def flush(self, end: float) -> None:
+        for name in sorted(self.nodes):
+            self._collect(self.nodes[name].flush(end))
+        self._collect(self.cluster.flush(end))
+
+    def stats(self) -> dict[str, Any]:
+        late = sum(stage.counters["late_samples"] for stage in self.nodes.values())
+        gaps = sum(stage.counters["gaps"] for stage in self.nodes.values())
+        return {"deadletters": self.counters["deadletters"], "late_samples_dropped": late, "sample_gaps": gaps}
