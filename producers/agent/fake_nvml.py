@@ -147,7 +147,7 @@ class FakeNvml:
 
     def _ready(self) -> None:
         if not self.initialised:
-            raise NvmlUnavailable("Uninitialized", kind="uninitialized")
+            raise NvmlUnavailable("Uninitialized: call init() first, as with nvmlInit()", kind="uninitialized")
         if self.driver_gone:
             raise NvmlUnavailable("Driver Not Loaded", kind="driver_not_loaded")
 
