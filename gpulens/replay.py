@@ -203,6 +203,10 @@ def compare_report(report: dict[str, Any], expected: dict[str, Any], sample_inte
         for field, value in want.items():
             if not _close(got.get(field), value):
                 problems.append(f"pods {key[0]}/{key[1]}.{field}: expected {value!r}, got {got.get(field)!r}")
+    for field, value in expected.get("stream", {}).items():
+        got_value = report.get("stream", {}).get(field)
+        if not _close(got_value, value):
+            problems.append(f"stream.{field}: expected {value!r}, got {got_value!r}")
     for field, value in expected.get("cluster", {}).items():
         got_value = report.get("cluster", {}).get(field)
         if not _close(got_value, value):

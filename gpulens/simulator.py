@@ -140,6 +140,8 @@ class FleetSimulator:
                                   gpu_instance_id=j * slices, compute_instance_id=0, mem_total_bytes=mig_mem)
                     for j in range(spec.mig_per_gpu)
                 ]
+            if not spec.process_stats:
+                gpu.unsupported.add("process_utilization")
             gpus.append(gpu)
         nvml = FakeNvml(gpus, driver_version=spec.driver, cuda_driver_version=spec.cuda)
         nvml.init()

@@ -245,14 +245,14 @@ class ClusterStage:
     def _evaluate(self, t: float) -> None:
         self.counters["instants"] += 1
         self._integrate_to(t)
-        th = self.config.thresholds
         used: dict[str, dict[str, int]] = {}
         for pod in self.pods.values():
             if pod["node"] is not None and pod["end"] is None:
                 bucket = used.setdefault(pod["node"], {})
                 for res, n in pod["requests"].items():
                     bucket[res] = bucket.get(res, 0) + n
-        total = allocated = busy = idle = 0
+        total = allocated = 0
+        parts: list[list[float]] = []
         free: dict[str, dict[str, int]] = {}
         for name in sorted(self.nodes):
             node = self.nodes[name]
@@ -265,9 +265,9 @@ class ClusterStage:
             if not node.get("unschedulable"):
                 free[name] = {res: max(n - here.get(res, 0), 0) for res, n in alloc.items()}
             summary = self.summaries.get(name)
-            if summary and t - summary["ts"] <= th.gap_intervals * summary["dt"] + EPS:
-                busy += summary["busy"]
-                idle += summary["idle"]
+            if summary and t < summary["ts"] + summary["dt"] - EPS:
+                # a sample stands for its own interval only: no sample, no busy/idle figure
+                parts.append([summary["busy"], summary["idle"], summary["ts"] + summary["dt"]])
         pending = sorted((p for p in self.pods.values()
                           if p["end"] is None and p["node"] is None and p["gpus"] > 0 and p["created"] <= t + EPS),
                          key=lambda p: (p["created"], p["uid"]))
@@ -278,8 +278,10 @@ class ClusterStage:
             for f in free.values():
                 if not _fits(f, smallest["requests"]):
                     stranded += sum(f.get(res, 0) for res in smallest["requests"])
+        busy = int(sum(p[0] for p in parts))
+        idle = int(sum(p[1] for p in parts))
         snap = {
-            "total": total, "allocated": allocated, "busy": min(busy, allocated),
+            "total": total, "allocated": allocated, "busy": min(busy, allocated), "parts": parts,
             "idle": min(idle, allocated), "free": max(total - allocated, 0), "free_by_node": free_by_node,
             "largest": max(free_by_node.values(), default=0), "stranded": stranded,
             "pending": len(pending), "demand": sum(p["gpus"] for p in pending),
@@ -398,8 +400,12 @@ class ClusterStage:
             ws = window_start(start, width)
             seg = min(t, ws + width) - start
             acc = self._cap_window(ws)
-            for field in ("total", "allocated", "busy", "idle", "free"):
+            for field in ("total", "allocated", "free"):
                 acc[field] += snap[field] * seg
+            for busy, idle, until in snap.get("parts", []):
+                covered = max(0.0, min(start + seg, until) - start)
+                acc["busy"] += busy * covered
+                acc["idle"] += idle * covered
             acc["stranded_max"] = max(acc["stranded_max"], snap["stranded"])
             if acc["last"] is None:
                 acc["last"] = snap

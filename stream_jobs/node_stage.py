@@ -328,7 +328,9 @@ class NodeStage:
         pg["last"] = ts
         unit = unit_fraction(reading)
         util = share.util_pct
-        usage["unit_s"] += dt * unit
+        # seconds count per allocation unit (a MIG device is a unit); cost weighs the unit's
+        # fraction of a physical GPU and the pod's share of a shared one
+        usage["unit_s"] += dt
         usage["samples"] += 1
         usage["gap_s"] += gap
         usage["cost_units_s"] += dt * unit * share.share
@@ -336,9 +338,9 @@ class NodeStage:
         usage["estimated"] = usage["estimated"] or share.estimated
         idle = util is not None and util < th.idle_util_pct
         if util is not None:
-            usage["data_s"] += dt * unit
-            usage["util_s"] += util * dt * unit
-            usage["idle_s" if idle else "busy_s"] += dt * unit
+            usage["data_s"] += dt
+            usage["util_s"] += util * dt
+            usage["idle_s" if idle else "busy_s"] += dt
         if share.mem_bytes is not None:
             usage["peak_mem"] = max(usage["peak_mem"] or 0, share.mem_bytes)
         self._accumulate(pod, reading, share, ts, dt, idle)

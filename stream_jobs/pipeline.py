@@ -138,3 +138,21 @@ class LocalPipeline:
         late = sum(stage.counters["late_samples"] for stage in self.nodes.values())
         gaps = sum(stage.counters["gaps"] for stage in self.nodes.values())
         return {"deadletters": self.counters["deadletters"], "late_samples_dropped": late, "sample_gaps": gaps}
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole pipeline's state as plain data (what the faust tables hold, per key)."""
+        return {
+            "nodes": {name: stage.to_dict() for name, stage in sorted(self.nodes.items())},
+            "cluster": self.cluster.to_dict(),
+            "counters": dict(self.counters),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], config: EngineConfig, topic_prefix: str = "gpulens") -> LocalPipeline:
+        pipeline = cls(config, topic_prefix)
+        pipeline.nodes = {name: NodeStage.from_dict(state, config) for name, state in data["nodes"].items()}
+        pipeline.cluster = ClusterStage.from_dict(data["cluster"], config)
+        pipeline.counters = dict(data["counters"])
+        return pipeline
