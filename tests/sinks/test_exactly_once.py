@@ -97,7 +97,7 @@ def _dead_letters(settings: SinkSettings, expected: int) -> list[dict[str, Any]]
         for _ in range(60):
             for msg in consumer.consume(num_messages=100, timeout=0.5):
                 if msg.error() is None:
-                    raw_headers: list[tuple[str, Any]] = list(msg.headers() or [])
+                    raw_headers: Any = msg.headers() or []
                     headers = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw_headers}
                     found.append({"value": orjson.loads(msg.value() or b"null"), "headers": headers})
             if len(found) >= expected:

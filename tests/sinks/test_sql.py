@@ -1,0 +1,135 @@
+"""``gpulens sql`` is read-only, prints table/CSV/JSON; the schema migrates idempotently; the cost
+views answer shared-GPU and per-unit-of-work questions (real chDB engine, no broker needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpulens.cli import main
+from schemas.messages import Message
+from sinks.clickhouse import ClickHouseStore, StoreError, open_store
+from sinks.migrations import TtlDays, migrate
+from sinks.readonly import ReadOnlyViolation, check_read_only
+from sinks.rows import TableColumns, rows_for
+from sinks.service import load_prices
+from tests.sinks import factories as f
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO gpu_samples SELECT * FROM gpu_samples",
+    "DROP TABLE gpu_samples",
+    "alter table pod_windows delete where 1",
+    "TRUNCATE TABLE alerts",
+    "CREATE TABLE x (a UInt8) ENGINE = Memory",
+    "SELECT 1; DROP TABLE gpu_samples",
+    "SELECT 1;SELECT 2",
+    "/* comment */ OPTIMIZE TABLE pod_windows FINAL",
+    "SELECT * FROM pod_windows INTO OUTFILE '/tmp/x.csv'",
+    "   ",
+])
+def test_writes_ddl_and_multiple_statements_are_refused(sql: str) -> None:
+    with pytest.raises(ReadOnlyViolation):
+        check_read_only(sql)
+
+
+@pytest.mark.parametrize(("sql", "expected"), [
+    ("SELECT ';' AS s;", "SELECT ';' AS s"),
+    ("-- who is idle?\nSELECT 1", "-- who is idle?\nSELECT 1"),
+    ("WITH t AS (SELECT 1 AS a) SELECT a FROM t", "WITH t AS (SELECT 1 AS a) SELECT a FROM t"),
+    ("SELECT 'DROP TABLE x; INSERT' AS s", "SELECT 'DROP TABLE x; INSERT' AS s"),
+    ("show tables", "show tables"),
+])
+def test_single_queries_pass(sql: str, expected: str) -> None:
+    assert check_read_only(sql) == expected
+
+
+@pytest.mark.parametrize("sql", ["INSERT INTO t VALUES (1)", "DROP TABLE pod_windows", "ALTER TABLE t DROP COLUMN a",
+                                 "SELECT 1; SELECT 2"])
+def test_cli_refuses_with_one_clear_line(sql: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sql", sql, "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpulens: refused:")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
+    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+    migrate(store)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _insert(store: ClickHouseStore, messages: list[Message]) -> None:
+    tables: dict[str, TableColumns] = {}
+    for offset, message in enumerate(messages):
+        for table, row in rows_for(message, 0, offset):
+            tables.setdefault(table, TableColumns()).append(row)
+    for table, columns in tables.items():
+        store.insert(table, columns.columns, dedup_token=f"test:{table}")
+
+
+def test_migrations_are_idempotent_and_ttls_follow_settings(store: ClickHouseStore) -> None:
+    assert migrate(store) == []
+    migrate(store, TtlDays(raw=3, state=400, rollup=730))
+    engines = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").rows)
+    assert "toIntervalDay(3)" in str(engines["gpu_samples"]) and "toIntervalDay(730)" in str(engines["rollup_daily"])
+    versions = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
+    assert versions == [[1], [2], [3]]
+
+
+def test_a_read_only_client_cannot_write_even_past_the_parser(store: ClickHouseStore) -> None:
+    reader = open_store(store.url, read_only=True)
+    try:
+        with pytest.raises(StoreError, match="readonly"):
+            reader.query("INSERT INTO gpu_prices VALUES ('x', 1, now())")
+    finally:
+        reader.close()
+    assert store.query("SELECT count() FROM gpu_prices").rows == [[0]]
+
+
+def test_cost_views_shared_gpus_and_cost_per_step(store: ClickHouseStore) -> None:
+    load_prices(store, {f.H100: 3.0})
+    # two pods share GPU 0 for 10 minutes; a busies it twice as much as b. c owns GPU 1 and reports steps.
+    windows = [f.window("a", 0, m, busy_s=40.0) for m in range(10)]
+    windows += [f.window("b", 0, m, busy_s=20.0) for m in range(10)]
+    windows += [f.window("c", 1, m, busy_s=60.0, cost_usd=0.05) for m in range(10)]
+    _insert(store, [*windows, *(f.progress("c", m, steps=100.0 * m) for m in range(11))])
+
+    shared = {r["pod_uid"]: r for r in store.query("SELECT * FROM v_shared_gpu_cost").dicts()}
+    assert set(shared) == {"a", "b"}
+    gpu_hour_cost = 10 / 60 * 3.0
+    assert shared["a"]["usage_based_cost_usd"] == pytest.approx(gpu_hour_cost * 2 / 3)
+    assert shared["b"]["usage_based_cost_usd"] == pytest.approx(gpu_hour_cost / 3)
+    assert shared["a"]["request_based_cost_usd"] == pytest.approx(gpu_hour_cost)
+
+    unit = store.query("SELECT pod_uid, steps, cost_usd, cost_per_step_usd FROM v_cost_per_unit").dicts()
+    assert unit == [{"pod_uid": "c", "steps": 1000.0, "cost_usd": pytest.approx(0.5),
+                     "cost_per_step_usd": pytest.approx(0.5 / 1000)}]
+    team = store.query("SELECT team, gpu_hours, cost_usd, list_cost_usd FROM v_cost_by_team").dicts()
+    assert team == [{"team": "nlp", "gpu_hours": pytest.approx(0.5), "cost_usd": pytest.approx(0.5 + 2 * 10 * 2.5 / 60),
+                     "list_cost_usd": pytest.approx(1.5)}]
+
+
+def test_sql_prints_table_csv_and_json(store: ClickHouseStore, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    load_prices(store, {"NVIDIA L4": 0.8, f.H100: 2.5})
+    store.close()  # a CLI in this process opens the engine itself (no sink runs)
+    query = "SELECT gpu_model, usd_per_gpu_hour FROM gpu_prices FINAL ORDER BY gpu_model"
+    args = ["--data-dir", str(tmp_path)]
+    assert main(["sql", query, *args]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["gpu_model", "usd_per_gpu_hour"] and table[2].split()[-1] == "2.5"
+    assert main(["sql", query, "--format", "csv", *args]) == 0
+    assert capsys.readouterr().out.splitlines() == ["gpu_model,usd_per_gpu_hour", "NVIDIA H100 80GB HBM3,2.5",
+                                                    "NVIDIA L4,0.8"]
+    assert main(["sql", query, "--format", "json", *args]) == 0
+    assert orjson.loads(capsys.readouterr().out) == [{"gpu_model": f.H100, "usd_per_gpu_hour": 2.5},
+                                                      {"gpu_model": "NVIDIA L4", "usd_per_gpu_hour": 0.8}]
+    assert main(["sql", "SELECT nope FROM gpu_prices", *args]) == 2
+    assert "nope" in capsys.readouterr().err
