@@ -91,10 +91,13 @@ class ClusterStage:
         for ts, kind, message in self.buffer.pop_until(watermark):
             if current is not None and ts > current:
                 self._evaluate(current)
+            if current is None or ts > current:
+                self._quiet_instants(ts)
             current = ts
             self._apply(kind, ts, message)
         if current is not None:
             self._evaluate(current)
+        self._quiet_instants(watermark + EPS)
         if self.wm is None or watermark > self.wm:
             self.wm = watermark
         if self.cap["t"] is not None and self.wm > self.cap["t"]:
@@ -242,8 +245,22 @@ class ClusterStage:
 
     # ------------------------------------------------------------------ evaluation
 
+    def _quiet_instants(self, limit: float) -> None:
+        """Evaluate on the sampling grid while no input arrives (a fleet with no Ready node sends
+        no samples, yet pending timers must fire). With samples flowing, inputs arrive every
+        interval and this adds nothing; the instants depend only on the data, not on when the
+        watermark moved, so replays through Kafka give the same result."""
+        step = self.config.sample_interval_s
+        last = self.cap.get("last_instant")
+        if last is None or step <= 0:
+            return
+        while last + step < limit - step / 2:
+            last += step
+            self._evaluate(last)
+
     def _evaluate(self, t: float) -> None:
         self.counters["instants"] += 1
+        self.cap["last_instant"] = t
         self._integrate_to(t)
         used: dict[str, dict[str, int]] = {}
         for pod in self.pods.values():
