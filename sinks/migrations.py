@@ -54,6 +54,8 @@ TS_NULL = "Nullable(DateTime64(3, 'UTC')) CODEC(ZSTD(1))"
 LC = "LowCardinality(String)"
 GAUGE = "Nullable(Float32) CODEC(Gorilla, ZSTD(1))"
 BYTES_GAUGE = "Nullable(UInt64) CODEC(T64, ZSTD(1))"
+RATE = "Nullable(Float32) CODEC(ZSTD(1))"
+"""Transfer rates: proportional to load, they compress better with ZSTD alone than with Gorilla."""
 KAFKA_COLS = "kafka_partition UInt16 CODEC(T64, ZSTD(1)),\n    kafka_offset UInt64 CODEC(Delta, ZSTD(1))"
 
 
@@ -84,10 +86,10 @@ def _m1_core(ttl: TtlDays) -> list[str]:
     temperature_c {GAUGE},
     sm_clock_mhz Nullable(UInt32) CODEC(T64, ZSTD(1)),
     mem_clock_mhz Nullable(UInt32) CODEC(T64, ZSTD(1)),
-    pcie_tx_bytes_per_s {GAUGE},
-    pcie_rx_bytes_per_s {GAUGE},
-    nvlink_tx_bytes_per_s {GAUGE},
-    nvlink_rx_bytes_per_s {GAUGE},
+    pcie_tx_bytes_per_s {RATE},
+    pcie_rx_bytes_per_s {RATE},
+    nvlink_tx_bytes_per_s {RATE},
+    nvlink_rx_bytes_per_s {RATE},
     health {LC},
     health_reason {LC},
     xids Array(UInt32) CODEC(ZSTD(1)),

@@ -94,6 +94,9 @@ class FlushOutcome:
     rows_by_table: dict[str, int] = field(default_factory=dict)
     dead_letters: int = 0
     skipped_duplicates: int = 0
+    first_record_at: float | None = None
+    """``time.perf_counter()`` when the first record was buffered (for throughput figures)."""
+    last_commit_at: float | None = None
 
 
 class SinkMetrics:
@@ -401,6 +404,8 @@ class Sink:
     # ---------------------------------------------------------------- batching
 
     def _buffer(self, record: Record) -> None:
+        if self.totals.first_record_at is None:
+            self.totals.first_record_at = time.perf_counter()
         buffer = self.buffers.setdefault((record.topic, record.partition), PartitionBuffer())
         if not buffer.records:
             buffer.opened_at = self.clock()
@@ -494,6 +499,7 @@ class Sink:
             self.totals.rows_by_table[table] = self.totals.rows_by_table.get(table, 0) + n
         self.totals.dead_letters += outcome.dead_letters
         self.totals.skipped_duplicates += outcome.skipped_duplicates
+        self.totals.last_commit_at = time.perf_counter()
         self.metrics.batches.labels(topic=batch.topic).inc()
         self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - started)
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))

@@ -1,0 +1,122 @@
+"""Sink figures: rows/s the sink sustains for GPU samples end to end from Kafka (decode, pivot,
+journal, deduplicated insert, commit), next to a plain column-oriented insert of the same rows into
+the same engine in the same run; and bytes on disk per GPU sample and per metric column, from
+``system.parts_columns`` after the parts are merged (target <= 1.5 bytes per gauge value).
+
+The samples are synthetic but shaped like NVML's: integer utilisation percentages that drift,
+power in milliwatts, whole-degree temperatures, memory that steps, clocks that rarely change.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import UTC, datetime, timedelta
+
+from benchmarks.harness import Context, Result
+from common.kafka import BoundedProducer, ensure_topics
+from common.settings import ClickHouseSettings, ProducerSettings, SinkSettings
+from schemas import codec
+from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef
+from schemas.topics import GPU_SAMPLES
+from sinks.rows import TableColumns, rows_for
+from sinks.service import prepare_store
+from sinks.sink import Sink
+
+BENCH = "sink"
+GIB = 1024**3
+GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "power_w", "temperature_c", "sm_clock_mhz",
+          "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
+
+
+def _samples(nodes: int, per_node: int, seed: int = 7) -> list[GpuSample]:
+    rng = random.Random(seed)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=10 * per_node)
+    util = {(n, g): rng.randint(0, 100) for n in range(nodes) for g in range(8)}
+    mem = {(n, g): rng.randint(0, 80) * GIB for n in range(nodes) for g in range(8)}
+    out: list[GpuSample] = []
+    for seq in range(per_node):
+        for n in range(nodes):
+            gpus = []
+            for g in range(8):
+                key = (n, g)
+                util[key] = max(0, min(100, util[key] + rng.choice((-3, -1, 0, 0, 0, 1, 3))))
+                if rng.random() < 0.01:
+                    mem[key] = rng.randint(0, 80) * GIB
+                u = util[key]
+                gpus.append(GpuReading(
+                    uuid=f"GPU-{n:03d}-{g}", index=g, model="NVIDIA H100 80GB HBM3",
+                    gpu_util_pct=float(u), mem_util_pct=float(u // 2), mem_used_bytes=mem[key],
+                    mem_total_bytes=80 * GIB, power_w=round(70 + 6.3 * u + rng.gauss(0, 4), 3),
+                    temperature_c=float(35 + u // 4), sm_clock_mhz=1980 if u else 345, mem_clock_mhz=2619,
+                    pcie_tx_bytes_per_s=float(u * 10_000_000), pcie_rx_bytes_per_s=float(u * 20_000_000),
+                    assigned_to=[PodRef(namespace="research", pod=f"job-{n}", container="main", pod_uid=f"uid-{n}")],
+                    processes=[GpuProcess(pid=4000 + g, pod_uid=f"uid-{n}", mem_used_bytes=mem[key])],
+                ))
+            out.append(GpuSample(node=f"node-{n:03d}", ts=start + timedelta(seconds=10 * seq),
+                                 agent_boot_id=f"boot-{n}", seq=seq, sample_interval_s=10.0, gpus=gpus))
+    return out
+
+
+def run(ctx: Context) -> list[Result]:
+    nodes, per_node = (40, 60) if ctx.quick else (100, 240)
+    samples = _samples(nodes, per_node)
+    prefix = f"{ctx.topic_prefix}-sink"
+    ensure_topics(ctx.kafka, [GPU_SAMPLES], prefix)
+    topic = GPU_SAMPLES.name(prefix)
+    producer = BoundedProducer(ctx.kafka, ProducerSettings(linger_ms=20, queue_max_messages=len(samples) + 1000))
+    for sample in samples:
+        while not producer.produce(topic, sample.node, codec.encode(sample)):
+            producer.poll(0.05)
+    producer.flush(120)
+
+    data_dir = ctx.scratch / f"sink-{int(time.time())}"
+    settings = SinkSettings(kafka=ctx.kafka, topic_prefix=prefix, data_dir=data_dir, group_id=f"{prefix}-sink",
+                            clickhouse=ClickHouseSettings(url=f"chdb://{data_dir / 'clickhouse'}"),
+                            batch_max_rows=2000, batch_max_age_s=0.2)
+    store = prepare_store(settings)
+    try:
+        totals = Sink(settings, store).run(exit_when_idle_s=2.0)
+        rows = totals.rows_by_table.get("gpu_samples", 0)
+        assert totals.first_record_at is not None and totals.last_commit_at is not None
+        sink_rps = rows / (totals.last_commit_at - totals.first_record_at)
+
+        # baseline: the same rows, already decoded and pivoted, inserted column-oriented in batches
+        store.command("CREATE TABLE IF NOT EXISTS bench_samples AS gpu_samples")
+        batches: list[TableColumns] = []
+        for i in range(0, len(samples), 2000):
+            columns = TableColumns()
+            for offset, sample in enumerate(samples[i:i + 2000], start=i):
+                for table, row in rows_for(sample, 0, offset):
+                    if table == "gpu_samples":
+                        columns.append(row)
+            batches.append(columns)
+        started = time.perf_counter()
+        for columns in batches:
+            store.insert("bench_samples", columns.columns)
+        plain_rps = sum(b.n_rows for b in batches) / (time.perf_counter() - started)
+
+        # per-column sizes are only tracked in wide parts: copy into a table that always writes them
+        store.command("CREATE TABLE IF NOT EXISTS bench_wide AS gpu_samples")
+        store.command("ALTER TABLE bench_wide MODIFY SETTING min_bytes_for_wide_part = 0, min_rows_for_wide_part = 0")
+        store.command("INSERT INTO bench_wide SELECT * FROM gpu_samples")
+        store.command("OPTIMIZE TABLE bench_wide FINAL")
+        per_column = {str(r[0]): float(r[1]) for r in store.query(
+            "SELECT column, sum(column_data_compressed_bytes) / sum(rows) FROM system.parts_columns "
+            "WHERE active AND table = 'bench_wide' AND database = currentDatabase() GROUP BY column").rows}
+        stored_rows = int(store.query("SELECT count() FROM gpu_samples").rows[0][0])
+    finally:
+        store.close()
+    per_sample = sum(per_column.values())
+    gauges = {name: per_column[name] for name in GAUGES}
+    results = [
+        Result(BENCH, "samples end to end (Kafka -> ClickHouse)", sink_rps, "rows/s",
+               baseline="plain column insert", ratio_to_baseline=sink_rps / plain_rps,
+               notes=f"{rows} GPU rows from {len(samples)} node samples; stored {stored_rows}"),
+        Result(BENCH, "plain column-oriented insert", plain_rps, "rows/s"),
+        Result(BENCH, "bytes on disk per GPU sample", per_sample, "bytes", notes="all columns, merged parts"),
+        Result(BENCH, "bytes per gauge value (mean)", sum(gauges.values()) / len(gauges), "bytes", target="<= 1.5"),
+    ]
+    results += [Result(BENCH, f"bytes per value: {name}", value, "bytes", target="<= 1.5")
+                for name, value in gauges.items()]
+    return results
