@@ -34,6 +34,7 @@ __all__ = [
     "commit_offsets",
     "consumer_lag",
     "ensure_topics",
+    "group_lag",
     "make_consumer",
 ]
 
@@ -159,6 +160,22 @@ def consumer_lag(consumer: Consumer) -> dict[tuple[str, int], int]:
         position = tp.offset if tp.offset >= 0 else low
         lags[(tp.topic, tp.partition)] = max(0, high - position)
     return lags
+
+
+def group_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str], timeout_s: float = 10.0) -> int:
+    """Records in ``topics`` the consumer group has not committed yet (a group with no commit lags by all)."""
+    reader = Consumer(kafka.to_librdkafka() | {"group.id": group_id, "enable.auto.commit": False})
+    try:
+        metadata = reader.list_topics(timeout=timeout_s)
+        partitions = [TopicPartition(topic, p) for topic in topics if topic in metadata.topics
+                      for p in metadata.topics[topic].partitions]
+        lag = 0
+        for tp in reader.committed(partitions, timeout=timeout_s):
+            low, high = reader.get_watermark_offsets(tp, timeout=timeout_s)
+            lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+        return lag
+    finally:
+        reader.close()
 
 
 def broker_reachable(kafka: KafkaSettings, timeout_s: float = 5.0) -> bool:
