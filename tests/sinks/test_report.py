@@ -24,7 +24,7 @@ from schemas.messages import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from sinks.analyses import ANALYSES
 from sinks.service import run_sink
-from tests.conftest import SHARED_SCENARIOS
+from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 from tests.sinks.conftest import Item, make_sink_settings
 
 pytestmark = pytest.mark.kafka
@@ -110,6 +110,14 @@ def test_report_agrees_with_the_replay_report(
         assert report["pending_reasons"] and "Insufficient nvidia.com/gpu" in report["pending_reasons"][0]["reason"]
 
     if path.stem == "sink-costs":
+        # every query of the SQL cookbook runs on this data through the same CLI
+        cookbook = (REPO_ROOT / "docs" / "sql.md").read_text()
+        queries = [block.split("```", 1)[0] for block in cookbook.split("```sql\n")[1:]]
+        assert len(queries) >= 15
+        for query in queries:
+            assert main(["sql", query, "--format", "json", "--data-dir", str(tmp_path)]) == 0, (
+                query, capsys.readouterr().err)
+            assert isinstance(orjson.loads(capsys.readouterr().out), list)
         idle = {(r["team"], r["idle_class"]): r["idle_gpu_hours"] for r in report["idle_by_team_and_class"]}
         assert idle == {("analytics", "no_process"): pytest.approx(1 / 3, abs=1e-3),
                         ("analytics", "vram_held"): pytest.approx(0.25, abs=1e-3)}
