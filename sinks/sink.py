@@ -117,6 +117,10 @@ class SinkMetrics:
         self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
 
 
+class SinkStopped(Exception):
+    """Stop was requested while ClickHouse was failing: leave without committing the batch."""
+
+
 class Backoff:
     """Exponential backoff with full jitter, reset on success."""
 
@@ -396,6 +400,9 @@ class Sink:
                         and now - last_record_at >= exit_when_idle_s):
                     break
             self._flush_due(self.clock(), force=True)
+        except SinkStopped as exc:
+            log.warning("stopped while clickhouse was unavailable; uncommitted records will be re-read",
+                        error=str(exc))
         finally:
             self.close()
         log.info("sink stopped", rows=self.totals.rows_by_table, dead_letters=self.totals.dead_letters)
@@ -462,6 +469,8 @@ class Sink:
                     self.metrics.retry_backoff.set(0)
                     return result
                 except StoreUnavailable as exc:
+                    if self.stopping.is_set():
+                        raise SinkStopped(str(exc)) from None
                     delay = self.backoff.next_delay()
                     self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
                     self.metrics.retry_backoff.set(delay)

@@ -192,6 +192,9 @@ def test_clickhouse_outage_mid_stream_ends_with_every_row_once(
         errors = sink.registry.registry.get_sample_value(
             "gpulens_sink_errors_total", {"kind": "clickhouse_unavailable"})
         assert errors == 10
+        rows = sink.registry.registry.get_sample_value("gpulens_sink_rows_written_total", {"table": "gpu_samples"})
+        assert rows is not None and rows >= 160
+        assert "gpulens_sink_batch_latency_seconds_count" in sink.registry.render()
         _assert_expected_rows(store)
     finally:
         store.close()

@@ -1,0 +1,128 @@
+"""Time series and per-pod rows the HTML report plots, beside the canned analyses.
+
+``sinks.analyses`` answers the report's questions as totals (per team, per class, per hour);
+charts over time need finer, evenly spaced buckets whose size follows the span of the data (a
+30-minute replay and a month of production data should both give a readable line). Each function
+here is one SQL query over the sink's tables, the same on chDB and on a server, through the same
+:class:`~sinks.analyses.Reader` protocol, and returns plain JSON-friendly rows.
+
+Conventions follow ``sinks.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
+team, GPU counts as time-averaged GPUs in the bucket (GPU-seconds / bucket seconds), UTC ISO
+timestamps.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sinks.analyses import Reader, Rows
+
+NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+                                   2 * 86400, 7 * 86400)
+"""Bucket sizes a chart may use; the smallest that keeps the series within ``max_points``."""
+
+_WINDOW_MS = "dateDiff('millisecond', window_start, window_end)"
+
+
+def _rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+    return reader.query(sql, parameters).dicts()
+
+
+def _round(rows: Rows, digits: int = 6) -> Rows:
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, float):
+                row[key] = round(value, digits)
+    return rows
+
+
+def _epoch(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def data_span(reader: Reader) -> Rows:
+    """First and last instant covered by pod windows and capacity windows (one row; None when empty)."""
+    return _rows(reader, """
+SELECT minOrNull(start) AS first_at, maxOrNull(end) AS last_at
+FROM (
+    SELECT min(window_start) AS start, max(window_end) AS end FROM pod_windows
+    UNION ALL
+    SELECT min(window_start) AS start, max(window_end) AS end FROM cluster_capacity
+)
+WHERE start > toDateTime64(0, 3, 'UTC')""")
+
+
+def bucket_for_span(span_s: float, max_points: int = 120) -> int:
+    """The smallest nice bucket size (seconds) that cuts ``span_s`` into at most ``max_points`` buckets."""
+    for bucket in NICE_BUCKETS_S:
+        if span_s / bucket <= max_points:
+            return bucket
+    return NICE_BUCKETS_S[-1]
+
+
+def choose_bucket_s(reader: Reader, max_points: int = 120) -> int:
+    span = data_span(reader)
+    first, last = (_epoch(span[0]["first_at"]), _epoch(span[0]["last_at"])) if span else (None, None)
+    if first is None or last is None:
+        return NICE_BUCKETS_S[0]
+    return bucket_for_span(last - first, max_points)
+
+
+def utilisation_by_team(reader: Reader, bucket_s: int) -> Rows:
+    """Per time bucket and team: GPUs allocated, busy and idle (time-averaged), SM utilisation, cost.
+
+    ``avg_sm_util_pct`` is weighted by allocated seconds and ignores windows without a reading, so a
+    gap in the samples is not shown as 0 % utilisation.
+    """
+    return _round(_rows(reader, """
+SELECT toStartOfInterval(window_start, toIntervalSecond({bucket_s:UInt32})) AS bucket,
+       if(team = '', '(none)', team) AS team_label,
+       sum(allocated_s) / {bucket_s:UInt32} AS gpus_allocated,
+       sum(busy_s) / {bucket_s:UInt32} AS gpus_busy,
+       sum(idle_s) / {bucket_s:UInt32} AS gpus_idle,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       sum(cost_usd) AS cost_usd
+FROM pod_windows FINAL
+GROUP BY bucket, team_label
+ORDER BY bucket, team_label""", {"bucket_s": int(bucket_s)}))
+
+
+def capacity_over_time(reader: Reader, bucket_s: int) -> Rows:
+    """Per time bucket: fleet GPUs by state (time-averaged), stranded GPUs (peak and average), pending demand.
+
+    Stranded GPUs are free GPUs that no pending pod can use because they are spread over nodes
+    (see the fragmentation alert); the peak uses the stream jobs' in-window maximum when sent.
+    """
+    return _round(_rows(reader, f"""
+SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
+       count() AS windows,
+       sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_total,
+       sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_allocated,
+       sum(coalesce(gpu_s_busy, gpus_busy * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_busy,
+       sum(coalesce(gpu_s_idle_allocated, gpus_idle_allocated * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}}
+           AS gpus_idle_allocated,
+       sum(coalesce(gpu_s_free, gpus_free * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_free,
+       max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
+       sum(stranded_gpus * {_WINDOW_MS} / 1000) / {{bucket_s:UInt32}} AS avg_stranded_gpus,
+       min(largest_free_block) AS min_largest_free_block,
+       max(pending_gpu_demand) AS max_pending_gpu_demand,
+       max(pending_pods) AS max_pending_pods
+FROM cluster_capacity FINAL
+GROUP BY bucket
+ORDER BY bucket""", {"bucket_s": int(bucket_s)}))
+
+
+def longest_waiting_pods(reader: Reader, limit: int = 15) -> Rows:
+    """The GPU pods that waited longest to be scheduled (then the earliest), with their whole lifecycle."""
+    return _round(_rows(reader, f"""
+SELECT namespace, name, if(team = '', '(none)', team) AS team, node, gpus, created_at, scheduled_at,
+       started_at, finished_at, pending_s, running_s, end_reason, pending_reasons, gpu_hours,
+       idle_gpu_hours, cost_usd
+FROM pod_lifecycle FINAL
+ORDER BY pending_s DESC, created_at, namespace, name
+LIMIT {int(limit)}"""))
+
