@@ -17,6 +17,7 @@ import orjson
 from common.settings import CommonSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
+from gpulens.html_report import write_html_report
 from sinks.analyses import ANALYSES, TITLES, run_report
 from sinks.clickhouse import QueryResult, StoreError
 from sinks.query_server import Reader, open_reader
@@ -99,13 +100,23 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON object: section name -> list of rows")
 @click.option("--section", "sections", multiple=True, type=click.Choice(list(ANALYSES)),
               help="only these sections (repeatable)")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write a self-contained HTML report with charts to FILE (all sections)")
 @clickhouse_option
 @with_common_options
-def report(as_json: bool, sections: tuple[str, ...], clickhouse_url: str | None, **flags: Any) -> None:
+def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clickhouse_url: str | None,
+           **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
+    if html_path is not None and (as_json or sections):
+        raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
     reader = _reader(clickhouse_url, flags)
     try:
+        if html_path is not None:
+            click.echo(f"HTML report written to {write_html_report(reader, html_path)}")
+            return
         data = run_report(reader, list(sections) or None)
+    except OSError as exc:
+        raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
     except StoreError as exc:
         raise UserError(str(exc)) from None
     finally:
