@@ -99,6 +99,15 @@ class LocalKafka:
         pid = self.running_pid()
         if pid is not None and _port_open(self.port):
             return f"Kafka {self.version} already running on {self.bootstrap} (pid {pid})"
+        if pid is not None:
+            running_port = self._configured_port()
+            if running_port is not None and running_port != self.port:
+                raise UserError(
+                    f"the broker gpulens started from {self.home} (pid {pid}) listens on port {running_port}, "
+                    f"not {self.port}; use that port (GPULENS_LOCAL_KAFKA__PORT={running_port}), stop it with "
+                    "`gpulens kafka down`, or choose another GPULENS_DATA_DIR"
+                )
+            return f"Kafka {self.version} is starting on {self.bootstrap} (pid {pid}); try again shortly"
         if pid is None and _port_open(self.port):
             return f"a broker already answers on {self.bootstrap}; using it (not started by gpulens)"
         self._require_tools()
@@ -151,6 +160,15 @@ class LocalKafka:
         if _port_open(self.port):
             return f"a broker not started by gpulens answers on {self.bootstrap}"
         return "Kafka: not running"
+
+    def _configured_port(self) -> int | None:
+        try:
+            for line in (self.home / "server.properties").read_text().splitlines():
+                if line.startswith("listeners="):
+                    return int(line.split("PLAINTEXT://", 1)[1].split(",", 1)[0].rsplit(":", 1)[1])
+        except (OSError, IndexError, ValueError):
+            return None
+        return None
 
     def running_pid(self) -> int | None:
         try:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from common.kafka import BoundedProducer, ensure_topics, make_consumer
+from common.kafka import BoundedProducer, broker_reachable, ensure_topics, make_consumer
 from common.settings import KafkaSettings, ProducerSettings
+from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
 from schemas.topics import ALL_TOPICS, GPU_SAMPLES
 from tests.foundation.test_settings_and_cli import run_cli
@@ -93,3 +94,12 @@ def test_producer_buffers_while_broker_is_down_and_counts_overflow(tmp_path: Pat
                                         + [f"during-{i}".encode() for i in accepted])
     finally:
         broker.down()
+
+
+def test_up_refuses_to_start_a_second_broker_on_the_same_data_dir(local_kafka: LocalKafka,
+                                                                   kafka_settings: KafkaSettings) -> None:
+    other_port = dataclasses.replace(local_kafka, port=local_kafka.port + 7, controller_port=local_kafka.port + 8)
+    with pytest.raises(UserError, match=f"listens on port {local_kafka.port}"):
+        other_port.up(progress=False)
+    assert "already running" in local_kafka.up(progress=False)
+    assert broker_reachable(kafka_settings)
