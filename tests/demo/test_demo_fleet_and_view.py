@@ -31,7 +31,7 @@ def test_demo_fleet_is_deterministic_for_a_seed() -> None:
 
 
 def test_demo_fleet_shows_every_story_within_ten_simulated_minutes(demo_report: dict) -> None:  # type: ignore[type-arg]
-    first_firing = {}
+    first_firing: dict[str, str] = {}
     for alert in demo_report["alerts"]:
         if alert["state"] == "firing":
             first_firing.setdefault(alert["type"], alert["at"])
