@@ -144,13 +144,16 @@ def _svg_num(value: float) -> str:
 # --------------------------------------------------------------------------- scales and ticks
 
 
-def nice_ticks(high: float, count: int = 5) -> list[float]:
-    """0 .. a round number >= ``high`` in ``count``-ish round steps."""
+def nice_ticks(high: float, count: int = 5, integer: bool = False) -> list[float]:
+    """0 .. a round number >= ``high`` in ``count``-ish round steps (whole steps for counts of things)."""
     if high <= 0:
         return [0.0, 1.0]
     raw = high / count
     magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    steps = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * magnitude for m in steps if m * magnitude >= raw)
+    if integer:
+        step = max(step, 1.0)
     top = math.ceil(high / step - 1e-9) * step
     return [round(i * step, 10) for i in range(round(top / step) + 1)]
 
@@ -256,10 +259,10 @@ class Series:
 
 
 def line_chart(chart: str, title: str, series: Sequence[Series], y_label: str, x_range: tuple[float, float],
-               y_max: float | None = None, height: int = 320) -> str:
+               y_max: float | None = None, height: int = 320, integer: bool = False) -> str:
     """Lines over time; a ``None`` value breaks the line (missing data is not zero)."""
     values = [v for s in series for _, v in s.points if v is not None]
-    ticks = nice_ticks(y_max if y_max is not None else max(values, default=0.0))
+    ticks = nice_ticks(y_max if y_max is not None else max(values, default=0.0), integer=integer)
     frame = Frame(height, x_min=x_range[0], x_max=x_range[1], y_max=ticks[-1])
     parts = [_svg_open(chart, frame, title), *_y_axis(frame, ticks, y_label), *_x_time_axis(frame, "time (UTC)")]
     for s in series:
@@ -293,7 +296,7 @@ def stacked_time_columns(chart: str, title: str, buckets: Sequence[float], bucke
                          height: int = 320) -> str:
     """One stacked column per time bucket; ``layers`` are (name, colour, value per bucket), bottom first."""
     totals = [sum(layer[2][i] for layer in layers) for i in range(len(buckets))]
-    ticks = nice_ticks(max(totals, default=0.0))
+    ticks = nice_ticks(max(totals, default=0.0), integer=True)
     frame = Frame(height, x_min=buckets[0], x_max=buckets[-1] + bucket_s, y_max=ticks[-1])
     parts = [_svg_open(chart, frame, title), *_y_axis(frame, ticks, y_label), *_x_time_axis(frame, "time (UTC)")]
     width = max(frame.plot_w / len(buckets) - 1.0, 1.0)
@@ -342,7 +345,7 @@ def hbar_chart(chart: str, title: str, categories: Sequence[str],
         y = frame.top + row * row_h + 5
         parts.append(f'<text class="category" x="{label_width - 10}" y="{_svg_num(y + (row_h - 10) / 2)}" '
                      f'text-anchor="end" dominant-baseline="middle"><title>{esc(category)}</title>'
-                     f'{esc(_truncate(category, 34))}</text>')
+                     f'{esc(_truncate(category, label_width // 7))}</text>')
         start = 0.0
         for name, color in segments:
             value = values.get((category, name), 0.0)
@@ -363,8 +366,8 @@ def hbar_chart(chart: str, title: str, categories: Sequence[str],
 
 def column_chart(chart: str, title: str, categories: Sequence[str], values: Sequence[float], color: str,
                  x_label: str, y_label: str, series: str, height: int = 300) -> str:
-    """Vertical bars, one per category (e.g. a histogram's buckets)."""
-    ticks = nice_ticks(max(values, default=0.0))
+    """Vertical bars, one per category (e.g. a histogram's buckets of counts)."""
+    ticks = nice_ticks(max(values, default=0.0), integer=True)
     frame = Frame(height, y_max=ticks[-1])
     parts = [_svg_open(chart, frame, title), *_y_axis(frame, ticks, y_label)]
     slot = frame.plot_w / max(len(categories), 1)
@@ -538,7 +541,8 @@ def _summary_section(data: dict[str, Any]) -> str:
         ("Cost", fmt_usd(s.get("window_cost_usd")), f"of which idle {fmt_usd(idle_cost)}"),
         ("Peak stranded GPUs", fmt_number(s.get("max_stranded_gpus")), "free but unusable (fragmented)"),
         ("Peak pending demand", f"{fmt_number(s.get('max_pending_gpu_demand'))} GPUs", "requested by waiting pods"),
-        ("GPU pods", fmt_number(s.get("pods")), f"{fmt_number(s.get('pods_ended'))} lifecycle records"),
+        ("GPU pods", fmt_number(max(_num(s.get("pods_ended")) or 0, _num(s.get("pods")) or 0)),
+         f"{fmt_number(s.get('pods'))} held GPUs in this period"),
         ("Alerts fired", fmt_number(sum(_num(r.get("alerts")) or 0 for r in alerts)),
          f"{fmt_number(sum(_num(r.get('still_firing')) or 0 for r in alerts))} still firing"),
     ]
@@ -696,7 +700,7 @@ def _pending_reasons_section(data: dict[str, Any]) -> str:
     reasons = [str(r["reason"]) for r in with_hours]
     values = {(str(r["reason"]), "pending hours"): _num(r.get("pending_hours")) or 0.0 for r in with_hours}
     chart = hbar_chart("pending-reasons", title, reasons, [("pending hours", "#b07aa1")], values,
-                       "pending hours (pod-hours)", " h", label_width=300)
+                       "pending hours (pod-hours)", " h", label_width=390)
     return section("pending-reasons", title, lede, chart + table(columns, rows, "Pending reasons"))
 
 
@@ -720,7 +724,7 @@ def _stranded_section(data: dict[str, Any], bucket_s: int) -> str:
                      unit=" GPUs"),
               Series("largest free block (min)", "#76b7b2", points("min_largest_free_block"), dashed=True,
                      unit=" GPUs")]
-    chart = line_chart("stranded", title, series, "GPUs", (buckets[0], buckets[-1] + bucket_s))
+    chart = line_chart("stranded", title, series, "GPUs", (buckets[0], buckets[-1] + bucket_s), integer=True)
     columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts),
                              ("max_stranded_gpus", "stranded GPUs (peak)", fmt_number),
                              ("avg_stranded_gpus", "stranded GPUs (avg)", fmt_hours),

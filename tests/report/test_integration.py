@@ -1,0 +1,91 @@
+"""``gpulens report --html`` on replayed scenarios shows the figures ``gpulens replay`` reports.
+
+Each scenario is replayed in-process, all its topics are written into a private embedded
+ClickHouse through the sink's own write path, and the report is produced by the CLI
+(``GPULENS_CLICKHOUSE__URL=chdb://...``). The charts' data marks and the header must then agree
+with the replay's per-pod and cluster figures: cost per team, idle GPU-hours per team, stranded
+GPUs, waiting times.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpulens.html_report import fmt_hours, fmt_usd
+from tests.conftest import SHARED_SCENARIOS
+from tests.report.conftest import StoredReport
+from tests.report.dom import parse
+
+HERE = Path(__file__).parent
+SCENARIOS = [SHARED_SCENARIOS / "idle-notebook.yaml", SHARED_SCENARIOS / "fragmentation-basic.yaml",
+             HERE / "scenarios" / "report-fleet.yaml"]
+
+
+def _team(pod: dict[str, object]) -> str:
+    return str(pod["team"] or "(none)")
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_html_report_agrees_with_the_replay_report(path: Path,
+                                                   stored_report: Callable[[Path], StoredReport]) -> None:
+    stored = stored_report(path)
+    assert stored.stdout.strip() == f"HTML report written to {stored.html_path}"
+    page = parse(stored.html_path.read_text(encoding="utf-8"))
+    replay, cluster, pods = stored.replay, stored.replay["cluster"], stored.replay["pods"]
+
+    cost = Counter[str]()
+    idle = Counter[str]()
+    for pod in pods:
+        cost[_team(pod)] += pod["cost_usd"]
+        idle[_team(pod)] += pod["idle_gpu_hours"]
+
+    # header
+    assert page.kpis["GPU capacity"] == f"{fmt_hours(cluster['gpu_hours_capacity'])} GPU-h"
+    assert page.kpis["Idle while allocated"] == f"{fmt_hours(sum(idle.values()))} GPU-h"
+    assert page.kpis["Cost"] == fmt_usd(sum(cost.values()))
+    assert page.kpis["Peak stranded GPUs"] == str(cluster["max_stranded_gpus"])
+    fired = sum(1 for a in replay["alerts"] if a["state"] == "firing")
+    assert page.kpis["Alerts fired"] == str(fired)
+
+    # cost per team: the bars (busy + idle part) add up to the replay's per-pod cost
+    if sum(cost.values()) > 0:
+        shown = page.by_label("cost")
+        assert shown == pytest.approx({t: c for t, c in cost.items() if c > 0}, abs=1e-3)
+    else:
+        assert "cost" not in page.charts and "no price is configured" in page.no_data["cost"][0]
+
+    # idle GPU-hours by team (stacked idle classes)
+    if sum(idle.values()) > 0:
+        assert page.by_label("idle") == pytest.approx({t: h for t, h in idle.items() if h > 0}, abs=1e-3)
+    else:
+        assert "idle" not in page.charts and page.no_data["idle"]
+
+    # every team that held GPUs has a utilisation line
+    lines = {m.series for m in page.charts["utilisation"].marks if m.tag == "path"}
+    assert lines == {_team(p) for p in pods if p["gpu_hours"] > 0}
+
+    # stranded GPUs over time peak at the replay's maximum
+    assert max(page.series_values("stranded", "stranded GPUs (peak)")) == cluster["max_stranded_gpus"]
+
+    # the timeline shows every pod, longest wait first, each wait as long as the replay says
+    spans = page.charts["lifecycle"].marks
+    waits = {m.label.split(" (")[0]: m.value for m in spans if m.series == "pending"}
+    expected = {f"{p['namespace']}/{p['name']}": p["pending_s"] for p in pods if p["pending_s"] > 0}
+    assert waits == pytest.approx(expected)
+    assert len({m.label for m in spans}) == len(pods)
+    if expected:
+        assert spans[0].label.startswith(max(expected, key=lambda k: expected[k]))
+    # pending-time histogram: one lifecycle record per pod
+    assert sum(page.by_label("pending").values()) == len(pods)
+
+    if path.stem == "idle-notebook":
+        # the notebook held VRAM without compute: 20 idle minutes, $2.50/GPU-h
+        assert page.by_label("idle") == {"vision": pytest.approx(1 / 3, abs=1e-3)}
+        assert page.series_values("cost", "idle") == [pytest.approx(2.5 / 3, abs=1e-3)]
+    if path.stem == "fragmentation-basic":
+        assert waits == {"research/train-4": 900.0}
+        assert "Insufficient nvidia.com/gpu" in page.charts["pending-reasons"].marks[0].label
