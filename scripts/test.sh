@@ -16,6 +16,16 @@ echo "== installing gpulens and its test dependencies"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
 
+if ! command -v chromium >/dev/null 2>&1; then
+  # tests/report renders the HTML report in headless Chromium (Debian's package)
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium (headless browser for the HTML report test)"
+    apt-get update -qq && apt-get install -y -qq chromium
+  else
+    echo "== chromium missing and not installable here (needs root and apt-get): the HTML report browser test will fail" >&2
+  fi
+fi
+
 export PATH="$venv/bin:$PATH"
 export GPULENS_DATA_DIR=${GPULENS_TEST_DATA_DIR:-$root/.gpulens-test}
 export GPULENS_LOCAL_KAFKA__PORT=${GPULENS_TEST_KAFKA_PORT:-19092}
