@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from common.settings import KafkaSettings, ProducerSettings
@@ -29,6 +30,7 @@ __all__ = [
     "KafkaError",
     "KafkaException",
     "Message",
+    "ReadRecord",
     "TopicReport",
     "broker_reachable",
     "commit_offsets",
@@ -36,6 +38,7 @@ __all__ = [
     "ensure_topics",
     "group_lag",
     "make_consumer",
+    "read_to_end",
 ]
 
 
@@ -66,7 +69,10 @@ class BoundedProducer:
         kafka: KafkaSettings,
         settings: ProducerSettings | None = None,
         on_delivery: Callable[[str, bool], None] | None = None,
+        on_delivery_report: Callable[[str, int, int, bool], None] | None = None,
     ) -> None:
+        """``on_delivery(topic, ok)`` and ``on_delivery_report(topic, partition, offset, ok)`` run
+        from ``poll``/``flush`` for every record (offset -1 when it failed)."""
         settings = settings or ProducerSettings()
         conf = kafka.to_librdkafka() | {
             "enable.idempotence": True,
@@ -79,6 +85,7 @@ class BoundedProducer:
         }
         self._producer = Producer(conf)
         self._on_delivery = on_delivery
+        self._on_delivery_report = on_delivery_report
         self._lock = threading.Lock()
         self.stats = ProducerStats()
 
@@ -91,6 +98,11 @@ class BoundedProducer:
                 self.stats.last_error = str(err)
         if self._on_delivery is not None:
             self._on_delivery(msg.topic() or "", err is None)
+        if self._on_delivery_report is not None:
+            partition = msg.partition()
+            offset = msg.offset()
+            self._on_delivery_report(msg.topic() or "", -1 if partition is None else int(partition),
+                                     -1 if offset is None or err is not None else int(offset), err is None)
 
     def produce(
         self, topic: str, key: str | bytes | None, value: bytes | None, headers: Headers | None = None
@@ -260,3 +272,57 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:
     metadata = AdminClient(kafka.to_librdkafka()).list_topics(topic, timeout=timeout_s)
     return sorted(metadata.topics[topic].partitions)
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """One record read back by :func:`read_to_end`."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+
+def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[ReadRecord]:
+    """Every record now in ``topic``, from the beginning to each partition's high watermark (no
+    consumer group, nothing committed). Raises ``TimeoutError`` if they cannot be read in time."""
+    consumer = make_consumer(kafka, group_id=f"gpulens-reader-{topic}", extra={"enable.partition.eof": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s)
+        partitions = sorted(metadata.topics[topic].partitions)
+        ends: dict[int, int] = {}
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            if high > low:
+                ends[partition] = high
+        records: list[ReadRecord] = []
+        if not ends:
+            return records
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        positions = dict.fromkeys(ends, -1)
+        deadline = time.monotonic() + timeout_s
+        while any(positions[p] + 1 < ends[p] for p in ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}: got {len(records)} records before the deadline")
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error():
+                    continue
+                partition = int(msg.partition() or 0)
+                offset = int(msg.offset() or 0)
+                positions[partition] = max(positions[partition], offset)
+                if offset >= ends.get(partition, 0):
+                    continue
+                headers: dict[str, bytes] = {}
+                for item in msg.headers() or []:
+                    name, val = item[0], item[1]
+                    headers[str(name)] = val if isinstance(val, bytes) else (b"" if val is None else str(val).encode())
+                key = msg.key()
+                records.append(ReadRecord(topic, partition, offset, key.encode() if isinstance(key, str) else key,
+                                          msg.value(), headers))
+        records.sort(key=lambda r: (r.partition, r.offset))
+        return records
+    finally:
+        consumer.close()

@@ -218,7 +218,19 @@ class WorkerSettings(CommonSettings):
     sample_interval_s: float = Field(default=10.0, ge=1.0)
     prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
     thresholds: dict[str, float] = Field(default_factory=dict)
-    web_port: int = Field(default=6066, ge=1, le=65535)
+    web_port: int = Field(default=6066, ge=0, le=65535)
+    """Port of faust's web server (0 = off)."""
+    lateness_s: float = Field(default=30.0, ge=0)
+    """Allowed lateness: the stages' watermark is each mark's time minus this."""
+    watermark_source: Literal["clock", "control"] = "clock"
+    """``clock``: the worker marks event-time progress from its wall clock (live fleets);
+    ``control``: a driver (replay, demo) writes marks to the internal control topic."""
+    clock_interval_s: float = Field(default=5.0, gt=0)
+    """How often the worker writes a clock mark in ``clock`` mode."""
+    app_id: str | None = None
+    """faust application id (consumer group, changelog topic names); default ``<topic_prefix>-stream-jobs``."""
+    node_input_partitions: int = Field(default=12, ge=1, le=1024)
+    """Partitions of the internal node-inputs topic (the node stage's parallelism)."""
 
 
 class SinkSettings(CommonSettings):

@@ -105,6 +105,23 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
 )
 
 
+# Internal topics of the stream jobs (not part of the public contract, never in ALL_TOPICS):
+# envelopes between the route, node and cluster stages, and the watermark control topic.
+INTERNAL_NODE_INPUTS = TopicSpec(
+    "internal.node-inputs.v1", "node", Message, 12, "delete", 3 * _DAY_MS,
+    "internal: decoded inputs and watermark marks for the node stage, keyed by node",
+)
+INTERNAL_CLUSTER_INPUTS = TopicSpec(
+    "internal.cluster-inputs.v1", "cluster", Message, 1, "delete", 3 * _DAY_MS,
+    "internal: inputs, node-stage summaries and marks for the cluster stage",
+)
+INTERNAL_CONTROL = TopicSpec(
+    "internal.control.v1", "none", Message, 1, "delete", 3 * _DAY_MS,
+    "internal: watermark marks from a replay driver or the worker's clock; done markers",
+)
+INTERNAL_TOPICS: tuple[TopicSpec, ...] = (INTERNAL_NODE_INPUTS, INTERNAL_CLUSTER_INPUTS, INTERNAL_CONTROL)
+
+
 def by_suffix(suffix: str) -> TopicSpec:
     for spec in ALL_TOPICS:
         if spec.suffix == suffix:

@@ -1,8 +1,10 @@
 """``gpulens replay SCENARIO``: play a scenario file and print the report of FORMAT.md.
 
 In-process by default (no broker): the simulator's records go through the same decoding, routing
-and stages as the faust workers. ``--json`` prints the report (deterministic: the same file gives
-byte-identical output); otherwise a readable summary.
+and stages as the faust workers. ``--kafka BOOTSTRAP`` plays them through real topics and a
+``gpulens worker`` child process instead (:mod:`gpulens.kafka_replay`); both give the same report.
+``--json`` prints the report (deterministic: the same file gives byte-identical output);
+otherwise a readable summary.
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
     if lateness < 0:
         raise UserError("--lateness must not be negative")
     if bootstrap:
+        from common.kafka import BrokerUnavailable
+        from gpulens.kafka_replay import run_through_kafka
+
         try:
-            from gpulens.replay_kafka import run_through_kafka  # type: ignore[import-not-found]
-        except ModuleNotFoundError:
-            raise UserError("--kafka is not available in this build yet") from None
-        report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix)
+            report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix)
+        except BrokerUnavailable as exc:
+            raise UserError(f"{exc}. Start one with `gpulens kafka up`.") from None
     else:
         report = run_in_process(parsed, lateness_s=lateness).report
     if as_json:

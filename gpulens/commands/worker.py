@@ -1,0 +1,60 @@
+"""``gpulens worker``: run the stream jobs (faust) — route + node stage, cluster stage, or all.
+
+The worker creates its internal topics if missing (idempotent), serves ``/metrics`` on
+``--metrics-port`` and keeps its faust state under ``<data dir>/stream-jobs/<app id>`` (the
+tables themselves are changelog-backed in Kafka, so a restarted or moved worker resumes exactly).
+Live fleets use the default ``--watermark-source clock``; ``gpulens replay --kafka`` and the demo
+start workers with ``control`` and drive event time themselves (see docs/stream_jobs.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from common.kafka import BrokerUnavailable, ensure_topics
+from common.logs import get_logger
+from common.settings import WorkerSettings
+from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.errors import UserError
+from schemas.topics import INTERNAL_NODE_INPUTS, INTERNAL_TOPICS, TopicSpec
+
+log = get_logger(__name__)
+
+
+def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
+    """The internal topics with the configured node-inputs partition count."""
+    return [dataclasses.replace(spec, partitions=settings.node_input_partitions)
+            if spec.suffix == INTERNAL_NODE_INPUTS.suffix else spec for spec in INTERNAL_TOPICS]
+
+
+@click.command("worker")
+@click.option("--stage", type=click.Choice(["node", "cluster", "all"]), default=None,
+              help="node = route + node stage, cluster = cluster stage, all = both (default) [env GPULENS_STAGE]")
+@click.option("--metrics-port", type=int, default=None, help="/metrics port, 0 = off [env GPULENS_METRICS_PORT]")
+@click.option("--web-port", type=int, default=None, help="faust web server port, 0 = off [env GPULENS_WEB_PORT]")
+@click.option("--watermark-source", type=click.Choice(["clock", "control"]), default=None,
+              help="clock (live) or control (a replay/demo driver marks event time) [env GPULENS_WATERMARK_SOURCE]")
+@click.option("--lateness", "lateness_s", type=float, default=None,
+              help="allowed lateness in seconds (default 30) [env GPULENS_LATENESS_S]")
+@click.option("--app-id", default=None, help="faust app id / consumer group [env GPULENS_APP_ID]")
+@with_common_options
+def worker(**flags: Any) -> None:
+    """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
+    settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
+    try:
+        ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix)
+    except BrokerUnavailable as exc:
+        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+    from stream_jobs.faust_app import WorkerMetrics, run_worker
+
+    metrics = WorkerMetrics()
+    if settings.metrics_port:
+        port = metrics.registry.serve(settings.metrics_port)
+        log.info("metrics served", port=port)
+    run_worker(settings, metrics)
+
+
+COMMANDS = [worker]

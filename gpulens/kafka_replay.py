@@ -1,0 +1,358 @@
+"""Scenarios through real Kafka: the fleet driver, and ``gpulens replay --kafka``.
+
+:class:`KafkaFleetDriver` puts a simulator's ticks on the input topics and, after each tick is
+delivered, writes a watermark *mark* to the stream jobs' control topic: the tick's time and the
+last offset written to every input partition so far. The workers apply exactly the inputs a mark
+covers, then advance event time to the mark (minus the allowed lateness) — so a burst replay, a
+wall-clock demo and the in-process replay all give the same results (docs/stream_jobs.md). The
+driver knows nothing about replays: the demo uses it at wall-clock pace.
+
+:class:`KafkaReplay` runs a whole scenario: fresh topics under a fresh prefix, a ``gpulens worker``
+child process (``watermark_source=control``, its own data dir), the driver, a wait for the
+workers' ``done`` marker, then the output topics are read back and turned into FORMAT.md's report
+by the same :func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by
+their deterministic ids (at-least-once transport may deliver one twice after a worker restart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
+from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
+from gpulens.errors import UserError
+from gpulens.replay import DEFAULT_LATENESS_S, build_report, engine_config
+from gpulens.scenario import Scenario
+from gpulens.simulator import FleetSimulator, Tick
+from schemas.codec import MessageError, decode
+from schemas.messages import Message
+from schemas.topics import (
+    ALERTS,
+    ALL_TOPICS,
+    CLUSTER_CAPACITY,
+    DEADLETTER,
+    INTERNAL_CONTROL,
+    INTERNAL_NODE_INPUTS,
+    INTERNAL_TOPICS,
+    POD_LIFECYCLE,
+    POD_WINDOWS,
+    TopicSpec,
+)
+
+OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
+DEFAULT_NODE_PARTITIONS = 4
+_COMPACTED = {spec.suffix for spec in ALL_TOPICS if spec.cleanup_policy == "compact"}
+
+
+def _epoch(ts: datetime) -> float:
+    return ts.timestamp()
+
+
+class KafkaFleetDriver:
+    """Produces ticks to the input topics and a watermark mark after each (see module doc)."""
+
+    def __init__(self, kafka: KafkaSettings, prefix: str, producer: ProducerSettings | None = None) -> None:
+        self.prefix = prefix
+        self.control_topic = INTERNAL_CONTROL.name(prefix)
+        self._offsets: dict[str, int] = {}
+        self._failed: list[str] = []
+        self._producer = BoundedProducer(kafka, producer or ProducerSettings(linger_ms=5),
+                                         on_delivery_report=self._delivered)
+        self._seq = 0
+        self.ticks_sent = 0
+        self.records_sent = 0
+
+    def _delivered(self, topic: str, partition: int, offset: int, ok: bool) -> None:
+        if not ok:
+            self._failed.append(topic)
+            return
+        if topic == self.control_topic:
+            return
+        key = f"{topic}:{partition}"
+        if offset > self._offsets.get(key, -1):
+            self._offsets[key] = offset
+
+    def _next_seq(self) -> int:
+        # strictly increasing, also across driver restarts on the same topics (wall-clock based)
+        self._seq = max(self._seq + 1, time.time_ns() // 1000)
+        return self._seq
+
+    def _produce(self, topic: str, key: str | None, value: bytes | None) -> None:
+        while not self._producer.produce(topic, key=key, value=value):
+            self._producer.poll(0.05)
+
+    def _flush(self) -> None:
+        left = self._producer.flush(60)
+        if left or self._failed:
+            raise RuntimeError(f"could not deliver to Kafka ({left} queued, failed: {sorted(set(self._failed))})")
+
+    def _mark(self, ts: datetime, end: bool) -> dict[str, Any]:
+        mark = {"k": "m", "seq": self._next_seq(), "ts": _epoch(ts), "off": dict(self._offsets), "end": end}
+        self._produce(self.control_topic, None, orjson.dumps(mark))
+        return mark
+
+    def send_tick(self, tick: Tick) -> dict[str, Any]:
+        """Produce the tick's records, wait for their delivery, then write its mark."""
+        for record in tick.records:
+            key = record.key
+            if key is None and record.topic in _COMPACTED:
+                key = "unkeyed"  # a compacted topic refuses keyless records (a scenario's poison may have none)
+            self._produce(f"{self.prefix}.{record.topic}", key, record.value)
+        self._flush()
+        self.ticks_sent += 1
+        self.records_sent += len(tick.records)
+        mark = self._mark(tick.ts, end=False)
+        self._producer.poll(0)
+        return mark
+
+    def finish(self, end: datetime) -> dict[str, Any]:
+        """The input is complete: the workers flush everything at ``end``."""
+        self._flush()
+        mark = self._mark(end, end=True)
+        self._flush()
+        return mark
+
+    def close(self) -> None:
+        self._producer.close(10)
+
+
+# --------------------------------------------------------------------------- the worker child
+
+
+def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario: Scenario, lateness_s: float,
+                node_partitions: int, app_id: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    config = engine_config(scenario)
+    kafka = settings.kafka.model_dump(mode="json", exclude_none=True)
+    for secret in ("sasl_password", "ssl_key_password"):
+        value = getattr(settings.kafka, secret)
+        if value is not None:
+            kafka[secret] = value.get_secret_value()
+    env.update({
+        "GPULENS_KAFKA": json.dumps(kafka),
+        "GPULENS_TOPIC_PREFIX": prefix,
+        "GPULENS_DATA_DIR": str(data_dir),
+        "GPULENS_LOG_FORMAT": "json",
+        "GPULENS_LOG_LEVEL": "INFO",
+        "GPULENS_WATERMARK_SOURCE": "control",
+        "GPULENS_LATENESS_S": repr(lateness_s),
+        "GPULENS_APP_ID": app_id,
+        "GPULENS_WEB_PORT": "0",
+        "GPULENS_METRICS_PORT": "0",
+        "GPULENS_NODE_INPUT_PARTITIONS": str(node_partitions),
+        "GPULENS_WINDOW_S": repr(config.window_s),
+        "GPULENS_SAMPLE_INTERVAL_S": repr(config.sample_interval_s),
+        "GPULENS_PRICES_USD_PER_GPU_HOUR": json.dumps(dict(config.prices_usd_per_gpu_hour)),
+        "GPULENS_THRESHOLDS": json.dumps(config.thresholds.to_dict()),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+@dataclass
+class WorkerProcess:
+    """A ``gpulens worker`` child process with its log file."""
+
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpulens", "worker", "--stage", "all"], stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no commit, no flush — a crash."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# --------------------------------------------------------------------------- the replay
+
+
+@dataclass
+class KafkaOutputs:
+    """What the workers wrote, read back: outputs deduplicated by id, dead letters by source."""
+
+    outputs: list[Message]
+    deadletters: list[ReadRecord]
+    alert_records: list[ReadRecord]
+    duplicates: int
+    done: dict[str, Any] = field(default_factory=dict)
+
+
+class KafkaReplay:
+    """One scenario through topics and a real worker. ``run()`` does it all; the steps are public
+    so tests can crash the worker in the middle."""
+
+    def __init__(self, scenario: Scenario, settings: CommonSettings, lateness_s: float = DEFAULT_LATENESS_S,
+                 topic_prefix: str | None = None, node_partitions: int = DEFAULT_NODE_PARTITIONS,
+                 work_dir: Path | None = None) -> None:
+        self.scenario = scenario
+        self.settings = settings
+        self.kafka = settings.kafka
+        self.lateness_s = lateness_s
+        self.prefix = topic_prefix or f"replay{uuid.uuid4().hex[:10]}"
+        self.node_partitions = node_partitions
+        self._own_dir = work_dir is None
+        self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="gpulens-replay-"))
+        self.simulator = FleetSimulator(scenario)
+        self.worker = WorkerProcess(
+            _worker_env(settings, self.prefix, self.work_dir / "worker", scenario, lateness_s, node_partitions,
+                        f"{self.prefix}-stream-jobs"),
+            self.work_dir / "worker.log")
+        self.driver: KafkaFleetDriver | None = None
+        self.end_mark: dict[str, Any] | None = None
+
+    def create_topics(self) -> None:
+        internal = [spec if spec.suffix != INTERNAL_NODE_INPUTS.suffix else
+                    TopicSpec(spec.suffix, spec.key, spec.message, self.node_partitions, spec.cleanup_policy,
+                              spec.retention_ms, spec.description) for spec in INTERNAL_TOPICS]
+        ensure_topics(self.kafka, [*ALL_TOPICS, *internal], self.prefix)
+
+    def ticks(self) -> list[Tick]:
+        return list(self.simulator.run())
+
+    def send(self, ticks: list[Tick]) -> None:
+        if self.driver is None:
+            self.driver = KafkaFleetDriver(self.kafka, self.prefix)
+        for tick in ticks:
+            self.driver.send_tick(tick)
+
+    def finish(self) -> None:
+        assert self.driver is not None
+        end = self.scenario.start + timedelta(seconds=self.scenario.end_offset_s)
+        self.end_mark = self.driver.finish(end)
+
+    def wait_done(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Wait for the workers' ``done`` marker of the end mark; returns its counters."""
+        assert self.end_mark is not None
+        deadline = time.monotonic() + timeout_s
+        control = INTERNAL_CONTROL.name(self.prefix)
+        while time.monotonic() < deadline:
+            for record in read_to_end(self.kafka, control, timeout_s=30):
+                data = orjson.loads(record.value or b"{}")
+                if data.get("k") == "done" and data.get("seq") == self.end_mark["seq"]:
+                    return dict(data.get("stats") or {})
+            if not self.worker.alive():
+                code = self.worker.process.returncode if self.worker.process else "?"
+                raise UserError(f"the stream worker stopped (exit {code}); "
+                                f"last lines of {self.worker.log_path}:\n{self.worker.tail()}")
+            time.sleep(0.5)
+        raise UserError(f"the stream worker did not finish within {timeout_s:.0f}s; last lines of "
+                        f"{self.worker.log_path}:\n{self.worker.tail()}")
+
+    def read_outputs(self, done: dict[str, Any]) -> KafkaOutputs:
+        outputs: list[Message] = []
+        seen: set[tuple[str, ...]] = set()
+        duplicates = 0
+        alert_records: list[ReadRecord] = []
+        for spec in OUTPUT_TOPICS:
+            records = read_to_end(self.kafka, spec.name(self.prefix))
+            if spec is ALERTS:
+                alert_records = records
+            for record in records:
+                try:
+                    message = decode(record.value, spec.message)
+                except MessageError as exc:
+                    raise RuntimeError(f"{spec.name(self.prefix)} holds an invalid record: {exc}") from None
+                key = _identity(message)
+                if key in seen:
+                    duplicates += 1
+                    continue
+                seen.add(key)
+                outputs.append(message)
+        outputs.sort(key=_canonical_order)
+        letters: dict[tuple[bytes, bytes, bytes], ReadRecord] = {}
+        for record in read_to_end(self.kafka, DEADLETTER.name(self.prefix)):
+            source = (record.headers.get("source_topic", b""), record.headers.get("source_partition", b""),
+                      record.headers.get("source_offset", b""))
+            letters.setdefault(source, record)
+        return KafkaOutputs(outputs, list(letters.values()), alert_records, duplicates, done)
+
+    def report(self, outputs: KafkaOutputs) -> dict[str, Any]:
+        stats = {"deadletters": len(outputs.deadletters),
+                 "late_samples_dropped": int(outputs.done.get("late_samples_dropped", 0)),
+                 "sample_gaps": int(outputs.done.get("sample_gaps", 0))}
+        return build_report(self.scenario, outputs.outputs, self.simulator.pod_truth(self.scenario.end_offset_s),
+                            stats)
+
+    def close(self) -> None:
+        self.worker.stop()
+        if self.driver is not None:
+            self.driver.close()
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def run(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        try:
+            self.create_topics()
+            self.worker.start()
+            self.send(self.ticks())
+            self.finish()
+            done = self.wait_done(timeout_s)
+            return self.report(self.read_outputs(done))
+        finally:
+            self.close()
+
+
+def _identity(message: Message) -> tuple[str, ...]:
+    """Deterministic output ids: what the sink deduplicates by."""
+    for attr in ("window_id",):
+        if hasattr(message, attr):
+            return (type(message).__name__, str(getattr(message, attr)))
+    if hasattr(message, "state") and hasattr(message, "id"):
+        return ("Alert", str(message.id), str(message.state))
+    return (type(message).__name__, str(getattr(message, "pod_uid", "")))
+
+
+def _canonical_order(message: Message) -> tuple[Any, ...]:
+    """Capacity windows by start (the report sums them; in-process emits them in this order)."""
+    start = getattr(message, "window_start", None)
+    return (type(message).__name__, start.timestamp() if start is not None else 0.0)
+
+
+def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DEFAULT_LATENESS_S,
+                      topic_prefix: str | None = None) -> dict[str, Any]:
+    """``gpulens replay --kafka BOOTSTRAP``: the report of ``scenario`` through Kafka and a worker."""
+    settings = load_settings(CommonSettings)
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
+    settings = settings.model_copy(update={"kafka": kafka})
+    return KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix).run()

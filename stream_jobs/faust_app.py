@@ -1,0 +1,495 @@
+"""The faust runtime around the stages: the one module that imports faust (and mode).
+
+faust supplies agents, partition assignment and changelog-backed tables; the event-time logic is
+the plain code of :mod:`stream_jobs.node_stage` / :mod:`stream_jobs.cluster_stage`, unchanged, and
+:mod:`stream_jobs.watermark` decides *when* each record is applied. Three agents:
+
+- **route** consumes the five input topics and the internal control topic. It decodes every
+  record (undecodable or invalid -> ``deadletter.v1`` with the reason and source position as
+  headers; the stream goes on), forwards valid ones to ``internal.node-inputs.v1`` (keyed by
+  node, per :func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, and holds
+  each watermark mark until it has consumed the inputs the mark covers; then it forwards the mark
+  in-band to every node-inputs partition and to cluster-inputs.
+- **node** (one stream over the node-inputs partitions): per partition, records wait in a gate
+  until a mark releases them; then the partition's :class:`NodeStage` s (one per node, kept in the
+  ``node-stages`` table) apply them and advance to ``mark.ts - lateness`` (or flush at an end
+  mark). Public outputs go to their topics; :class:`NodeSummary` / :class:`PodUsage` go to
+  cluster-inputs numbered by (partition, mark, index); then the mark itself, with the partition's
+  counters.
+- **cluster** (one partition): when the route's mark and every node partition's copy of it have
+  arrived, the :class:`ClusterStage` (``cluster-stage`` table) applies what the mark covers and
+  advances; after an end mark it writes a ``done`` marker to the control topic.
+
+Delivery is at-least-once, results exactly-once: inputs are acknowledged (so their offsets can be
+committed) only after the mark that applied them has been processed, its outputs delivered and
+the stage state written to the table; after a crash the gates recognise what the restored state
+already applied (source offsets and mark numbers are part of the state), so redelivered records
+are not applied twice. Outputs may be written twice (a crash after sending, before the state
+write); they carry deterministic ids and the sink deduplicates by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import orjson
+
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from common.settings import WorkerSettings
+from schemas.codec import MessageError, encode, validate
+from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
+from schemas.topics import (
+    ALERTS,
+    CLUSTER_CAPACITY,
+    DEADLETTER,
+    INTERNAL_CLUSTER_INPUTS,
+    INTERNAL_CONTROL,
+    INTERNAL_NODE_INPUTS,
+    POD_LIFECYCLE,
+    POD_WINDOWS,
+)
+from stream_jobs.cluster_stage import ClusterStage
+from stream_jobs.config import EngineConfig, Thresholds
+from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.node_stage import NodeStage
+from stream_jobs.pipeline import INPUT_TOPICS, Tombstone, dead_letter, decode_record, route
+from stream_jobs.timeutil import from_epoch
+from stream_jobs.watermark import (
+    ClusterGate,
+    InputGate,
+    Mark,
+    MarkHold,
+    Parked,
+    decode_envelope,
+    done_envelope,
+    node_mark_envelope,
+    output_envelope,
+    record_envelope,
+    tp_key,
+)
+
+log = get_logger(__name__)
+
+_INPUT_BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
+_INTERNAL_TYPES: dict[str, type[Message]] = {"summary": NodeSummary, "usage": PodUsage}
+_PUBLIC_OUT = {PodWindow: POD_WINDOWS, ClusterCapacity: CLUSTER_CAPACITY, PodLifecycle: POD_LIFECYCLE,
+               Alert: ALERTS}
+
+
+def engine_config(settings: WorkerSettings) -> EngineConfig:
+    return EngineConfig(window_s=settings.window_s, sample_interval_s=settings.sample_interval_s,
+                        prices_usd_per_gpu_hour=dict(settings.prices_usd_per_gpu_hour),
+                        thresholds=Thresholds().with_overrides(settings.thresholds))
+
+
+def app_id(settings: WorkerSettings) -> str:
+    return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
+
+
+def _output_key(message: Message) -> str:
+    if isinstance(message, PodWindow | PodLifecycle):
+        return message.pod_uid
+    if isinstance(message, Alert):
+        return message.id
+    return "cluster"
+
+
+class WorkerMetrics:
+    """The worker's ``/metrics``: records in/out per topic, dead letters, late samples, watermark
+    lag, stage processing time."""
+
+    def __init__(self, registry: MetricsRegistry | None = None) -> None:
+        self.registry = registry or MetricsRegistry()
+        r = self.registry
+        self.records_in = r.counter("stream_records_in_total", "records consumed", ("topic",))
+        self.records_out = r.counter("stream_records_out_total", "records produced", ("topic",))
+        self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic",))
+        self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
+        self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",
+                                    ("stage",))
+        self.marks = r.counter("stream_marks_total", "watermark marks processed", ("stage",))
+        self.watermark_lag = r.gauge("stream_watermark_lag_seconds",
+                                     "wall clock minus the stage's event-time watermark", ("stage",))
+        self.stage_seconds = r.histogram("stream_stage_seconds", "processing time of one mark", ("stage",))
+
+
+class _JsonTable:
+    """A faust table of JSON documents under string keys (stored as bytes)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, key: str) -> Any:
+        raw = self.table.get(key.encode())
+        return None if raw is None else orjson.loads(raw)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.table[key.encode()] = orjson.dumps(value)
+
+
+@dataclass
+class _NodePartition:
+    gate: InputGate[Any]
+    nodes: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class StreamJobs:
+    """Builds the faust app for one worker process (``settings.stage`` picks the agents)."""
+
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
+        self.settings = settings
+        self.config = engine_config(settings)
+        self.metrics = metrics or WorkerMetrics()
+        self.prefix = settings.topic_prefix
+        self.lateness_s = settings.lateness_s
+        self.node_partitions = settings.node_input_partitions
+        self.app = self._make_app()
+        self._declare()
+
+    # ------------------------------------------------------------------ app and topics
+
+    def _make_app(self) -> Any:
+        s = self.settings
+        kafka = s.kafka
+        credentials: Any = None
+        if kafka.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+            credentials = faust.SASLCredentials(
+                username=kafka.sasl_username,
+                password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
+                ssl_context=kafka.ssl_context() if kafka.security_protocol == "SASL_SSL" else None,
+                mechanism=kafka.sasl_mechanism)
+        elif kafka.security_protocol == "SSL":
+            credentials = faust.SSLCredentials(kafka.ssl_context())
+        datadir = s.data_dir / "stream-jobs" / app_id(s)
+        datadir.mkdir(parents=True, exist_ok=True)
+        return faust.App(
+            app_id(s),
+            broker=kafka.faust_broker_url(),
+            broker_credentials=credentials,
+            broker_client_id=kafka.client_id,
+            datadir=str(datadir),
+            store="memory://",
+            processing_guarantee="at_least_once",
+            consumer_auto_offset_reset="earliest",
+            stream_wait_empty=False,
+            broker_commit_interval=1.0,
+            producer_acks=-1,
+            producer_linger_ms=0,
+            table_standby_replicas=0,
+            topic_replication_factor=1,
+            web_enabled=s.web_port > 0,
+            web_port=s.web_port or 6066,
+            web_bind="0.0.0.0",
+            autodiscover=False,
+        )
+
+    def _topic(self, name: str, partitions: int | None = None) -> Any:
+        return self.app.topic(name, partitions=partitions, key_serializer="raw", value_serializer="raw")
+
+    def _declare(self) -> None:
+        app, prefix = self.app, self.prefix
+        self.input_names = {spec.name(prefix): spec.suffix for spec in INPUT_TOPICS}
+        self.control_name = INTERNAL_CONTROL.name(prefix)
+        self.node_name = INTERNAL_NODE_INPUTS.name(prefix)
+        self.cluster_name = INTERNAL_CLUSTER_INPUTS.name(prefix)
+        self.inputs = self.app.topic(*self.input_names, self.control_name, key_serializer="raw",
+                                     value_serializer="raw")
+        self.node_topic = self._topic(self.node_name, self.node_partitions)
+        self.cluster_topic = self._topic(self.cluster_name, 1)
+        self.control_topic = self._topic(self.control_name, 1)
+        self.deadletter_topic = self._topic(DEADLETTER.name(prefix))
+        self.out_topics = {cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()}
+        # keys and values are bytes (orjson documents): what is written is exactly what is restored
+        raw: Any = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        self.node_table = _JsonTable(app.Table("node-stages", default=None, partitions=self.node_partitions,
+                                               schema=raw))
+        self.node_meta = _JsonTable(app.Table("node-progress", default=None, partitions=self.node_partitions,
+                                              schema=raw))
+        self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, schema=raw))
+        self.hold = MarkHold()
+        self.node_parts: dict[int, _NodePartition] = {}
+        self.node_stages: dict[str, NodeStage] = {}
+        self.cluster_gate: ClusterGate[Any] | None = None
+        self.cluster_stage: ClusterStage | None = None
+        stage = self.settings.stage
+        if stage in ("node", "all"):
+            app.agent(self.inputs, name="route")(self._route_agent)
+            app.agent(self.node_topic, name="node")(self._node_agent)
+            if self.settings.watermark_source == "clock":
+                app.timer(self.settings.clock_interval_s, on_leader=True)(self._clock)
+        if stage in ("cluster", "all"):
+            app.agent(self.cluster_topic, name="cluster")(self._cluster_agent)
+        app.on_partitions_revoked.connect(self._on_revoked)
+
+    async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        """Forget in-memory gates and stages of partitions this worker no longer owns (their
+        unacknowledged records go to the new owner, which restores the state from the tables)."""
+        for tp in revoked:
+            if tp.topic == self.node_name:
+                part = self.node_parts.pop(tp.partition, None)
+                for node in part.nodes if part else []:
+                    self.node_stages.pop(node, None)
+            elif tp.topic == self.cluster_name:
+                self.cluster_gate = None
+                self.cluster_stage = None
+            elif tp.topic in self.input_names or tp.topic == self.control_name:
+                self.hold = MarkHold()
+
+    async def _send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
+                    headers: list[tuple[str, bytes]] | None = None) -> Any:
+        fut = await topic.send(key=key.encode() if key is not None else None, value=value, partition=partition,
+                               headers=headers)
+        self.metrics.records_out.labels(topic.get_topic_name()).inc()
+        return fut
+
+    # ------------------------------------------------------------------ clock marks (live mode)
+
+    async def _clock(self) -> None:
+        now = time.time()
+        await self._send(self.control_topic, None, Mark(seq=int(now * 1e6), ts=now).encode())
+
+    # ------------------------------------------------------------------ route
+
+    def _committed(self) -> dict[str, int]:
+        committed = getattr(self.app.consumer, "_committed_offset", {}) or {}
+        return {tp_key(tp.topic, tp.partition): int(off) for tp, off in list(committed.items()) if off is not None}
+
+    async def _route_agent(self, stream: Any) -> None:
+        events = stream.noack()
+        async for event in events.events():
+            message = event.message
+            topic, partition, offset = message.topic, message.partition, message.offset
+            self.metrics.records_in.labels(topic).inc()
+            if topic == self.control_name:
+                try:
+                    data = decode_envelope(event.value)
+                    if data["k"] == "m":
+                        self.hold.hold(Mark.from_dict(data), event)
+                    else:
+                        await events.ack(event)
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("bad control record ignored", offset=offset, error=str(exc))
+                    await events.ack(event)
+            else:
+                await self._route_record(topic, partition, offset, message.key, event.value)
+                self.hold.consume(topic, partition, offset)
+                await events.ack(event)
+            if self.hold.held:
+                for mark, token in self.hold.ready(self._committed()):
+                    await self._forward_mark(mark)
+                    await events.ack(token)
+
+    async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
+                            value: bytes | None) -> None:
+        suffix = self.input_names[topic]
+        try:
+            decoded = decode_record(suffix, value)
+        except Tombstone:
+            return
+        except MessageError as exc:
+            await self._dead_letter(topic, partition, offset, key, value, str(exc))
+            return
+        envelope = record_envelope(topic, suffix, partition, offset, value or b"")
+        for stage, node in route(decoded):
+            if stage == "node":
+                await self._send(self.node_topic, node, envelope)
+            else:
+                await self._send(self.cluster_topic, "cluster", envelope)
+
+    async def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
+                           value: bytes | None, error: str) -> None:
+        letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset)
+        headers = [("error", error.encode()), ("source_topic", topic.encode()),
+                   ("source_partition", str(partition).encode()), ("source_offset", str(offset).encode())]
+        fut = await self.deadletter_topic.send(key=key, value=encode(letter), headers=headers)
+        await fut  # rare: make it durable before the stream moves on
+        self.metrics.deadletters.labels(topic).inc()
+        self.metrics.records_out.labels(self.deadletter_topic.get_topic_name()).inc()
+        log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
+
+    async def _forward_mark(self, mark: Mark) -> None:
+        value = mark.encode()
+        for partition in range(self.node_partitions):
+            await self._send(self.node_topic, None, value, partition=partition)
+        await self._send(self.cluster_topic, "cluster", value)
+
+    # ------------------------------------------------------------------ node stage
+
+    def _node_part(self, partition: int) -> _NodePartition:
+        part = self.node_parts.get(partition)
+        if part is None:
+            meta = self.node_meta.get(f"p{partition}") or {}
+            part = _NodePartition(InputGate(int(meta.get("seq", 0)), meta.get("applied")),
+                                  list(meta.get("nodes", [])), dict(meta.get("stats", {})))
+            self.node_parts[partition] = part
+        return part
+
+    def _node_stage(self, node: str) -> NodeStage:
+        stage = self.node_stages.get(node)
+        if stage is None:
+            saved = self.node_table.get(node)
+            stage = NodeStage.from_dict(saved, self.config) if saved else NodeStage(node, self.config)
+            self.node_stages[node] = stage
+        return stage
+
+    async def _node_agent(self, stream: Any) -> None:
+        events = stream.noack()
+        async for event in events.events():
+            partition = event.message.partition
+            self.metrics.records_in.labels(self.node_name).inc()
+            part = self._node_part(partition)
+            data = decode_envelope(event.value)
+            if data["k"] == "r":
+                if not part.gate.offer(data, event):
+                    self.metrics.duplicates.labels("node").inc()
+                    await events.ack(event)
+                continue
+            mark = Mark.from_dict(data)
+            if not part.gate.is_new(mark.seq):
+                self.metrics.duplicates.labels("node").inc()
+                await events.ack(event)
+                continue
+            started = time.perf_counter()
+            released = part.gate.release(mark)
+            await self._node_mark(partition, part, mark, released)
+            for parked in released:
+                await events.ack(parked.token)
+            await events.ack(event)
+            self.metrics.marks.labels("node").inc()
+            self.metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
+
+    async def _node_mark(self, partition: int, part: _NodePartition, mark: Mark,
+                         released: list[Parked[Any]]) -> None:
+        for parked in released:
+            spec = _INPUT_BY_SUFFIX[parked.data["s"]]
+            message = validate(parked.data["v"], spec.message)
+            node = getattr(message, "node", None)
+            if not node:
+                continue
+            if node not in part.nodes:
+                part.nodes.append(node)
+                part.nodes.sort()
+            stage = self._node_stage(node)
+            late = stage.counters["late_samples"]
+            stage.submit(message)
+            if stage.counters["late_samples"] > late:
+                self.metrics.late_samples.inc()
+        outputs: list[Message] = []
+        wm = mark.ts if mark.end else mark.ts - self.lateness_s
+        for node in part.nodes:
+            stage = self._node_stage(node)
+            outputs.extend(stage.flush(mark.ts) if mark.end else stage.advance(wm))
+        public: list[Any] = []
+        internal: list[tuple[str, bytes]] = []
+        for message in outputs:
+            if isinstance(message, NodeSummary | PodUsage):
+                internal.append(("summary" if isinstance(message, NodeSummary) else "usage", encode(message)))
+            else:
+                public.append(await self._send(self.out_topics[type(message)], _output_key(message),
+                                               encode(message)))
+        if mark.end and public:
+            await asyncio.gather(*public)  # every public output is out before the cluster can say done
+            public = []
+        futures = public
+        for index, (kind, value) in enumerate(internal):
+            futures.append(await self._send(self.cluster_topic, "cluster",
+                                            output_envelope(partition, mark.seq, index, kind, value)))
+        stats = {"late_samples_dropped": 0, "sample_gaps": 0}
+        for node in part.nodes:
+            counters = self._node_stage(node).counters
+            stats["late_samples_dropped"] += counters["late_samples"]
+            stats["sample_gaps"] += counters["gaps"]
+        part.stats = stats
+        futures.append(await self._send(self.cluster_topic, "cluster", node_mark_envelope(partition, mark, stats)))
+        await asyncio.gather(*futures)
+        # outputs are delivered: now the state may say the mark is applied
+        for node in part.nodes:
+            self.node_table[node] = self._node_stage(node).to_dict()
+        self.node_meta[f"p{partition}"] = part.gate.progress() | {"nodes": part.nodes, "stats": stats}
+        self.metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
+
+    # ------------------------------------------------------------------ cluster stage
+
+    def _cluster(self) -> tuple[ClusterGate[Any], ClusterStage]:
+        if self.cluster_gate is None or self.cluster_stage is None:
+            meta = self.cluster_table.get("progress") or {}
+            saved = self.cluster_table.get("stage")
+            self.cluster_gate = ClusterGate(self.node_partitions, int(meta.get("seq", 0)), meta.get("applied"))
+            self.cluster_stage = ClusterStage.from_dict(saved, self.config) if saved else ClusterStage(self.config)
+            self._cluster_done = meta.get("done")
+        return self.cluster_gate, self.cluster_stage
+
+    async def _cluster_agent(self, stream: Any) -> None:
+        events = stream.noack()
+        async for event in events.events():
+            self.metrics.records_in.labels(self.cluster_name).inc()
+            gate, stage = self._cluster()
+            data = decode_envelope(event.value)
+            kind = data["k"]
+            if kind == "r":
+                accepted = gate.offer(data, event)
+            elif kind == "o":
+                accepted = gate.offer_output(data, event)
+            elif kind == "nm":
+                accepted = gate.offer_node_mark(data, event)
+            else:
+                mark = Mark.from_dict(data)
+                accepted = gate.offer_mark(mark, event)
+                if not accepted and mark.end and self._cluster_done is not None:
+                    # the end was processed before a restart: say done again (the driver waits)
+                    await self._send(self.control_topic, None, done_envelope(mark.seq, self._cluster_done))
+            if not accepted:
+                self.metrics.duplicates.labels("cluster").inc()
+                await events.ack(event)
+                continue
+            while (ready := gate.next_complete()) is not None:
+                started = time.perf_counter()
+                direct, outs, tokens, stats = gate.complete(ready)
+                await self._cluster_mark(gate, stage, ready, direct, outs, stats)
+                for token in [p.token for p in direct] + [p.token for p in outs] + tokens:
+                    await events.ack(token)
+                self.metrics.marks.labels("cluster").inc()
+                self.metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
+
+    async def _cluster_mark(self, gate: ClusterGate[Any], stage: ClusterStage, mark: Mark,
+                            direct: list[Parked[Any]], outs: list[Parked[Any]], stats: dict[str, int]) -> None:
+        for parked in direct:
+            stage.submit(validate(parked.data["v"], _INPUT_BY_SUFFIX[parked.data["s"]].message))
+        for parked in outs:
+            stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
+        wm = mark.ts if mark.end else mark.ts - self.lateness_s
+        outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
+        futures = [await self._send(self.out_topics[type(m)], _output_key(m), encode(m)) for m in outputs]
+        if futures:
+            await asyncio.gather(*futures)
+        progress = gate.progress()
+        if mark.end:
+            self._cluster_done = stats
+            progress["done"] = stats
+        self.cluster_table["stage"] = stage.to_dict()
+        self.cluster_table["progress"] = progress
+        self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
+        if mark.end:
+            fut = await self._send(self.control_topic, None, done_envelope(mark.seq, stats))
+            await fut
+            log.info("end of input processed", seq=mark.seq, **stats)
+
+    _cluster_done: dict[str, int] | None = None
+
+
+def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
+    """Run a faust worker for ``settings`` until SIGTERM/SIGINT (blocks; exits the process)."""
+    jobs = StreamJobs(settings, metrics)
+    for name in ("faust", "mode", "aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
+    worker = faust.Worker(jobs.app, loglevel=settings.log_level.lower(), override_logging=False, quiet=True)
+    log.info("stream jobs starting", app_id=app_id(settings), stage=settings.stage,
+             watermark_source=settings.watermark_source, prefix=settings.topic_prefix)
+    worker.execute_from_commandline()

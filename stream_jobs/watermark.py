@@ -1,0 +1,261 @@
+"""Watermark marks and the gates that make the Kafka runtime apply inputs exactly as in-process.
+
+The five input topics are consumed independently, so arrival order says nothing about event
+time: a burst replay can deliver every sample before any pod state. Progress is therefore made
+explicit with *marks*. A mark says "every input up to these offsets has been written, and event
+time has reached ``ts``" (a replay driver writes one after each tick; a live worker writes them
+from its wall clock, without offsets). The route stage holds a mark until it has consumed every
+input partition up to the mark's offsets and then forwards it *in-band* to every partition of the
+node-inputs topic and to the cluster-inputs topic, behind the records it forwarded.
+
+A stage never applies a record when it arrives. It parks it in a gate; when a mark comes, the gate
+releases exactly the records the mark covers (source offset <= the mark's offset for its input
+partition), in a canonical order (input topic, partition, offset), and the stage then advances its
+watermark to ``mark.ts - lateness`` — the same inputs, order and watermarks as ``run_in_process``
+whatever the consumption timing. Records a later mark covers stay parked.
+
+Every gate also makes redelivery harmless (at-least-once transport): a record whose source offset
+was already applied, a node output of an already applied mark, or a mark already applied is
+recognised and dropped. Everything here is plain data so it lives in the stages' tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS
+
+T = TypeVar("T")
+
+# canonical release order of the input topics: states before derived inputs before samples
+TOPIC_RANK: dict[str, int] = {spec.suffix: i for i, spec in enumerate(
+    (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES))}
+
+
+def tp_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Event-time progress. ``offsets`` maps ``topic:partition`` to the last offset the driver
+    wrote there (None: a clock mark, which covers whatever has arrived). ``end``: the input is
+    complete — stages flush at ``ts``."""
+
+    seq: int
+    ts: float
+    offsets: dict[str, int] | None = None
+    end: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": "m", "seq": self.seq, "ts": self.ts, "off": self.offsets, "end": self.end}
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Mark:
+        off = data.get("off")
+        return cls(seq=int(data["seq"]), ts=float(data["ts"]),
+                   offsets=None if off is None else {str(k): int(v) for k, v in off.items()},
+                   end=bool(data.get("end", False)))
+
+    def covers(self, topic: str, partition: int, offset: int) -> bool:
+        if self.offsets is None:
+            return True
+        last = self.offsets.get(tp_key(topic, partition))
+        return last is None or offset <= last  # a partition the driver never wrote: not its to hold
+
+
+def record_envelope(topic: str, suffix: str, partition: int, offset: int, value: bytes) -> bytes:
+    """A forwarded input record; ``value`` is the original JSON (already validated), embedded as is."""
+    head = orjson.dumps({"k": "r", "t": topic, "s": suffix, "p": partition, "o": offset})
+    return head[:-1] + b',"v":' + value + b"}"
+
+
+def output_envelope(partition: int, seq: int, index: int, kind: str, value: bytes) -> bytes:
+    """A node-stage output for the cluster stage, numbered within the mark that produced it."""
+    head = orjson.dumps({"k": "o", "P": partition, "seq": seq, "i": index, "c": kind})
+    return head[:-1] + b',"v":' + value + b"}"
+
+
+def node_mark_envelope(partition: int, mark: Mark, stats: dict[str, int]) -> bytes:
+    return orjson.dumps(mark.to_dict() | {"k": "nm", "P": partition, "stats": stats})
+
+
+def done_envelope(seq: int, stats: dict[str, int]) -> bytes:
+    return orjson.dumps({"k": "done", "seq": seq, "stats": stats})
+
+
+def decode_envelope(value: bytes) -> dict[str, Any]:
+    data = orjson.loads(value)
+    if not isinstance(data, dict) or "k" not in data:
+        raise ValueError("not a stream-jobs envelope")
+    return data
+
+
+# --------------------------------------------------------------------------- route: holding marks
+
+
+@dataclass
+class MarkHold:
+    """The route stage's marks, held until the inputs they cover have been consumed."""
+
+    consumed: dict[str, int] = field(default_factory=dict)
+    held: list[tuple[Mark, Any]] = field(default_factory=list)
+
+    def consume(self, topic: str, partition: int, offset: int) -> None:
+        key = tp_key(topic, partition)
+        if offset > self.consumed.get(key, -1):
+            self.consumed[key] = offset
+
+    def hold(self, mark: Mark, token: Any) -> None:
+        self.held.append((mark, token))
+
+    def missing(self, mark: Mark, committed: dict[str, int]) -> dict[str, int]:
+        """Input partitions not yet consumed up to the mark: ``{tp: offset wanted}``. ``committed``
+        holds the next offset to read per partition as committed before a restart (what was
+        consumed then is not consumed again)."""
+        if mark.offsets is None:
+            return {}
+        return {tp: off for tp, off in mark.offsets.items()
+                if max(self.consumed.get(tp, -1), committed.get(tp, 0) - 1) < off}
+
+    def ready(self, committed: dict[str, int]) -> list[tuple[Mark, Any]]:
+        """Marks now released, in order (a mark never overtakes an earlier one)."""
+        out = []
+        while self.held and not self.missing(self.held[0][0], committed):
+            out.append(self.held.pop(0))
+        return out
+
+
+# --------------------------------------------------------------------------- stages: gates
+
+
+@dataclass
+class Parked(Generic[T]):
+    order: tuple[Any, ...]
+    data: dict[str, Any]
+    token: T
+
+
+class InputGate(Generic[T]):
+    """Records parked until a mark releases them, for one input stream of a stage (one
+    node-inputs partition, or the cluster stage's single partition).
+
+    ``applied_seq`` and ``applied`` (highest source offset applied per input partition) are the
+    stage's progress: they are saved with the stage state, so redelivered records and marks are
+    recognised after a restart.
+    """
+
+    def __init__(self, applied_seq: int = 0, applied: dict[str, int] | None = None) -> None:
+        self.applied_seq = applied_seq
+        self.applied: dict[str, int] = dict(applied or {})
+        self.records: dict[tuple[str, int, int], Parked[T]] = {}
+
+    def offer(self, data: dict[str, Any], token: T) -> bool:
+        """Park a forwarded record; False when it was already applied or is parked (a duplicate)."""
+        topic, partition, offset = str(data["t"]), int(data["p"]), int(data["o"])
+        if offset <= self.applied.get(tp_key(topic, partition), -1):
+            return False
+        key = (topic, partition, offset)
+        if key in self.records:
+            return False
+        self.records[key] = Parked((TOPIC_RANK.get(str(data["s"]), 99), topic, partition, offset), data, token)
+        return True
+
+    def is_new(self, seq: int) -> bool:
+        return seq > self.applied_seq
+
+    def release(self, mark: Mark) -> list[Parked[T]]:
+        """The parked records ``mark`` covers, in canonical order; records progress to the mark."""
+        out = [p for (topic, partition, offset), p in self.records.items() if mark.covers(topic, partition, offset)]
+        out.sort(key=lambda p: p.order)
+        for p in out:
+            _rank, topic, partition, offset = p.order
+            del self.records[(topic, partition, offset)]
+            key = tp_key(topic, partition)
+            if offset > self.applied.get(key, -1):
+                self.applied[key] = offset
+        self.applied_seq = max(self.applied_seq, mark.seq)
+        return out
+
+    def progress(self) -> dict[str, Any]:
+        return {"seq": self.applied_seq, "applied": dict(self.applied)}
+
+
+class ClusterGate(InputGate[T]):
+    """The cluster stage's gate: direct records and marks from the route, plus node-stage outputs
+    and marks from every node-inputs partition. Mark ``k`` is complete when the route's mark ``k``
+    and every node partition's mark ``k`` have arrived; it then releases the direct records it
+    covers (first) and the node outputs produced at marks ``<= k`` (in mark, partition, index
+    order), as the in-process pipeline submits them."""
+
+    def __init__(self, node_partitions: int, applied_seq: int = 0, applied: dict[str, int] | None = None) -> None:
+        super().__init__(applied_seq, applied)
+        self.node_partitions = node_partitions
+        self.marks: dict[int, tuple[Mark, T]] = {}
+        self.outputs: dict[tuple[int, int, int], Parked[T]] = {}
+        self.node_marks: dict[int, list[tuple[int, dict[str, int], T]]] = {}
+
+    def offer_mark(self, mark: Mark, token: T) -> bool:
+        if not self.is_new(mark.seq) or mark.seq in self.marks:
+            return False
+        self.marks[mark.seq] = (mark, token)
+        return True
+
+    def offer_output(self, data: dict[str, Any], token: T) -> bool:
+        seq, partition, index = int(data["seq"]), int(data["P"]), int(data["i"])
+        if not self.is_new(seq) or (seq, partition, index) in self.outputs:
+            return False
+        self.outputs[(seq, partition, index)] = Parked((seq, partition, index), data, token)
+        return True
+
+    def offer_node_mark(self, data: dict[str, Any], token: T) -> bool:
+        seq, partition = int(data["seq"]), int(data["P"])
+        if not self.is_new(seq):
+            return False
+        entries = self.node_marks.setdefault(partition, [])
+        if any(s == seq for s, _stats, _t in entries):
+            return False
+        entries.append((seq, dict(data.get("stats") or {}), token))
+        return True
+
+    def next_complete(self) -> Mark | None:
+        if not self.marks:
+            return None
+        seq = min(self.marks)
+        for partition in range(self.node_partitions):
+            if not any(s >= seq for s, _stats, _t in self.node_marks.get(partition, [])):
+                return None
+        return self.marks[seq][0]
+
+    def complete(self, mark: Mark) -> tuple[list[Parked[T]], list[Parked[T]], list[T], dict[str, int]]:
+        """Release mark ``mark.seq``: (direct records, node outputs, tokens of the marks consumed,
+        node-stage counters summed over partitions as of this mark)."""
+        direct = self.release(mark)
+        outs = sorted((p for key, p in self.outputs.items() if key[0] <= mark.seq), key=lambda p: p.order)
+        for p in outs:
+            del self.outputs[p.order]  # type: ignore[arg-type]
+        tokens: list[T] = [self.marks.pop(mark.seq)[1]]
+        stats: dict[str, int] = {}
+        for partition, entries in self.node_marks.items():
+            keep = []
+            best: tuple[int, dict[str, int]] | None = None
+            for seq, counters, token in entries:
+                if seq <= mark.seq:
+                    tokens.append(token)
+                    if best is None or seq > best[0]:
+                        best = (seq, counters)
+                else:
+                    keep.append((seq, counters, token))
+            self.node_marks[partition] = keep
+            if best is not None:
+                for name, value in best[1].items():
+                    stats[name] = stats.get(name, 0) + int(value)
+        for seq in [s for s in self.marks if s <= mark.seq]:  # earlier marks cannot linger, but be safe
+            tokens.append(self.marks.pop(seq)[1])
+        return direct, outs, tokens, stats
