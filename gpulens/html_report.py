@@ -484,9 +484,10 @@ def table(columns: Sequence[Column], rows: Rows, caption: str) -> str:
         body.append(f"<tr>{cells}</tr>")
     markup = (f'<table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
     if len(rows) > LONG_TABLE_ROWS:
-        return (f'<details class="table"><summary>{esc(caption)} ({len(rows)} rows)</summary>'
+        return (f'<details class="table"><summary>{esc(caption or "Table")} ({len(rows)} rows)</summary>'
                 f'<div class="scroll">{markup}</div></details>')
-    return f'<div class="table"><div class="caption">{esc(caption)}</div><div class="scroll">{markup}</div></div>'
+    heading = f'<div class="caption">{esc(caption)}</div>' if caption else ""
+    return f'<div class="table">{heading}<div class="scroll">{markup}</div></div>'
 
 
 def no_data(message: str) -> str:
@@ -846,7 +847,7 @@ def _more_section(data: dict[str, Any]) -> str:
     for key, caption, columns in tables:
         rows = data.get(key) or []
         parts.append(f'<h3>{esc(caption)}</h3>')
-        parts.append(table(columns, rows, caption) if rows else no_data(f"nothing to show for {caption.lower()}."))
+        parts.append(table(columns, rows, "") if rows else no_data(f"nothing to show for {caption.lower()}."))
     return section("more", "More analyses", "The other canned analyses of `gpulens report`, as tables.",
                    "".join(parts))
 

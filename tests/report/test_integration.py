@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from gpulens.cli import main
 from gpulens.html_report import fmt_hours, fmt_usd
+from sinks.clickhouse import open_store
+from sinks.migrations import migrate
 from tests.conftest import SHARED_SCENARIOS
 from tests.report.conftest import StoredReport
 from tests.report.dom import parse
@@ -89,3 +92,25 @@ def test_html_report_agrees_with_the_replay_report(path: Path,
     if path.stem == "fragmentation-basic":
         assert waits == {"research/train-4": 900.0}
         assert "Insufficient nvidia.com/gpu" in page.charts["pending-reasons"].marks[0].label
+
+
+def test_an_empty_store_gives_a_report_that_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"chdb://{tmp_path / 'clickhouse'}"
+    store = open_store(url)
+    try:
+        migrate(store)
+    finally:
+        store.close()
+    monkeypatch.setenv("GPULENS_CLICKHOUSE__URL", url)
+    out = tmp_path / "empty.html"
+    assert main(["report", "--html", str(out), "--data-dir", str(tmp_path)]) == 0
+    page = parse(out.read_text(encoding="utf-8"))
+    assert page.charts == {}
+    assert all(page.no_data.get(s) for s in page.sections), page.no_data
+    assert "gpulens sink" in page.no_data["summary"][0]
+
+
+def test_html_cannot_be_combined_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--html", str(tmp_path / "r.html"), "--json", "--data-dir", str(tmp_path)]) == 2
+    assert "--html writes the whole report" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
