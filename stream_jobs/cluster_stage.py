@@ -11,7 +11,9 @@ per Ready node minus the requests of the pods bound to it):
   to enough, held for ``fragmentation_after``;
 - ``gang_partial``: a gang with members holding GPUs while others wait, for ``gang_after``;
 - capacity windows (:class:`ClusterCapacity`): the state at each instant holds until the next
-  one, so GPU-seconds integrate exactly; counts are the state at the window's last instant;
+  one, so GPU-seconds integrate exactly; counts are the state at the window's last instant that
+  holds for some time (at a replay's end the instant at ``end`` holds for none: no sample stands
+  for ``[end, ...)``, so it would read busy 0 — the last window keeps the state before it);
 - one :class:`PodLifecycle` per pod when it ends (joined with its :class:`PodUsage`), and for
   every open pod when a replay ends.
 
@@ -69,6 +71,7 @@ class ClusterStage:
         self.frag: dict[str, dict[str, Any]] = {}
         self.gangs: dict[str, dict[str, Any]] = {}
         self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
+        self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
         self._out: list[Message] = []
 
@@ -106,7 +109,11 @@ class ClusterStage:
         return self.drain()
 
     def flush(self, end: float) -> list[Message]:
-        """End of a replay: close every window at ``end`` and report every pod not yet reported."""
+        """End of a replay: close every window at ``end`` and report every pod not yet reported.
+
+        Instants at ``end`` are still evaluated (their alerts count) but hold for no time, so they
+        are not a window's last state (see :meth:`_evaluate`)."""
+        self._end = end
         self._out = self.advance(end)
         for uid in sorted(self.pods, key=lambda u: (self.pods[u]["created"], u)):
             self._emit_lifecycle(self.pods[uid], end)
@@ -304,9 +311,11 @@ class ClusterStage:
             "pending": len(pending), "demand": sum(p["gpus"] for p in pending),
         }
         self.cap["snap"] = snap
-        acc = self._cap_window(window_start(t, self.config.window_s))
-        acc["stranded_max"] = max(acc["stranded_max"], stranded)
-        acc["last"] = snap
+        if self._end is None or t < self._end - EPS:
+            # at a replay's end the instant holds for no time: the window keeps the state before it
+            acc = self._cap_window(window_start(t, self.config.window_s))
+            acc["stranded_max"] = max(acc["stranded_max"], stranded)
+            acc["last"] = snap
 
         self._pending_rules(t, pending, free)
         self._gang_rules(t)
