@@ -170,6 +170,10 @@ class LocalKafka:
             return None
         return None
 
+    def answering(self) -> bool:
+        """Whether any broker (ours or not) accepts connections on our port."""
+        return _port_open(self.port)
+
     def running_pid(self) -> int | None:
         try:
             pid = int(self.pid_file.read_text().strip())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,6 +53,7 @@ class FleetView:
     alerts: dict[str, Alert] = field(default_factory=dict)
     messages_seen: int = 0
     alert_transitions: int = 0
+    fired_by_type: Counter[str] = field(default_factory=Counter)
 
     def apply(self, message: Message | None, key: str | None = None) -> None:
         self.messages_seen += 1
@@ -78,6 +79,8 @@ class FleetView:
         elif isinstance(message, Alert):
             self.alert_transitions += 1
             if message.state == "firing":
+                if message.id not in self.alerts:
+                    self.fired_by_type[message.type] += 1
                 self.alerts[message.id] = message
             else:
                 self.alerts.pop(message.id, None)

@@ -1,0 +1,305 @@
+"""``gpulens demo``: the whole product on one machine, on a simulated live fleet.
+
+It starts (or reuses) the local Kafka broker, creates the topics, starts the stream workers and the
+ClickHouse sink as child processes — the same commands an operator runs — and plays a seeded fleet
+(:mod:`gpulens.demo_fleet`) through the simulator at wall-clock pace: the agents' sampling code and
+the watcher's translation code produce every record, exactly as in production. A live view
+(:mod:`gpulens.top`) shows what the pipeline reports. On Ctrl-C or after ``--duration`` it ends the
+fleet, lets the workers and the sink catch up, stops everything it started, and says where to look
+next. Simulated time runs ``speed`` times faster than the wall clock so that alerts with
+minutes-long thresholds show up within the first two minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from common.kafka import group_lag
+from common.logs import get_logger
+from common.settings import CommonSettings, KafkaSettings
+from gpulens.demo_fleet import demo_scenario
+from gpulens.errors import UserError
+from gpulens.kafka_local import LocalKafka
+from gpulens.kafka_replay import KafkaReplay
+from gpulens.scenario import Scenario, parse_scenario
+from gpulens.simulator import FleetSimulator
+from gpulens.top import FleetView, drain_topics, render
+from schemas.topics import ALERTS, CLUSTER_CAPACITY, DEADLETTER, POD_LIFECYCLE, POD_WINDOWS
+
+log = get_logger(__name__)
+
+OUTPUT_TOPICS = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS, DEADLETTER)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    nodes: int = 16
+    gpus_per_node: int = 8
+    speed: float = 6.0
+    duration_s: float | None = None
+    seed: int = 7
+    live_view: bool = True
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float) -> int | None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("child did not stop in time; killing", child=self.name)
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class DemoRun:
+    settings: CommonSettings
+    options: DemoOptions
+    console: Console
+    run_dir: Path
+    prefix: str
+    scenario: Scenario
+    children: list[Child] = field(default_factory=list)
+    view: FleetView = field(default_factory=FleetView)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    ticks_sent: int = 0
+    sim_now: datetime | None = None
+    driver_error: BaseException | None = None
+    replay: KafkaReplay | None = None
+
+    @property
+    def sink_group(self) -> str:
+        return f"{self.prefix}-sink"
+
+
+def build_scenario(options: DemoOptions, wall_start: datetime) -> Scenario:
+    start = wall_start.replace(microsecond=0, second=wall_start.second - wall_start.second % 10)
+    sim_minutes = 24 * 60 if options.duration_s is None else options.duration_s * options.speed / 60 + 1
+    document = demo_scenario(options.nodes, options.gpus_per_node, duration_m=sim_minutes, seed=options.seed,
+                             start=start.isoformat().replace("+00:00", "Z"))
+    return parse_scenario(document, source="demo")
+
+
+def _spawn(run: DemoRun, name: str, args: list[str], env: dict[str, str]) -> Child:
+    log_path = run.run_dir / f"{name}.log"
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gpulens", *args], stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    child = Child(name, process, log_path)
+    run.children.append(child)
+    return child
+
+
+def _child_env(settings: CommonSettings, prefix: str, extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    env.update({
+        "GPULENS_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "GPULENS_TOPIC_PREFIX": prefix,
+        "GPULENS_DATA_DIR": str(settings.data_dir),
+        "GPULENS_LOG_FORMAT": "json",
+        "GPULENS_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+    })
+    if settings.clickhouse.url:
+        env["GPULENS_CLICKHOUSE__URL"] = settings.clickhouse.url
+    env.update(extra)
+    return env
+
+
+def _drive(run: DemoRun, replay: KafkaReplay, wall_start: float) -> None:
+    """Play the fleet at ``speed`` x wall-clock pace until stopped or the scenario ends."""
+    try:
+        for tick in FleetSimulator(run.scenario).run():
+            due = wall_start + tick.offset_s / run.options.speed
+            while not run.stop_event.is_set() and time.monotonic() < due:
+                run.stop_event.wait(min(0.2, max(0.0, due - time.monotonic())))
+            if run.stop_event.is_set():
+                break
+            replay.send([tick])
+            run.ticks_sent += 1
+            run.sim_now = tick.ts
+    except BaseException as exc:  # the main thread reports it and stops the demo
+        run.driver_error = exc
+        run.stop_event.set()
+
+
+def _status_line(run: DemoRun, wall_started: float) -> Text:
+    elapsed = time.monotonic() - wall_started
+    sim = f"{run.sim_now:%H:%M:%S}Z" if run.sim_now else "starting"
+    children = "  ".join(f"{c.name}:{'up' if c.alive() else 'DOWN'}" for c in run.children)
+    line = Text(f"demo  wall {elapsed:5.0f}s  simulated {sim} ({run.options.speed:g}x)  ticks {run.ticks_sent}  "
+                f"alerts seen {run.view.alert_transitions}  {children}  — Ctrl-C to stop", style="bold cyan")
+    return line
+
+
+def _wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return predicate()
+
+
+def _settle(run: DemoRun, quiet_s: float = 4.0, timeout_s: float = 60.0) -> None:
+    """Wait until the workers' outputs stop changing (the end mark's flush included)."""
+    last = (-1, time.monotonic())
+
+    def quiet() -> bool:
+        nonlocal last
+        seen = run.view.messages_seen
+        if seen != last[0]:
+            last = (seen, time.monotonic())
+        return time.monotonic() - last[1] >= quiet_s
+
+    _wait_until(quiet, timeout_s)
+
+
+def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | None = None) -> int:
+    console = console or Console()
+    local = LocalKafka.from_settings(settings)
+    started_broker = local.running_pid() is None and not local.answering()
+    console.print(local.up())
+    kafka = KafkaSettings(**(settings.kafka.model_dump() | {"bootstrap_servers": local.bootstrap}))
+    settings = settings.model_copy(update={"kafka": kafka})
+    wall_start_utc = datetime.now(UTC)
+    run_id = wall_start_utc.strftime("%Y%m%d-%H%M%S")
+    # a prefix per run: the workers and the sink start from the beginning of their own topics
+    run = DemoRun(settings=settings, options=options, console=console,
+                  run_dir=settings.data_dir / "demo" / run_id, prefix=f"{settings.topic_prefix}-demo-{run_id}",
+                  scenario=build_scenario(options, wall_start_utc))
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    replay = run.replay = KafkaReplay(run.scenario, settings, topic_prefix=run.prefix, work_dir=run.run_dir)
+    try:
+        replay.create_topics()
+        console.print(f"topics created under the prefix {run.prefix}")
+        replay.worker.start()
+        assert replay.worker.process is not None
+        run.children.append(Child("worker", replay.worker.process, replay.worker.log_path))
+        sink = _spawn(run, "sink", ["sink"], _child_env(settings, run.prefix, {"GPULENS_GROUP_ID": run.sink_group}))
+        console.print(f"started the stream workers (pid {replay.worker.process.pid}) and the sink "
+                      f"(pid {sink.process.pid}); logs in {run.run_dir}")
+        return _play(run, kafka, replay)
+    finally:
+        for child in reversed(run.children):
+            child.stop(30)
+        if replay.driver is not None:
+            replay.driver.close()
+        if started_broker:
+            console.print(local.down())
+
+
+def _play(run: DemoRun, kafka: KafkaSettings, replay: KafkaReplay) -> int:
+    console, options = run.console, run.options
+    view_done = threading.Event()
+    reader = threading.Thread(target=drain_topics, name="demo-view", daemon=True,
+                              args=(kafka, run.prefix, run.view, view_done.is_set))
+    reader.start()
+    wall_started = time.monotonic()
+    player = threading.Thread(target=_drive, name="demo-fleet", args=(run, replay, wall_started), daemon=True)
+    player.start()
+    deadline = None if options.duration_s is None else wall_started + options.duration_s
+    try:
+        if options.live_view and console.is_terminal:
+            with Live(console=console, refresh_per_second=2, screen=False) as live:
+                while not _finished(run, deadline):
+                    live.update(Group(_status_line(run, wall_started), render(run.view, "gpulens demo")))
+                    time.sleep(0.5)
+        else:
+            last_print = 0.0
+            while not _finished(run, deadline):
+                if time.monotonic() - last_print >= 10:
+                    console.print(_progress_line(run, wall_started))
+                    last_print = time.monotonic()
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping the demo (Ctrl-C): ending the fleet and letting the pipeline catch up…")
+    run.stop_event.set()
+    player.join(30)
+    if run.driver_error is not None:
+        raise UserError(f"the simulated fleet stopped: {run.driver_error}") from run.driver_error
+    dead = [c for c in run.children if not c.alive()]
+    if dead:
+        details = "\n".join(f"--- {c.name} (exit {c.process.returncode}), last lines of {c.log_path}:\n{c.tail()}"
+                            for c in dead)
+        raise UserError(f"a pipeline process stopped unexpectedly:\n{details}")
+    console.print("fleet ended; waiting for the stream workers to flush…")
+    if run.ticks_sent:
+        end = (run.sim_now or run.scenario.start) + timedelta(seconds=run.scenario.sample_interval_s)
+        assert replay.driver is not None
+        replay.end_mark = replay.driver.finish(end)
+        replay.wait_done(timeout_s=120)
+    _settle(run)
+    console.print("waiting for the sink to store everything…")
+    topics = [spec.name(run.prefix) for spec in OUTPUT_TOPICS]
+    caught_up = _wait_until(lambda: group_lag(kafka, run.sink_group, topics) == 0, timeout_s=90, poll_s=1.0)
+    view_done.set()
+    reader.join(10)
+    for child in reversed(run.children):
+        child.stop(60)
+    _summary(run, caught_up)
+    return 0
+
+
+def _finished(run: DemoRun, deadline: float | None) -> bool:
+    if run.stop_event.is_set() or any(not c.alive() for c in run.children):
+        return True
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _progress_line(run: DemoRun, wall_started: float) -> str:
+    cap = run.view.capacity
+    figures = ""
+    if cap is not None:
+        figures = (f" | GPUs busy {cap.gpus_busy} idle-allocated {cap.gpus_idle_allocated} free {cap.gpus_free} "
+                   f"stranded {cap.stranded_gpus} pending pods {cap.pending_pods}")
+    sim = f"{run.sim_now:%H:%M:%S}Z" if run.sim_now else "starting"
+    return (f"[{time.monotonic() - wall_started:5.0f}s] simulated {sim} | ticks {run.ticks_sent} | "
+            f"alerts firing {len(run.view.alerts)} (transitions {run.view.alert_transitions}){figures}")
+
+
+def _summary(run: DemoRun, caught_up: bool) -> None:
+    console, view = run.console, run.view
+    console.print()
+    console.print(render(view, "gpulens demo — final state"))
+    console.print(f"\nplayed {run.ticks_sent} ticks of the simulated fleet; "
+                  f"{view.alert_transitions} alert transitions; sink {'caught up' if caught_up else 'NOT caught up'}")
+    fired = ", ".join(f"{kind} {count}" for kind, count in sorted(view.fired_by_type.items()))
+    console.print(f"alerts fired by type: {fired or 'none'}")
+    console.print("\nWhere to look next (the history is in the embedded ClickHouse under "
+                  f"{run.settings.data_dir}):")
+    console.print("  gpulens report                      # canned analyses: consumers, idle, pending, cost")
+    console.print("  gpulens report --html report.html   # the same as a self-contained HTML report with plots")
+    console.print('  gpulens sql "SELECT team, round(sum(idle_s)/3600, 2) AS idle_gpu_hours '
+                  'FROM pod_windows FINAL GROUP BY team ORDER BY idle_gpu_hours DESC"')
+    console.print(f"  logs of this run: {run.run_dir}")
