@@ -231,6 +231,9 @@ class WorkerSettings(CommonSettings):
     """faust application id (consumer group, changelog topic names); default ``<topic_prefix>-stream-jobs``."""
     node_input_partitions: int = Field(default=12, ge=1, le=1024)
     """Partitions of the internal node-inputs topic (the node stage's parallelism)."""
+    group_instance_id: str | None = None
+    """Kafka static membership: a restarted worker with the same id takes its partitions back at
+    once, without a rebalance (one id per worker process, e.g. the pod name)."""
 
 
 class SinkSettings(CommonSettings):

@@ -151,6 +151,7 @@ def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario:
         "GPULENS_WATERMARK_SOURCE": "control",
         "GPULENS_LATENESS_S": repr(lateness_s),
         "GPULENS_APP_ID": app_id,
+        "GPULENS_GROUP_INSTANCE_ID": f"{app_id}-0",
         "GPULENS_WEB_PORT": "0",
         "GPULENS_METRICS_PORT": "0",
         "GPULENS_NODE_INPUT_PARTITIONS": str(node_partitions),
@@ -233,6 +234,7 @@ class KafkaReplay:
         self.node_partitions = node_partitions
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="gpulens-replay-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         self.simulator = FleetSimulator(scenario)
         self.worker = WorkerProcess(
             _worker_env(settings, self.prefix, self.work_dir / "worker", scenario, lateness_s, node_partitions,

@@ -61,6 +61,7 @@ from stream_jobs.node_stage import NodeStage
 from stream_jobs.pipeline import INPUT_TOPICS, Tombstone, dead_letter, decode_record, route
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import (
+    AckOrder,
     ClusterGate,
     InputGate,
     Mark,
@@ -135,9 +136,17 @@ class _JsonTable:
 
 @dataclass
 class _NodePartition:
+    """One node-inputs partition: its gate and the stages of the nodes keyed to it."""
+
     gate: InputGate[Any]
-    nodes: list[str] = field(default_factory=list)
+    stages: dict[str, NodeStage] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+
+    def stage(self, node: str, config: EngineConfig) -> NodeStage:
+        stage = self.stages.get(node)
+        if stage is None:
+            stage = self.stages[node] = NodeStage(node, config)
+        return stage
 
 
 class StreamJobs:
@@ -180,6 +189,10 @@ class StreamJobs:
             consumer_auto_offset_reset="earliest",
             stream_wait_empty=False,
             broker_commit_interval=1.0,
+            # a crashed worker's partitions move after this long (faust's default is 60 s)
+            broker_session_timeout=10.0,
+            broker_heartbeat_interval=1.0,
+            consumer_group_instance_id=s.group_instance_id,
             producer_acks=-1,
             producer_linger_ms=0,
             table_standby_replicas=0,
@@ -188,6 +201,8 @@ class StreamJobs:
             web_port=s.web_port or 6066,
             web_bind="0.0.0.0",
             autodiscover=False,
+            key_serializer="raw",  # every topic and changelog holds bytes we encode ourselves
+            value_serializer="raw",
         )
 
     def _topic(self, name: str, partitions: int | None = None) -> Any:
@@ -207,40 +222,107 @@ class StreamJobs:
         self.deadletter_topic = self._topic(DEADLETTER.name(prefix))
         self.out_topics = {cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()}
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
-        raw: Any = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes}  # bytes -> the "raw" serializer
+        # one record per node-inputs partition (its node stages + progress) and one for the cluster
+        # stage: a state and the progress that says which inputs it holds are written atomically
         self.node_table = _JsonTable(app.Table("node-stages", default=None, partitions=self.node_partitions,
-                                               schema=raw))
-        self.node_meta = _JsonTable(app.Table("node-progress", default=None, partitions=self.node_partitions,
-                                              schema=raw))
-        self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, schema=raw))
+                                               **raw))
+        self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, **raw))
         self.hold = MarkHold()
+        self.acks: AckOrder[Any] = AckOrder()
+        self._positions: dict[Any, int] = {}
+        self._rewinding: dict[Any, int] = {}
+        self._rewind_drops: dict[Any, int] = {}
+        self._route_events: Any = None
+        self._forward_lock = asyncio.Lock()
+        self._compacted = {spec.name(self.prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"}
         self.node_parts: dict[int, _NodePartition] = {}
-        self.node_stages: dict[str, NodeStage] = {}
         self.cluster_gate: ClusterGate[Any] | None = None
         self.cluster_stage: ClusterStage | None = None
         stage = self.settings.stage
         if stage in ("node", "all"):
             app.agent(self.inputs, name="route")(self._route_agent)
             app.agent(self.node_topic, name="node")(self._node_agent)
+            app.timer(0.5)(self._release_marks)
             if self.settings.watermark_source == "clock":
                 app.timer(self.settings.clock_interval_s, on_leader=True)(self._clock)
         if stage in ("cluster", "all"):
             app.agent(self.cluster_topic, name="cluster")(self._cluster_agent)
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.timer(10.0)(self._report_waiting)
+        app.timer(1.0)(self._retry_rewinds)
+
+    async def _retry_rewinds(self) -> None:
+        """A seek issued during a rebalance can be overridden: repeat it until the records come."""
+        for tp, target in list(self._rewinding.items()):
+            await self.app.consumer.seek(tp, target)
+
+    async def _report_waiting(self) -> None:
+        """Say what a stage waits for when it waits (a mark held for inputs or partitions)."""
+        if self.hold.held:
+            mark = self.hold.held[0][0]
+            log.info("route holds a mark", seq=mark.seq, held=len(self.hold.held),
+                     missing=self.hold.missing(mark, self._committed()))
+        gate = self.cluster_gate
+        if gate is not None and gate.marks:
+            seq = min(gate.marks)
+            behind = [p for p in range(self.node_partitions)
+                      if not any(s >= seq for s, _c, _t in gate.node_marks.get(p, []))]
+            log.info("cluster stage waits for node partitions", seq=seq, partitions=behind,
+                     parked=len(gate.records) + len(gate.outputs))
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         """Forget in-memory gates and stages of partitions this worker no longer owns (their
         unacknowledged records go to the new owner, which restores the state from the tables)."""
         for tp in revoked:
+            self.acks.forget(tp)
+            self._positions.pop(tp, None)
+            self._rewinding.pop(tp, None)
             if tp.topic == self.node_name:
-                part = self.node_parts.pop(tp.partition, None)
-                for node in part.nodes if part else []:
-                    self.node_stages.pop(node, None)
+                log.info("node partition revoked", partition=tp.partition)
+                self.node_parts.pop(tp.partition, None)
             elif tp.topic == self.cluster_name:
                 self.cluster_gate = None
                 self.cluster_stage = None
             elif tp.topic in self.input_names or tp.topic == self.control_name:
                 self.hold = MarkHold()
+
+    async def _admit(self, event: Any) -> bool:
+        """Whether to process a consumed event: it must follow the last one of its partition.
+
+        After a restart the consumer has been seen to jump forward past records it never
+        delivered (a seek while table recovery completes). Those records are not acknowledged, so
+        nothing is lost for good, but skipping them would change results: on a forward jump we
+        seek back to the first record not seen and drop the early one (it is delivered again).
+        Offsets are contiguous on these topics; compacted input topics may have holes, so they
+        are exempt. A redelivered record still in flight is ignored (its first copy is acked).
+        """
+        message = event.message
+        tp, offset = message.tp, message.offset
+        last = self._positions.get(tp)
+        target = self._rewinding.get(tp)
+        if target is not None:
+            if offset != target:  # still the stale records fetched before the seek
+                self._rewind_drops[tp] = self._rewind_drops.get(tp, 0) + 1
+                if self._rewind_drops[tp] % 5000 == 0:
+                    await self.app.consumer.seek(tp, target)
+                return False
+            del self._rewinding[tp]
+            self._rewind_drops.pop(tp, None)
+        elif last is not None and offset > last + 1 and message.topic not in self._compacted:
+            log.warning("consumer skipped records; reading them again", topic=message.topic,
+                        partition=message.partition, expected=last + 1, got=offset)
+            self._rewinding[tp] = last + 1
+            await self.app.consumer.seek(tp, last + 1)
+            return False
+        if last is None or offset > last:
+            self._positions[tp] = offset
+        return self.acks.track(tp, offset, event)
+
+    async def _ack(self, events: Any, event: Any) -> None:
+        """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""
+        for ready in self.acks.done(event.message.tp, event.message.offset):
+            await events.ack(ready)
 
     async def _send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
                     headers: list[tuple[str, bytes]] | None = None) -> Any:
@@ -262,8 +344,10 @@ class StreamJobs:
         return {tp_key(tp.topic, tp.partition): int(off) for tp, off in list(committed.items()) if off is not None}
 
     async def _route_agent(self, stream: Any) -> None:
-        events = stream.noack()
+        events = self._route_events = stream.noack()
         async for event in events.events():
+            if not await self._admit(event):
+                continue
             message = event.message
             topic, partition, offset = message.topic, message.partition, message.offset
             self.metrics.records_in.labels(topic).inc()
@@ -273,18 +357,25 @@ class StreamJobs:
                     if data["k"] == "m":
                         self.hold.hold(Mark.from_dict(data), event)
                     else:
-                        await events.ack(event)
+                        await self._ack(events, event)
                 except (ValueError, KeyError, TypeError) as exc:
                     log.warning("bad control record ignored", offset=offset, error=str(exc))
-                    await events.ack(event)
+                    await self._ack(events, event)
             else:
                 await self._route_record(topic, partition, offset, message.key, event.value)
                 self.hold.consume(topic, partition, offset)
-                await events.ack(event)
-            if self.hold.held:
-                for mark, token in self.hold.ready(self._committed()):
-                    await self._forward_mark(mark)
-                    await events.ack(token)
+                await self._ack(events, event)
+            await self._release_marks()
+
+    async def _release_marks(self) -> None:
+        """Forward the held marks whose inputs are consumed (after each input record, and on a
+        timer: commits made after the last record can complete a mark too)."""
+        if not self.hold.held or self._route_events is None:
+            return
+        async with self._forward_lock:  # marks leave in order
+            for mark, token in self.hold.ready(self._committed()):
+                await self._forward_mark(mark)
+                await self._ack(self._route_events, token)
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
                             value: bytes | None) -> None:
@@ -325,43 +416,44 @@ class StreamJobs:
     def _node_part(self, partition: int) -> _NodePartition:
         part = self.node_parts.get(partition)
         if part is None:
-            meta = self.node_meta.get(f"p{partition}") or {}
-            part = _NodePartition(InputGate(int(meta.get("seq", 0)), meta.get("applied")),
-                                  list(meta.get("nodes", [])), dict(meta.get("stats", {})))
+            saved = self.node_table.get(f"p{partition}") or {}
+            progress = saved.get("progress", {})
+            part = _NodePartition(InputGate(int(progress.get("seq", 0)), progress.get("applied")),
+                                  stats=dict(saved.get("stats", {})))
+            for node, state in saved.get("stages", {}).items():
+                part.stages[node] = NodeStage.from_dict(state, self.config)
             self.node_parts[partition] = part
         return part
-
-    def _node_stage(self, node: str) -> NodeStage:
-        stage = self.node_stages.get(node)
-        if stage is None:
-            saved = self.node_table.get(node)
-            stage = NodeStage.from_dict(saved, self.config) if saved else NodeStage(node, self.config)
-            self.node_stages[node] = stage
-        return stage
 
     async def _node_agent(self, stream: Any) -> None:
         events = stream.noack()
         async for event in events.events():
+            if not await self._admit(event):
+                continue
             partition = event.message.partition
             self.metrics.records_in.labels(self.node_name).inc()
+            if partition not in self.node_parts:
+                part = self._node_part(partition)
+                log.info("node partition resumed", partition=partition, offset=event.message.offset,
+                         seq=part.gate.applied_seq, applied=part.gate.applied, nodes=sorted(part.stages))
             part = self._node_part(partition)
             data = decode_envelope(event.value)
             if data["k"] == "r":
                 if not part.gate.offer(data, event):
                     self.metrics.duplicates.labels("node").inc()
-                    await events.ack(event)
+                    await self._ack(events, event)
                 continue
             mark = Mark.from_dict(data)
             if not part.gate.is_new(mark.seq):
                 self.metrics.duplicates.labels("node").inc()
-                await events.ack(event)
+                await self._ack(events, event)
                 continue
             started = time.perf_counter()
             released = part.gate.release(mark)
             await self._node_mark(partition, part, mark, released)
             for parked in released:
-                await events.ack(parked.token)
-            await events.ack(event)
+                await self._ack(events, parked.token)
+            await self._ack(events, event)
             self.metrics.marks.labels("node").inc()
             self.metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
 
@@ -373,18 +465,15 @@ class StreamJobs:
             node = getattr(message, "node", None)
             if not node:
                 continue
-            if node not in part.nodes:
-                part.nodes.append(node)
-                part.nodes.sort()
-            stage = self._node_stage(node)
+            stage = part.stage(node, self.config)
             late = stage.counters["late_samples"]
             stage.submit(message)
             if stage.counters["late_samples"] > late:
                 self.metrics.late_samples.inc()
         outputs: list[Message] = []
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
-        for node in part.nodes:
-            stage = self._node_stage(node)
+        for node in sorted(part.stages):  # the in-process pipeline's order
+            stage = part.stages[node]
             outputs.extend(stage.flush(mark.ts) if mark.end else stage.advance(wm))
         public: list[Any] = []
         internal: list[tuple[str, bytes]] = []
@@ -402,25 +491,26 @@ class StreamJobs:
             futures.append(await self._send(self.cluster_topic, "cluster",
                                             output_envelope(partition, mark.seq, index, kind, value)))
         stats = {"late_samples_dropped": 0, "sample_gaps": 0}
-        for node in part.nodes:
-            counters = self._node_stage(node).counters
+        for stage in part.stages.values():
+            counters = stage.counters
             stats["late_samples_dropped"] += counters["late_samples"]
             stats["sample_gaps"] += counters["gaps"]
         part.stats = stats
         futures.append(await self._send(self.cluster_topic, "cluster", node_mark_envelope(partition, mark, stats)))
         await asyncio.gather(*futures)
         # outputs are delivered: now the state may say the mark is applied
-        for node in part.nodes:
-            self.node_table[node] = self._node_stage(node).to_dict()
-        self.node_meta[f"p{partition}"] = part.gate.progress() | {"nodes": part.nodes, "stats": stats}
+        self.node_table[f"p{partition}"] = {
+            "progress": part.gate.progress(), "stats": stats,
+            "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         self.metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
 
     # ------------------------------------------------------------------ cluster stage
 
     def _cluster(self) -> tuple[ClusterGate[Any], ClusterStage]:
         if self.cluster_gate is None or self.cluster_stage is None:
-            meta = self.cluster_table.get("progress") or {}
-            saved = self.cluster_table.get("stage")
+            record = self.cluster_table.get("cluster") or {}
+            meta = record.get("progress") or {}
+            saved = record.get("stage")
             self.cluster_gate = ClusterGate(self.node_partitions, int(meta.get("seq", 0)), meta.get("applied"))
             self.cluster_stage = ClusterStage.from_dict(saved, self.config) if saved else ClusterStage(self.config)
             self._cluster_done = meta.get("done")
@@ -429,6 +519,8 @@ class StreamJobs:
     async def _cluster_agent(self, stream: Any) -> None:
         events = stream.noack()
         async for event in events.events():
+            if not await self._admit(event):
+                continue
             self.metrics.records_in.labels(self.cluster_name).inc()
             gate, stage = self._cluster()
             data = decode_envelope(event.value)
@@ -447,14 +539,14 @@ class StreamJobs:
                     await self._send(self.control_topic, None, done_envelope(mark.seq, self._cluster_done))
             if not accepted:
                 self.metrics.duplicates.labels("cluster").inc()
-                await events.ack(event)
+                await self._ack(events, event)
                 continue
             while (ready := gate.next_complete()) is not None:
                 started = time.perf_counter()
                 direct, outs, tokens, stats = gate.complete(ready)
                 await self._cluster_mark(gate, stage, ready, direct, outs, stats)
                 for token in [p.token for p in direct] + [p.token for p in outs] + tokens:
-                    await events.ack(token)
+                    await self._ack(events, token)
                 self.metrics.marks.labels("cluster").inc()
                 self.metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
 
@@ -473,8 +565,7 @@ class StreamJobs:
         if mark.end:
             self._cluster_done = stats
             progress["done"] = stats
-        self.cluster_table["stage"] = stage.to_dict()
-        self.cluster_table["progress"] = progress
+        self.cluster_table["cluster"] = {"stage": stage.to_dict(), "progress": progress}
         self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
         if mark.end:
             fut = await self._send(self.control_topic, None, done_envelope(mark.seq, stats))
