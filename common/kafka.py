@@ -284,6 +284,8 @@ class ReadRecord:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+    timestamp_ms: int | None = None
+    """The record's Kafka timestamp (producer create time unless the topic says log-append)."""
 
 
 def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[ReadRecord]:
@@ -320,8 +322,9 @@ def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> li
                     name, val = item[0], item[1]
                     headers[str(name)] = val if isinstance(val, bytes) else (b"" if val is None else str(val).encode())
                 key = msg.key()
+                kind, stamp = msg.timestamp()
                 records.append(ReadRecord(topic, partition, offset, key.encode() if isinstance(key, str) else key,
-                                          msg.value(), headers))
+                                          msg.value(), headers, stamp if kind != 0 and stamp >= 0 else None))
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
     finally:

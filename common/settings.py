@@ -231,6 +231,9 @@ class WorkerSettings(CommonSettings):
     """faust application id (consumer group, changelog topic names); default ``<topic_prefix>-stream-jobs``."""
     node_input_partitions: int = Field(default=12, ge=1, le=1024)
     """Partitions of the internal node-inputs topic (the node stage's parallelism)."""
+    checkpoint_interval_s: float = Field(default=1.0, ge=0)
+    """How often a stage writes its state to its changelog-backed table (and acknowledges what the
+    state covers); a crash replays at most this much input. 0 = after every watermark mark."""
     group_instance_id: str | None = None
     """Kafka static membership: a restarted worker with the same id takes its partitions back at
     once, without a rebalance (one id per worker process, e.g. the pod name)."""
@@ -244,6 +247,9 @@ class SinkSettings(CommonSettings):
     rollup_ttl_days: int = Field(default=730, ge=1)
     state_ttl_days: int = Field(default=400, ge=1)
     """TTL of pods, nodes, events, progress, windows, capacity, lifecycle and alerts."""
+    checkpoint_interval_s: float = Field(default=1.0, ge=0)
+    """How often a stage writes its state to its changelog-backed table (and acknowledges what the
+    state covers); a crash replays at most this much input. 0 = after every watermark mark."""
     group_instance_id: str | None = None
     """Kafka static membership: a restarted sink with the same id resumes its partitions at once."""
     session_timeout_ms: int = Field(default=45_000, ge=6_000)

@@ -141,6 +141,11 @@ class _NodePartition:
     gate: InputGate[Any]
     stages: dict[str, NodeStage] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    unacked: list[Any] = field(default_factory=list)
+    """Events applied since the last checkpoint (acknowledged when it is written)."""
+    futures: list[Any] = field(default_factory=list)
+    """Deliveries of outputs sent since the last checkpoint."""
+    checkpointed_at: float = 0.0
 
     def stage(self, node: str, config: EngineConfig) -> NodeStage:
         stage = self.stages.get(node)
@@ -235,6 +240,8 @@ class StreamJobs:
         self._rewind_drops: dict[Any, int] = {}
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
+        self._cluster_unacked: list[Any] = []
+        self._cluster_futures: list[Any] = []
         self._compacted = {spec.name(self.prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"}
         self.node_parts: dict[int, _NodePartition] = {}
         self.cluster_gate: ClusterGate[Any] | None = None
@@ -284,6 +291,8 @@ class StreamJobs:
             elif tp.topic == self.cluster_name:
                 self.cluster_gate = None
                 self.cluster_stage = None
+                self._cluster_unacked = []
+                self._cluster_futures = []
             elif tp.topic in self.input_names or tp.topic == self.control_name:
                 self.hold = MarkHold()
 
@@ -451,9 +460,9 @@ class StreamJobs:
             started = time.perf_counter()
             released = part.gate.release(mark)
             await self._node_mark(partition, part, mark, released)
-            for parked in released:
-                await self._ack(events, parked.token)
-            await self._ack(events, event)
+            part.unacked.extend([*(parked.token for parked in released), event])
+            if mark.end or time.monotonic() - part.checkpointed_at >= self.settings.checkpoint_interval_s:
+                await self._node_checkpoint(events, partition, part)
             self.metrics.marks.labels("node").inc()
             self.metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
 
@@ -483,10 +492,11 @@ class StreamJobs:
             else:
                 public.append(await self._send(self.out_topics[type(message)], _output_key(message),
                                                encode(message)))
-        if mark.end and public:
-            await asyncio.gather(*public)  # every public output is out before the cluster can say done
-            public = []
-        futures = public
+        part.futures.extend(public)
+        if mark.end:  # every public output is out before the cluster can say done
+            await asyncio.gather(*part.futures)
+            part.futures = []
+        futures = part.futures
         for index, (kind, value) in enumerate(internal):
             futures.append(await self._send(self.cluster_topic, "cluster",
                                             output_envelope(partition, mark.seq, index, kind, value)))
@@ -497,12 +507,20 @@ class StreamJobs:
             stats["sample_gaps"] += counters["gaps"]
         part.stats = stats
         futures.append(await self._send(self.cluster_topic, "cluster", node_mark_envelope(partition, mark, stats)))
-        await asyncio.gather(*futures)
-        # outputs are delivered: now the state may say the mark is applied
-        self.node_table[f"p{partition}"] = {
-            "progress": part.gate.progress(), "stats": stats,
-            "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         self.metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
+
+    async def _node_checkpoint(self, events: Any, partition: int, part: _NodePartition) -> None:
+        """Outputs delivered -> state written -> inputs acknowledged, in this order: a crash at any
+        point replays from the previous checkpoint and only repeats outputs (same ids)."""
+        await asyncio.gather(*part.futures)
+        part.futures = []
+        self.node_table[f"p{partition}"] = {
+            "progress": part.gate.progress(), "stats": part.stats,
+            "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
+        for token in part.unacked:
+            await self._ack(events, token)
+        part.unacked = []
+        part.checkpointed_at = time.monotonic()
 
     # ------------------------------------------------------------------ cluster stage
 
@@ -545,8 +563,10 @@ class StreamJobs:
                 started = time.perf_counter()
                 direct, outs, tokens, stats = gate.complete(ready)
                 await self._cluster_mark(gate, stage, ready, direct, outs, stats)
-                for token in [p.token for p in direct] + [p.token for p in outs] + tokens:
-                    await self._ack(events, token)
+                self._cluster_unacked.extend([*(p.token for p in direct), *(p.token for p in outs), *tokens])
+                interval = self.settings.checkpoint_interval_s
+                if ready.end or time.monotonic() - self._cluster_checkpointed_at >= interval:
+                    await self._cluster_checkpoint(events, gate, stage, ready if ready.end else None, stats)
                 self.metrics.marks.labels("cluster").inc()
                 self.metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
 
@@ -558,21 +578,31 @@ class StreamJobs:
             stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
-        futures = [await self._send(self.out_topics[type(m)], _output_key(m), encode(m)) for m in outputs]
-        if futures:
-            await asyncio.gather(*futures)
+        for m in outputs:
+            self._cluster_futures.append(await self._send(self.out_topics[type(m)], _output_key(m), encode(m)))
+        self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
+
+    async def _cluster_checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStage,
+                                  end: Mark | None, stats: dict[str, int]) -> None:
+        """As :meth:`_node_checkpoint`; after an end mark, also say ``done`` on the control topic."""
+        await asyncio.gather(*self._cluster_futures)
+        self._cluster_futures = []
         progress = gate.progress()
-        if mark.end:
+        if end is not None:
             self._cluster_done = stats
             progress["done"] = stats
         self.cluster_table["cluster"] = {"stage": stage.to_dict(), "progress": progress}
-        self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
-        if mark.end:
-            fut = await self._send(self.control_topic, None, done_envelope(mark.seq, stats))
+        for token in self._cluster_unacked:
+            await self._ack(events, token)
+        self._cluster_unacked = []
+        self._cluster_checkpointed_at = time.monotonic()
+        if end is not None:
+            fut = await self._send(self.control_topic, None, done_envelope(end.seq, stats))
             await fut
-            log.info("end of input processed", seq=mark.seq, **stats)
+            log.info("end of input processed", seq=end.seq, **stats)
 
     _cluster_done: dict[str, int] | None = None
+    _cluster_checkpointed_at: float = 0.0
 
 
 def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:

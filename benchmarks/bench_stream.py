@@ -1,0 +1,173 @@
+"""The faust stream jobs on the local broker: node-stage throughput per worker process, compared in
+the same run with a plain aiokafka consume -> produce passthrough of the same messages, and the
+latency from a sample's production to the alert it triggers.
+
+- Throughput: a 64-node fleet (8 GPUs per node, one sample message per node per tick) is produced
+  in a burst with its watermark marks; one ``gpulens worker`` process (route + node + cluster
+  stages, changelog-backed tables, at-least-once) works through it. Samples/s = sample messages
+  / seconds from the first mark after warm-up to the worker's ``done`` marker. The passthrough
+  reads the very same sample messages with aiokafka and writes each to another topic.
+- Latency: a 16-node fleet whose pods flip between busy and idle, with ``idle_after`` 30 s, played
+  at 4 ticks per wall second with lateness 0; latency = the alert record's Kafka timestamp minus
+  the wall time its triggering tick (the sample at the alert's ``at``) was delivered. A live
+  worker adds the configured lateness (30 s by default) on top: it waits that long for late data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from benchmarks.bench_replay import fleet_scenario
+from benchmarks.harness import Context, Result
+from common.kafka import ensure_topics, read_to_end
+from common.settings import CommonSettings, load_settings
+from gpulens.kafka_replay import KafkaReplay
+from gpulens.scenario import Scenario, parse_scenario
+from gpulens.simulator import Tick
+from schemas.codec import decode
+from schemas.messages import Alert
+from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
+
+BENCH = "stream"
+
+
+def _settings(ctx: Context) -> CommonSettings:
+    return load_settings(CommonSettings, kafka=ctx.kafka.model_dump(), data_dir=ctx.scratch, log_format="json")
+
+
+def _samples(ticks: list[Tick]) -> int:
+    return sum(1 for tick in ticks for r in tick.records if r.topic == GPU_SAMPLES.suffix)
+
+
+def _wait_node_mark(replay: KafkaReplay, timeout_s: float = 120.0) -> None:
+    """Until the node stage has processed a mark (the worker is up and has its partitions)."""
+    topic = INTERNAL_CLUSTER_INPUTS.name(replay.prefix)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(orjson.loads(r.value or b"{}").get("k") == "nm" for r in read_to_end(replay.kafka, topic)):
+            return
+        if not replay.worker.alive():
+            raise RuntimeError(f"worker died:\n{replay.worker.tail()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"worker not ready:\n{replay.worker.tail()}")
+
+
+def _throughput(ctx: Context, nodes: int, duration: str) -> tuple[float, int, str]:
+    replay = KafkaReplay(fleet_scenario(nodes=nodes, duration=duration), _settings(ctx),
+                         topic_prefix=f"{ctx.topic_prefix}-stream", work_dir=ctx.scratch / "stream-worker")
+    try:
+        replay.create_topics()
+        replay.worker.start()
+        ticks = replay.ticks()
+        replay.send(ticks[:1])
+        _wait_node_mark(replay)
+        started = time.perf_counter()
+        replay.send(ticks[1:])
+        replay.finish()
+        replay.wait_done(timeout_s=600)
+        seconds = time.perf_counter() - started
+    finally:
+        replay.close()
+    return _samples(ticks[1:]) / seconds, _samples(ticks[1:]), replay.prefix
+
+
+async def _passthrough(ctx: Context, source: str, count: int) -> float:
+    ensure_topics(ctx.kafka, [GPU_SAMPLES], f"{source}.passthrough")  # same partitions as the source
+    target = GPU_SAMPLES.name(f"{source}.passthrough")
+    servers = ctx.kafka.bootstrap_servers
+    consumer = AIOKafkaConsumer(source, bootstrap_servers=servers, group_id=f"{source}-passthrough",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True, linger_ms=0)
+    await consumer.start()
+    await producer.start()
+    seen = 0
+    started: float | None = None
+    try:
+        pending = []
+        deadline = time.perf_counter() + 300
+        while seen < count and time.perf_counter() < deadline:
+            batches = await consumer.getmany(timeout_ms=500, max_records=500)
+            for records in batches.values():
+                for record in records:
+                    if started is None:
+                        started = time.perf_counter()
+                    pending.append(await producer.send(target, record.value, key=record.key))
+                    seen += 1
+            await consumer.commit()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return seen / (time.perf_counter() - (started or time.perf_counter()))
+
+
+def _latency_scenario(nodes: int, minutes: int) -> Scenario:
+    flip = [[f"{m}m", 90 if m % 4 == 0 else 1] for m in range(0, minutes, 2)]
+    return parse_scenario({
+        "name": "bench-latency", "start": "2026-01-05T09:00:00Z", "duration": f"{minutes}m",
+        "thresholds": {"idle_after": "30s"},
+        "nodes": [{"name": f"gpu-{i:02d}", "gpus": 8} for i in range(nodes)],
+        "pods": [{"name": f"job-{i}", "gpus": 8, "node": f"gpu-{i:02d}", "util": flip, "memory_gib": 10}
+                 for i in range(nodes)],
+    })
+
+
+def _latency(ctx: Context, nodes: int, minutes: int, ticks_per_s: float) -> tuple[list[float], int]:
+    scenario = _latency_scenario(nodes, minutes)
+    replay = KafkaReplay(scenario, _settings(ctx), lateness_s=0.0, topic_prefix=f"{ctx.topic_prefix}-latency",
+                         work_dir=ctx.scratch / "latency-worker")
+    sent: dict[float, float] = {}
+    try:
+        replay.create_topics()
+        replay.worker.start()
+        ticks = replay.ticks()
+        replay.send(ticks[:1])
+        _wait_node_mark(replay)
+        for tick in ticks[1:]:
+            due = time.time() + 1.0 / ticks_per_s
+            replay.send([tick])
+            sent[tick.ts.timestamp()] = time.time()
+            time.sleep(max(0.0, due - time.time()))
+        replay.finish()
+        replay.wait_done(timeout_s=300)
+        records = read_to_end(replay.kafka, ALERTS.name(replay.prefix))
+    finally:
+        replay.close()
+    latencies = []
+    seen: set[tuple[str, str]] = set()
+    for record in records:
+        alert = decode(record.value, Alert)
+        key = (alert.id, alert.state)
+        if key in seen or record.timestamp_ms is None:
+            continue
+        seen.add(key)
+        produced = sent.get(alert.at.timestamp())
+        if produced is not None:
+            latencies.append(record.timestamp_ms / 1000.0 - produced)
+    return latencies, len(seen)
+
+
+def run(ctx: Context) -> list[Result]:
+    nodes, duration = (16, "5m") if ctx.quick else (64, "10m")
+    rate, samples, prefix = _throughput(ctx, nodes, duration)
+    baseline = asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(prefix), samples))
+    results = [
+        Result(BENCH, f"node stage samples/s per worker ({nodes} nodes x 8 GPUs)", rate, "samples/s",
+               baseline="aiokafka consume->produce passthrough", ratio_to_baseline=rate / baseline,
+               notes=f"{samples} samples; route + node + cluster stages in one process"),
+        Result(BENCH, "aiokafka passthrough msgs/s (same messages)", baseline, "msg/s"),
+    ]
+    latencies, alerts = _latency(ctx, 8 if ctx.quick else 16, 10 if ctx.quick else 16, ticks_per_s=4.0)
+    if latencies:
+        ordered = sorted(latencies)
+        p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+        note = f"{alerts} alert transitions; lateness 0 (a live worker adds its lateness)"
+        results.append(Result(BENCH, "sample -> alert latency p50", statistics.median(ordered) * 1000, "ms",
+                              notes=note))
+        results.append(Result(BENCH, "sample -> alert latency p99", p99 * 1000, "ms", notes=note))
+    return results
