@@ -37,11 +37,11 @@ def _label(column: str) -> str:
     return f"if({column} = '', {NONE}, {column})"
 
 
-def _rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+def query_rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
     return reader.query(sql, parameters).dicts()
 
 
-def _round(rows: Rows, digits: int = 6) -> Rows:
+def round_floats(rows: Rows, digits: int = 6) -> Rows:
     for row in rows:
         for key, value in row.items():
             if isinstance(value, float):
@@ -51,7 +51,7 @@ def _round(rows: Rows, digits: int = 6) -> Rows:
 
 def summary(reader: Reader) -> Rows:
     """Fleet totals: allocated, busy, idle GPU-hours and cost from windows; capacity from capacity windows."""
-    windows = _rows(reader, f"""
+    windows = query_rows(reader, f"""
 SELECT count() AS windows, uniqExact(pod_uid) AS pods,
        sum(allocated_s) / 3600 AS gpu_hours_allocated, sum(busy_s) / 3600 AS gpu_hours_busy,
        sum(idle_s) / 3600 AS gpu_hours_idle, sum(gap_s) / 3600 AS gpu_hours_gap,
@@ -59,7 +59,7 @@ SELECT count() AS windows, uniqExact(pod_uid) AS pods,
        sum(w.allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
        minOrNull(window_start) AS first_window, maxOrNull(window_end) AS last_window
 FROM pod_windows AS w FINAL LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model""")
-    capacity = _rows(reader, f"""
+    capacity = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_capacity,
        sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_S})) / 3600 AS gpu_hours_allocated_capacity,
        sum(coalesce(gpu_s_idle_allocated, gpus_idle_allocated * {_WINDOW_S})) / 3600 AS gpu_hours_idle_allocated,
@@ -67,11 +67,11 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_
        max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
        max(pending_gpu_demand) AS max_pending_gpu_demand
 FROM cluster_capacity FINAL""")
-    lifecycle = _rows(reader, """
+    lifecycle = query_rows(reader, """
 SELECT count() AS pods_ended, sum(gpu_hours) AS lifecycle_gpu_hours, sum(idle_gpu_hours) AS lifecycle_idle_gpu_hours,
        sum(cost_usd) AS lifecycle_cost_usd
 FROM pod_lifecycle FINAL""")
-    return _round([windows[0] | capacity[0] | lifecycle[0]])
+    return round_floats([windows[0] | capacity[0] | lifecycle[0]])
 
 
 def top_consumers(reader: Reader, by: str, limit: int = 20) -> Rows:
@@ -82,7 +82,7 @@ def top_consumers(reader: Reader, by: str, limit: int = 20) -> Rows:
         "pod": f"namespace, pod, {_label('team')} AS team, {_label('project')} AS project",
     }[by]
     group = {"team": "team", "project": "team, project", "pod": "namespace, pod, team, project"}[by]
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT {keys},
        sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
        sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
@@ -100,7 +100,7 @@ def idle_by_team_and_class(reader: Reader) -> Rows:
 
     Gaps in the data are reported separately (missing data is never idle).
     """
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT {_label('team')} AS team,
        multiIf(busy_s = 0 AND coalesce(max_mem_used_bytes, 0) = 0, 'no_process',
                busy_s = 0, 'vram_held', 'partly_idle') AS idle_class,
@@ -115,7 +115,7 @@ ORDER BY idle_gpu_hours DESC, team, idle_class"""))
 
 def pending_distribution(reader: Reader) -> Rows:
     """How long GPU pods waited to be scheduled, in buckets, from the lifecycle records."""
-    return _round(_rows(reader, """
+    return round_floats(query_rows(reader, """
 SELECT multiIf(pending_s < 60, '< 1m', pending_s < 300, '1-5m', pending_s < 900, '5-15m',
                pending_s < 3600, '15-60m', '>= 1h') AS bucket,
        min(pending_s) AS bucket_floor_s, count() AS pods, sum(gpus) AS gpus,
@@ -127,7 +127,7 @@ ORDER BY bucket_floor_s"""))
 
 def pending_reasons(reader: Reader, limit: int = 20) -> Rows:
     """Why pods waited: the reasons on lifecycle records, with the scheduler's failure events."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT reason, sum(pods) AS pods, sum(pending_hours) AS pending_hours, sum(events) AS scheduler_events
 FROM (
     SELECT arrayJoin(if(empty(pending_reasons), ['(none recorded)'], pending_reasons)) AS reason,
@@ -144,7 +144,7 @@ LIMIT {int(limit)}"""))
 
 def fragmentation_over_time(reader: Reader) -> Rows:
     """Per hour: free GPUs, the largest free block, stranded GPUs and pending GPU demand."""
-    return _round(_rows(reader, """
+    return round_floats(query_rows(reader, """
 SELECT toStartOfHour(window_start) AS hour, count() AS windows,
        avg(gpus_total) AS avg_gpus_total, avg(gpus_free) AS avg_gpus_free,
        min(largest_free_block) AS min_largest_free_block,
@@ -158,7 +158,7 @@ ORDER BY hour"""))
 
 def nodes_to_scale_down(reader: Reader, limit: int = 20) -> Rows:
     """Nodes whose GPUs sat unallocated, with the cost burned (unallocated GPU-hours x list price)."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 WITH s AS (
     SELECT node, any(gpu_model) AS gpu_model, uniqExact(gpu_uuid) AS gpus,
            sum(sample_interval_s) / 3600 AS observed_gpu_hours,
@@ -188,7 +188,7 @@ LIMIT {int(limit)}"""))
 
 def cost_by_team(reader: Reader) -> Rows:
     """Cost per team and project: window cost, list-price cost, and the idle part of it."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT {_label('w.team')} AS team, {_label('w.project')} AS project,
        sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
        sum(cost_usd) AS window_cost_usd,
@@ -203,7 +203,7 @@ ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))
 
 def cost_per_unit_of_work(reader: Reader, limit: int = 50) -> Rows:
     """Cost per training step and per 1k tokens for pods that report progress."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT namespace, pod, {_label('team')} AS team, {_label('project')} AS project, gpu_hours, cost_usd,
        steps, tokens, cost_per_step_usd, cost_per_1k_tokens_usd
 FROM v_cost_per_unit
@@ -213,7 +213,7 @@ LIMIT {int(limit)}"""), 9)
 
 def shared_gpu_cost(reader: Reader, limit: int = 50) -> Rows:
     """Pods on shared GPUs: request-based versus usage-based cost."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT namespace, pod, {_label('team')} AS team, requested_gpu_hours, usage_gpu_hours,
        request_based_cost_usd, usage_based_cost_usd
 FROM v_shared_gpu_cost
@@ -223,7 +223,7 @@ LIMIT {int(limit)}"""))
 
 def pods(reader: Reader) -> Rows:
     """Per pod: GPU-hours, idle GPU-hours, utilisation and cost from its windows, and how it ended."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 WITH w AS (
     SELECT pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team, any(project) AS project,
            any(node) AS node, uniqExact(gpu_uuid) AS gpus,
@@ -244,7 +244,7 @@ ORDER BY namespace, name"""))
 
 def lifecycle_timeline(reader: Reader, limit: int = 200) -> Rows:
     """GPU pods from creation to end: when they were scheduled, started, finished, and what they cost."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT namespace, name, {_label('team')} AS team, {_label('project')} AS project, node, gpus, gpu_model,
        created_at, scheduled_at, started_at, finished_at, pending_s, running_s, end_reason,
        pending_reasons, gpu_hours, idle_gpu_hours, avg_sm_util_pct, peak_mem_bytes, cost_usd, steps,
@@ -256,7 +256,7 @@ LIMIT {int(limit)}"""))
 
 def alerts_by_type(reader: Reader) -> Rows:
     """Alert counts per type: how many fired, are still firing, and their mean duration."""
-    return _round(_rows(reader, """
+    return round_floats(query_rows(reader, """
 SELECT alert_type AS type, count() AS alerts, countIf(current_state = 'firing') AS still_firing,
        avgIf(dateDiff('second', first_at, resolved_at), current_state = 'resolved') AS avg_duration_s
 FROM v_alerts

@@ -14,27 +14,14 @@ timestamps.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from sinks.analyses import Reader, Rows
+from sinks.analyses import Reader, Rows, query_rows, round_floats
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)
 """Bucket sizes a chart may use; the smallest that keeps the series within ``max_points``."""
 
 _WINDOW_MS = "dateDiff('millisecond', window_start, window_end)"
-
-
-def _rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
-    return reader.query(sql, parameters).dicts()
-
-
-def _round(rows: Rows, digits: int = 6) -> Rows:
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, float):
-                row[key] = round(value, digits)
-    return rows
 
 
 def _epoch(value: str | None) -> float | None:
@@ -45,7 +32,7 @@ def _epoch(value: str | None) -> float | None:
 
 def data_span(reader: Reader) -> Rows:
     """First and last instant covered by pod windows and capacity windows (one row; None when empty)."""
-    return _rows(reader, """
+    return query_rows(reader, """
 SELECT minOrNull(start) AS first_at, maxOrNull(end) AS last_at
 FROM (
     SELECT min(window_start) AS start, max(window_end) AS end FROM pod_windows
@@ -77,7 +64,7 @@ def utilisation_by_team(reader: Reader, bucket_s: int) -> Rows:
     ``avg_sm_util_pct`` is weighted by allocated seconds and ignores windows without a reading, so a
     gap in the samples is not shown as 0 % utilisation.
     """
-    return _round(_rows(reader, """
+    return round_floats(query_rows(reader, """
 SELECT toStartOfInterval(window_start, toIntervalSecond({bucket_s:UInt32})) AS bucket,
        if(team = '', '(none)', team) AS team_label,
        sum(allocated_s) / {bucket_s:UInt32} AS gpus_allocated,
@@ -97,7 +84,7 @@ def capacity_over_time(reader: Reader, bucket_s: int) -> Rows:
     Stranded GPUs are free GPUs that no pending pod can use because they are spread over nodes
     (see the fragmentation alert); the peak uses the stream jobs' in-window maximum when sent.
     """
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
        count() AS windows,
        sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_total,
@@ -118,7 +105,7 @@ ORDER BY bucket""", {"bucket_s": int(bucket_s)}))
 
 def longest_waiting_pods(reader: Reader, limit: int = 15) -> Rows:
     """The GPU pods that waited longest to be scheduled (then the earliest), with their whole lifecycle."""
-    return _round(_rows(reader, f"""
+    return round_floats(query_rows(reader, f"""
 SELECT namespace, name, if(team = '', '(none)', team) AS team, node, gpus, created_at, scheduled_at,
        started_at, finished_at, pending_s, running_s, end_reason, pending_reasons, gpu_hours,
        idle_gpu_hours, cost_usd
