@@ -92,6 +92,8 @@ class DemoRun:
     children: list[Child] = field(default_factory=list)
     view: FleetView = field(default_factory=FleetView)
     stop_event: threading.Event = field(default_factory=threading.Event)
+    view_done: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
     ticks_sent: int = 0
     sim_now: datetime | None = None
     driver_error: BaseException | None = None
@@ -211,6 +213,11 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
                       f"(pid {sink.process.pid}); logs in {run.run_dir}")
         return _play(run, kafka, replay)
     finally:
+        # on any exit: stop our threads' Kafka clients before the broker goes away
+        run.stop_event.set()
+        run.view_done.set()
+        for thread in run.threads:
+            thread.join(15)
         for child in reversed(run.children):
             child.stop(30)
         if replay.driver is not None:
@@ -221,13 +228,14 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
 
 def _play(run: DemoRun, kafka: KafkaSettings, replay: KafkaReplay) -> int:
     console, options = run.console, run.options
-    view_done = threading.Event()
     reader = threading.Thread(target=drain_topics, name="demo-view", daemon=True,
-                              args=(kafka, run.prefix, run.view, view_done.is_set))
+                              args=(kafka, run.prefix, run.view, run.view_done.is_set))
     reader.start()
+    run.threads.append(reader)
     wall_started = time.monotonic()
     player = threading.Thread(target=_drive, name="demo-fleet", args=(run, replay, wall_started), daemon=True)
     player.start()
+    run.threads.append(player)
     deadline = None if options.duration_s is None else wall_started + options.duration_s
     try:
         if options.live_view and console.is_terminal:
@@ -263,7 +271,7 @@ def _play(run: DemoRun, kafka: KafkaSettings, replay: KafkaReplay) -> int:
     console.print("waiting for the sink to store everything…")
     topics = [spec.name(run.prefix) for spec in OUTPUT_TOPICS]
     caught_up = _wait_until(lambda: group_lag(kafka, run.sink_group, topics) == 0, timeout_s=90, poll_s=1.0)
-    view_done.set()
+    run.view_done.set()
     reader.join(10)
     for child in reversed(run.children):
         child.stop(60)
