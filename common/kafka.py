@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +41,14 @@ __all__ = [
     "make_consumer",
     "read_to_end",
 ]
+
+
+_LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+
+
+def _client_conf(kafka: KafkaSettings) -> dict[str, Any]:
+    """librdkafka settings plus its log routed into our structured logging (not raw stderr)."""
+    return kafka.to_librdkafka() | {"logger": _LIBRDKAFKA_LOG}
 
 
 class BrokerUnavailable(Exception):
@@ -74,7 +83,7 @@ class BoundedProducer:
         """``on_delivery(topic, ok)`` and ``on_delivery_report(topic, partition, offset, ok)`` run
         from ``poll``/``flush`` for every record (offset -1 when it failed)."""
         settings = settings or ProducerSettings()
-        conf = kafka.to_librdkafka() | {
+        conf = _client_conf(kafka) | {
             "enable.idempotence": True,
             "acks": "all",
             "compression.type": settings.compression,
@@ -138,7 +147,7 @@ class BoundedProducer:
 def make_consumer(
     kafka: KafkaSettings, group_id: str, extra: dict[str, Any] | None = None
 ) -> Consumer:
-    conf = kafka.to_librdkafka() | {
+    conf = _client_conf(kafka) | {
         "group.id": group_id,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -176,7 +185,7 @@ def consumer_lag(consumer: Consumer) -> dict[tuple[str, int], int]:
 
 def group_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str], timeout_s: float = 10.0) -> int:
     """Records in ``topics`` the consumer group has not committed yet (a group with no commit lags by all)."""
-    reader = Consumer(kafka.to_librdkafka() | {"group.id": group_id, "enable.auto.commit": False})
+    reader = Consumer(_client_conf(kafka) | {"group.id": group_id, "enable.auto.commit": False})
     try:
         metadata = reader.list_topics(timeout=timeout_s)
         partitions = [TopicPartition(topic, p) for topic in topics if topic in metadata.topics
@@ -191,7 +200,7 @@ def group_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str], timeou
 
 
 def broker_reachable(kafka: KafkaSettings, timeout_s: float = 5.0) -> bool:
-    admin = AdminClient(kafka.to_librdkafka())
+    admin = AdminClient(_client_conf(kafka))
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException:
@@ -218,7 +227,7 @@ def ensure_topics(
     Existing topics are left alone; a partition count or cleanup policy that differs from the
     registry is reported in ``mismatched`` (never silently changed).
     """
-    admin = AdminClient(kafka.to_librdkafka())
+    admin = AdminClient(_client_conf(kafka))
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
@@ -270,7 +279,7 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
 
 
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:
-    metadata = AdminClient(kafka.to_librdkafka()).list_topics(topic, timeout=timeout_s)
+    metadata = AdminClient(_client_conf(kafka)).list_topics(topic, timeout=timeout_s)
     return sorted(metadata.topics[topic].partitions)
 
 

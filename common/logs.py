@@ -72,5 +72,5 @@ def configure(level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("kafka", "aiokafka", "faust", "mode", "urllib3", "kubernetes"):
+    for noisy in ("kafka", "aiokafka", "faust", "mode", "urllib3", "kubernetes", "librdkafka"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
