@@ -111,8 +111,8 @@ class ClusterStage:
     def flush(self, end: float) -> list[Message]:
         """End of a replay: close every window at ``end`` and report every pod not yet reported.
 
-        Instants at ``end`` are still evaluated (their alerts count) but hold for no time, so they
-        are not a window's last state (see :meth:`_evaluate`)."""
+        The instant at ``end`` is no tick: it holds for no time, is no window's last state and
+        evaluates no alert rule (see :meth:`_evaluate`)."""
         self._end = end
         self._out = self.advance(end)
         for uid in sorted(self.pods, key=lambda u: (self.pods[u]["created"], u)):
@@ -138,7 +138,9 @@ class ClusterStage:
             for uid in sorted(self.pods):
                 pod = self.pods[uid]
                 if pod["node"] == state.node and pod["end"] is None:
-                    pod["end"], pod["end_reason"] = ts, "Evicted"
+                    # inferred from the node leaving: the pod's own state at this same instant
+                    # (applied after node states) may say it ended otherwise, and then wins
+                    pod["end"], pod["end_reason"], pod["end_by_node"] = ts, "Evicted", True
                     self._try_lifecycle(pod)
 
     def _on_pod(self, ts: float, state: PodState) -> None:
@@ -168,10 +170,10 @@ class ClusterStage:
         for cond in state.conditions:
             if cond.type == "PodScheduled" and cond.status == "False" and cond.message:
                 self._reason(pod, cond.message)
-        if pod["end"] is None:
-            reason = pod_end_reason(state)
-            if reason is not None:
-                pod["end"], pod["end_reason"] = ts, reason
+        reason = pod_end_reason(state)
+        if reason is not None and (pod["end"] is None or (pod.get("end_by_node") and ts <= pod["end"] + EPS)):
+            # a pod that completed or was deleted at the tick its node left is not Evicted
+            pod["end"], pod["end_reason"], pod["end_by_node"] = min(ts, pod["end"] or ts), reason, False
         self._try_lifecycle(pod)
 
     def _reason(self, pod: dict[str, Any], text: str) -> None:
@@ -311,11 +313,13 @@ class ClusterStage:
             "pending": len(pending), "demand": sum(p["gpus"] for p in pending),
         }
         self.cap["snap"] = snap
-        if self._end is None or t < self._end - EPS:
-            # at a replay's end the instant holds for no time: the window keeps the state before it
-            acc = self._cap_window(window_start(t, self.config.window_s))
-            acc["stranded_max"] = max(acc["stranded_max"], stranded)
-            acc["last"] = snap
+        if self._end is not None and t >= self._end - EPS:
+            # a replay's end is no tick (FORMAT.md: ticks while t < duration): the instant holds for
+            # no time, so the window keeps the state before it, and no alert fires or resolves there
+            return
+        acc = self._cap_window(window_start(t, self.config.window_s))
+        acc["stranded_max"] = max(acc["stranded_max"], stranded)
+        acc["last"] = snap
 
         self._pending_rules(t, pending, free)
         self._gang_rules(t)
