@@ -376,7 +376,8 @@ class NodeStage:
         total, used = reading.mem_total_bytes, reading.mem_used_bytes
         if total and used is not None:
             pct = used / total * 100.0
-            if pct >= th.vram_pressure_pct:
+            # bytes are whole: 45.6 of 48 GiB reads 94.9999999992 %, which is 95 %
+            if pct >= th.vram_pressure_pct - 1e-6:
                 if pg["vram_since"] is None:
                     pg["vram_since"] = ts
                 if pg["vram"] is None and elapsed(ts, pg["vram_since"], th.vram_pressure_after):
