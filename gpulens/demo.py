@@ -13,9 +13,6 @@ minutes-long thresholds show up within the first two minutes.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +30,7 @@ from common.settings import CommonSettings, KafkaSettings
 from gpulens.demo_fleet import demo_scenario
 from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
-from gpulens.kafka_replay import KafkaReplay
+from gpulens.kafka_replay import KafkaReplay, WorkerProcess
 from gpulens.scenario import Scenario, parse_scenario
 from gpulens.simulator import FleetSimulator
 from gpulens.top import FleetView, drain_topics, render
@@ -55,33 +52,6 @@ class DemoOptions:
 
 
 @dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout_s: float) -> int | None:
-        if self.alive():
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning("child did not stop in time; killing", child=self.name)
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        return self.process.returncode
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-@dataclass
 class DemoRun:
     settings: CommonSettings
     options: DemoOptions
@@ -89,7 +59,7 @@ class DemoRun:
     run_dir: Path
     prefix: str
     scenario: Scenario
-    children: list[Child] = field(default_factory=list)
+    children: list[WorkerProcess] = field(default_factory=list)
     view: FleetView = field(default_factory=FleetView)
     stop_event: threading.Event = field(default_factory=threading.Event)
     view_done: threading.Event = field(default_factory=threading.Event)
@@ -112,12 +82,9 @@ def build_scenario(options: DemoOptions, wall_start: datetime) -> Scenario:
     return parse_scenario(document, source="demo")
 
 
-def _spawn(run: DemoRun, name: str, args: list[str], env: dict[str, str]) -> Child:
-    log_path = run.run_dir / f"{name}.log"
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "gpulens", *args], stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    child = Child(name, process, log_path)
+def _spawn(run: DemoRun, args: tuple[str, ...], env: dict[str, str]) -> WorkerProcess:
+    child = WorkerProcess(env, run.run_dir / f"{args[0]}.log", args)
+    child.start()
     run.children.append(child)
     return child
 
@@ -206,9 +173,9 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
         replay.create_topics()
         console.print(f"topics created under the prefix {run.prefix}")
         replay.worker.start()
-        assert replay.worker.process is not None
-        run.children.append(Child("worker", replay.worker.process, replay.worker.log_path))
-        sink = _spawn(run, "sink", ["sink"], _child_env(settings, run.prefix, {"GPULENS_GROUP_ID": run.sink_group}))
+        run.children.append(replay.worker)
+        sink = _spawn(run, ("sink",), _child_env(settings, run.prefix, {"GPULENS_GROUP_ID": run.sink_group}))
+        assert replay.worker.process is not None and sink.process is not None
         console.print(f"started the stream workers (pid {replay.worker.process.pid}) and the sink "
                       f"(pid {sink.process.pid}); logs in {run.run_dir}")
         return _play(run, kafka, replay)
@@ -258,7 +225,8 @@ def _play(run: DemoRun, kafka: KafkaSettings, replay: KafkaReplay) -> int:
         raise UserError(f"the simulated fleet stopped: {run.driver_error}") from run.driver_error
     dead = [c for c in run.children if not c.alive()]
     if dead:
-        details = "\n".join(f"--- {c.name} (exit {c.process.returncode}), last lines of {c.log_path}:\n{c.tail()}"
+        details = "\n".join(f"--- {c.name} (exit {c.process.poll() if c.process else '?'}), "
+                            f"last lines of {c.log_path}:\n{c.tail()}"
                             for c in dead)
         raise UserError(f"a pipeline process stopped unexpectedly:\n{details}")
     console.print("fleet ended; waiting for the stream workers to flush…")

@@ -166,17 +166,22 @@ def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario:
 
 @dataclass
 class WorkerProcess:
-    """A ``gpulens worker`` child process with its log file."""
+    """A ``gpulens`` child process (by default the stream worker) in its own session, with its log file."""
 
     env: dict[str, str]
     log_path: Path
+    args: tuple[str, ...] = ("worker", "--stage", "all")
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.args[0]
 
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpulens", "worker", "--stage", "all"], stdout=out,
+                [sys.executable, "-m", "gpulens", *self.args], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         self.starts += 1
 

@@ -29,7 +29,9 @@ from schemas.messages import (
 )
 from schemas.topics import (
     ALERTS,
+    ALL_TOPICS,
     CLUSTER_CAPACITY,
+    DEADLETTER,
     GPU_SAMPLES,
     K8S_EVENTS,
     K8S_NODES,
@@ -40,17 +42,7 @@ from schemas.topics import (
     TopicSpec,
 )
 
-SINK_TOPICS: tuple[TopicSpec, ...] = (
-    GPU_SAMPLES,
-    K8S_PODS,
-    K8S_NODES,
-    K8S_EVENTS,
-    WORKLOAD_PROGRESS,
-    POD_WINDOWS,
-    CLUSTER_CAPACITY,
-    POD_LIFECYCLE,
-    ALERTS,
-)
+SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS if spec is not DEADLETTER)
 """The topics the sink stores (every topic except the dead-letter topic it writes to)."""
 
 TABLES_BY_TOPIC: dict[str, tuple[str, ...]] = {
