@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.kafka import broker_reachable
+from common.processes import pid_alive
 from common.settings import CommonSettings, KafkaSettings
 from gpulens.errors import UserError
 
@@ -145,9 +146,9 @@ class LocalKafka:
             return "Kafka is not running (nothing started by gpulens)"
         os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if pid_alive(pid):
             os.killpg(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
         return f"Kafka stopped (pid {pid})"
@@ -179,7 +180,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     # ------------------------------------------------------------------ setup
 
@@ -270,20 +271,6 @@ class LocalKafka:
 
     def _ready(self) -> bool:
         return broker_reachable(KafkaSettings(bootstrap_servers=self.bootstrap), timeout_s=2.0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import orjson
 
 from common.logs import get_logger
+from common.processes import pid_alive
 from sinks.clickhouse import (
     ClickHouseStore,
     QueryResult,
@@ -170,16 +171,6 @@ class RemoteReader:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def running_sink_endpoint(url: str, data_dir: Path) -> RemoteReader | None:
     """The endpoint of a live sink that owns this embedded URL, if there is one."""
     path = endpoint_file(data_dir)
@@ -187,7 +178,7 @@ def running_sink_endpoint(url: str, data_dir: Path) -> RemoteReader | None:
         info = orjson.loads(path.read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
-    if info.get("url") != url or not _pid_alive(int(info.get("pid", 0))):
+    if info.get("url") != url or not pid_alive(int(info.get("pid", 0))):
         return None
     reader = RemoteReader(int(info["port"]), str(info["token"]))
     return reader if reader.healthy() else None

@@ -14,20 +14,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from common.processes import pid_alive
 from common.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 
 GPULENS = [sys.executable, "-m", "gpulens"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().split(") ")[-1][:1] != "Z"
 
 
 def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, kafka_settings: KafkaSettings) -> None:
@@ -42,7 +34,7 @@ def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, 
     assert "Traceback" not in output
     pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
     assert len(pids) >= 2, output[-2000:]
-    assert not [pid for pid in pids if _alive(pid)], "the demo left a pipeline process running"
+    assert not [pid for pid in pids if pid_alive(pid)], "the demo left a pipeline process running"
 
     transitions = int(re.search(r"(\d+) alert transitions", output).group(1))  # type: ignore[union-attr]
     assert transitions >= 5, output[-3000:]
