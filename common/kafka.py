@@ -258,6 +258,7 @@ def ensure_topics(
                     report.existing.append(name)
                 else:
                     raise
+        _await_metadata(admin, report.created, timeout_s)
     for name in present:
         spec = wanted[name]
         partitions = len(metadata.topics[name].partitions)
@@ -270,6 +271,21 @@ def ensure_topics(
         else:
             report.existing.append(name)
     return report
+
+
+def _await_metadata(admin: AdminClient, topics: list[str], timeout_s: float) -> None:
+    """Return once every new topic shows in the metadata with its partitions, so callers can use it at once.
+
+    A controller acknowledges creation before the brokers' metadata has caught up."""
+    deadline = time.monotonic() + timeout_s
+    while topics:
+        metadata = admin.list_topics(timeout=timeout_s)
+        missing = [t for t in topics if t not in metadata.topics or not metadata.topics[t].partitions]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise BrokerUnavailable(f"created topics not visible in the metadata after {timeout_s:.0f}s: {missing}")
+        time.sleep(0.1)
 
 
 def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
