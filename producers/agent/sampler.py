@@ -212,10 +212,14 @@ class NodeSampler:
         except (NvmlGpuLost, NvmlUnavailable):
             raise
         except NvmlError as exc:
-            self._report(exc.kind)
-            device.issues.append(f"{what} ({exc.kind})")
-            errors.append(f"gpu {device.fields['index']} {device.uuid}: {what}: {exc.kind}: {exc}")
+            self._field_failed(device, what, exc, errors)
             return None
+
+    def _field_failed(self, device: _Device, what: str, exc: NvmlError, errors: list[str]) -> None:
+        """One reading of one device failed: count it, mark the device, and say so in the sample."""
+        self._report(exc.kind)
+        device.issues.append(f"{what} ({exc.kind})")
+        errors.append(f"gpu {device.fields['index']} {device.uuid}: {what}: {exc.kind}: {exc}")
 
     def _unreadable(self, index: int, health: str, reason: str) -> _Device:
         uuid, model = self._identity.get(index, (f"GPU-unknown-{self.node_name}-{index}", "unknown"))
@@ -281,9 +285,7 @@ class NodeSampler:
             except (NvmlGpuLost, NvmlUnavailable):
                 raise
             except NvmlError as exc:
-                self._report(exc.kind)
-                device.issues.append(f"mig device ({exc.kind})")
-                errors.append(f"gpu {index} {uuid}: mig device: {exc.kind}: {exc}")
+                self._field_failed(device, "mig device", exc, errors)
         return readings
 
     def _read_mig(self, parent: _Device, handle: Device, errors: list[str]) -> _Device:
