@@ -12,7 +12,6 @@ minutes-long thresholds show up within the first two minutes.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from common.settings import CommonSettings, KafkaSettings
 from gpulens.demo_fleet import demo_scenario
 from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
-from gpulens.kafka_replay import KafkaReplay, WorkerProcess
+from gpulens.kafka_replay import KafkaReplay, WorkerProcess, child_env
 from gpulens.scenario import Scenario, parse_scenario
 from gpulens.simulator import FleetSimulator
 from gpulens.top import FleetView, drain_topics, render
@@ -87,22 +86,6 @@ def _spawn(run: DemoRun, args: tuple[str, ...], env: dict[str, str]) -> WorkerPr
     child.start()
     run.children.append(child)
     return child
-
-
-def _child_env(settings: CommonSettings, prefix: str, extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
-    env.update({
-        "GPULENS_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "GPULENS_TOPIC_PREFIX": prefix,
-        "GPULENS_DATA_DIR": str(settings.data_dir),
-        "GPULENS_LOG_FORMAT": "json",
-        "GPULENS_LOG_LEVEL": "INFO",
-        "PYTHONUNBUFFERED": "1",
-    })
-    if settings.clickhouse.url:
-        env["GPULENS_CLICKHOUSE__URL"] = settings.clickhouse.url
-    env.update(extra)
-    return env
 
 
 def _drive(run: DemoRun, replay: KafkaReplay, wall_start: float) -> None:
@@ -174,7 +157,8 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
         console.print(f"topics created under the prefix {run.prefix}")
         replay.worker.start()
         run.children.append(replay.worker)
-        sink = _spawn(run, ("sink",), _child_env(settings, run.prefix, {"GPULENS_GROUP_ID": run.sink_group}))
+        sink_env = child_env(settings, run.prefix, settings.data_dir, {"GPULENS_GROUP_ID": run.sink_group})
+        sink = _spawn(run, ("sink",), sink_env)
         assert replay.worker.process is not None and sink.process is not None
         console.print(f"started the stream workers (pid {replay.worker.process.pid}) and the sink "
                       f"(pid {sink.process.pid}); logs in {run.run_dir}")

@@ -133,10 +133,10 @@ class KafkaFleetDriver:
 # --------------------------------------------------------------------------- the worker child
 
 
-def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario: Scenario, lateness_s: float,
-                node_partitions: int, app_id: str) -> dict[str, str]:
+def child_env(settings: CommonSettings, prefix: str, data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    """Environment of a ``gpulens`` child process: this process's Kafka connection (secrets
+    included), the topic prefix and data dir, JSON logs; ``extra`` settings on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
-    config = engine_config(scenario)
     kafka = settings.kafka.model_dump(mode="json", exclude_none=True)
     for secret in ("sasl_password", "ssl_key_password"):
         value = getattr(settings.kafka, secret)
@@ -148,6 +148,18 @@ def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario:
         "GPULENS_DATA_DIR": str(data_dir),
         "GPULENS_LOG_FORMAT": "json",
         "GPULENS_LOG_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+    })
+    if settings.clickhouse.url:
+        env["GPULENS_CLICKHOUSE__URL"] = settings.clickhouse.url
+    env.update(extra)
+    return env
+
+
+def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario: Scenario, lateness_s: float,
+                node_partitions: int, app_id: str) -> dict[str, str]:
+    config = engine_config(scenario)
+    return child_env(settings, prefix, data_dir, {
         "GPULENS_WATERMARK_SOURCE": "control",
         "GPULENS_LATENESS_S": repr(lateness_s),
         "GPULENS_APP_ID": app_id,
@@ -159,9 +171,7 @@ def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario:
         "GPULENS_SAMPLE_INTERVAL_S": repr(config.sample_interval_s),
         "GPULENS_PRICES_USD_PER_GPU_HOUR": json.dumps(dict(config.prices_usd_per_gpu_hour)),
         "GPULENS_THRESHOLDS": json.dumps(config.thresholds.to_dict()),
-        "PYTHONUNBUFFERED": "1",
     })
-    return env
 
 
 @dataclass
