@@ -1,6 +1,6 @@
 """The demo's fleet: a seeded, realistic mix of GPU workloads written as a scenario.
 
-The result is an ordinary scenario document (``shared/scenarios/FORMAT.md``), so the demo plays it
+The result is an ordinary scenario document (``docs/FORMAT.md``), so the demo plays it
 through the same simulator as ``gpulens replay``, and a user can dump it (``gpulens demo
 --print-scenario``) to replay or edit it. Placement is pinned so the stories gpulens is for happen
 on every run, whatever the seed: long training jobs that leave one or two GPUs free per node

@@ -1,4 +1,4 @@
-"""Scenario files (``../shared/scenarios/FORMAT.md``, ``docs/scenarios.md``): parse and validate.
+"""Scenario files (``docs/FORMAT.md``, ``docs/scenarios.md``): parse and validate.
 
 A scenario is a contract users write against, so parsing is strict and every error names the
 field (``pods[2].util: ...``); the CLI prints it as one line and exits 2. Durations are

@@ -14,7 +14,7 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_SCENARIOS = REPO_ROOT.parent / "shared" / "scenarios"
+SHARED_SCENARIOS = REPO_ROOT / "tests" / "data" / "scenarios"  # the shared examples, copied in (FORMAT.md)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Golden tests: every scenario with an expected-results file replays to a matching report.
 
-The shared examples (``../shared/scenarios``) and the product's own scenarios
+The shared examples (copied into ``tests/data/scenarios``) and the product's own scenarios
 (``gpulens/scenarios``) are compared with FORMAT.md's tolerances by ``compare_report``: alert
 times within two sample intervals, numbers to four decimals, only the fields the expected file
 names — and the expected alert list is complete, so an extra alert fails the test.

@@ -12,7 +12,7 @@ import yaml
 
 from gpulens.replay import run_in_process
 from gpulens.scenario import ScenarioError, parse_duration, parse_scenario, step_value
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 
 def _parse(text: str):  # type: ignore[no-untyped-def]
@@ -103,7 +103,7 @@ def test_cli_summary_is_readable() -> None:
 
 
 def test_threshold_override_moves_the_alert() -> None:
-    text = (REPO_ROOT.parent / "shared" / "scenarios" / "idle-notebook.yaml").read_text()
+    text = (SHARED_SCENARIOS / "idle-notebook.yaml").read_text()
     data = yaml.safe_load(text)
     data["thresholds"] = {"idle_after": "2m"}
     report = run_in_process(parse_scenario(data)).report
