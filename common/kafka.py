@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from common.settings import KafkaSettings, ProducerSettings
+from schemas.codec import WIRE_HEADERS
 from schemas.topics import TopicSpec
 
 Headers = list[tuple[str, str | bytes | None]]
@@ -116,7 +117,11 @@ class BoundedProducer:
     def produce(
         self, topic: str, key: str | bytes | None, value: bytes | None, headers: Headers | None = None
     ) -> bool:
-        """Queue one record; ``False`` when the bounded queue is full (counted as overflow)."""
+        """Queue one record; ``False`` when the bounded queue is full (counted as overflow).
+
+        Every record with a value carries the wire headers (content type, schema version) first."""
+        if value is not None:
+            headers = [*WIRE_HEADERS, *(headers or [])]
         try:
             self._producer.produce(
                 topic, value=value, key=key, headers=headers, on_delivery=self._delivery

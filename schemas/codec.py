@@ -12,11 +12,19 @@ from typing import TypeVar
 import orjson
 from pydantic import ValidationError
 
-from schemas.messages import Message
+from schemas.messages import SCHEMA_VERSION, Message
 
 M = TypeVar("M", bound=Message)
 
 MAX_MESSAGE_BYTES = 1024 * 1024
+
+CONTENT_TYPE = "application/json"
+WIRE_HEADERS: tuple[tuple[str, bytes], ...] = (
+    ("content-type", CONTENT_TYPE.encode()),
+    ("gpulens-schema-version", str(SCHEMA_VERSION).encode()),
+)
+"""Kafka headers on every gpulens message, so a consumer can route or reject by format and version
+without parsing the value (tombstones carry none: they have no content)."""
 
 
 class MessageError(ValueError):

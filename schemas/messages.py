@@ -15,9 +15,9 @@ Conventions, fixed by DESIGN.md:
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
 SCHEMA_VERSION = 1
 
@@ -37,6 +37,7 @@ UtcDatetime = Annotated[
     datetime,
     AfterValidator(_as_utc),
     PlainSerializer(_iso_z, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
 ]
 """A UTC timestamp; naive datetimes are rejected so wall-clock confusion cannot creep in."""
 
@@ -361,7 +362,7 @@ class PodLifecycle(Message):
 
 # --------------------------------------------------------------------------- alerts.v1
 
-AlertType = Literal[
+AlertType = Literal[  # the alert types gpulens emits today (docs/alerts.md); the wire type is open
     "idle_gpu",
     "vram_pressure",
     "gpu_health",
@@ -371,6 +372,19 @@ AlertType = Literal[
     "crashloop_gpu",
     "idle_node",
 ]
+KNOWN_ALERT_TYPES: tuple[str, ...] = get_args(AlertType)
+
+AlertTypeName = Annotated[
+    str,
+    Field(
+        pattern=r"^[a-z][a-z0-9_]{0,62}$",
+        description="Alert type: snake_case; new types are added within a schema version, so consumers "
+        "must accept values they do not know (known values in x-known-values and docs/alerts.md).",
+        json_schema_extra={"x-known-values": list(KNOWN_ALERT_TYPES)},
+    ),
+]
+"""An open alert type: a consumer written against today's list keeps working when a type is added."""
+
 Severity = Literal["info", "warning", "critical"]
 
 
@@ -386,7 +400,7 @@ class Alert(Message):
     """One alert transition. ``id`` = hash(type, subject, start) is shared by firing and resolved."""
 
     id: str
-    type: AlertType
+    type: AlertTypeName
     severity: Severity
     state: Literal["firing", "resolved"]
     at: UtcDatetime

@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
 from schemas.json_schema import COMMITTED_DIR, render
-from schemas.messages import GpuSample, PodState
+from schemas.messages import KNOWN_ALERT_TYPES, Alert, GpuSample, PodState
 from schemas.topics import ALL_TOPICS, by_suffix
 
 
@@ -44,6 +44,32 @@ def test_committed_json_schema_is_current_and_validates_messages(spec) -> None: 
     )
     validator = Draft202012Validator(orjson.loads(committed.read_bytes()))
     validator.validate(orjson.loads(codec.encode(all_examples()[spec.suffix])))
+
+
+def test_schemas_declare_date_time_and_reject_a_free_text_timestamp() -> None:
+    spec = by_suffix("alerts.v1")
+    validator = Draft202012Validator(orjson.loads(render(spec)), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    alert = orjson.loads(codec.encode(all_examples()["alerts.v1"]))
+    assert not list(validator.iter_errors(alert))
+    alert["at"] = "yesterday"
+    assert [e.message for e in validator.iter_errors(alert)] == ["'yesterday' is not a 'date-time'"]
+
+
+def test_alert_type_is_open_to_new_types_but_not_to_garbage() -> None:
+    """A consumer validating with the committed schema keeps working when gpulens adds an alert type."""
+    spec = by_suffix("alerts.v1")
+    schema = orjson.loads(render(spec))
+    assert schema["properties"]["type"]["x-known-values"] == list(KNOWN_ALERT_TYPES)
+    validator = Draft202012Validator(schema)
+    alert = orjson.loads(codec.encode(all_examples()["alerts.v1"]))
+    alert["type"] = "mig_fragmentation"
+    assert not list(validator.iter_errors(alert))
+    assert codec.decode(orjson.dumps(alert), Alert).type == "mig_fragmentation"
+    alert["type"] = "Idle GPU!"
+    assert list(validator.iter_errors(alert))
+    with pytest.raises(codec.MessageError) as excinfo:
+        codec.decode(orjson.dumps(alert), Alert)
+    assert excinfo.value.field_path == "type"
 
 
 def test_timestamps_are_utc_with_z_suffix() -> None:

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from common.kafka import BoundedProducer, broker_reachable, ensure_topics, make_consumer
+from common.kafka import BoundedProducer, broker_reachable, ensure_topics, make_consumer, read_to_end
 from common.settings import KafkaSettings, ProducerSettings
 from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
-from schemas.topics import ALL_TOPICS, GPU_SAMPLES
+from schemas import codec
+from schemas.examples import all_examples
+from schemas.topics import ALL_TOPICS, GPU_SAMPLES, K8S_PODS
 from tests.foundation.test_settings_and_cli import run_cli
 
 pytestmark = pytest.mark.kafka
@@ -66,6 +68,21 @@ def test_producer_delivers_to_the_real_broker(kafka_settings: KafkaSettings, top
     assert producer.flush(30) == 0
     assert producer.stats.delivered == 200 and producer.stats.failed == 0
     assert sorted(consume_all(kafka_settings, topic, 200)) == sorted(f"sample-{i}".encode() for i in range(200))
+
+
+def test_every_message_carries_content_type_and_schema_version_headers(
+    kafka_settings: KafkaSettings, topic_prefix: str
+) -> None:
+    """A consumer can route by format and version without parsing; a tombstone carries no content."""
+    ensure_topics(kafka_settings, [K8S_PODS], topic_prefix)
+    topic = K8S_PODS.name(topic_prefix)
+    producer = BoundedProducer(kafka_settings)
+    assert producer.produce(topic, "uid-1", codec.encode(all_examples()["k8s.pods.v1"]), [("trace", b"t1")])
+    assert producer.produce(topic, "uid-1", None)
+    assert producer.flush(30) == 0
+    first, tombstone = read_to_end(kafka_settings, topic)
+    assert first.headers == {"content-type": b"application/json", "gpulens-schema-version": b"1", "trace": b"t1"}
+    assert tombstone.value is None and tombstone.headers == {}
 
 
 def test_producer_buffers_while_broker_is_down_and_counts_overflow(tmp_path: Path, local_kafka: LocalKafka) -> None:
