@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 ENV_PREFIX = "GPULENS_"
 
@@ -170,6 +170,13 @@ class CommonSettings(BaseSettings):
     local_kafka: LocalKafkaSettings = Field(default_factory=LocalKafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
 
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_is_a_directory(cls, value: Path) -> Path:
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} exists and is not a directory; give a directory gpulens may create or write")
+        return value
+
     def clickhouse_url(self) -> str:
         return self.clickhouse.url or f"chdb://{self.data_dir / 'clickhouse'}"
 
@@ -281,7 +288,12 @@ def load_settings(settings_type: type[S], **overrides: Any) -> S:
         for error in exc.errors():
             loc = tuple(error["loc"])
             problems.append(f"{_env_name(loc)}: {error['msg']} (got {error.get('input')!r})")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # raised before validation when a structured variable (dict/list) is not valid JSON
+        field = str(exc).split('"')[1] if str(exc).count('"') >= 2 else "?"
+        raise ConfigError(f"invalid configuration: {_env_name((field,))}: not valid JSON; give a JSON object or "
+                          f'list, e.g. {{"NVIDIA H100 80GB HBM3": 2.5}}') from None
 
 
 def redacted(settings: BaseSettings) -> dict[str, Any]:

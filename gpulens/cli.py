@@ -179,11 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "gpulens"
+        click.echo(f"gpulens: {exc.format_message()} (see `{where} --help`)", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except (ConfigError, UserError) as exc:
         click.echo(f"gpulens: {exc}", err=True)
+        return 2
+    except OSError as exc:
+        # a path from the configuration (data dir, cache dir, a file flag) that cannot be used
+        if exc.filename is None:
+            raise
+        click.echo(f"gpulens: cannot use {exc.filename}: {exc.strerror} (check GPULENS_DATA_DIR, "
+                   "GPULENS_LOCAL_KAFKA__CACHE_DIR and the paths given as flags)", err=True)
         return 2
     except KeyboardInterrupt:
         return 130

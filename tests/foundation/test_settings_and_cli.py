@@ -4,6 +4,7 @@ the CLI reports user errors in one line, never a traceback."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,13 @@ def test_config_show_masks_secrets() -> None:
         (["topics", "create", "--bootstrap-servers", "127.0.0.1:1"], {}, "no Kafka broker at 127.0.0.1:1"),
         (["topics", "nonsense"], {}, "No such command"),
         (["kafka", "up", "--port", "notanumber"], {}, "not a valid integer"),
+        (["config", "show", "--service", "worker"], {"GPULENS_PRICES_USD_PER_GPU_HOUR": "{bad"},
+         "GPULENS_PRICES_USD_PER_GPU_HOUR: not valid JSON"),
+        (["sql", "SELECT 1"], {"GPULENS_DATA_DIR": "/etc/passwd"}, "GPULENS_DATA_DIR: Value error, /etc/passwd exists"),
+        (["kafka", "up"], {"GPULENS_DATA_DIR": "/proc/nope", "GPULENS_LOCAL_KAFKA__PORT": "1"},
+         "cannot use /proc/nope: No such file or directory"),
+        (["topics", "create"], {"GPULENS_KAFKA__SECURITY_PROTOCOL": "bogus", "GPULENS_METRICS_PORT": "-1"},
+         "GPULENS_METRICS_PORT"),
     ],
 )
 def test_cli_user_errors_are_one_clear_line_without_traceback(
@@ -96,11 +104,18 @@ def test_cli_user_errors_are_one_clear_line_without_traceback(
     assert result.returncode == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_missing_java_names_the_alternatives(tmp_path: Path) -> None:
     env = {"PATH": str(Path(sys.executable).parent), "GPULENS_DATA_DIR": str(tmp_path),
-           "GPULENS_LOCAL_KAFKA__PORT": "19392", "GPULENS_LOCAL_KAFKA__CACHE_DIR": str(tmp_path / "cache")}
+           "GPULENS_LOCAL_KAFKA__PORT": str(_free_port()), "GPULENS_LOCAL_KAFKA__CACHE_DIR": str(tmp_path / "cache")}
     result = run_cli("kafka", "up", env=env)
     assert result.returncode == 2
     assert "java and mvn not found" in result.stderr
