@@ -41,8 +41,10 @@ API_VERSIONS = {
     "Job": "batch/v1",
     "ClusterRole": "rbac.authorization.k8s.io/v1",
     "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+    "PriorityClass": "scheduling.k8s.io/v1",
 }
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
 AGENT = ("DaemonSet", "gpulens-agent")
 WATCHER = ("Deployment", "gpulens-watcher")
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
@@ -363,3 +365,49 @@ def test_worker_stages_and_scaling(docs: list[dict[str, Any]]) -> None:
     from schemas.topics import GPU_SAMPLES
 
     assert 1 <= stages["node"] <= GPU_SAMPLES.partitions, "node-stage replicas beyond the partitions sit idle"
+
+
+# --------------------------------------------------------------------------- network and scheduling
+
+
+def _selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    return bool(wanted.items() <= labels.items())
+
+
+def test_network_is_default_deny_and_each_pod_opens_only_its_metrics_port(docs: list[dict[str, Any]]) -> None:
+    policies = of_kind(docs, "NetworkPolicy")
+    deny = [p for p in policies if p["spec"]["podSelector"] == {}
+            and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"} and not p["spec"].get("ingress")
+            and not p["spec"].get("egress")]
+    assert deny, "no default-deny NetworkPolicy for the namespace"
+    for workload in workloads(docs):
+        template = pod_template(workload)
+        labels = template["metadata"]["labels"]
+        own = [p for p in policies if p["spec"]["podSelector"].get("matchLabels") and _selects(p, labels)]
+        assert len(own) == 1, f"{_name(workload)}: {len(own)} component NetworkPolicies select it (want 1)"
+        port_names = {port["name"] for c in containers(template["spec"]) for port in c.get("ports", [])}
+        for rule in own[0]["spec"].get("ingress", []):
+            opened = {port["port"] for port in rule["ports"]}
+            assert opened == {"metrics"} and "metrics" in port_names, f"{_name(workload)} opens {opened}"
+        egress_ports = {port["port"] for rule in own[0]["spec"]["egress"] for port in rule["ports"]}
+        assert 9092 in egress_ports, f"{_name(workload)} cannot reach Kafka"
+        command = pod_template(workload)["spec"]["containers"][0]["args"][0]
+        assert (443 in egress_ports) == (command == "watch"), f"{_name(workload)}: API server egress"
+        assert (8123 in egress_ports) == (command == "sink"), f"{_name(workload)}: ClickHouse egress"
+
+
+def test_agent_has_its_priority_class_and_optional_extra_tolerations(
+    docs: list[dict[str, Any]], agent: dict[str, Any]
+) -> None:
+    spec = _pod_spec(agent)
+    priority = by_name(docs, "PriorityClass", spec["priorityClassName"])
+    assert 0 < priority["value"] < 1_000_000_000 and not priority["globalDefault"], "must stay below system-*"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    component_dir = K8S_DIR / "components" / "agent-tolerations"
+    component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    (patch,) = component["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": agent["metadata"]["name"]}
+    operations = yaml.safe_load((component_dir / patch["path"]).read_text())
+    assert operations == [{"op": "add", "path": "/spec/template/spec/tolerations/-", "value": {"operator": "Exists"}}]
