@@ -42,15 +42,20 @@ def _panels() -> list[dict[str, Any]]:
     return panels
 
 
-def _expand_macros(sql: str) -> str:
-    """The grafana-clickhouse-datasource macros, for a range of the last 30 days and 60 s steps."""
+ALL = "'__all'"  # the variables' allValue, as Grafana substitutes it when "All" is selected
+
+
+def _expand_macros(sql: str, team: str = ALL, namespace: str = ALL) -> str:
+    """The grafana-clickhouse-datasource macros, for a range of the last 30 days and 60 s steps, and
+    the dashboard variables (``${var:singlequote}``) as Grafana substitutes the given selection."""
+    sql = sql.replace("${team:singlequote}", team).replace("${namespace:singlequote}", namespace)
     sql = re.sub(
         r"\$__timeFilter\(([^)]+)\)",
         r"\1 >= toDateTime64(now() - INTERVAL 30 DAY, 3) AND \1 <= toDateTime64(now() + INTERVAL 1 DAY, 3)",
         sql,
     )
     sql = re.sub(r"\$__timeInterval\(([^)]+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 60 second)", sql)
-    assert "$__" not in sql, f"unexpanded macro in {sql}"
+    assert "$__" not in sql and "${" not in sql, f"unexpanded macro or variable in {sql}"
     return sql
 
 
@@ -66,6 +71,29 @@ def test_dashboards_are_valid_and_unique() -> None:
         for panel in dashboard["panels"]:
             (target,) = panel["targets"]
             assert target["rawSql"].strip() and target["editorType"] == "sql", f"{path.name}: {panel['title']}"
+
+
+def _variables(path: Path) -> dict[str, dict[str, Any]]:
+    return {var["name"]: var for var in json.loads(path.read_text())["templating"]["list"]}
+
+
+def test_dashboards_choose_their_datasource_and_filter_by_team_and_namespace() -> None:
+    """No hard-coded data source uid (a user's ClickHouse data source has its own), and every panel
+    over per-pod data follows the team and namespace selectors."""
+    for path in DASHBOARDS:
+        variables = _variables(path)
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "grafana-clickhouse-datasource"
+        for name in ("team", "namespace"):
+            assert variables[name]["includeAll"] and variables[name]["multi"] and variables[name]["allValue"] == ALL
+        uids = re.findall(r'"uid": "([^"]*)"', json.dumps(json.loads(path.read_text())["panels"]))
+        assert uids and set(uids) == {"${datasource}"}, f"{path.name}: hard-coded data source uid"
+        for panel in json.loads(path.read_text())["panels"]:
+            sql = panel["targets"][0]["rawSql"]
+            if re.search(r"\b(pod_windows|v_pods)\b", sql):
+                assert "${team:singlequote}" in sql and "${namespace:singlequote}" in sql, panel["title"]
+            if "v_alerts" in sql:
+                assert "${namespace:singlequote}" in sql, panel["title"]
 
 
 def test_every_question_has_a_panel() -> None:
@@ -137,12 +165,18 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     """Every panel's query run on the sink schema in a fresh embedded ClickHouse (own process:
     chDB allows one data directory per process)."""
     panels = _panels()
+    variable_queries = [(f"{path.stem}:{name}", var["query"]) for path in DASHBOARDS
+                        for name, var in _variables(path).items() if var["type"] == "query"]
+    selections = {"": (ALL, ALL), "team=vision:": ("'vision'", ALL), "namespace=nb,x:": (ALL, "'nb','x'")}
+    titled = [(prefix + p["title"], _expand_macros(p["targets"][0]["rawSql"], *selection))
+              for prefix, selection in selections.items() for p in panels]
+    titled += [(title, _expand_macros(sql)) for title, sql in variable_queries]
     # one fixed "now" for every seeded row, so a row delivered twice is the same row
     now = f"toDateTime64('{datetime.now(UTC):%Y-%m-%d %H:%M:%S}', 3, 'UTC')"
     job = {
         "url": f"chdb://{tmp_path_factory.mktemp('dashboards') / 'ch'}",
         "seed": [statement.replace("{now}", now) for statement in _SEED],
-        "queries": [_expand_macros(p["targets"][0]["rawSql"]) for p in panels],
+        "queries": [sql for _, sql in titled],
     }
     done = subprocess.run(
         [sys.executable, "-c", _RUNNER], input=json.dumps(job), capture_output=True, text=True,
@@ -150,7 +184,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     )
     assert done.returncode == 0, done.stderr[-3000:]
     answers = json.loads(done.stdout.strip().splitlines()[-1])
-    return {panel["title"]: answer for panel, answer in zip(panels, answers, strict=True)}
+    return {title: answer for (title, _), answer in zip(titled, answers, strict=True)}
 
 
 def test_every_panel_query_runs_on_the_sink_schema(results: dict[str, dict[str, Any]]) -> None:
@@ -180,3 +214,19 @@ def test_panels_show_the_right_figures(results: dict[str, dict[str, Any]]) -> No
 
     cost = {row["team_name"]: row["total_cost_usd"] for row in results["Cost per team"]["rows"]}
     assert cost == pytest.approx({"nb": 2 * 0.0667, "vision": 0.0667})
+
+
+def test_variables_list_teams_and_namespaces_and_panels_follow_them(results: dict[str, dict[str, Any]]) -> None:
+    for dashboard in ("gpulens-fleet", "gpulens-teams"):
+        assert sorted(next(iter(r.values())) for r in results[f"{dashboard}:team"]["rows"]) == ["nb", "vision"]
+        assert sorted(next(iter(r.values())) for r in results[f"{dashboard}:namespace"]["rows"]) == ["ml", "nb"]
+
+    idle = {row["team_name"] for row in results["team=vision:Idle GPU-hours by team"]["rows"]}
+    assert idle == {"vision"}
+    pods = {row["pod"] for row in results["namespace=nb,x:Top idle pods"]["rows"]}
+    assert pods == {"notebook-0"}
+    assert [row["name"] for row in results["team=vision:Pending pods now, with reasons"]["rows"]] == ["big-job-0"]
+    assert results["namespace=nb,x:Pending pods now, with reasons"]["rows"] == []
+    assert [row["type"] for row in results["namespace=nb,x:Active alerts"]["rows"]] == ["idle_gpu"]
+    # fleet-wide capacity does not depend on the selection
+    assert results["team=vision:GPUs by state"] == results["GPUs by state"]
