@@ -12,6 +12,7 @@ minutes-long thresholds show up within the first two minutes.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -157,7 +158,11 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
         console.print(f"topics created under the prefix {run.prefix}")
         replay.worker.start()
         run.children.append(replay.worker)
-        sink_env = child_env(settings, run.prefix, settings.data_dir, {"GPULENS_GROUP_ID": run.sink_group})
+        # the sink gets the same price table as the workers: it fills gpu_prices for the list-price views
+        sink_env = child_env(settings, run.prefix, settings.data_dir, {
+            "GPULENS_GROUP_ID": run.sink_group,
+            "GPULENS_PRICES_USD_PER_GPU_HOUR": json.dumps(dict(run.scenario.prices)),
+        })
         sink = _spawn(run, ("sink",), sink_env)
         assert replay.worker.process is not None and sink.process is not None
         console.print(f"started the stream workers (pid {replay.worker.process.pid}) and the sink "
