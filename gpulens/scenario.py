@@ -99,6 +99,8 @@ class PodSpec:
     image: str = "nvcr.io/nvidia/pytorch:24.05-py3"
     resource: str | None = None
     """Extension: the GPU resource name requested (default ``nvidia.com/gpu``)."""
+    owner: tuple[str, str] | None = None
+    """Extension: the controller that owns the pod, ``(kind, name)``, e.g. ``("PyTorchJob", "train")``."""
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,7 @@ def _start(value: Any) -> datetime:
 _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels", "ready_until", "unschedulable",
               "mig", "time_slicing", "process_stats"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
-             "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource"}
+             "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
              "faults", "agent_gaps", "late_samples", "poison", "description"}
 
@@ -380,7 +382,23 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         else _number(data["steps_per_s"], f"{path}.steps_per_s", 0.0),
         image=_str(data.get("image", "nvcr.io/nvidia/pytorch:24.05-py3"), f"{path}.image"),
         resource=resource,
+        owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
     )
+
+
+OWNER_API_VERSIONS = {
+    "Job": "batch/v1", "CronJob": "batch/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1",
+    "DaemonSet": "apps/v1", "JobSet": "jobset.x-k8s.io/v1alpha2", "PyTorchJob": "kubeflow.org/v1",
+    "MPIJob": "kubeflow.org/v2beta1", "Notebook": "kubeflow.org/v1", "RayCluster": "ray.io/v1",
+}
+"""Controller kinds a scenario pod may name as its owner, with the API version of their objects."""
+
+
+def _owner(value: Any, path: str) -> tuple[str, str]:
+    kind, _, name = _str(value, path).partition("/")
+    if kind not in OWNER_API_VERSIONS:
+        raise _fail(path, f"expected Kind/name with Kind one of {', '.join(sorted(OWNER_API_VERSIONS))}, got {value!r}")
+    return kind, _k8s_name(name, path)
 
 
 def _thresholds(raw: Any) -> Thresholds:

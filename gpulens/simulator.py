@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpulens.scenario import NodeSpec, PodSpec, Scenario, step_value
+from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
@@ -186,6 +186,11 @@ class FleetSimulator:
             labels[GANG_LABEL] = spec.gang
         meta: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "uid": pod.uid, "labels": labels,
                                 "creationTimestamp": _iso(start + timedelta(seconds=pod.created or 0.0))}
+        if spec.owner is not None:
+            kind, name = spec.owner
+            owner_uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpulens-sim/{spec.namespace}/{kind}/{name}")
+            meta["ownerReferences"] = [{"apiVersion": OWNER_API_VERSIONS[kind], "kind": kind, "name": name,
+                                        "uid": str(owner_uid), "controller": True}]
         if pod.deleted and pod.ended is not None:
             meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
         amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
@@ -389,7 +394,9 @@ class FleetSimulator:
                 continue
             if pod.phase == "running" or (pod.phase == "ended" and pod.ended is not None and abs(pod.ended - t) < EPS):
                 end = t if pod.phase == "running" else (pod.ended or t)
-                steps = 0.0 if pod.spec.crashloop else pod.spec.steps_per_s * max(end - pod.scheduled, 0.0)
+                # a training loop reports whole steps
+                steps = 0.0 if pod.spec.crashloop else float(int(pod.spec.steps_per_s * max(end - pod.scheduled, 0.0)
+                                                                 + EPS))
                 message = WorkloadProgress(pod_uid=pod.uid, namespace=pod.spec.namespace, pod=pod.spec.name, ts=ts,
                                            steps_total=steps)
                 out.append(self._encode(WORKLOAD_PROGRESS.suffix, pod.uid, message))

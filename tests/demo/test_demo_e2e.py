@@ -60,6 +60,13 @@ def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, 
     burned = [row for row in sections["nodes_to_scale_down"] if row["unallocated_gpu_hours"] > 0]
     assert burned and all(row["cost_burned_usd"] > 0 for row in burned), burned
 
+    # every demo pod names its controller, so docs/sql.md's per-job query has owners
+    owners = subprocess.run([*GPULENS, "sql", "--format", "json", "SELECT name, owner_kinds FROM pod_states FINAL"],
+                            capture_output=True, text=True, env=env, timeout=180, check=False)
+    assert owners.returncode == 0, owners.stderr[-3000:]
+    rows = orjson.loads(owners.stdout)
+    assert rows and all(row["owner_kinds"] for row in rows), [r for r in rows if not r["owner_kinds"]][:5]
+
     html = tmp_path / "report.html"
     written = subprocess.run([*GPULENS, "report", "--html", str(html)], capture_output=True, text=True, env=env,
                              timeout=180, check=False)

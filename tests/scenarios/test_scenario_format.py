@@ -12,6 +12,10 @@ import yaml
 
 from gpulens.replay import run_in_process
 from gpulens.scenario import ScenarioError, parse_duration, parse_scenario, step_value
+from gpulens.simulator import FleetSimulator
+from schemas.codec import decode
+from schemas.messages import PodState, WorkloadProgress
+from schemas.topics import K8S_PODS, WORKLOAD_PROGRESS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 
@@ -59,6 +63,8 @@ def test_threshold_overrides_accept_durations_and_seconds() -> None:
     ("duration: 5m\nsample_interval: 0s", "sample_interval: must be greater than zero"),
     ("duration: 5m\nstart: yesterday", "start: expected an ISO 8601"),
     ("- just\n- a list", "must be a YAML mapping"),
+    ("duration: 5m\npods: [{name: a, owner: Widget/w}]", "pods[0].owner: expected Kind/name with Kind one of"),
+    ("duration: 5m\npods: [{name: a, owner: Job/Bad_Name}]", "pods[0].owner: 'Bad_Name' is not a valid"),
 ])
 def test_invalid_files_name_the_field(text: str, message: str) -> None:
     with pytest.raises(ScenarioError) as info:
@@ -115,3 +121,31 @@ def test_duration_not_on_the_tick_grid_rounds_up_to_whole_intervals() -> None:
     sc = _parse("duration: 95s\nnodes: [{name: a, gpus: 1}]\npods: [{name: p, util: 50}]")
     report = run_in_process(sc).report
     assert report["pods"][0]["running_s"] == 100
+
+
+def test_owners_reach_the_pod_state_and_training_steps_are_whole() -> None:
+    """Pods name their controller (the per-job SQL of docs/sql.md needs it); a gang shares one owner;
+    a training job reports whole steps, as a real training loop counts them."""
+    sc = _parse("""
+duration: 2m
+nodes: [{name: n, gpus: 4}]
+pods:
+  - {name: w-0, gpus: 1, owner: JobSet/llm, steps_per_s: 0.73}
+  - {name: w-1, gpus: 1, owner: JobSet/llm}
+  - {name: nb, gpus: 1, owner: StatefulSet/nb}
+  - {name: bare, gpus: 1}
+""")
+    states: dict[str, PodState] = {}
+    steps: list[float] = []
+    for tick in FleetSimulator(sc).run():
+        for record in tick.records:
+            if record.topic == K8S_PODS.suffix and record.value is not None:
+                state = decode(record.value, PodState)
+                states[state.name] = state
+            elif record.topic == WORKLOAD_PROGRESS.suffix and record.value is not None:
+                steps.append(decode(record.value, WorkloadProgress).steps_total or 0.0)
+    owners = {name: [(o.kind, o.name) for o in state.owners] for name, state in states.items()}
+    assert owners == {"w-0": [("JobSet", "llm")], "w-1": [("JobSet", "llm")], "nb": [("StatefulSet", "nb")],
+                      "bare": []}
+    assert states["w-0"].owners[0].uid == states["w-1"].owners[0].uid != states["nb"].owners[0].uid
+    assert steps and steps[-1] > 0 and all(value == int(value) for value in steps)
