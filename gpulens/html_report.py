@@ -600,6 +600,7 @@ def _utilisation_section(data: dict[str, Any], colors: dict[str, str], bucket_s:
     chart = line_chart("utilisation", title, series, "SM utilisation (%)",
                        (buckets[0], buckets[-1] + bucket_s), y_max=100.0)
     columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts), ("team_label", "team", _text),
+                             ("covered_s", "covers", fmt_duration),
                              ("gpus_allocated", "GPUs allocated (avg)", fmt_hours),
                              ("gpus_busy", "GPUs busy (avg)", fmt_hours), ("gpus_idle", "GPUs idle (avg)", fmt_hours),
                              ("avg_sm_util_pct", "SM utilisation", fmt_pct), ("cost_usd", "cost", fmt_usd)]
@@ -612,7 +613,8 @@ def _fleet_states_section(data: dict[str, Any], bucket_s: int) -> str:
     rows = data.get("capacity_over_time") or []
     title = "Fleet GPUs by state over time"
     lede = (f"Time-averaged GPUs per {_bucket_label(bucket_s)} bucket: busy, allocated but idle "
-            f"(below the idle threshold), and not allocated to any pod.")
+            f"(below the idle threshold), and not allocated to any pod. A bucket the data covers only in part "
+            f"(see 'covers') is averaged over that part.")
     if not rows:
         return section("fleet-states", title, lede, no_data("no cluster capacity windows in the store."))
     buckets = [parse_ts(r["bucket"]) or 0.0 for r in rows]
@@ -622,7 +624,8 @@ def _fleet_states_section(data: dict[str, Any], bucket_s: int) -> str:
     layers = [("busy", STATE_COLORS["busy"], busy), ("idle allocated", STATE_COLORS["idle allocated"], idle),
               ("unallocated", STATE_COLORS["unallocated"], free)]
     chart = stacked_time_columns("fleet-states", title, buckets, bucket_s, layers, "GPUs", " GPUs")
-    columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts), ("gpus_total", "GPUs total", fmt_hours),
+    columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts), ("covered_s", "covers", fmt_duration),
+                             ("gpus_total", "GPUs total", fmt_hours),
                              ("gpus_allocated", "allocated", fmt_hours), ("gpus_busy", "busy", fmt_hours),
                              ("gpus_idle_allocated", "idle allocated", fmt_hours),
                              ("gpus_free", "unallocated", fmt_hours)]
@@ -726,7 +729,7 @@ def _stranded_section(data: dict[str, Any], bucket_s: int) -> str:
               Series("largest free block (min)", "#76b7b2", points("min_largest_free_block"), dashed=True,
                      unit=" GPUs")]
     chart = line_chart("stranded", title, series, "GPUs", (buckets[0], buckets[-1] + bucket_s), integer=True)
-    columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts),
+    columns: list[Column] = [("bucket", "bucket start (UTC)", fmt_ts), ("covered_s", "covers", fmt_duration),
                              ("max_stranded_gpus", "stranded GPUs (peak)", fmt_number),
                              ("avg_stranded_gpus", "stranded GPUs (avg)", fmt_hours),
                              ("gpus_free", "free GPUs (avg)", fmt_hours),

@@ -7,8 +7,10 @@ here is one SQL query over the sink's tables, the same on chDB and on a server, 
 :class:`~sinks.analyses.Reader` protocol, and returns plain JSON-friendly rows.
 
 Conventions follow ``sinks.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
-team, GPU counts as time-averaged GPUs in the bucket (GPU-seconds / bucket seconds), UTC ISO
-timestamps.
+team, UTC ISO timestamps. GPU counts are time-averaged over the part of the bucket the data covers
+(GPU-seconds / covered seconds, with ``covered_s`` in each row): a bucket the data only partly
+covers (the first and last of a series, a replay shorter than a bucket) shows the fleet as it was in
+that time, not diluted over time nobody measured.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 108
 """Bucket sizes a chart may use; the smallest that keeps the series within ``max_points``."""
 
 _WINDOW_MS = "dateDiff('millisecond', window_start, window_end)"
+
+
+def _covered(table: str) -> str:
+    """Seconds of a bucket its windows cover: from the first window's start to the last one's end, at
+    least one millisecond (windows are aligned to the window size, which divides every bucket size)."""
+    return (f"greatest(dateDiff('millisecond', min({table}.window_start), max({table}.window_end)), 1) / 1000")
 
 
 def _epoch(value: str | None) -> float | None:
@@ -64,16 +72,22 @@ def utilisation_by_team(reader: Reader, bucket_s: int) -> Rows:
     ``avg_sm_util_pct`` is weighted by allocated seconds and ignores windows without a reading, so a
     gap in the samples is not shown as 0 % utilisation.
     """
-    return round_floats(query_rows(reader, """
-SELECT toStartOfInterval(window_start, toIntervalSecond({bucket_s:UInt32})) AS bucket,
-       if(team = '', '(none)', team) AS team_label,
-       sum(allocated_s) / {bucket_s:UInt32} AS gpus_allocated,
-       sum(busy_s) / {bucket_s:UInt32} AS gpus_busy,
-       sum(idle_s) / {bucket_s:UInt32} AS gpus_idle,
+    return round_floats(query_rows(reader, f"""
+WITH w AS (
+    SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket, *
+    FROM pod_windows FINAL
+),
+covered AS (
+    SELECT bucket, {_covered('w')} AS covered_s FROM w GROUP BY bucket
+)
+SELECT w.bucket AS bucket, if(team = '', '(none)', team) AS team_label, any(c.covered_s) AS covered_s,
+       sum(allocated_s) / any(c.covered_s) AS gpus_allocated,
+       sum(busy_s) / any(c.covered_s) AS gpus_busy,
+       sum(idle_s) / any(c.covered_s) AS gpus_idle,
        sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
            / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
        sum(cost_usd) AS cost_usd
-FROM pod_windows FINAL
+FROM w INNER JOIN covered AS c ON c.bucket = w.bucket
 GROUP BY bucket, team_label
 ORDER BY bucket, team_label""", {"bucket_s": int(bucket_s)}))
 
@@ -85,16 +99,17 @@ def capacity_over_time(reader: Reader, bucket_s: int) -> Rows:
     (see the fragmentation alert); the peak uses the stream jobs' in-window maximum when sent.
     """
     return round_floats(query_rows(reader, f"""
+WITH {_covered('cluster_capacity')} AS covered
 SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
-       count() AS windows,
-       sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_total,
-       sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_allocated,
-       sum(coalesce(gpu_s_busy, gpus_busy * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_busy,
-       sum(coalesce(gpu_s_idle_allocated, gpus_idle_allocated * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}}
+       count() AS windows, covered AS covered_s,
+       sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_MS} / 1000)) / covered AS gpus_total,
+       sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_MS} / 1000)) / covered AS gpus_allocated,
+       sum(coalesce(gpu_s_busy, gpus_busy * {_WINDOW_MS} / 1000)) / covered AS gpus_busy,
+       sum(coalesce(gpu_s_idle_allocated, gpus_idle_allocated * {_WINDOW_MS} / 1000)) / covered
            AS gpus_idle_allocated,
-       sum(coalesce(gpu_s_free, gpus_free * {_WINDOW_MS} / 1000)) / {{bucket_s:UInt32}} AS gpus_free,
+       sum(coalesce(gpu_s_free, gpus_free * {_WINDOW_MS} / 1000)) / covered AS gpus_free,
        max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
-       sum(stranded_gpus * {_WINDOW_MS} / 1000) / {{bucket_s:UInt32}} AS avg_stranded_gpus,
+       sum(stranded_gpus * {_WINDOW_MS} / 1000) / covered AS avg_stranded_gpus,
        min(largest_free_block) AS min_largest_free_block,
        max(pending_gpu_demand) AS max_pending_gpu_demand,
        max(pending_pods) AS max_pending_pods

@@ -9,6 +9,7 @@ GPUs, waiting times.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +109,49 @@ def test_an_empty_store_gives_a_report_that_says_so(tmp_path: Path, monkeypatch:
     assert page.charts == {}
     assert all(page.no_data.get(s) for s in page.sections), page.no_data
     assert "gpulens sink" in page.no_data["summary"][0]
+
+
+_OFFSET = "(number * 60 + if(number >= 60, 70 * 3600, 0))"  # 60 windows, then 10 windows 70 hours later
+
+
+def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A steady fleet (94 busy, 6 idle, 20 free, all 20 stranded) seen for an hour and, 70 hours later,
+    for 10 minutes: the span makes the buckets hourly, so the last bucket holds 10 minutes of windows,
+    and must still show 94 / 6 / 20 (not 15.7 / 1 / 3.3)."""
+    url = f"chdb://{tmp_path / 'clickhouse'}"
+    store = open_store(url)
+    try:
+        migrate(store)
+        store.command("""INSERT INTO cluster_capacity (window_id, window_start, window_end, gpus_total, gpus_allocated,
+            gpus_busy, gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods,
+            pending_gpu_demand)
+          SELECT toString(number), toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
+                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 120, 100, 94, 6, 20, 1, 20, 2, 8
+          FROM numbers(70)""".replace("_OFFSET", _OFFSET))
+        store.command("""INSERT INTO pod_windows (window_id, pod_uid, namespace, pod, node, gpu_uuid, gpu_model,
+            window_start, window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction,
+            avg_sm_util_pct)
+          SELECT toString(number), 'u', 'ml', 'train', 'n', 'GPU-1', 'H100',
+                 toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
+                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 'vision', 60, 60, 0, 6, 0.1, 1, 90
+          FROM numbers(70)""".replace("_OFFSET", _OFFSET))
+    finally:
+        store.close()
+    monkeypatch.setenv("GPULENS_CLICKHOUSE__URL", url)
+    out = tmp_path / "partial.html"
+    assert main(["report", "--html", str(out), "--data-dir", str(tmp_path)]) == 0
+    page = parse(out.read_text(encoding="utf-8"))
+    for series, gpus in (("busy", 94.0), ("idle allocated", 6.0), ("unallocated", 20.0)):
+        assert page.series_values("fleet-states", series) == pytest.approx([gpus] * len(
+            page.series_values("fleet-states", series))), series
+    assert len(page.series_values("fleet-states", "busy")) == 2, "hourly buckets: one full, one of 10 minutes"
+    util = [m for m in page.charts["utilisation"].marks if m.tag != "path" and not math.isnan(m.value)]
+    assert [m.value for m in util] == pytest.approx([90.0, 90.0])
+    free = page.series_values("stranded", "free GPUs (avg)")
+    assert free and free[-1] == pytest.approx(20.0)
+    assert page.series_values("stranded", "stranded GPUs (peak)")[-1] == 20
 
 
 def test_html_cannot_be_combined_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
