@@ -824,6 +824,76 @@ def _lifecycle_section(data: dict[str, Any]) -> str:
     return section("lifecycle", title, lede, swatches + chart + table(columns, rows, "Longest-waiting pods"))
 
 
+MIG_CAPABLE = ("A100", "H100", "H200", "H20", "B200", "GB200", "A30")
+"""GPU models whose memory can be split into MIG slices (a name containing one of these)."""
+SLICES = ((1 / 8, "1g"), (1 / 4, "2g"), (1 / 2, "3g"))
+HEADROOM = 1.2
+
+
+def fits_in(peak_bytes: float | None, gpu_bytes: float | None, model: str) -> str:
+    """The smallest slice of the GPU that holds the pod's peak VRAM with 20 % headroom: a MIG profile
+    (named like NVIDIA's, 1g = an eighth of the memory) on MIG-capable models, a share otherwise."""
+    if peak_bytes is None or not gpu_bytes:
+        return DASH
+    mig = any(name in model for name in MIG_CAPABLE)
+    for fraction, compute in SLICES:
+        if peak_bytes * HEADROOM <= gpu_bytes * fraction:
+            size_gb = round(gpu_bytes * fraction / 2**30)
+            return f"MIG {compute}.{size_gb}gb" if mig else f"1/{round(1 / fraction)} of a shared GPU"
+    return "whole GPU"
+
+
+def _vram_section(data: dict[str, Any]) -> str:
+    rows = data.get("pod_vram_peaks") or []
+    title = "Peak VRAM per pod against GPU memory"
+    lede = ("The most VRAM each pod used in any window (and in its 95th-percentile window) against the memory "
+            "of the GPUs it held, biggest GPU-hours first: pods far below their GPU's memory could move to a "
+            f"smaller MIG slice or share a GPU. 'fits in' keeps {round((HEADROOM - 1) * 100)} % headroom over "
+            "the peak.")
+    if not rows:
+        return section("vram", title, lede, no_data("no pod windows with a VRAM reading in the store."))
+    rows = [r | {"pod_label": f"{r.get('namespace')}/{r.get('pod')}",
+                 "fits_in": fits_in(_num(r.get("peak_mem_bytes")), _num(r.get("gpu_mem_bytes")),
+                                    str(r.get("gpu_model") or ""))} for r in rows]
+    labels = [str(r["pod_label"]) for r in rows]
+    values: dict[tuple[str, str], float] = {}
+    for row in rows:
+        peak = (_num(row.get("peak_mem_bytes")) or 0.0) / 2**30
+        total = (_num(row.get("gpu_mem_bytes")) or 0.0) / 2**30
+        values[(str(row["pod_label"]), "peak VRAM")] = peak
+        values[(str(row["pod_label"]), "never used")] = max(total - peak, 0.0)
+    segments = [("peak VRAM", "#4e79a7"), ("never used", "#d0d7de")]
+    chart = hbar_chart("vram", title, labels, segments, values, "GiB per GPU", " GiB", value_format=fmt_number)
+    columns: list[Column] = [("pod_label", "pod", _text), ("team", "team", _text), ("gpu_model", "GPU", _text),
+                             ("gpus", "GPUs", fmt_number), ("gpu_hours", "GPU-h", fmt_hours),
+                             ("peak_mem_bytes", "peak VRAM", fmt_gib), ("p95_mem_bytes", "p95 window VRAM", fmt_gib),
+                             ("gpu_mem_bytes", "GPU memory", fmt_gib), ("peak_share", "peak share", fmt_share),
+                             ("fits_in", "fits in", _text)]
+    swatches = legend([("peak VRAM", "#4e79a7"), ("GPU memory never used", "#d0d7de")])
+    return section("vram", title, lede, swatches + chart + table(columns, rows, "Peak VRAM per pod"))
+
+
+def _firing_section(data: dict[str, Any]) -> str:
+    rows = data.get("firing_alerts") or []
+    title = "Alerts still firing"
+    lede = ("Alerts whose last transition is 'firing', most severe and oldest first; the age is measured to the "
+            "end of the data, not to the wall clock.")
+    if not rows:
+        return section("firing", title, lede, no_data("no alert is firing at the end of the data."))
+    counts: dict[str, float] = {}
+    for row in rows:
+        counts[str(row["alert_type"])] = counts.get(str(row["alert_type"]), 0.0) + 1.0
+    types = sorted(counts, key=lambda t: (-counts[t], t))
+    chart = column_chart("firing", title, types, [counts[t] for t in types], "#e15759", "alert type", "alerts",
+                         "firing")
+    rows = [r | {"subject": f"{r.get('kind')} " + "/".join(str(p) for p in (r.get("namespace"), r.get("name")) if p)
+                 if r.get("name") else f"{r.get('kind')} {r.get('node') or ''}".strip()} for r in rows]
+    columns: list[Column] = [("severity", "severity", _text), ("alert_type", "type", _text),
+                             ("subject", "subject", _text), ("first_at", "since (UTC)", fmt_ts),
+                             ("age_s", "age", fmt_duration), ("summary", "summary", _wrap)]
+    return section("firing", title, lede, chart + table(columns, rows, "Alerts firing at the end of the data"))
+
+
 def _more_section(data: dict[str, Any]) -> str:
     parts = []
     tables: list[tuple[str, str, list[Column]]] = [
@@ -904,7 +974,8 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 
 SECTION_LINKS = (("summary", "Summary"), ("utilisation", "Utilisation"), ("fleet-states", "GPU states"),
                  ("idle", "Idle GPU-hours"), ("pending", "Pending time"), ("pending-reasons", "Pending reasons"),
-                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("lifecycle", "Lifecycle"), ("more", "More"))
+                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"), ("firing", "Firing alerts"),
+                 ("lifecycle", "Lifecycle"), ("more", "More"))
 
 
 def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> str:
@@ -924,6 +995,8 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         _pending_reasons_section(data),
         _stranded_section(data, bucket_s),
         _cost_section(data),
+        _vram_section(data),
+        _firing_section(data),
         _lifecycle_section(data),
         _more_section(data),
     ]
@@ -952,6 +1025,8 @@ def collect_report_data(reader: Reader) -> dict[str, Any]:
     data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s)
     data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
     data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
+    data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
+    data["firing_alerts"] = timeseries.firing_alerts(reader)
     return data
 
 

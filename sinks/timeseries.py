@@ -128,3 +128,39 @@ FROM pod_lifecycle FINAL
 ORDER BY pending_s DESC, created_at, namespace, name
 LIMIT {int(limit)}"""))
 
+
+
+def pod_vram_peaks(reader: Reader, limit: int = 40) -> Rows:
+    """Per pod: the VRAM it used at its peak and at its 95th percentile window, against the memory of
+    the GPUs it held (NVML's total from the samples, else the node's advertised GPU memory: raw samples
+    expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
+    without a VRAM reading are left out (no made-up zero)."""
+    return round_floats(query_rows(reader, f"""
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples GROUP BY gpu_uuid),
+     n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states GROUP BY node)
+SELECT w.namespace AS namespace, w.pod AS pod, if(w.team = '', '(none)', w.team) AS team,
+       any(w.gpu_model) AS gpu_model, uniqExact(w.gpu_uuid) AS gpus, sum(w.allocated_s) / 3600 AS gpu_hours,
+       max(w.max_mem_used_bytes) AS peak_mem_bytes, quantile(0.95)(w.max_mem_used_bytes) AS p95_mem_bytes,
+       max(coalesce(g.gpu_mem_bytes, n.node_gpu_mem_bytes)) AS gpu_mem_bytes,
+       peak_mem_bytes / nullIf(gpu_mem_bytes, 0) AS peak_share
+FROM pod_windows AS w FINAL
+LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
+LEFT JOIN n ON n.node = w.node
+WHERE w.max_mem_used_bytes IS NOT NULL
+GROUP BY namespace, pod, team
+ORDER BY gpu_hours DESC, namespace, pod
+LIMIT {int(limit)}"""))
+
+
+def firing_alerts(reader: Reader, limit: int = 200) -> Rows:
+    """Alerts whose last transition is ``firing``, most severe and oldest first, with their age at the
+    end of the data (the store's latest window, not the wall clock: a replayed or demo history is dated
+    in the past or the future)."""
+    return round_floats(query_rows(reader, f"""
+WITH (SELECT max(window_end) FROM pod_windows) AS data_end
+SELECT alert_type, current_severity AS severity, kind, namespace, name, node, first_at,
+       dateDiff('second', first_at, greatest(data_end, last_at)) AS age_s, last_summary AS summary
+FROM v_alerts
+WHERE current_state = 'firing'
+ORDER BY multiIf(severity = 'critical', 0, severity = 'warning', 1, 2), first_at, alert_type, namespace, name
+LIMIT {int(limit)}"""))

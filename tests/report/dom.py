@@ -40,6 +40,11 @@ class Page:
         """Values of the marks of one series that carry one (a line's path carries none)."""
         return [m.value for m in self.charts[chart].marks if m.series == series and not math.isnan(m.value)]
 
+    def records(self, section: str) -> list[dict[str, str]]:
+        """The rows of a section's table(s) as dicts keyed by the header cells."""
+        header, *rows = self.tables[section]
+        return [dict(zip(header, row, strict=True)) for row in rows if row != header]
+
     def by_label(self, chart: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for m in self.charts[chart].marks:

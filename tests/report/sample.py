@@ -11,6 +11,7 @@ EVIL_POD = '<script>alert("pod")</script>'
 EVIL_TEAM = 'ml&"ops"<b>'
 EVIL_REASON = "0/2 nodes are available: <img src=x onerror=alert(1)> 2 Insufficient nvidia.com/gpu."
 
+GIB = 2**30
 BUCKETS = ["2026-01-05T09:00:00Z", "2026-01-05T09:05:00Z", "2026-01-05T09:10:00Z", "2026-01-05T09:15:00Z"]
 
 
@@ -63,6 +64,16 @@ def sample_data() -> dict[str, Any]:
         "cost_per_unit_of_work": [],
         "alerts_by_type": [{"type": "idle_gpu", "alerts": 2, "still_firing": 1, "avg_duration_s": 600.0}],
         "lifecycle_timeline": [],
+        "pod_vram_peaks": [
+            {"namespace": "ml", "pod": "big-train", "team": "nlp", "gpu_model": "NVIDIA H100 80GB HBM3", "gpus": 8,
+             "gpu_hours": 1.066667, "peak_mem_bytes": 70 * GIB, "p95_mem_bytes": 68 * GIB, "gpu_mem_bytes": 80 * GIB,
+             "peak_share": 0.875},
+            {"namespace": "ml", "pod": EVIL_POD, "team": EVIL_TEAM, "gpu_model": "NVIDIA H100 80GB HBM3", "gpus": 2,
+             "gpu_hours": 0.6, "peak_mem_bytes": 6 * GIB, "p95_mem_bytes": 5 * GIB, "gpu_mem_bytes": 80 * GIB,
+             "peak_share": 0.075}],
+        "firing_alerts": [
+            {"alert_type": "idle_gpu", "severity": "warning", "kind": "pod", "namespace": "ml", "name": EVIL_POD,
+             "node": "gpu-a", "first_at": "2026-01-05T09:08:00Z", "age_s": 600, "summary": "idle for 10m"}],
         "utilisation_by_team": util,
         "capacity_over_time": capacity,
         "longest_waiting_pods": [

@@ -21,7 +21,7 @@ from tests.report.dom import parse
 
 SCENARIO = Path(__file__).parent / "scenarios" / "report-fleet.yaml"
 SECTIONS = ["summary", "utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost",
-            "lifecycle", "more"]
+            "vram", "firing", "lifecycle", "more"]
 CARD_BG = (255, 255, 255)
 PAGE_BG = (246, 248, 250)
 PENDING_PURPLE = "#b07aa1"
@@ -39,6 +39,8 @@ CHART_COLOURS: dict[str, tuple[list[str], int]] = {
     "pending-reasons": ([PENDING_PURPLE], 1),
     "stranded": (["#e15759", PENDING_PURPLE, "#76b7b2"], 2),
     "cost": (["#4e79a7", "#f28e2b"], 2),
+    "vram": (["#4e79a7"], 1),
+    "firing": (["#e15759"], 1),
     "lifecycle": (list(GANTT_COLORS.values()), 2),
 }
 
@@ -106,7 +108,8 @@ def test_chromium_renders_every_chart(stored_report: Callable[[Path], StoredRepo
     assert dom.sections == SECTIONS
     assert sorted(dom.charts) == sorted(CHART_COLOURS)
     minimum_marks = {"utilisation": 4 + 4 * 90, "fleet-states": 2 * 90, "idle": 3, "pending": 3,
-                     "pending-reasons": 1, "stranded": 4 + 4 * 90, "cost": 6, "lifecycle": 12 + 3}
+                     "pending-reasons": 1, "stranded": 4 + 4 * 90, "cost": 6, "vram": 2 * 11, "firing": 1,
+                     "lifecycle": 12 + 3}
     for name, count in minimum_marks.items():
         chart = dom.charts[name]
         assert len(chart.marks) >= count, (name, len(chart.marks))
@@ -130,7 +133,7 @@ def test_chromium_renders_every_chart(stored_report: Callable[[Path], StoredRepo
 
     # the whole page: find each card and check its chart shows its colours
     full = tmp_path / "full.png"
-    _run([f"--screenshot={full}", "--window-size=1280,9000", url], tmp_path / "profile")
+    _run([f"--screenshot={full}", "--window-size=1280,12000", url], tmp_path / "profile")
     with Image.open(full) as image:
         rgb = image.convert("RGB")
         cards = _cards(rgb, CARD_PADDING_X)

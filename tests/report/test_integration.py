@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.cli import main
-from gpulens.html_report import fmt_hours, fmt_usd
+from gpulens.html_report import fmt_gib, fmt_hours, fmt_usd
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.conftest import SHARED_SCENARIOS
@@ -86,7 +86,20 @@ def test_html_report_agrees_with_the_replay_report(path: Path,
     # pending-time histogram: one lifecycle record per pod
     assert sum(page.by_label("pending").values()) == len(pods)
 
+    # peak VRAM per pod: what the replay measured, in GiB
+    vram = {row["pod"]: row["peak VRAM"] for row in page.records("vram")} if "vram" in page.charts else {}
+    measured = {f"{p['namespace']}/{p['name']}": fmt_gib(p["peak_mem_bytes"]) for p in pods
+                if p.get("peak_mem_bytes") is not None and p["gpu_hours"] > 0}
+    assert vram == measured
+
+    # alerts still firing at the end: those the replay never resolved
+    resolved = {a["id"] for a in replay["alerts"] if a["state"] == "resolved"}
+    open_types = Counter(a["type"] for a in replay["alerts"] if a["state"] == "firing" and a["id"] not in resolved)
+    assert page.by_label("firing") == {t: float(n) for t, n in open_types.items()} if open_types else \
+        "firing" not in page.charts
+
     if path.stem == "idle-notebook":
+        assert vram, "the notebook and its neighbours report VRAM"
         # the notebook held VRAM without compute: 20 idle minutes, $2.50/GPU-h
         assert page.by_label("idle") == {"vision": pytest.approx(1 / 3, abs=1e-3)}
         assert page.series_values("cost", "idle") == [pytest.approx(2.5 / 3, abs=1e-3)]

@@ -7,13 +7,14 @@ import re
 
 import pytest
 
-from gpulens.html_report import render_html
+from gpulens.html_report import fits_in, render_html
 from tests.report.dom import parse
 from tests.report.sample import EVIL_POD, EVIL_REASON, EVIL_TEAM, sample_data
 
 SECTIONS = ["summary", "utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost",
-            "lifecycle", "more"]
-CHARTS = ["utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost", "lifecycle"]
+            "vram", "firing", "lifecycle", "more"]
+CHARTS = ["utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost", "vram", "firing",
+          "lifecycle"]
 
 
 def test_every_section_has_a_titled_chart_with_data_marks_legend_and_table() -> None:
@@ -53,12 +54,35 @@ def test_charts_show_the_figures_of_the_data() -> None:
         ("ml/big-train (8 GPUs)", "pending", 600.0), ("ml/big-train (8 GPUs)", "running", 480.0)]
     # fleet states: stacked layers per bucket
     assert page.series_values("fleet-states", "idle allocated") == [1.0, 1.0, 1.0, 5.0]
+    # VRAM: the peak and the memory it never used add up to the GPU's memory, in GiB
+    assert page.series_values("vram", "peak VRAM") == [70.0, 6.0]
+    assert page.series_values("vram", "never used") == [10.0, 74.0]
+    vram_rows = page.records("vram")
+    assert [row["fits in"] for row in vram_rows] == ["whole GPU", "MIG 1g.10gb"]
+    assert vram_rows[0]["peak VRAM"] == "70.0 GiB"
+    # alerts still firing, with their age at the end of the data
+    assert page.by_label("firing") == {"idle_gpu": 1.0}
+    (firing,) = page.records("firing")
+    assert (firing["type"], firing["age"], firing["subject"]) == ("idle_gpu", "10m", f"pod ml/{EVIL_POD}")
     # header figures
     assert page.kpis["GPU capacity"] == "5.33 GPU-h"
     assert page.kpis["Idle while allocated"] == "0.25 GPU-h"
     assert page.kpis["Cost"] == "$4.80"
     assert page.kpis["Peak stranded GPUs"] == "6"
     assert page.kpis["Alerts fired"] == "2"
+
+
+@pytest.mark.parametrize(("peak_gib", "gpu_gib", "model", "expected"), [
+    (6.0, 80.0, "NVIDIA H100 80GB HBM3", "MIG 1g.10gb"),
+    (8.4, 80.0, "NVIDIA H100 80GB HBM3", "MIG 2g.20gb"),  # 8.4 GiB + 20 % headroom > 10 GiB
+    (30.0, 80.0, "NVIDIA A100-SXM4-80GB", "MIG 3g.40gb"),
+    (4.0, 40.0, "NVIDIA A100-SXM4-40GB", "MIG 1g.5gb"),
+    (5.0, 24.0, "NVIDIA L4", "1/4 of a shared GPU"),
+    (70.0, 80.0, "NVIDIA H100 80GB HBM3", "whole GPU"),
+])
+def test_fits_in_names_the_smallest_slice_with_headroom(peak_gib: float, gpu_gib: float, model: str,
+                                                       expected: str) -> None:
+    assert fits_in(peak_gib * 2**30, gpu_gib * 2**30, model) == expected
 
 
 def test_user_strings_are_escaped_everywhere() -> None:
