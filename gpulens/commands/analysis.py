@@ -130,7 +130,24 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cli
             click.echo("(no data)")
             continue
         columns = list(rows[0])
-        click.echo(format_table(columns, [[row.get(c) for c in columns] for row in rows]))
+        click.echo(format_table(columns, [[human(c, row.get(c)) for c in columns] for row in rows]))
+
+
+def human(column: str, value: Any) -> Any:
+    """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return value
+    if column.endswith("_bytes"):
+        return f"{value / 2**30:,.1f} GiB"
+    if column.endswith("_usd"):
+        return f"${value:,.2f}"
+    if column.endswith("_pct"):
+        return f"{value:.1f} %"
+    if column.endswith("_s"):
+        minutes, seconds = divmod(round(value), 60)
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s")
+    return value
 
 
 COMMANDS = [sql, report]

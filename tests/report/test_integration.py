@@ -128,7 +128,7 @@ _OFFSET = "(number * 60 + if(number >= 60, 70 * 3600, 0))"  # 60 windows, then 1
 
 
 def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A steady fleet (94 busy, 6 idle, 20 free, all 20 stranded) seen for an hour and, 70 hours later,
     for 10 minutes: the span makes the buckets hourly, so the last bucket holds 10 minutes of windows,
@@ -145,10 +145,11 @@ def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
           FROM numbers(70)""".replace("_OFFSET", _OFFSET))
         store.command("""INSERT INTO pod_windows (window_id, pod_uid, namespace, pod, node, gpu_uuid, gpu_model,
             window_start, window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction,
-            avg_sm_util_pct)
+            avg_sm_util_pct, max_mem_used_bytes)
           SELECT toString(number), 'u', 'ml', 'train', 'n', 'GPU-1', 'H100',
                  toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
-                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 'vision', 60, 60, 0, 6, 0.1, 1, 90
+                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 'vision', 60, 60, 0, 6, 0.1, 1, 90,
+                 42949672960
           FROM numbers(70)""".replace("_OFFSET", _OFFSET))
     finally:
         store.close()
@@ -165,6 +166,12 @@ def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
     free = page.series_values("stranded", "free GPUs (avg)")
     assert free and free[-1] == pytest.approx(20.0)
     assert page.series_values("stranded", "stranded GPUs (peak)")[-1] == 20
+
+    # the text report speaks in units, not raw bytes and seconds
+    capsys.readouterr()
+    assert main(["report", "--section", "pods", "--data-dir", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "40.0 GiB" in text and "$7.00" in text and "42949672960" not in text
 
 
 def test_html_cannot_be_combined_with_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
