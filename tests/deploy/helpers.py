@@ -35,6 +35,8 @@ GRAFANA_DIR = REPO_ROOT / "deploy" / "grafana"
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 NAMESPACE = "gpulens"
+AGENT_NAMESPACE = "gpulens-agent"
+"""The node agent's own namespace (Pod Security "privileged"); everything else runs in NAMESPACE."""
 
 # The gpulens sub-command a container runs decides which settings model reads its environment.
 SETTINGS_BY_COMMAND: dict[str, type[CommonSettings]] = {
@@ -75,11 +77,12 @@ def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in docs if doc.get("kind") == kind]
 
 
-def by_name(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+def by_name(docs: list[dict[str, Any]], kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    """The object of that kind and name (in ``namespace`` when given; else the first one)."""
     for doc in of_kind(docs, kind):
-        if doc["metadata"]["name"] == name:
+        if doc["metadata"]["name"] == name and namespace in (None, doc["metadata"].get("namespace")):
             return doc
-    raise AssertionError(f"no {kind} named {name!r} in deploy/k8s")
+    raise AssertionError(f"no {kind} named {name!r}{f' in {namespace}' if namespace else ''} in deploy/k8s")
 
 
 def pod_template(workload: dict[str, Any]) -> dict[str, Any]:

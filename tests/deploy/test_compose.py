@@ -214,8 +214,10 @@ def test_grafana_is_provisioned_with_the_clickhouse_source_and_dashboards(spec: 
     assert home.startswith(dashboards_path + "/") and (dashboards / home.rpartition("/")[2]).is_file()
     for path in files:
         dashboard = json.loads(path.read_text())
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        assert variables["datasource"]["current"]["value"] == datasource["uid"], path.name
         for panel in dashboard["panels"]:
-            assert panel["datasource"]["uid"] == datasource["uid"], f"{path.name}: {panel['title']}"
+            assert panel["datasource"]["uid"] == "${datasource}", f"{path.name}: {panel['title']}"
 
 
 def test_workers_and_sink_price_gpus_alike(spec: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import yaml
 
 from common.settings import ConfigError, load_settings
 from tests.deploy.helpers import (
+    AGENT_NAMESPACE,
     K8S_DIR,
     NAMESPACE,
     SECRETS_DIR,
@@ -84,9 +85,28 @@ def test_every_manifest_parses_with_known_kind_api_version_and_name(docs: list[d
         assert doc.get("apiVersion") == API_VERSIONS[kind], f"{kind}: apiVersion {doc.get('apiVersion')!r}"
         assert doc.get("metadata", {}).get("name"), f"{kind} without metadata.name"
         if kind not in CLUSTER_SCOPED:
-            assert doc["metadata"].get("namespace") == NAMESPACE, f"{_name(doc)} not in namespace {NAMESPACE}"
-    names = [(doc["kind"], doc["metadata"]["name"]) for doc in docs]
-    assert len(names) == len(set(names)), "duplicate kind/name in deploy/k8s"
+            assert doc["metadata"].get("namespace") in (NAMESPACE, AGENT_NAMESPACE), f"{_name(doc)}: namespace"
+    names = [(doc["kind"], doc["metadata"]["name"], doc["metadata"].get("namespace")) for doc in docs]
+    assert len(names) == len(set(names)), "duplicate kind/name in one namespace of deploy/k8s"
+
+
+def test_pod_security_is_restricted_except_in_the_agents_own_namespace(docs: list[dict[str, Any]]) -> None:
+    """Only the node agent needs more than "restricted" (hostPID, hostPath): it runs alone in a
+    namespace enforcing "privileged"; the rest runs where "restricted" is enforced."""
+    namespaces = {ns["metadata"]["name"]: ns["metadata"]["labels"] for ns in of_kind(docs, "Namespace")}
+    assert namespaces[NAMESPACE]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespaces[AGENT_NAMESPACE]["pod-security.kubernetes.io/enforce"] == "privileged"
+    placed = {(w["kind"], w["metadata"]["name"]): w["metadata"]["namespace"] for w in workloads(docs)}
+    assert [name for name, ns in placed.items() if ns == AGENT_NAMESPACE] == [AGENT]
+    # what the agent reads exists in its namespace, the same as the rest's copy
+    for name in ("gpulens-common",):
+        assert by_name(docs, "ConfigMap", name, AGENT_NAMESPACE)["data"] == \
+            by_name(docs, "ConfigMap", name, NAMESPACE)["data"], f"the two {name} copies differ"
+    agent_secrets = {t["metadata"]["name"] for t in secret_templates() if t["metadata"]["namespace"] == AGENT_NAMESPACE}
+    assert {"gpulens-kafka", "gpulens-kafka-tls"} <= agent_secrets
+    for policy in ("gpulens-default-deny", "gpulens-allow-dns"):
+        assert {p["metadata"]["namespace"] for p in of_kind(docs, "NetworkPolicy")
+                if p["metadata"]["name"] == policy} == {NAMESPACE, AGENT_NAMESPACE}
 
 
 def test_kustomization_applies_every_manifest_and_no_secret_template() -> None:
@@ -98,7 +118,7 @@ def test_kustomization_applies_every_manifest_and_no_secret_template() -> None:
     assert not any(str(resource).startswith("secrets") for resource in resources), (
         "secret templates must not be applied by kustomize (it would overwrite real credentials)"
     )
-    assert kustomization.get("namespace") == NAMESPACE
+    assert "namespace" not in kustomization, "a global namespace would move the agent out of its own namespace"
     assert {"namespace.yaml", "agent-daemonset.yaml", "watcher.yaml"} <= set(resources)
 
 
@@ -258,13 +278,15 @@ def test_rbac_is_read_only_on_pods_nodes_and_events(docs: list[dict[str, Any]]) 
 # --------------------------------------------------------------------------- configuration
 
 
-def _container_env(docs: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
-    """The container's effective environment as the service would see it (secrets from templates)."""
-    templates = {t["metadata"]["name"]: t["stringData"] for t in secret_templates()}
+def _container_env(docs: list[dict[str, Any]], container: dict[str, Any], namespace: str) -> dict[str, str]:
+    """The container's effective environment as the service would see it in its namespace (secrets from
+    templates)."""
+    templates = {t["metadata"]["name"]: t["stringData"] for t in secret_templates()
+                 if t["metadata"]["namespace"] == namespace}
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         name = source["configMapRef"]["name"]
-        env.update(by_name(docs, "ConfigMap", name)["data"])
+        env.update(by_name(docs, "ConfigMap", name, namespace)["data"])
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = str(item["value"])
@@ -283,7 +305,7 @@ def test_every_gpulens_env_name_is_a_setting_of_its_service(docs: list[dict[str,
     for workload in workloads(docs):
         for container in containers(_pod_spec(workload)):
             settings_type = settings_for(container.get("args"))
-            for name in _container_env(docs, container):
+            for name in _container_env(docs, container, workload["metadata"]["namespace"]):
                 if name.startswith("GPULENS_"):
                     checked += 1
                     assert is_setting(settings_type, name), (
@@ -303,7 +325,7 @@ def test_every_service_accepts_its_configuration(docs: list[dict[str, Any]], mon
                 for name in list(os.environ):
                     if name.startswith("GPULENS_") or name == "NODE_NAME":
                         patch.delenv(name)
-                for name, value in _container_env(docs, container).items():
+                for name, value in _container_env(docs, container, workload["metadata"]["namespace"]).items():
                     patch.setenv(name, value)
                 try:
                     settings = load_settings(settings_type)
@@ -336,7 +358,7 @@ def test_credentials_only_from_secrets(docs: list[dict[str, Any]]) -> None:
 
 
 def test_metrics_port_agrees_everywhere(docs: list[dict[str, Any]]) -> None:
-    (common,) = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] == "gpulens-common"]
+    common = by_name(docs, "ConfigMap", "gpulens-common", NAMESPACE)
     port = int(common["data"]["GPULENS_METRICS_PORT"])
     for workload in workloads(docs):
         if workload["kind"] == "Job":
@@ -346,7 +368,7 @@ def test_metrics_port_agrees_everywhere(docs: list[dict[str, Any]]) -> None:
         for container in containers(template["spec"]):
             ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
             assert ports.get("metrics") == port, f"{_name(workload)}: containerPort metrics != {port}"
-            env = _container_env(docs, container)
+            env = _container_env(docs, container, workload["metadata"]["namespace"])
             if "GPULENS_WEB_PORT" in env:
                 assert ports.get("web") == int(env["GPULENS_WEB_PORT"]), f"{_name(workload)}: web port"
     for service in of_kind(docs, "Service"):
@@ -358,7 +380,7 @@ def test_worker_stages_and_scaling(docs: list[dict[str, Any]]) -> None:
     for workload in workloads(docs):
         for container in containers(_pod_spec(workload)):
             if container.get("args", [None])[0] == "worker":
-                env = _container_env(docs, container)
+                env = _container_env(docs, container, workload["metadata"]["namespace"])
                 stages[env.get("GPULENS_STAGE", "all")] = workload["spec"]["replicas"]
     assert set(stages) == {"node", "cluster"}, f"worker stages deployed: {stages}"
     assert stages["cluster"] == 1, "the cluster stage has one key: one replica"
