@@ -345,6 +345,7 @@ class PynvmlBackend:
         self._library_path = library_path
         self._missing: set[str] = set()
         self._uuids: dict[int | None, str] = {}
+        self._v3_struct: type[ctypes.Structure] | None = None
         self._xids: deque[XidRecord] = deque(maxlen=self.XID_BUFFER)
         self._xid_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
@@ -357,6 +358,7 @@ class PynvmlBackend:
     def init(self) -> None:
         self._missing.clear()
         self._uuids.clear()
+        self._v3_struct = None
         if self._library_path is not None:
             self._load_library(self._library_path)
         try:
@@ -534,7 +536,9 @@ class PynvmlBackend:
 
     def _process_struct(self, symbol: str) -> type[ctypes.Structure]:
         if symbol.endswith("_v3"):
-            return _ProcessInfoV3Cc if _v3_has_cc_memory(self.driver_version()) else _ProcessInfoV2
+            if self._v3_struct is None:
+                self._v3_struct = _ProcessInfoV3Cc if _v3_has_cc_memory(self.driver_version()) else _ProcessInfoV2
+            return self._v3_struct
         return _ProcessInfoV2 if symbol.endswith("_v2") else _ProcessInfoV1
 
     def _process_array(self, device: Device, symbol: str, struct: type[ctypes.Structure]) -> list[ProcessInfo]:
