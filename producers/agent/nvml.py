@@ -9,6 +9,11 @@ classes translated into the few that matter here (:class:`NvmlNotSupported`,
 :class:`NvmlGpuLost`, :class:`NvmlUnavailable`, ...). :class:`PynvmlBackend` is the real thing;
 ``fake_nvml.FakeNvml`` behaves the same way without a GPU.
 
+Driver generations differ in the calls they export (R470 has no ``_v2``/``_v3`` process list, R550+
+has ``nvmlDeviceGetRunningProcessDetailList``): a call the driver lacks is
+:class:`NvmlFunctionNotFound`, a kind of "not supported" for that one field, and the process list
+falls back to the newest call the driver has, with that driver's struct layout (docs/agent.md).
+
 XID errors arrive through an NVML event set; :class:`PynvmlBackend` waits on it on a background
 thread (so an event is timestamped when it happens, not when the next sample is taken) and keeps
 a bounded buffer that :meth:`NvmlBackend.drain_xids` empties once per sample.
@@ -102,7 +107,7 @@ class Utilization:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """One compute process on a device (nvmlDeviceGetComputeRunningProcesses_v3)."""
+    """One compute process on a device (from the newest running-processes call the driver has)."""
 
     pid: int
     used_memory_bytes: int | None
