@@ -217,6 +217,20 @@ def _register_part_commands() -> None:
         cli.get_command(click.Context(cli), name)
 
 
+EXTRA_OF_MODULE = {
+    "pynvml": "agent", "grpc": "agent", "google": "agent",
+    "kubernetes": "watcher",
+    "faust": "worker", "mode": "worker", "aiokafka": "worker",
+    "clickhouse_connect": "sink", "chdb": "sink",
+    "yaml": "cli", "rich": "cli",
+}
+"""Third-party module -> the extra of pyproject.toml that installs it."""
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    return EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+
+
 def _is_config_error(exc: Exception) -> bool:
     settings = sys.modules.get("common.settings")  # a ConfigError exists only once settings were loaded
     return settings is not None and isinstance(exc, settings.ConfigError)
@@ -236,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        extra = _missing_extra(exc)
+        if extra is None:
+            raise
+        click.echo(f'gpulens: this command needs {exc.name}, which is not installed here; '
+                   f'install it with: pip install "gpulens[{extra}]" (or "gpulens[all]")', err=True)
+        return 2
     except Exception as exc:
         if not _is_config_error(exc):
             raise

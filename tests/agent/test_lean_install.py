@@ -88,3 +88,15 @@ def test_the_lean_agent_reads_nvml_through_pynvml(lean_python: Path, tmp_path: P
     assert sample.driver_version == "580.65.06"
     assert {g.uuid for g in sample.gpus} == {g.uuid for g in node.gpus} | {m.uuid for m in node.migs}
     assert sorted(p.pid for g in sample.gpus for p in g.processes) == sorted(p.pid for p in node.processes)
+
+
+@pytest.mark.slow
+def test_the_lean_cli_names_the_extra_a_command_needs(lean_python: Path, tmp_path: Path) -> None:
+    gpulens = str(lean_python.parent / "gpulens")
+    shown = subprocess.run([gpulens, "--help"], capture_output=True, text=True, timeout=60, check=False,
+                           cwd=lean_python.parent, env=_clean_env())
+    assert shown.returncode == 0 and "agent" in shown.stdout
+    refused = subprocess.run([gpulens, "sql", "SELECT 1"], capture_output=True, text=True, timeout=60, check=False,
+                             cwd=lean_python.parent, env=_clean_env({"GPULENS_DATA_DIR": str(tmp_path)}))
+    assert refused.returncode == 2 and 'pip install "gpulens[sink]"' in refused.stderr
+    assert "Traceback" not in refused.stderr

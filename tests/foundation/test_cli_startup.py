@@ -58,3 +58,19 @@ def test_an_unknown_command_is_a_usage_error_with_exit_2(capsys: pytest.CaptureF
 
     assert main(["no-such-command"]) == 2
     assert "No such command 'no-such-command'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("blocked", "args", "extra"), [
+    ("yaml", ["demo", "--print-scenario"], "cli"),
+    ("clickhouse_connect", ["sql", "SELECT 1"], "sink"),
+    ("kubernetes", ["watch", "--stdout"], "watcher"),
+])
+def test_a_command_whose_extra_is_not_installed_says_which_extra_in_one_line(
+    blocked: str, args: list[str], extra: str
+) -> None:
+    probe = f"import sys; sys.modules[{blocked!r}] = None; from gpulens.cli import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    assert f'pip install "gpulens[{extra}]"' in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
