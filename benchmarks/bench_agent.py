@@ -153,19 +153,19 @@ def run(ctx: Context) -> list[Result]:
     ensure_topics(ctx.kafka, [GPU_SAMPLES], ctx.topic_prefix)
     seconds = 5.0 if ctx.quick else 15.0
     ds_rss, ds_cpu = _run_daemonset_command(ctx, seconds)
-    results.append(Result(BENCH, "agent RSS, DaemonSet command (python -m producers.agent)", ds_rss, "MiB",
-                          target=RSS_TARGET, notes="peak VmHWM, 8 GPUs via pynvml + fake libnvidia-ml, "
-                          "fake kubelet, producing to Kafka at 1 Hz"))
-    results.append(Result(BENCH, "agent core share per GPU at 1 Hz, DaemonSet command", ds_cpu / GPUS, "% core",
+    results.append(Result(BENCH, "agent RSS, DaemonSet command", ds_rss, "MiB",
+                          target=RSS_TARGET, notes="python -m producers.agent; peak VmHWM, 8 GPUs via pynvml + fake "
+                          "libnvidia-ml, fake kubelet, producing to Kafka at 1 Hz"))
+    results.append(Result(BENCH, "agent core/GPU at 1 Hz, DaemonSet command", ds_cpu / GPUS, "% core",
                           target=CPU_TARGET, notes=f"utime+stime over {seconds:.0f}s of steady state"))
     lean_rss, lean_cpu = _run_agent(ctx, [sys.executable, "-m", "producers.agent", "--simulate"], seconds)
-    results.append(Result(BENCH, "agent RSS, python -m producers.agent --simulate", lean_rss, "MiB",
+    results.append(Result(BENCH, "agent RSS, producers.agent --simulate", lean_rss, "MiB",
                           notes="also runs the fake kubelet gRPC server and the simulated node in-process"))
-    results.append(Result(BENCH, "agent core share per GPU at 1 Hz, --simulate", lean_cpu / GPUS, "% core",
+    results.append(Result(BENCH, "agent core/GPU at 1 Hz, --simulate", lean_cpu / GPUS, "% core",
                           notes=f"utime+stime over {seconds:.0f}s of steady state"))
     gpulens = str(Path(sys.executable).parent / "gpulens")
     cli_rss, _ = _run_agent(ctx, [gpulens, "agent", "--simulate"], seconds / 2)
-    results.append(Result(BENCH, "agent RSS, gpulens agent --simulate (CLI entry)", cli_rss, "MiB",
+    results.append(Result(BENCH, "agent RSS, gpulens agent --simulate", cli_rss, "MiB",
                           notes="the CLI entry point: click and the agent command only (commands load lazily)"))
 
     runs = 5 if ctx.quick else 15
