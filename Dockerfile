@@ -1,6 +1,50 @@
-# One image for every gpulens component: the node agent, the cluster watcher, the stream
-# workers, the ClickHouse sink and the CLI. The component is chosen by the command:
-#   docker run gpulens agent | watch | worker | sink | topics create | ...
+# Two images from one file:
+# - the default target, every gpulens component (watcher, stream workers, ClickHouse sink, topic
+#   job, the whole CLI), chosen by the command:
+#     docker build -t gpulens:0.1.0 .
+#     docker run gpulens watch | worker | sink | topics create | agent | ...
+# - the slim node agent (`gpulens[agent]` only: no chDB, faust, pandas or pyarrow), which the
+#   DaemonSet runs as `python -m producers.agent`:
+#     docker build --target agent -t gpulens-agent:0.1.0 .
+
+FROM python:3.11-slim AS build-agent
+
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md* ./
+COPY schemas ./schemas
+COPY common ./common
+COPY producers ./producers
+COPY stream_jobs ./stream_jobs
+COPY sinks ./sinks
+COPY gpulens ./gpulens
+RUN python -m venv /opt/gpulens \
+ && /opt/gpulens/bin/pip install --upgrade pip \
+ && /opt/gpulens/bin/pip install ".[agent]"
+
+FROM python:3.11-slim AS agent
+
+LABEL org.opencontainers.image.title="gpulens-agent" \
+      org.opencontainers.image.description="gpulens node agent: NVML + kubelet + cgroups -> Kafka" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+COPY --from=build-agent /opt/gpulens /opt/gpulens
+RUN groupadd --system --gid 10001 gpulens \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/gpulens --shell /usr/sbin/nologin gpulens \
+ && mkdir -p /var/lib/gpulens \
+ && chown 10001:10001 /var/lib/gpulens
+
+ENV PATH=/opt/gpulens/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/var/lib/gpulens \
+    GPULENS_DATA_DIR=/var/lib/gpulens \
+    GPULENS_LOG_FORMAT=json
+
+USER 10001:10001
+WORKDIR /var/lib/gpulens
+ENTRYPOINT ["python", "-m", "producers.agent"]
+
 FROM python:3.11-slim AS build
 
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -18,7 +62,7 @@ COPY sinks ./sinks
 COPY gpulens ./gpulens
 RUN python -m venv /opt/gpulens \
  && /opt/gpulens/bin/pip install --upgrade pip \
- && /opt/gpulens/bin/pip install .
+ && /opt/gpulens/bin/pip install ".[all]"
 
 FROM python:3.11-slim
 

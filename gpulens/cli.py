@@ -4,35 +4,25 @@ Each part contributes a click command from ``gpulens/commands``. Settings are lo
 validated once per command (flags over ``GPULENS_*`` environment over defaults). User errors —
 bad flags, bad configuration, a broker that is down — print one clear line and exit 2; a
 traceback means a bug.
+
+Start-up is kept short (``gpulens --help`` and ``gpulens <command> --help`` well under 0.3 s): this
+module imports only click, a part's command module is imported when that command is called
+(:class:`LazyGroup`), and settings, Kafka, ClickHouse and the other clients are imported inside
+the commands that use them.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
-from common import logs
-from common.kafka import BrokerUnavailable, ensure_topics
-from common.settings import (
-    AgentSettings,
-    CommonSettings,
-    ConfigError,
-    SinkSettings,
-    WatcherSettings,
-    WorkerSettings,
-    load_settings,
-    redacted,
-)
 from gpulens import __version__
+from gpulens.commands import PART_COMMANDS
 from gpulens.errors import UserError
-from gpulens.kafka_local import LocalKafka
-from schemas.json_schema import export as export_schemas
-from schemas.topics import ALL_TOPICS
 
 common_options = [
     click.option("--bootstrap-servers", "bootstrap_servers", default=None,
@@ -52,6 +42,9 @@ def with_common_options(func: Any) -> Any:
 
 def settings_from_flags(settings_type: type[Any], **flags: Any) -> Any:
     """Load ``settings_type`` with the common flags folded into their nested places."""
+    from common import logs
+    from common.settings import load_settings
+
     bootstrap = flags.pop("bootstrap_servers", None)
     settings = load_settings(settings_type, **flags)
     if bootstrap is not None:
@@ -61,7 +54,33 @@ def settings_from_flags(settings_type: type[Any], **flags: Any) -> Any:
     return settings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """The top-level group: each part's commands are imported only when one of them is called."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(PART_COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in PART_COMMANDS:
+            module = importlib.import_module(f"gpulens.commands.{PART_COMMANDS[cmd_name][0]}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help`` without importing any part (its one-line help is in the table)."""
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                rows.append((name, self.commands[name].get_short_help_str(limit)))
+            else:
+                rows.append((name, click.utils.make_default_short_help(PART_COMMANDS[name][1], limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpulens")
 def cli() -> None:
     """gpulens: see what a Kubernetes GPU fleet is really doing."""
@@ -77,6 +96,11 @@ def _kafka_command(action: str) -> Any:
     @click.option("--port", type=int, default=None, help="broker port [env GPULENS_LOCAL_KAFKA__PORT]")
     @click.option("--controller-port", type=int, default=None, help="KRaft controller port")
     def command(port: int | None, controller_port: int | None, **flags: Any) -> None:
+        import dataclasses
+
+        from common.settings import CommonSettings
+        from gpulens.kafka_local import LocalKafka
+
         settings = settings_from_flags(CommonSettings, **flags)
         local = LocalKafka.from_settings(settings)
         if port:
@@ -111,6 +135,10 @@ def topics() -> None:
               help="replicas per partition (3 on a production cluster)")
 def topics_create(replication_factor: int, **flags: Any) -> None:
     """Create every topic with its partitions and cleanup policy (idempotent)."""
+    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.settings import CommonSettings
+    from schemas.topics import ALL_TOPICS
+
     settings = settings_from_flags(CommonSettings, **flags)
     try:
         report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix, replication_factor)
@@ -133,6 +161,9 @@ def topics_create(replication_factor: int, **flags: Any) -> None:
 @click.option("--topic-prefix", default=None)
 def topics_list(topic_prefix: str | None) -> None:
     """Show the topic registry: name, key, partitions, cleanup policy."""
+    from common.settings import CommonSettings, load_settings
+    from schemas.topics import ALL_TOPICS
+
     settings = load_settings(CommonSettings, topic_prefix=topic_prefix)
     for spec in ALL_TOPICS:
         click.echo(f"{spec.name(settings.topic_prefix):40} key={spec.key:14} partitions={spec.partitions:<3} "
@@ -148,6 +179,8 @@ def schemas() -> None:
 @click.argument("directory", type=click.Path(path_type=Path))
 def schemas_export(directory: Path) -> None:
     """Write one JSON Schema per topic into DIRECTORY."""
+    from schemas.json_schema import export as export_schemas
+
     for path in export_schemas(directory):
         click.echo(str(path))
 
@@ -161,19 +194,49 @@ def config() -> None:
 @click.option("--service", type=click.Choice(["common", "agent", "watcher", "worker", "sink"]), default="common")
 def config_show(service: str) -> None:
     """Print the effective configuration (secrets masked)."""
+    import orjson
+
+    from common.settings import (
+        AgentSettings,
+        CommonSettings,
+        SinkSettings,
+        WatcherSettings,
+        WorkerSettings,
+        load_settings,
+        redacted,
+    )
+
     settings_type = {"common": CommonSettings, "agent": AgentSettings, "watcher": WatcherSettings,
                      "worker": WorkerSettings, "sink": SinkSettings}[service]
     click.echo(orjson.dumps(redacted(load_settings(settings_type)), option=orjson.OPT_INDENT_2).decode())
 
 
 def _register_part_commands() -> None:
-    from gpulens.commands import register
+    """Import every part's commands now (tests and docs checks that walk the whole tree)."""
+    for name in PART_COMMANDS:
+        cli.get_command(click.Context(cli), name)
 
-    register(cli)
+
+EXTRA_OF_MODULE = {
+    "pynvml": "agent", "grpc": "agent", "google": "agent",
+    "kubernetes": "watcher",
+    "faust": "worker", "mode": "worker", "aiokafka": "worker",
+    "clickhouse_connect": "sink", "chdb": "sink",
+    "yaml": "cli", "rich": "cli",
+}
+"""Third-party module -> the extra of pyproject.toml that installs it."""
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    return EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
+
+
+def _is_config_error(exc: Exception) -> bool:
+    settings = sys.modules.get("common.settings")  # a ConfigError exists only once settings were loaded
+    return settings is not None and isinstance(exc, settings.ConfigError)
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register_part_commands()
     try:
         cli.main(args=argv, prog_name="gpulens", standalone_mode=False)
     except click.exceptions.Abort:
@@ -186,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except (ConfigError, UserError) as exc:
+    except UserError as exc:
         click.echo(f"gpulens: {exc}", err=True)
         return 2
     except OSError as exc:
@@ -198,6 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:
+        extra = _missing_extra(exc)
+        if extra is None:
+            raise
+        click.echo(f'gpulens: this command needs {exc.name}, which is not installed here; '
+                   f'install it with: pip install "gpulens[{extra}]" (or "gpulens[all]")', err=True)
+        return 2
+    except Exception as exc:
+        if not _is_config_error(exc):
+            raise
+        click.echo(f"gpulens: {exc}", err=True)
+        return 2
     return 0
 
 

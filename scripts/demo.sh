@@ -9,6 +9,6 @@ if [ ! -x "$venv/bin/gpulens" ]; then
   echo "== installing gpulens into $venv (first run only)"
   "${PYTHON:-python3}" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e .
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[all]"
 fi
 exec "$venv/bin/gpulens" demo "$@"

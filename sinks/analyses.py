@@ -13,9 +13,10 @@ price table (``gpu_prices``), so a price change is visible without replaying.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sinks.clickhouse import QueryResult
+if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
+    from sinks.clickhouse import QueryResult
 
 
 class Reader(Protocol):

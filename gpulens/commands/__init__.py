@@ -1,24 +1,23 @@
 """CLI commands contributed by each part of the product (agent, watcher, worker, sink, ...).
 
-Each module defines click commands; :func:`register` adds those that exist to the main group.
+Each module defines click commands in ``COMMANDS``. :data:`PART_COMMANDS` names them with their
+one-line help, so ``gpulens --help`` lists them without importing any part (and its clients);
+``gpulens.cli.LazyGroup`` imports a module when one of its commands is called.
 """
 
 from __future__ import annotations
 
-import importlib
+PART_COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("agent", "Sample every GPU of this node and produce to the gpu.samples topic."),
+    "watch": ("watch", "Follow pods, nodes and scheduling events; produce k8s.pods/nodes/events."),
+    "worker": ("worker", "Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."),
+    "replay": ("replay", "Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."),
+    "sink": ("sink", "Consume every gpulens topic into ClickHouse (embedded chDB by default)."),
+    "sql": ("analysis", "Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."),
+    "report": ("analysis", "Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."),
+    "demo": ("demo", "Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."),
+    "top": ("demo", "Live terminal view of the fleet, read from the pipeline's topics."),
+}
+"""Command name -> (module under ``gpulens.commands``, the command's one-line help)."""
 
-import click
-
-_MODULES = ("agent", "watch", "worker", "replay", "sink", "analysis", "demo")
-
-
-def register(group: click.Group) -> None:
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f"gpulens.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"gpulens.commands.{name}":
-                continue
-            raise
-        for command in getattr(module, "COMMANDS", ()):
-            group.add_command(command)
+_MODULES = tuple(dict.fromkeys(module for module, _ in PART_COMMANDS.values()))

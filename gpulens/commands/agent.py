@@ -9,16 +9,15 @@ The wiring lives in :mod:`producers.agent.main` (also ``python -m producers.agen
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from common.settings import AgentSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
-from producers.agent.main import run_agent
-from producers.agent.nvml import NvmlLibraryNotFound
-from producers.agent.service import AgentError
+
+if TYPE_CHECKING:
+    from common.settings import AgentSettings
 
 
 @click.command("agent")
@@ -34,6 +33,11 @@ from producers.agent.service import AgentError
 @with_common_options
 def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     """Sample every GPU of this node and produce to the gpu.samples topic."""
+    from common.settings import AgentSettings
+    from producers.agent.main import run_agent
+    from producers.agent.nvml import NvmlLibraryNotFound
+    from producers.agent.service import AgentError
+
     settings: AgentSettings = settings_from_flags(AgentSettings, **flags)
     try:
         run_agent(settings, once=once, to_stdout=to_stdout)

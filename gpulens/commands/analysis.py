@@ -9,19 +9,18 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
-from common.settings import CommonSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
-from gpulens.html_report import write_html_report
-from sinks.analyses import ANALYSES, TITLES, run_report
-from sinks.clickhouse import QueryResult, StoreError
-from sinks.query_server import Reader, open_reader
-from sinks.readonly import ReadOnlyViolation, check_read_only
+from sinks.analyses import ANALYSES
+
+if TYPE_CHECKING:
+    from sinks.clickhouse import QueryResult
+    from sinks.query_server import Reader
 
 clickhouse_option = click.option(
     "--clickhouse-url", default=None,
@@ -29,6 +28,10 @@ clickhouse_option = click.option(
 
 
 def _reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
+    from common.settings import CommonSettings
+    from sinks.clickhouse import StoreError
+    from sinks.query_server import open_reader
+
     if clickhouse_url is not None:
         flags["clickhouse"] = {"url": clickhouse_url}
     settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
@@ -80,6 +83,9 @@ def render(result: QueryResult, fmt: str) -> str:
 @with_common_options
 def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
     """Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."""
+    from sinks.clickhouse import StoreError
+    from sinks.readonly import ReadOnlyViolation, check_read_only
+
     try:
         statement = check_read_only(query)
     except ReadOnlyViolation as exc:
@@ -107,6 +113,10 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
 def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clickhouse_url: str | None,
            **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
+    from gpulens.html_report import write_html_report
+    from sinks.analyses import TITLES, run_report
+    from sinks.clickhouse import StoreError
+
     if html_path is not None and (as_json or sections):
         raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
     reader = _reader(clickhouse_url, flags)

@@ -7,15 +7,8 @@ import time
 from typing import Any
 
 import click
-import orjson
-import yaml
 
-from common.settings import CommonSettings
 from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.demo import DemoOptions, run_demo
-from gpulens.demo_fleet import demo_scenario
-from gpulens.scenario import parse_duration
-from gpulens.top import FleetView, drain_topics, run_top
 
 
 @click.command("demo")
@@ -31,9 +24,17 @@ from gpulens.top import FleetView, drain_topics, run_top
 def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, seed: int, no_view: bool,
          print_scenario: bool, **flags: Any) -> None:
     """Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."""
+    from gpulens.demo_fleet import demo_scenario
+
     if print_scenario:
+        import yaml
+
         click.echo(yaml.safe_dump(demo_scenario(nodes, gpus_per_node, seed=seed), sort_keys=False))
         return
+    from common.settings import CommonSettings
+    from gpulens.demo import DemoOptions, run_demo
+    from gpulens.scenario import parse_duration
+
     settings = settings_from_flags(CommonSettings, **flags)
     duration_s = None if duration is None else parse_duration(duration, "--duration", allow_zero=False)
     run_demo(settings, DemoOptions(nodes=nodes, gpus_per_node=gpus_per_node, speed=speed, duration_s=duration_s,
@@ -47,6 +48,12 @@ def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, see
               help="read for this many seconds, print the view once as JSON figures, exit")
 def top(duration: str | None, once_s: float | None, **flags: Any) -> None:
     """Live terminal view of the fleet, read from the pipeline's topics."""
+    import orjson
+
+    from common.settings import CommonSettings
+    from gpulens.scenario import parse_duration
+    from gpulens.top import FleetView, drain_topics, run_top
+
     settings = settings_from_flags(CommonSettings, **flags)
     if once_s is not None:
         view = FleetView()

@@ -16,7 +16,6 @@ import click
 import orjson
 
 from gpulens.errors import UserError
-from gpulens.scenario import load_scenario
 
 
 def _dump(report: dict[str, Any]) -> str:
@@ -73,6 +72,7 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
            topic_prefix: str | None, expected_path: Path | None) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
     from gpulens.replay import DEFAULT_LATENESS_S, run_in_process
+    from gpulens.scenario import load_scenario
 
     parsed = load_scenario(scenario)
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s

@@ -7,12 +7,8 @@ from typing import Any
 
 import click
 
-from common.kafka import BrokerUnavailable
-from common.settings import SinkSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
-from sinks.clickhouse import StoreError, StoreLocked
-from sinks.service import run_sink
 
 
 @click.command("sink")
@@ -28,6 +24,11 @@ from sinks.service import run_sink
               help="exit once caught up and idle for this many seconds (one-shot catch-up)")
 def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: Any) -> None:
     """Consume every gpulens topic into ClickHouse (embedded chDB by default)."""
+    from common.kafka import BrokerUnavailable
+    from common.settings import SinkSettings
+    from sinks.clickhouse import StoreError, StoreLocked
+    from sinks.service import run_sink
+
     if clickhouse_url is not None:
         flags["clickhouse"] = {"url": clickhouse_url}
     settings: SinkSettings = settings_from_flags(SinkSettings, **flags)

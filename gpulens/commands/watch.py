@@ -11,22 +11,18 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from common.kafka import BoundedProducer, BrokerUnavailable, ensure_topics
-from common.logs import get_logger
-from common.settings import WatcherSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
-from producers.watcher.fake_apiserver import FakeApiServer
-from producers.watcher.fake_cluster import SimulatedCluster
-from producers.watcher.kube import KubeConfigError, api_client
-from producers.watcher.service import KafkaSink, Sink, StdoutSink, WatcherConfig, WatcherService, kube_sources
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
 
-log = get_logger("gpulens.watch")
+if TYPE_CHECKING:
+    from common.kafka import BoundedProducer
+    from common.settings import WatcherSettings
+    from producers.watcher.fake_apiserver import FakeApiServer
+    from producers.watcher.service import Sink
 
 
 @click.command("watch")
@@ -42,6 +38,16 @@ log = get_logger("gpulens.watch")
 def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool, simulate: bool | None,
           metrics_port: int | None, **flags: Any) -> None:
     """Follow pods, nodes and scheduling events; produce k8s.pods/nodes/events."""
+    from common.kafka import BoundedProducer, BrokerUnavailable, ensure_topics
+    from common.logs import get_logger
+    from common.settings import WatcherSettings
+    from producers.watcher.fake_apiserver import FakeApiServer
+    from producers.watcher.fake_cluster import SimulatedCluster
+    from producers.watcher.kube import KubeConfigError, api_client
+    from producers.watcher.service import KafkaSink, StdoutSink, WatcherConfig, WatcherService, kube_sources
+    from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+
+    log = get_logger("gpulens.watch")
     settings: WatcherSettings = settings_from_flags(
         WatcherSettings, kubeconfig=kubeconfig, namespaces=list(namespaces) or None, simulate=simulate,
         metrics_port=metrics_port, **flags)

@@ -10,22 +10,22 @@ start workers with ``control`` and drive event time themselves (see docs/stream_
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from common.kafka import BrokerUnavailable, ensure_topics
-from common.logs import get_logger
-from common.settings import WorkerSettings
 from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
-from schemas.topics import INTERNAL_NODE_INPUTS, INTERNAL_TOPICS, TopicSpec
 
-log = get_logger(__name__)
+if TYPE_CHECKING:
+    from common.settings import WorkerSettings
+    from schemas.topics import TopicSpec
 
 
 def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
     """The internal topics with the configured node-inputs partition count."""
+    from schemas.topics import INTERNAL_NODE_INPUTS, INTERNAL_TOPICS
+
     return [dataclasses.replace(spec, partitions=settings.node_input_partitions)
             if spec.suffix == INTERNAL_NODE_INPUTS.suffix else spec for spec in INTERNAL_TOPICS]
 
@@ -43,6 +43,10 @@ def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
 @with_common_options
 def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
+    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.logs import get_logger
+    from common.settings import WorkerSettings
+
     settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
     try:
         ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix)
@@ -53,7 +57,7 @@ def worker(**flags: Any) -> None:
     metrics = WorkerMetrics()
     if settings.metrics_port:
         port = metrics.registry.serve(settings.metrics_port)
-        log.info("metrics served", port=port)
+        get_logger(__name__).info("metrics served", port=port)
     run_worker(settings, metrics)
 
 

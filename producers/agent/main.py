@@ -86,8 +86,8 @@ def run_agent(
     raise AssertionError("unreachable")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m producers.agent``: the same flags as ``gpulens agent``; exit 2 on user errors."""
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m producers.agent`` (those of ``gpulens agent`` a DaemonSet needs)."""
     parser = argparse.ArgumentParser(prog="python -m producers.agent", description="gpulens node agent")
     parser.add_argument("--node-name", default=None, help="this node's name [env GPULENS_NODE_NAME, NODE_NAME]")
     parser.add_argument("--interval", type=float, default=None, help="seconds between samples (default 10)")
@@ -97,7 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port; 0 = off")
     parser.add_argument("--bootstrap-servers", default=None, help="Kafka bootstrap servers")
     parser.add_argument("--topic-prefix", default=None, help="topic name prefix")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m producers.agent``: the same flags as ``gpulens agent``; exit 2 on user errors."""
+    args = build_parser().parse_args(argv)
     try:
         settings = load_settings(
             AgentSettings,

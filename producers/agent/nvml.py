@@ -9,6 +9,11 @@ classes translated into the few that matter here (:class:`NvmlNotSupported`,
 :class:`NvmlGpuLost`, :class:`NvmlUnavailable`, ...). :class:`PynvmlBackend` is the real thing;
 ``fake_nvml.FakeNvml`` behaves the same way without a GPU.
 
+Driver generations differ in the calls they export (R470 has no ``_v2``/``_v3`` process list, R550+
+has ``nvmlDeviceGetRunningProcessDetailList``): a call the driver lacks is
+:class:`NvmlFunctionNotFound`, a kind of "not supported" for that one field, and the process list
+falls back to the newest call the driver has, with that driver's struct layout (docs/agent.md).
+
 XID errors arrive through an NVML event set; :class:`PynvmlBackend` waits on it on a background
 thread (so an event is timestamped when it happens, not when the next sample is taken) and keeps
 a bounded buffer that :meth:`NvmlBackend.drain_xids` empties once per sample.
@@ -16,6 +21,7 @@ a bounded buffer that :meth:`NvmlBackend.drain_xids` empties once per sample.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -62,6 +68,12 @@ class NvmlGpuLost(NvmlError):
     kind = "gpu_lost"
 
 
+class NvmlFunctionNotFound(NvmlNotSupported):
+    """This driver does not have the call (an older driver generation): the field is unsupported here."""
+
+    kind = "function_not_found"
+
+
 class NvmlNoPermission(NvmlError):
     kind = "no_permission"
 
@@ -95,7 +107,7 @@ class Utilization:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """One compute process on a device (nvmlDeviceGetComputeRunningProcesses_v3)."""
+    """One compute process on a device (from the newest running-processes call the driver has)."""
 
     pid: int
     used_memory_bytes: int | None
@@ -187,7 +199,6 @@ _UNAVAILABLE_CODES = {
     pynvml.NVML_ERROR_UNINITIALIZED: "uninitialized",
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver_not_loaded",
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_version_mismatch",
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: "function_not_found",
 }
 
 _KIND_BY_CODE = {
@@ -213,6 +224,8 @@ def translate(exc: pynvml.NVMLError) -> NvmlError:
     text = str(exc)
     if code == pynvml.NVML_ERROR_NOT_SUPPORTED:
         return NvmlNotSupported(text)
+    if code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+        return NvmlFunctionNotFound(text)
     if code == pynvml.NVML_ERROR_GPU_IS_LOST:
         return NvmlGpuLost(text)
     if code == pynvml.NVML_ERROR_NO_PERMISSION:
@@ -224,17 +237,102 @@ def translate(exc: pynvml.NVMLError) -> NvmlError:
     return NvmlError(text, kind=_KIND_BY_CODE.get(code, "unknown"))
 
 
+_LibraryMismatch: type[Exception] = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
+"""What pynvml raises (a plain ``Exception``) when an unversioned wrapper's newest symbol is missing."""
+
+
 @contextmanager
 def _nvml_errors() -> Iterator[None]:
     try:
         yield
     except pynvml.NVMLError as exc:
         raise translate(exc) from None
+    except _LibraryMismatch as exc:
+        raise NvmlFunctionNotFound(str(exc)) from None
 
 
 def _call(func: Callable[..., _T], *args: Any) -> _T:
     with _nvml_errors():
         return func(*args)
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t: the unversioned call, every driver (the only one up to R470)."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    """nvmlProcessInfo_v2_t (R510-R530, and ``_v3`` outside 535.43-535.97)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _ProcessInfoV3Cc(ctypes.Structure):
+    """nvmlProcessInfo_v3_t of 535.43-535.97, which is also nvmlProcessDetail_v1_t (R550+)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
+
+
+class _ProcessDetailList(ctypes.Structure):
+    """nvmlProcessDetailList_v1_t for nvmlDeviceGetRunningProcessDetailList."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("mode", ctypes.c_uint),
+        ("numProcArrayEntries", ctypes.c_uint),
+        ("procArray", ctypes.POINTER(_ProcessInfoV3Cc)),
+    ]
+
+
+_DETAIL_LIST = "nvmlDeviceGetRunningProcessDetailList"
+_PROCESS_CALLS = (
+    _DETAIL_LIST,
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+"""Newest first; the first one the driver exports answers."""
+_PROCESS_DETAIL_LIST_V1 = ctypes.sizeof(_ProcessDetailList) | (1 << 24)
+_PROCESS_MODE_COMPUTE = 0
+_NOT_AVAILABLE_ULL = 2**64 - 1
+
+
+def _v3_has_cc_memory(driver: str) -> bool:
+    """535.43 to 535.97 filled ``_v3`` with the 32-byte struct (``usedGpuCcProtectedMemory``)."""
+    parts = driver.split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return False
+    return major == 535 and 43 <= minor < 98
+
+
+def _process_info(raw: Any) -> ProcessInfo:
+    gi = getattr(raw, "gpuInstanceId", _NO_INSTANCE)
+    ci = getattr(raw, "computeInstanceId", _NO_INSTANCE)
+    used = int(raw.usedGpuMemory)
+    return ProcessInfo(
+        pid=int(raw.pid),
+        used_memory_bytes=None if used == _NOT_AVAILABLE_ULL else used,
+        gpu_instance_id=None if gi == _NO_INSTANCE else int(gi),
+        compute_instance_id=None if ci == _NO_INSTANCE else int(ci),
+    )
+
+
+def _address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def format_cuda_version(version: int) -> str:
@@ -247,8 +345,12 @@ class PynvmlBackend:
 
     XID_BUFFER = 1024
 
-    def __init__(self, xid_wait_ms: int = 500) -> None:
+    def __init__(self, xid_wait_ms: int = 500, library_path: str | None = None) -> None:
         self._xid_wait_ms = xid_wait_ms
+        self._library_path = library_path
+        self._missing: set[str] = set()
+        self._uuids: dict[int | None, str] = {}
+        self._v3_struct: type[ctypes.Structure] | None = None
         self._xids: deque[XidRecord] = deque(maxlen=self.XID_BUFFER)
         self._xid_lock = threading.Lock()
         self._xid_thread: threading.Thread | None = None
@@ -259,6 +361,11 @@ class PynvmlBackend:
     # -- lifecycle
 
     def init(self) -> None:
+        self._missing.clear()
+        self._uuids.clear()
+        self._v3_struct = None
+        if self._library_path is not None:
+            self._load_library(self._library_path)
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -276,6 +383,17 @@ class PynvmlBackend:
             raise NvmlUnavailable(f"cannot load NVML: {exc}", kind="library_not_found") from None
         self._initialised = True
         self._start_xid_watch()
+
+    @staticmethod
+    def _load_library(path: str) -> None:
+        """Use the NVML library at ``path`` instead of the ``libnvidia-ml.so.1`` on the loader's path."""
+        try:
+            library = ctypes.CDLL(path)
+        except OSError as exc:
+            raise NvmlLibraryNotFound(f"cannot load NVML from {path}: {exc}") from None
+        with pynvml.libLoadLock:
+            pynvml.nvmlLib = library
+            pynvml._nvmlGetFunctionPointer_cache.clear()
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -323,10 +441,10 @@ class PynvmlBackend:
                 continue
             if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue
-            try:
-                uuid: str | None = str(pynvml.nvmlDeviceGetUUID(data.device))
-            except pynvml.NVMLError:
-                uuid = None
+            uuid = self._uuids.get(_address(data.device))  # a GPU that fell off the bus no longer answers
+            if uuid is None:
+                with suppress(pynvml.NVMLError):
+                    uuid = str(pynvml.nvmlDeviceGetUUID(data.device))
             record = XidRecord(
                 gpu_uuid=uuid,
                 xid=int(data.eventData),
@@ -360,7 +478,9 @@ class PynvmlBackend:
     # -- per device
 
     def uuid(self, device: Device) -> str:
-        return str(_call(pynvml.nvmlDeviceGetUUID, device))
+        value = str(_call(pynvml.nvmlDeviceGetUUID, device))
+        self._uuids[_address(device)] = value
+        return value
 
     def name(self, device: Device) -> str:
         return str(_call(pynvml.nvmlDeviceGetName, device))
@@ -402,21 +522,60 @@ class PynvmlBackend:
         return out[0], out[1]
 
     def compute_processes(self, device: Device) -> list[ProcessInfo]:
-        procs = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, device)
-        result = []
-        for proc in procs:
-            gi = getattr(proc, "gpuInstanceId", _NO_INSTANCE)
-            ci = getattr(proc, "computeInstanceId", _NO_INSTANCE)
-            used = proc.usedGpuMemory
-            result.append(
-                ProcessInfo(
-                    pid=int(proc.pid),
-                    used_memory_bytes=None if used is None else int(used),
-                    gpu_instance_id=None if gi in (None, _NO_INSTANCE) else int(gi),
-                    compute_instance_id=None if ci in (None, _NO_INSTANCE) else int(ci),
-                )
-            )
-        return result
+        """Compute processes through the newest call this driver has (detail list, v3, v2, v1).
+
+        The structs are this module's own, chosen per call and driver version, rather than
+        pynvml's: pynvml's unversioned wrapper calls only ``_v3`` (an older driver then fails the
+        whole field) and its struct for ``_v3`` follows one driver release, not the node's.
+        """
+        for symbol in _PROCESS_CALLS:
+            if symbol in self._missing:
+                continue
+            try:
+                if symbol == _DETAIL_LIST:
+                    return self._process_detail_list(device)
+                return self._process_array(device, symbol, self._process_struct(symbol))
+            except NvmlFunctionNotFound:
+                self._missing.add(symbol)
+        raise NvmlFunctionNotFound("this driver has no running-processes call")
+
+    def _process_struct(self, symbol: str) -> type[ctypes.Structure]:
+        if symbol.endswith("_v3"):
+            if self._v3_struct is None:
+                self._v3_struct = _ProcessInfoV3Cc if _v3_has_cc_memory(self.driver_version()) else _ProcessInfoV2
+            return self._v3_struct
+        return _ProcessInfoV2 if symbol.endswith("_v2") else _ProcessInfoV1
+
+    def _process_array(self, device: Device, symbol: str, struct: type[ctypes.Structure]) -> list[ProcessInfo]:
+        fn = _call(pynvml._nvmlGetFunctionPointer, symbol)
+        count = ctypes.c_uint(0)
+        ret = fn(device, ctypes.byref(count), None)
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise translate(pynvml.NVMLError(ret))
+        count.value = count.value * 2 + 5  # processes may start between the two calls
+        array = (struct * count.value)()
+        ret = fn(device, ctypes.byref(count), array)
+        if ret != pynvml.NVML_SUCCESS:
+            raise translate(pynvml.NVMLError(ret))
+        return [_process_info(array[i]) for i in range(count.value)]
+
+    def _process_detail_list(self, device: Device) -> list[ProcessInfo]:
+        fn = _call(pynvml._nvmlGetFunctionPointer, _DETAIL_LIST)
+        listing = _ProcessDetailList(version=_PROCESS_DETAIL_LIST_V1, mode=_PROCESS_MODE_COMPUTE)
+        ret = fn(device, ctypes.byref(listing))
+        if ret == pynvml.NVML_SUCCESS:
+            return []
+        if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise translate(pynvml.NVMLError(ret))
+        listing.numProcArrayEntries = listing.numProcArrayEntries * 2 + 5
+        array = (_ProcessInfoV3Cc * listing.numProcArrayEntries)()
+        listing.procArray = ctypes.cast(array, ctypes.POINTER(_ProcessInfoV3Cc))
+        ret = fn(device, ctypes.byref(listing))
+        if ret != pynvml.NVML_SUCCESS:
+            raise translate(pynvml.NVMLError(ret))
+        return [_process_info(array[i]) for i in range(listing.numProcArrayEntries)]
 
     def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
         try:

@@ -102,6 +102,21 @@ def containers(pod_spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield from pod_spec.get("containers", []) or []
 
 
+LEAN_AGENT = ["python", "-m", "producers.agent"]
+"""The node agent's own entry point (the slim agent image): ``gpulens agent`` without the CLI."""
+
+
+def component_args(container: dict[str, Any]) -> list[str]:
+    """The gpulens command line a container runs: its ``args`` under the image's ``gpulens``
+    entrypoint, or ``agent`` and its args for the lean agent entry point."""
+    command = [str(part) for part in container.get("command") or []]
+    args = [str(part) for part in container.get("args") or []]
+    if command == LEAN_AGENT:
+        return ["agent", *args]
+    assert not command, f"{container.get('name')}: unexpected command {command} (the entrypoint is gpulens)"
+    return args
+
+
 def gpulens_command(args: list[str] | None) -> str:
     """The gpulens sub-command of a container's args / a compose service's command."""
     assert args, "a gpulens container must name its sub-command (args/command)"

@@ -11,8 +11,11 @@ import click
 import pytest
 
 from gpulens.commands import _MODULES
+from producers.agent.main import build_parser
 from tests.deploy.helpers import (
     DOCKERFILE,
+    LEAN_AGENT,
+    component_args,
     compose,
     compose_command,
     containers,
@@ -27,7 +30,8 @@ def _command_lines() -> list[tuple[str, list[str]]]:
     lines = [(f"compose:{name}", compose_command(svc)) for name, svc in gpulens_services(compose()).items()]
     for workload in workloads(manifests()):
         for container in containers(pod_template(workload)["spec"]):
-            lines.append((f"k8s:{workload['metadata']['name']}", [str(a) for a in container["args"]]))
+            lean = " (python -m producers.agent)" if container.get("command") == LEAN_AGENT else ""
+            lines.append((f"k8s:{workload['metadata']['name']}{lean}", component_args(container)))
     return lines
 
 
@@ -63,6 +67,11 @@ def test_entrypoint_is_gpulens() -> None:
 @pytest.mark.parametrize(("where", "args"), _command_lines(), ids=lambda v: v if isinstance(v, str) else None)
 def test_deployed_command_lines_parse(cli: click.Group, where: str, args: list[str]) -> None:
     name = args[0]
+    if where.endswith("(python -m producers.agent)"):  # the lean entry point's own parser must accept them
+        try:
+            build_parser().parse_args(args[1:])
+        except SystemExit:
+            pytest.fail(f"{where}: `{' '.join(LEAN_AGENT + args[1:])}` does not parse")
     if name not in cli.commands:
         # a part whose command module is not in the tree yet: it must be one the CLI will load
         assert name in _MODULES, f"{where}: `gpulens {name}` is no gpulens command (known: {sorted(cli.commands)})"

@@ -1,6 +1,8 @@
-"""The one image every component runs: built from python:3.11-slim with ``pip install .``, the
-``gpulens`` entrypoint, every package of the project copied in, and the unprivileged user the
-Kubernetes manifests expect (runAsNonRoot checks the numeric id)."""
+"""The images: the default one every component but the agent runs (python:3.11-slim,
+``pip install ".[all]"``, the ``gpulens`` entrypoint) and the slim agent target the DaemonSet runs
+(``pip install ".[agent]"``, entrypoint ``python -m producers.agent``); every package of the
+project copied in, and the unprivileged user the Kubernetes manifests expect (runAsNonRoot checks
+the numeric id)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,32 @@ def test_base_image_install_and_entrypoint() -> None:
     bases = [rest.split()[0] for keyword, rest in instructions if keyword == "FROM"]
     assert bases and all(base == "python:3.11-slim" for base in bases)
     runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
-    assert re.search(r"pip install \.(\s|$)", runs), "the image installs the project with `pip install .`"
+    assert re.search(r'pip install "\.\[all\]"(\s|$)', runs), 'the image installs `pip install ".[all]"`'
     assert ("ENTRYPOINT", '["gpulens"]') in instructions
+
+
+def _stage(name: str) -> list[tuple[str, str]]:
+    """The instructions of one build stage (``FROM ... AS name`` up to the next ``FROM``)."""
+    stage: list[tuple[str, str]] = []
+    current = None
+    for keyword, rest in _instructions():
+        if keyword == "FROM":
+            current = rest.split()[-1] if " AS " in rest.upper() else None
+        elif current == name:
+            stage.append((keyword, rest))
+    return stage
+
+
+def test_the_agent_target_is_the_lean_install_the_daemonset_runs() -> None:
+    build = " ".join(rest for keyword, rest in _stage("build-agent") if keyword == "RUN")
+    assert 'pip install ".[agent]"' in build, "the agent image installs only gpulens[agent]"
+    agent = _stage("agent")
+    assert ("ENTRYPOINT", '["python", "-m", "producers.agent"]') in agent
+    assert any(k == "COPY" and rest.startswith("--from=build-agent") for k, rest in agent)
+    (daemonset,) = [w for w in workloads(manifests()) if w["kind"] == "DaemonSet"]
+    (container,) = pod_template(daemonset)["spec"]["containers"]
+    assert container["image"].startswith("gpulens-agent:")
+    assert container["command"] == ["python", "-m", "producers.agent"]
 
 
 def test_every_package_and_build_file_is_copied() -> None:

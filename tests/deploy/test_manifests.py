@@ -19,6 +19,7 @@ from tests.deploy.helpers import (
     NAMESPACE,
     SECRETS_DIR,
     by_name,
+    component_args,
     containers,
     is_setting,
     manifest_files,
@@ -124,7 +125,7 @@ def test_kustomization_applies_every_manifest_and_no_secret_template() -> None:
 
 def test_every_component_has_a_workload(docs: list[dict[str, Any]]) -> None:
     commands = {
-        pod_template(w)["spec"]["containers"][0]["args"][0] for w in workloads(docs)
+        component_args(pod_template(w)["spec"]["containers"][0])[0] for w in workloads(docs)
     }
     assert {"agent", "watch", "worker", "sink", "topics"} <= commands
     assert by_name(docs, *WATCHER)["spec"]["replicas"] == 1, "two watchers would emit every change twice"
@@ -304,7 +305,7 @@ def test_every_gpulens_env_name_is_a_setting_of_its_service(docs: list[dict[str,
     checked = 0
     for workload in workloads(docs):
         for container in containers(_pod_spec(workload)):
-            settings_type = settings_for(container.get("args"))
+            settings_type = settings_for(component_args(container))
             for name in _container_env(docs, container, workload["metadata"]["namespace"]):
                 if name.startswith("GPULENS_"):
                     checked += 1
@@ -320,7 +321,7 @@ def test_every_service_accepts_its_configuration(docs: list[dict[str, Any]], mon
 
     for workload in workloads(docs):
         for container in containers(_pod_spec(workload)):
-            settings_type = settings_for(container.get("args"))
+            settings_type = settings_for(component_args(container))
             with monkeypatch.context() as patch:
                 for name in list(os.environ):
                     if name.startswith("GPULENS_") or name == "NODE_NAME":
@@ -379,7 +380,7 @@ def test_worker_stages_and_scaling(docs: list[dict[str, Any]]) -> None:
     stages: dict[str, int] = {}
     for workload in workloads(docs):
         for container in containers(_pod_spec(workload)):
-            if container.get("args", [None])[0] == "worker":
+            if component_args(container)[:1] == ["worker"]:
                 env = _container_env(docs, container, workload["metadata"]["namespace"])
                 stages[env.get("GPULENS_STAGE", "all")] = workload["spec"]["replicas"]
     assert set(stages) == {"node", "cluster"}, f"worker stages deployed: {stages}"
@@ -414,7 +415,7 @@ def test_network_is_default_deny_and_each_pod_opens_only_its_metrics_port(docs: 
             assert opened == {"metrics"} and "metrics" in port_names, f"{_name(workload)} opens {opened}"
         egress_ports = {port["port"] for rule in own[0]["spec"]["egress"] for port in rule["ports"]}
         assert 9092 in egress_ports, f"{_name(workload)} cannot reach Kafka"
-        command = pod_template(workload)["spec"]["containers"][0]["args"][0]
+        command = component_args(pod_template(workload)["spec"]["containers"][0])[0]
         assert (443 in egress_ports) == (command == "watch"), f"{_name(workload)}: API server egress"
         assert (8123 in egress_ports) == (command == "sink"), f"{_name(workload)}: ClickHouse egress"
 
