@@ -299,6 +299,11 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
     return str(result["cleanup.policy"].value)
 
 
+def topic_names(kafka: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
+    """Every topic on the cluster (internal ones included), sorted."""
+    return sorted(AdminClient(_client_conf(kafka)).list_topics(timeout=timeout_s).topics)
+
+
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:
     metadata = AdminClient(_client_conf(kafka)).list_topics(topic, timeout=timeout_s)
     return sorted(metadata.topics[topic].partitions)

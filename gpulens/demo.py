@@ -267,4 +267,5 @@ def _summary(run: DemoRun, caught_up: bool) -> None:
     console.print("  gpulens report --html report.html   # the same as a self-contained HTML report with plots")
     console.print('  gpulens sql "SELECT team, round(sum(idle_s)/3600, 2) AS idle_gpu_hours '
                   'FROM pod_windows FINAL GROUP BY team ORDER BY idle_gpu_hours DESC"')
+    console.print(f"  gpulens top --topic-prefix {run.prefix} --once   # the live view's figures, as JSON")
     console.print(f"  logs of this run: {run.run_dir}")

@@ -20,7 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from common.kafka import make_consumer
+from common.kafka import make_consumer, read_to_end, topic_names
 from common.settings import KafkaSettings
 from schemas import codec
 from schemas.messages import Alert, ClusterCapacity, K8sEvent, Message, PodState, PodWindow
@@ -187,6 +187,26 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
         alerts.add_row(f"{alert.started_at:%H:%M:%S}", alert.type, alert.severity, alert.summary)
 
     return Group(Panel(header), states, teams, idle, pending, alerts)
+
+
+def read_view_once(kafka: KafkaSettings, prefix: str, timeout_s: float = 60.0) -> FleetView:
+    """The view of everything now in the topics (to each partition's end). Pod states are applied last,
+    so a pod that ended is gone from the view even when its last windows came after its tombstone."""
+    view = FleetView()
+    for spec in sorted(VIEW_TOPICS, key=lambda s: s is K8S_PODS):
+        for record in read_to_end(kafka, spec.name(prefix), timeout_s):
+            key = record.key.decode() if record.key is not None else None
+            try:
+                view.apply(None if record.value is None else codec.decode(record.value, spec.message), key)
+            except codec.MessageError:
+                continue  # the stream workers dead-letter bad input; the view just skips it
+    return view
+
+
+def prefixes_with_data(kafka: KafkaSettings) -> list[str]:
+    """Topic prefixes on the broker that hold a gpulens pipeline's outputs (e.g. a demo's per-run one)."""
+    suffix = "." + ALERTS.suffix
+    return [name[: -len(suffix)] for name in topic_names(kafka) if name.endswith(suffix)]
 
 
 def drain_topics(

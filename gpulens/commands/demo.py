@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import click
@@ -44,21 +43,27 @@ def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, see
 @click.command("top")
 @with_common_options
 @click.option("--duration", default=None, help="exit after this long, e.g. 30s (default: until Ctrl-C)")
-@click.option("--once", "once_s", type=float, default=None,
-              help="read for this many seconds, print the view once as JSON figures, exit")
-def top(duration: str | None, once_s: float | None, **flags: Any) -> None:
+@click.option("--once", is_flag=True, help="read the topics to their end, print the view once as JSON figures, exit")
+def top(duration: str | None, once: bool, **flags: Any) -> None:
     """Live terminal view of the fleet, read from the pipeline's topics."""
     import orjson
 
     from common.settings import CommonSettings
     from gpulens.scenario import parse_duration
-    from gpulens.top import FleetView, drain_topics, run_top
+    from gpulens.top import prefixes_with_data, read_view_once, run_top
 
     settings = settings_from_flags(CommonSettings, **flags)
-    if once_s is not None:
-        view = FleetView()
-        deadline = time.monotonic() + once_s
-        drain_topics(settings.kafka, settings.topic_prefix, view, lambda: time.monotonic() >= deadline)
+    if once:
+        view = read_view_once(settings.kafka, settings.topic_prefix)
+        if view.messages_seen == 0:
+            # a demo's per-run prefix extends ours; the newest first
+            others = sorted((p for p in prefixes_with_data(settings.kafka) if p != settings.topic_prefix),
+                            key=lambda p: (not p.startswith(settings.topic_prefix), p), reverse=False)
+            mine = sorted((p for p in others if p.startswith(settings.topic_prefix)), reverse=True)
+            shown = (mine + [p for p in others if p not in mine])[:5]
+            hint = f"; data under: {', '.join(shown)} (use --topic-prefix)" if shown else ""
+            click.echo(f"gpulens top: no pipeline output under the topic prefix {settings.topic_prefix!r}{hint}",
+                       err=True)
         click.echo(orjson.dumps({
             "gpus_by_state": view.gpus_by_state(),
             "usage_by_team": [{"team": t, "gpus": g, "busy_share": round(b, 4)} for t, g, b in view.usage_by_team()],

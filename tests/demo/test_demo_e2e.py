@@ -44,6 +44,19 @@ def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, 
         assert story in fired, f"the demo never fired {story}: {fired}"
     assert "gpulens report" in output and "gpulens sql" in output
 
+    # `gpulens top --once` without the run's prefix says where the data is; with it, shows the fleet
+    prefix = re.search(r"gpulens top --topic-prefix (\S+) --once", output).group(1)  # type: ignore[union-attr]
+    blind = subprocess.run([*GPULENS, "top", "--once"], capture_output=True, text=True, env=env, timeout=180,
+                           check=False)
+    assert blind.returncode == 0 and prefix in blind.stderr and "--topic-prefix" in blind.stderr, blind.stderr
+    seen = subprocess.run([*GPULENS, "top", "--once", "--topic-prefix", prefix], capture_output=True, text=True,
+                          env=env, timeout=180, check=False)
+    assert seen.returncode == 0 and seen.stderr == "", seen.stderr[-2000:]
+    figures = orjson.loads(seen.stdout)
+    # 8 nodes of 8 GPUs, of which the spot node has left by the end
+    assert sum(figures["gpus_by_state"].values()) == 7 * 8 and figures["usage_by_team"], figures
+    assert "fragmentation" in {alert["type"] for alert in figures["active_alerts"]}, figures
+
     report = subprocess.run([*GPULENS, "report", "--json"], capture_output=True, text=True, env=env, timeout=180,
                             check=False)
     assert report.returncode == 0, report.stderr[-3000:]
