@@ -20,6 +20,7 @@ from schemas.topics import DEADLETTER
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.query_server import QueryServer
+from sinks.readonly import ReadLimits
 from sinks.rows import SINK_TOPICS
 from sinks.sink import FlushOutcome, Sink
 
@@ -57,10 +58,9 @@ def prepare_store(settings: SinkSettings) -> ClickHouseStore:
 def running_services(settings: SinkSettings, store: ClickHouseStore, registry: MetricsRegistry) -> Iterator[None]:
     """The query endpoint (embedded engine only) and the /metrics endpoint, for the sink's lifetime."""
     server: QueryServer | None = None
-    reader: ClickHouseStore | None = None
     if store.embedded:
-        reader = open_store(store.url, read_only=True)
-        server = QueryServer(reader, settings.data_dir, settings.query_port)
+        server = QueryServer(store.url, settings.data_dir, settings.query_port,
+                             ReadLimits.from_settings(settings.clickhouse))
         server.start()
     if settings.metrics_port:
         port = registry.serve(settings.metrics_port)
@@ -70,8 +70,6 @@ def running_services(settings: SinkSettings, store: ClickHouseStore, registry: M
     finally:
         if server is not None:
             server.stop()
-        if reader is not None:
-            reader.close()
 
 
 def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, create_topics: bool = True) -> FlushOutcome:

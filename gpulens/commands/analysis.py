@@ -21,7 +21,7 @@ from gpulens.html_report import write_html_report
 from sinks.analyses import ANALYSES, TITLES, run_report
 from sinks.clickhouse import QueryResult, StoreError
 from sinks.query_server import Reader, open_reader
-from sinks.readonly import ReadOnlyViolation, check_read_only
+from sinks.readonly import ReadLimits, ReadOnlyViolation
 
 clickhouse_option = click.option(
     "--clickhouse-url", default=None,
@@ -33,7 +33,8 @@ def _reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
         flags["clickhouse"] = {"url": clickhouse_url}
     settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
     try:
-        return open_reader(settings.clickhouse_url(), Path(settings.data_dir))
+        limits = ReadLimits.from_settings(settings.clickhouse)
+        return open_reader(settings.clickhouse_url(), Path(settings.data_dir), limits)
     except StoreError as exc:
         raise UserError(str(exc)) from None
 
@@ -80,13 +81,9 @@ def render(result: QueryResult, fmt: str) -> str:
 @with_common_options
 def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
     """Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."""
-    try:
-        statement = check_read_only(query)
-    except ReadOnlyViolation as exc:
-        raise UserError(f"refused: {exc}") from None
     reader = _reader(clickhouse_url, flags)
     try:
-        result = reader.query(statement)
+        result = reader.query(query)
     except ReadOnlyViolation as exc:
         raise UserError(f"refused: {exc}") from None
     except StoreError as exc:
