@@ -27,10 +27,6 @@ from sinks.sink import FlushOutcome, Sink
 log = get_logger(__name__)
 
 
-def ttl_days(settings: SinkSettings) -> TtlDays:
-    return TtlDays(raw=settings.raw_sample_ttl_days, state=settings.state_ttl_days, rollup=settings.rollup_ttl_days)
-
-
 def load_prices(store: ClickHouseStore, prices: dict[str, float]) -> int:
     """Record the configured price per GPU-hour of each GPU model (newest wins)."""
     if not prices:
@@ -46,7 +42,7 @@ def prepare_store(settings: SinkSettings) -> ClickHouseStore:
     """Open the target, apply missing migrations and load the price table."""
     url = settings.clickhouse_url()
     store = open_store(url)
-    applied = migrate(store, ttl_days(settings))
+    applied = migrate(store, TtlDays.from_settings(settings))
     store.forget_schema()
     priced = load_prices(store, settings.prices_usd_per_gpu_hour)
     log.info("clickhouse ready", target=describe_target(url), server_version=store.server_version,
