@@ -24,7 +24,8 @@ Nothing vanishes silently: rows that cannot be decoded, that the table's TTL wou
 or that ClickHouse rejects go to the dead-letter topic with the reason and their source position;
 they never stop the stream. When ClickHouse rejects one table's block, the tables already written
 for the batch are kept as they are and only the remaining tables are written record by record, so
-the rejected record is dead-lettered alone and no row is stored twice.
+the rejected record is dead-lettered alone (rows of it another table already took are deleted again)
+and no row is stored twice.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Store(Protocol):
     def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None) -> int: ...
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+
+    def command(self, sql: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -323,9 +326,11 @@ class BatchWriter:
                     stored.append(table)
                     outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
             except StoreRejected as exc:
-                kept = sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored))
-                note = f" (its rows in {', '.join(kept)} were stored)" if kept else ""
-                rejected.append((record, f"rejected by ClickHouse: {exc}{note}"))
+                # all or nothing per record: rows of it that other tables already took come out again
+                for table in sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored)):
+                    self.store.command(f"DELETE FROM {table} WHERE kafka_partition = {int(record.partition)} "
+                                       f"AND kafka_offset = {int(record.offset)}")
+                rejected.append((record, f"rejected by ClickHouse: {exc}"))
         return rejected
 
 

@@ -176,6 +176,9 @@ class FlakyStore:
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         return self.store.query(sql, parameters)
 
+    def command(self, sql: str) -> None:
+        self.store.command(sql)
+
 
 def test_clickhouse_outage_mid_stream_ends_with_every_row_once(
     sink_settings: SinkSettings, producer: Callable[[Iterable[Item]], int]
