@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.errors import UserError
 from gpulens.html_report import write_html_report
 from sinks.analyses import ANALYSES, TITLES, run_report
-from sinks.clickhouse import QueryResult, StoreError
+from sinks.clickhouse import ClickHouseStore, QueryResult, StoreError
 from sinks.query_server import Reader, open_reader
 from sinks.readonly import ReadLimits, ReadOnlyViolation
 
@@ -74,6 +75,39 @@ def render(result: QueryResult, fmt: str) -> str:
     return format_table(result.columns, result.rows)
 
 
+def query_interruptibly(reader: Reader, sql: str) -> QueryResult:
+    """Run ``sql`` so that Ctrl-C cancels it in the engine, not only in this process.
+
+    Through the sink's endpoint, closing the connection is enough (the endpoint kills the query of
+    a client that went away); on the engine itself the query runs off the main thread (the engine
+    call does not return for signals) and Ctrl-C kills it.
+    """
+    if not isinstance(reader, ClickHouseStore):
+        return reader.query(sql)
+    cancel = threading.Event()
+    outcome: list[QueryResult | BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(reader.query(sql, cancel=cancel))
+        except BaseException as exc:  # handed to the main thread as is
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work, name="sql-query", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        cancel.set()
+        worker.join(10)
+        raise UserError("interrupted: the query was cancelled") from None
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 @click.command("sql")
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
@@ -83,7 +117,7 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
     """Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."""
     reader = _reader(clickhouse_url, flags)
     try:
-        result = reader.query(query)
+        result = query_interruptibly(reader, query)
     except ReadOnlyViolation as exc:
         raise UserError(f"refused: {exc}") from None
     except StoreError as exc:

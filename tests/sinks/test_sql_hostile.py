@@ -9,7 +9,11 @@ loopback listener records any connection and the files around the data directory
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -324,3 +328,17 @@ def test_the_endpoint_answers_bad_bodies_with_an_error(store: ClickHouseStore, t
         conn.close()
     finally:
         server.stop()
+
+
+def test_ctrl_c_cancels_a_long_query_at_once(store: ClickHouseStore, tmp_path: Path) -> None:
+    store.close()
+    env = {**os.environ, "GPULENS_DATA_DIR": str(tmp_path), "GPULENS_CLICKHOUSE__QUERY_MAX_EXECUTION_TIME_S": "120"}
+    child = subprocess.Popen([sys.executable, "-m", "gpulens", "sql", "SELECT count() FROM numbers(1e12)"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8.0)  # imports and the engine's start, then the query runs
+    assert child.poll() is None
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=30)
+    assert time.monotonic() - sent < 10
+    assert child.returncode == 2 and err.strip().splitlines()[-1] == "gpulens: interrupted: the query was cancelled"
