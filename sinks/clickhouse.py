@@ -194,7 +194,6 @@ class ClickHouseStore:
         self._lock = threading.RLock()
         self._column_type_cache: dict[str, dict[str, str]] = {}
         self._connect_timeout_s = connect_timeout_s
-        self._query_timeout_s = query_timeout_s
         self._control: Any = None
         self._control_lock = threading.Lock()
         if read_only:
