@@ -143,6 +143,10 @@ class ClickHouseSettings(BaseModel):
 
     url: str = ""
     """``chdb:///path`` (embedded) or ``http(s)://user:pass@host:port/db``; empty = embedded under data_dir."""
+    query_max_execution_time_s: float = Field(default=60.0, gt=0)
+    """Limit of every read query (``gpulens sql``, ``report``, the sink's endpoint); it is then cancelled."""
+    query_max_memory_bytes: int = Field(default=2 * 1024**3, ge=16 * 1024**2)
+    query_max_result_rows: int = Field(default=1_000_000, ge=1)
 
     @field_validator("url")
     @classmethod

@@ -113,6 +113,8 @@ class FleetSimulator:
     def __init__(self, scenario: Scenario, translate_config: TranslateConfig | None = None) -> None:
         self.scenario = scenario
         self.config = translate_config or TranslateConfig()
+        self.start_id = uuidlib.uuid4().hex
+        """Fresh per start, like a real agent's boot id: two runs into one store never share a sample key."""
         self.dt = scenario.sample_interval_s
         self.nodes: dict[str, _Node] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
         self.pods: list[_Pod] = [
@@ -147,7 +149,7 @@ class FleetSimulator:
         nvml.init()
         resources = StaticPodResources()
         sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
-                              boot_id=_uid(name, "boot", spec.name), sample_interval_s=self.dt)
+                              boot_id=_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
         return _Node(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
 
     # ------------------------------------------------------------------ Kubernetes objects

@@ -42,6 +42,8 @@ UtcDatetime = Annotated[
 """A UTC timestamp; naive datetimes are rejected so wall-clock confusion cannot creep in."""
 
 NonNegInt = Annotated[int, Field(ge=0)]
+Uint32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
+"""An integer ClickHouse stores as UInt32 (a process id)."""
 NonNegFloat = Annotated[float, Field(ge=0)]
 Percent = Annotated[float, Field(ge=0, le=100)]
 
@@ -82,7 +84,7 @@ class PodRef(Part):
 
 
 class GpuProcess(Part):
-    pid: int
+    pid: Uint32
     container_id: str | None = None
     pod_uid: str | None = None
     pod_namespace: str | None = None

@@ -167,7 +167,7 @@ WITH s AS (
            sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < 5) / 3600
                AS allocated_idle_gpu_hours,
            min(ts) AS first_seen, max(ts) AS last_seen
-    FROM gpu_samples GROUP BY node
+    FROM gpu_samples FINAL GROUP BY node
 ),
 a AS (
     SELECT subject_node AS node, countIf(state = 'firing') AS idle_node_alerts

@@ -25,7 +25,7 @@ import decimal
 import ipaddress
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -38,6 +38,8 @@ from clickhouse_connect.driver.exceptions import (
     OperationalError,
     ProgrammingError,
 )
+
+from sinks.readonly import ReadLimits, ReadOnlyViolation, guard
 
 # ClickHouse error codes that mean "this data can never be stored as is".
 DATA_ERROR_CODES = frozenset({
@@ -58,6 +60,21 @@ DATA_ERROR_CODES = frozenset({
     407,  # DECIMAL_OVERFLOW
     469,  # VIOLATED_CONSTRAINT
 })
+
+
+READ_REFUSAL_CODES = frozenset({
+    46,   # UNKNOWN_FUNCTION
+    47,   # UNKNOWN_IDENTIFIER
+    60,   # UNKNOWN_TABLE
+    62,   # SYNTAX_ERROR
+    81,   # UNKNOWN_DATABASE
+    159,  # TIMEOUT_EXCEEDED
+    164,  # READONLY
+    241,  # MEMORY_LIMIT_EXCEEDED
+    394,  # QUERY_WAS_CANCELLED
+    396,  # TOO_MANY_ROWS_OR_BYTES
+})
+"""Errors of a read query that are the query's own doing (a limit or the read-only rules), not an outage."""
 
 
 class StoreError(Exception):
@@ -168,29 +185,42 @@ class ClickHouseStore:
         read_only: bool = False,
         connect_timeout_s: float = 10.0,
         query_timeout_s: float = 300.0,
+        limits: ReadLimits | None = None,
     ) -> None:
         self.url = url
         self.embedded = is_embedded(url)
         self.read_only = read_only
+        self.limits = limits or ReadLimits()
         self._lock = threading.RLock()
         self._column_type_cache: dict[str, dict[str, str]] = {}
-        settings: dict[str, Any] = {"session_timezone": "UTC"}
+        self._connect_timeout_s = connect_timeout_s
+        self._control: Any = None
+        self._control_lock = threading.Lock()
         if read_only:
+            query_timeout_s = self.limits.max_execution_time_s + connect_timeout_s
+        self._client = self._connect(query_timeout_s)
+
+    def _settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {"session_timezone": "UTC"}
+        if self.read_only:
             # enforced by the engine for every statement of this client (a chDB client's session
             # settings stick to its own handle, so the sink's writing client is unaffected)
-            settings["readonly"] = 2
+            settings.update(self.limits.engine_settings())
+        return settings
+
+    def _connect(self, query_timeout_s: float) -> Any:
+        url = self.url
         try:
             if self.embedded:
-                self._client = clickhouse_connect.get_client(dsn=url, settings=settings)
-            else:
-                self._client = clickhouse_connect.get_client(
-                    dsn=url,
-                    settings=settings,
-                    connect_timeout=connect_timeout_s,
-                    send_receive_timeout=query_timeout_s,
-                    query_retries=0,
-                    autogenerate_session_id=False,
-                )
+                return clickhouse_connect.get_client(dsn=url, settings=self._settings())
+            return clickhouse_connect.get_client(
+                dsn=url,
+                settings=self._settings(),
+                connect_timeout=self._connect_timeout_s,
+                send_receive_timeout=query_timeout_s,
+                query_retries=0,
+                autogenerate_session_id=False,
+            )
         except (ClickHouseError, OSError) as exc:
             if "Cannot lock file" in str(exc) or "already running" in str(exc):
                 raise StoreLocked(
@@ -215,15 +245,72 @@ class ClickHouseStore:
         sql: str,
         parameters: Mapping[str, Any] | None = None,
         settings: Mapping[str, Any] | None = None,
+        cancel: threading.Event | None = None,
     ) -> QueryResult:
-        with self._lock:
+        """Run one query. On a read-only store the SQL first passes :func:`sinks.readonly.guard` and
+        the engine's canonical text runs; setting ``cancel`` kills the running query."""
+        if self.read_only:
+            sql = guard(sql, self._canonical, self.limits)
+        with self._lock, self._cancelled_by(cancel) as tag:
             try:
-                result = self._client.query(sql, parameters=dict(parameters or {}), settings=dict(settings or {}))
+                result = self._client.query(f"/* gpulens-read:{tag} */ {sql}" if tag else sql,
+                                            parameters=dict(parameters or {}), settings=dict(settings or {}))
             except Exception as exc:
-                raise _classify(exc, "query failed") from None
+                if cancel is not None and cancel.is_set():
+                    raise StoreRejected("query cancelled: its client went away or the sink is stopping") from None
+                error = _classify(exc, "query failed")
+                if self.read_only and error.code in READ_REFUSAL_CODES:
+                    error = StoreRejected(str(error), error.code)
+                raise error from None
             types = [t.name for t in result.column_types]
             rows = [[plain_value(v) for v in row] for row in result.result_rows]
             return QueryResult(list(result.column_names), types, rows)
+
+    def _canonical(self, sql: str) -> str:
+        """ClickHouse's own parse of ``sql``, formatted: one statement or :class:`ReadOnlyViolation`."""
+        with self._lock:
+            try:
+                result = self._client.query("SELECT formatQuerySingleLine({q:String})", parameters={"q": sql})
+            except Exception as exc:
+                error = _classify(exc, "not one valid statement")
+                if error.code == 62:  # SYNTAX_ERROR
+                    raise ReadOnlyViolation(str(error).split(" In scope ")[0].rstrip(": ")) from None
+                raise error from None
+        return str(result.result_rows[0][0])
+
+    @contextlib.contextmanager
+    def _cancelled_by(self, cancel: threading.Event | None) -> Iterator[str | None]:
+        """While the body runs, a watcher kills the tagged query once ``cancel`` is set."""
+        if cancel is None:
+            yield None
+            return
+        tag = uuid.uuid4().hex
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if cancel.wait(0.1):
+                    self.kill(tag)
+                    return
+
+        watcher = threading.Thread(target=watch, name="query-cancel", daemon=True)
+        watcher.start()
+        try:
+            yield tag
+        finally:
+            done.set()
+            watcher.join()
+
+    def kill(self, tag: str) -> None:
+        """Cancel the running query tagged ``tag`` (from a second connection: the first is busy)."""
+        # the query may have just ended: the caller's own error then says what happened
+        with self._control_lock, contextlib.suppress(Exception):
+            if self._control is None:
+                self._control = self._connect(self._connect_timeout_s + 10)
+            self._control.query(
+                "KILL QUERY WHERE query LIKE {pattern:String} AND query NOT LIKE '%KILL QUERY%' SYNC",
+                parameters={"pattern": f"%gpulens-read:{tag}%"},
+            )
 
     def insert(
         self,
@@ -284,7 +371,10 @@ class ClickHouseStore:
         # closing a broken connection must not mask the real error
         with self._lock, contextlib.suppress(Exception):
             self._client.close()
+        with self._control_lock, contextlib.suppress(Exception):
+            if self._control is not None:
+                self._control.close()
 
 
-def open_store(url: str, read_only: bool = False) -> ClickHouseStore:
-    return ClickHouseStore(url, read_only=read_only)
+def open_store(url: str, read_only: bool = False, limits: ReadLimits | None = None) -> ClickHouseStore:
+    return ClickHouseStore(url, read_only=read_only, limits=limits)

@@ -10,10 +10,12 @@ Design of the tables (the cookbook in docs/sql.md shows the queries they serve):
 - Time series columns use codecs chosen for them: ``DoubleDelta`` for regularly spaced
   timestamps, ``Delta``/``T64`` for counters and integers, ``Gorilla`` for float gauges, then
   ``ZSTD``. Names and labels are ``LowCardinality``. Raw data is partitioned by day.
-- Append-only streams (samples, processes) are ``MergeTree``; every other table is a
-  ``ReplacingMergeTree`` keyed by the message's deterministic id, so a record the producer sent
-  twice (at-least-once transport) is one row after merges and under ``FINAL``. Changing states
-  (pods, nodes, alerts) keep their newest version.
+- Every fact table is a ``ReplacingMergeTree`` whose sorting key holds the fact's natural key
+  (samples: node, GPU, time, agent boot id, seq; processes: node, GPU, time, pid; windows,
+  capacity, lifecycle, alerts: their deterministic ids), so a record delivered twice at two offsets
+  (producer retry, worker replay) is one row after merges and under ``FINAL`` — which the report and
+  the documented queries apply. Changing states (pods, nodes, alerts) keep their newest version.
+  Migration 4 rebuilt the samples and processes tables (``MergeTree`` in migration 1).
 - Every table carries ``kafka_partition``/``kafka_offset`` (where the row came from) and has
   ``non_replicated_deduplication_window`` set, so an insert retried with the same
   ``insert_deduplication_token`` (topic, partition, first and last offset) is dropped by the
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.logs import get_logger
+from common.settings import SinkSettings
 from sinks.clickhouse import ClickHouseStore
 
 log = get_logger(__name__)
@@ -46,6 +49,17 @@ class TtlDays:
     """pods, nodes, events, progress, windows, capacity, lifecycle, alerts, xids."""
     rollup: int = 730
     """hourly and daily rollups."""
+
+    @classmethod
+    def keeping(cls, earliest: datetime, now: datetime | None = None) -> TtlDays:
+        """TTLs that keep data dated from ``earliest`` (a past-dated replay) a default period longer."""
+        age_days = max(0, ((now or datetime.now(UTC)) - earliest).days + 1)
+        default = cls()
+        return cls(raw=default.raw + age_days, state=default.state + age_days, rollup=default.rollup + age_days)
+
+    @classmethod
+    def from_settings(cls, settings: SinkSettings) -> TtlDays:
+        return cls(raw=settings.raw_sample_ttl_days, state=settings.state_ttl_days, rollup=settings.rollup_ttl_days)
 
 
 TS = "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
@@ -515,17 +529,53 @@ FROM alerts AS a FINAL GROUP BY id""",
     ]
 
 
+REBUILT_AS_REPLACING: dict[str, str] = {
+    "gpu_samples": "ORDER BY (node, gpu_uuid, ts, agent_boot_id, seq)",
+    "gpu_processes": "ORDER BY (node, gpu_uuid, ts, pid)",
+}
+"""Tables migration 4 rebuilds as ``ReplacingMergeTree`` on their natural key (query prefix first)."""
+
+
+def _m4_replacing_definition(store: ClickHouseStore, table: str, new_name: str) -> str:
+    create = str(store.query(f"SHOW CREATE TABLE {table}").rows[0][0])
+    head, _, tail = create.partition("ENGINE = MergeTree")
+    if not tail:
+        raise ValueError(f"{table} is not a MergeTree table: {create[:200]}")
+    clauses = [REBUILT_AS_REPLACING[table] if line.startswith("ORDER BY") else line for line in tail.splitlines()]
+    head = head.replace(f"CREATE TABLE {store.query('SELECT currentDatabase()').rows[0][0]}.{table}",
+                        f"CREATE TABLE {new_name}", 1)
+    return head + "ENGINE = ReplacingMergeTree" + "\n".join(clauses)
+
+
+def _m4_one_row_per_fact(store: ClickHouseStore, ttl: TtlDays) -> None:
+    """Rebuild samples and processes as ReplacingMergeTree; safe to re-run after a crash at any step."""
+    engines = dict(store.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()").rows)
+    for table in REBUILT_AS_REPLACING:
+        staging = f"{table}_m4"
+        store.command(f"DROP TABLE IF EXISTS {staging}")
+        if engines.get(table) == "ReplacingMergeTree":
+            continue  # exchanged already (a crash came before the old copy was dropped)
+        store.command(_m4_replacing_definition(store, table, staging))
+        store.command(f"INSERT INTO {staging} SELECT * FROM {table}")
+        store.command(f"EXCHANGE TABLES {table} AND {staging}")
+        store.command(f"DROP TABLE {staging}")
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
     statements: Callable[[TtlDays], list[str]]
+    apply: Callable[[ClickHouseStore, TtlDays], None] | None = None
+    """Steps that need to look at the store first (run after ``statements``)."""
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _m1_core),
     Migration(2, "hourly and daily rollups", _m2_rollups),
     Migration(3, "prices and cost views", _m3_costs),
+    Migration(4, "one row per fact: samples and processes deduplicate on their natural key",
+              lambda ttl: [], _m4_one_row_per_fact),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs
@@ -564,6 +614,8 @@ def migrate(store: ClickHouseStore, ttl: TtlDays | None = None) -> list[int]:
             continue
         for statement in migration.statements(ttl):
             store.command(statement)
+        if migration.apply is not None:
+            migration.apply(store, ttl)
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         name = migration.name.replace("'", "")
         store.command(

@@ -20,14 +20,11 @@ from schemas.topics import DEADLETTER
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.query_server import QueryServer
+from sinks.readonly import ReadLimits
 from sinks.rows import SINK_TOPICS
 from sinks.sink import FlushOutcome, Sink
 
 log = get_logger(__name__)
-
-
-def ttl_days(settings: SinkSettings) -> TtlDays:
-    return TtlDays(raw=settings.raw_sample_ttl_days, state=settings.state_ttl_days, rollup=settings.rollup_ttl_days)
 
 
 def load_prices(store: ClickHouseStore, prices: dict[str, float]) -> int:
@@ -45,7 +42,7 @@ def prepare_store(settings: SinkSettings) -> ClickHouseStore:
     """Open the target, apply missing migrations and load the price table."""
     url = settings.clickhouse_url()
     store = open_store(url)
-    applied = migrate(store, ttl_days(settings))
+    applied = migrate(store, TtlDays.from_settings(settings))
     store.forget_schema()
     priced = load_prices(store, settings.prices_usd_per_gpu_hour)
     log.info("clickhouse ready", target=describe_target(url), server_version=store.server_version,
@@ -57,10 +54,9 @@ def prepare_store(settings: SinkSettings) -> ClickHouseStore:
 def running_services(settings: SinkSettings, store: ClickHouseStore, registry: MetricsRegistry) -> Iterator[None]:
     """The query endpoint (embedded engine only) and the /metrics endpoint, for the sink's lifetime."""
     server: QueryServer | None = None
-    reader: ClickHouseStore | None = None
     if store.embedded:
-        reader = open_store(store.url, read_only=True)
-        server = QueryServer(reader, settings.data_dir, settings.query_port)
+        server = QueryServer(store.url, settings.data_dir, settings.query_port,
+                             ReadLimits.from_settings(settings.clickhouse))
         server.start()
     if settings.metrics_port:
         port = registry.serve(settings.metrics_port)
@@ -70,8 +66,6 @@ def running_services(settings: SinkSettings, store: ClickHouseStore, registry: M
     finally:
         if server is not None:
             server.stop()
-        if reader is not None:
-            reader.close()
 
 
 def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, create_topics: bool = True) -> FlushOutcome:

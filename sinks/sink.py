@@ -16,11 +16,16 @@ At-least-once transport becomes exactly-once rows through three rules:
    is committed; the sink catches up afterwards.
 
 Records a producer sent twice (same deterministic id, different offsets) collapse in the
-``ReplacingMergeTree`` tables; for ``pod_windows``, whose inserts feed the rollup views, ids already
-stored by earlier batches are also filtered out before the insert, deterministically.
+``ReplacingMergeTree`` tables, whose sorting keys are the facts' natural keys; for ``pod_windows``,
+whose inserts feed the rollup views, ids already stored by earlier batches are also filtered out
+before the insert, deterministically.
 
-Rows that cannot be decoded, or that ClickHouse rejects, go to the dead-letter topic with the reason
-and their source position; they never stop the stream.
+Nothing vanishes silently: rows that cannot be decoded, that the table's TTL would drop on insert,
+or that ClickHouse rejects go to the dead-letter topic with the reason and their source position;
+they never stop the stream. When ClickHouse rejects one table's block, the tables already written
+for the batch are kept as they are and only the remaining tables are written record by record, so
+the rejected record is dead-lettered alone (rows of it another table already took are deleted again)
+and no row is stored twice.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
@@ -42,6 +47,7 @@ from schemas.codec import MessageError, decode, encode
 from schemas.messages import DeadLetter, Message
 from schemas.topics import DEADLETTER, K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected, StoreUnavailable
+from sinks.migrations import TTL_TABLES, TtlDays
 from sinks.rows import SINK_TOPICS, TableColumns, rows_for, tombstone_rows
 
 log = get_logger(__name__)
@@ -53,6 +59,8 @@ class Store(Protocol):
     def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None) -> int: ...
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+
+    def command(self, sql: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,10 @@ class Backoff:
         self.attempt = 0
 
 
+TTL_MARGIN = timedelta(minutes=1)
+"""Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -152,10 +164,31 @@ def _ts(record: Record) -> datetime:
 class BatchWriter:
     """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
 
-    def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str) -> None:
+    def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str, ttl: TtlDays | None = None,
+                 now: Callable[[], datetime] | None = None) -> None:
         self.store = store
         self.metrics = metrics
         self.prefix = topic_prefix
+        self.now = now or _now
+        ttl = ttl or TtlDays()
+        self.ttl_by_table: dict[str, tuple[str, int]] = {
+            table: (expr.removeprefix("toDateTime(").removesuffix(")"), getattr(ttl, kind))
+            for table, (expr, kind) in TTL_TABLES.items()
+        }
+        """table -> (column its TTL counts from, days)"""
+
+    def expired(self, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> str | None:
+        """Why the table TTL would drop one of these rows on insert (None when all are kept)."""
+        for table, row in rows:
+            rule = self.ttl_by_table.get(table)
+            if rule is None:
+                continue
+            column, days = rule
+            value = row.get(column)
+            if isinstance(value, datetime) and value + timedelta(days=days) <= now + TTL_MARGIN:
+                return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
+                        "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
+        return None
 
     # ---------------------------------------------------------------- decode
 
@@ -205,8 +238,10 @@ class BatchWriter:
         outcome = FlushOutcome()
         rejected: list[tuple[Record, str]] = []
         per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]] = []
+        now = self.now()
         for record in batch.records:
             rows, reason = self.decode(record)
+            reason = reason or self.expired(rows, now)
             if reason is not None:
                 rejected.append((record, reason))
             else:
@@ -214,14 +249,17 @@ class BatchWriter:
         tables = self._pivot(row for _, rows in per_record for row in rows)
         outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
         self.plan(batch)
+        written: set[str] = set()
         try:
             for table, columns in tables.items():
                 self.store.insert(table, columns.columns, dedup_token=batch.token)
+                written.add(table)
                 outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
         except StoreRejected as exc:
-            log.warning("batch rejected, inserting record by record", batch=batch.token, error=str(exc))
-            outcome.rows_by_table.clear()
-            rejected.extend(self._write_one_by_one(batch, per_record, outcome))
+            log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
+                        error=str(exc), tables_written=sorted(written))
+            kept = {table: tables[table] for table in tables if table not in written}
+            rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
         outcome.dead_letters = len(rejected)
         return outcome, rejected
 
@@ -267,18 +305,41 @@ class BatchWriter:
         self,
         batch: Batch,
         per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]],
+        remaining: dict[str, TableColumns],
         outcome: FlushOutcome,
     ) -> list[tuple[Record, str]]:
+        """Write the tables not yet written, one record at a time; return the records ClickHouse refused.
+
+        Only rows the batch still carries (``remaining``: windows filtered as stored are not re-added)
+        are written, each block under a token of its own record, so a retry of this batch stores
+        nothing twice either.
+        """
         rejected: list[tuple[Record, str]] = []
+        left = {table: _row_keys(columns) for table, columns in remaining.items()}
         for record, rows in per_record:
-            token = f"{batch.topic}:{batch.partition}:{record.offset}-{record.offset}"
+            token = f"{batch.token}:{record.offset}"
+            mine = [(table, row) for table, row in rows if _row_key(row) in left.get(table, set())]
+            stored: list[str] = []
             try:
-                for table, columns in self._pivot(rows).items():
+                for table, columns in self._pivot(mine).items():
                     self.store.insert(table, columns.columns, dedup_token=token)
+                    stored.append(table)
                     outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
             except StoreRejected as exc:
+                # all or nothing per record: rows of it that other tables already took come out again
+                for table in sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored)):
+                    self.store.command(f"DELETE FROM {table} WHERE kafka_partition = {int(record.partition)} "
+                                       f"AND kafka_offset = {int(record.offset)}")
                 rejected.append((record, f"rejected by ClickHouse: {exc}"))
         return rejected
+
+
+def _row_key(row: dict[str, Any]) -> tuple[int, int]:
+    return (int(row["kafka_partition"]), int(row["kafka_offset"]))
+
+
+def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
+    return set(zip(columns.columns["kafka_partition"], columns.columns["kafka_offset"], strict=True))
 
 
 def _dup_in(ids: list[str], index: int) -> bool:
@@ -326,7 +387,7 @@ class Sink:
         self.store = store
         self.registry = registry or MetricsRegistry()
         self.metrics = SinkMetrics(self.registry)
-        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix)
+        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings))
         self.clock = clock
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
         self.dlq_topic = DEADLETTER.name(settings.topic_prefix)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,12 +32,14 @@ def _reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
     from common.settings import CommonSettings
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
+    from sinks.readonly import ReadLimits
 
     if clickhouse_url is not None:
         flags["clickhouse"] = {"url": clickhouse_url}
     settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
     try:
-        return open_reader(settings.clickhouse_url(), Path(settings.data_dir))
+        limits = ReadLimits.from_settings(settings.clickhouse)
+        return open_reader(settings.clickhouse_url(), Path(settings.data_dir), limits)
     except StoreError as exc:
         raise UserError(str(exc)) from None
 
@@ -76,6 +79,41 @@ def render(result: QueryResult, fmt: str) -> str:
     return format_table(result.columns, result.rows)
 
 
+def query_interruptibly(reader: Reader, sql: str) -> QueryResult:
+    """Run ``sql`` so that Ctrl-C cancels it in the engine, not only in this process.
+
+    Through the sink's endpoint, closing the connection is enough (the endpoint kills the query of
+    a client that went away); on the engine itself the query runs off the main thread (the engine
+    call does not return for signals) and Ctrl-C kills it.
+    """
+    from sinks.clickhouse import ClickHouseStore
+
+    if not isinstance(reader, ClickHouseStore):
+        return reader.query(sql)
+    cancel = threading.Event()
+    outcome: list[QueryResult | BaseException] = []
+
+    def work() -> None:
+        try:
+            outcome.append(reader.query(sql, cancel=cancel))
+        except BaseException as exc:  # handed to the main thread as is
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work, name="sql-query", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        cancel.set()
+        worker.join(10)
+        raise UserError("interrupted: the query was cancelled") from None
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 @click.command("sql")
 @click.argument("query")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
@@ -84,15 +122,11 @@ def render(result: QueryResult, fmt: str) -> str:
 def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
     """Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."""
     from sinks.clickhouse import StoreError
-    from sinks.readonly import ReadOnlyViolation, check_read_only
+    from sinks.readonly import ReadOnlyViolation
 
-    try:
-        statement = check_read_only(query)
-    except ReadOnlyViolation as exc:
-        raise UserError(f"refused: {exc}") from None
     reader = _reader(clickhouse_url, flags)
     try:
-        result = reader.query(statement)
+        result = query_interruptibly(reader, query)
     except ReadOnlyViolation as exc:
         raise UserError(f"refused: {exc}") from None
     except StoreError as exc:

@@ -19,7 +19,7 @@ from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from sinks.clickhouse import open_store
-from sinks.migrations import migrate
+from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
 from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 
@@ -43,8 +43,10 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
     by_topic: dict[str, list[tuple[str | None, bytes | None]]] = {}
     reports: list[dict[str, Any]] = []
     prices: dict[str, float] = {}
+    starts = []
     for path in paths:
         scenario = load_scenario(path)
+        starts.append(scenario.start)
         prices.update(scenario.prices)
         result = run_in_process(scenario)
         reports.append(result.report)
@@ -54,12 +56,13 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
         for message in result.outputs:
             topic, key = _output_record(message)
             by_topic.setdefault(topic, []).append((key, encode(message)))
+    ttl = TtlDays.keeping(min(starts))  # the scenarios are past-dated: keep them, as a replay must
     store = open_store(url)
     try:
-        migrate(store)
+        migrate(store, ttl)
         store.forget_schema()
         load_prices(store, prices)
-        writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX)
+        writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl)
         for topic in sorted(by_topic):
             records = [Record(topic, 0, offset, None if key is None else key.encode(), value)
                        for offset, (key, value) in enumerate(by_topic[topic])]

@@ -20,8 +20,8 @@ import pytest
 from common.settings import KafkaSettings
 from gpulens.cli import main
 from schemas.topics import CLUSTER_CAPACITY, GPU_SAMPLES, POD_WINDOWS
-from sinks.clickhouse import open_store
-from sinks.query_server import endpoint_file
+from sinks.clickhouse import StoreError, open_store
+from sinks.query_server import RemoteReader, endpoint_file
 from tests.conftest import REPO_ROOT
 from tests.sinks import factories as f
 from tests.sinks.conftest import Item
@@ -146,3 +146,35 @@ def test_sigkill_at_random_points_then_restart_stores_every_row_once(
         assert hours == [pytest.approx(expected), pytest.approx(expected / 2)], f"seed {seed}"
     finally:
         store.close()
+
+
+def test_sigterm_stops_the_sink_within_10_s_while_a_long_read_runs(
+    kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path,
+) -> None:
+    env = _env(kafka_settings, topic_prefix, tmp_path)
+    env["GPULENS_CLICKHOUSE__QUERY_MAX_EXECUTION_TIME_S"] = "300"
+    sink = SinkProcess(env)
+    deadline = time.monotonic() + 60
+    while not endpoint_file(tmp_path).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert endpoint_file(tmp_path).exists(), "".join(sink.lines)
+    info = orjson.loads(endpoint_file(tmp_path).read_bytes())
+    errors: list[Exception] = []
+
+    def long_read() -> None:
+        try:
+            RemoteReader(int(info["port"]), str(info["token"]), timeout_s=120).query(
+                "SELECT count() FROM numbers(1e12)")
+        except StoreError as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=long_read, daemon=True)
+    reader.start()
+    time.sleep(2.0)
+    assert reader.is_alive(), errors
+    sent = time.monotonic()
+    sink.proc.send_signal(signal.SIGTERM)
+    assert sink.wait(30) == 0, "".join(sink.lines[-20:])
+    assert time.monotonic() - sent < 10, "".join(sink.lines[-20:])
+    reader.join(10)
+    assert not reader.is_alive() and len(errors) == 1

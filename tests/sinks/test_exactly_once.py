@@ -117,7 +117,7 @@ def test_n_known_messages_give_exactly_the_expected_rows(
     try:
         _assert_expected_rows(store)
         applied = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-        assert [r[0] for r in applied] == [1, 2, 3]
+        assert [r[0] for r in applied] == [1, 2, 3, 4]
     finally:
         store.close()
 
@@ -175,6 +175,9 @@ class FlakyStore:
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         return self.store.query(sql, parameters)
+
+    def command(self, sql: str) -> None:
+        self.store.command(sql)
 
 
 def test_clickhouse_outage_mid_stream_ends_with_every_row_once(
