@@ -561,6 +561,20 @@ def _m4_one_row_per_fact(store: ClickHouseStore, ttl: TtlDays) -> None:
         store.command(f"DROP TABLE {staging}")
 
 
+def _m5_open_alerts_have_no_resolved_at(ttl: TtlDays) -> list[str]:
+    """``v_alerts.resolved_at`` is NULL while an alert fires (it was 1970-01-01: maxIf over no row)."""
+    return ["""CREATE OR REPLACE VIEW v_alerts AS
+SELECT id, any(a.type) AS alert_type, argMax(a.severity, a.at) AS current_severity,
+       argMax(a.state, a.at) AS current_state, any(a.started_at) AS first_at,
+       if(countIf(a.state = 'resolved') = 0, NULL, maxIf(a.at, a.state = 'resolved')) AS resolved_at,
+       max(a.at) AS last_at,
+       any(a.subject_kind) AS kind, any(a.subject_namespace) AS namespace,
+       any(a.subject_name) AS name, any(a.subject_node) AS node,
+       any(a.subject_gpu_uuid) AS gpu_uuid, argMax(a.summary, a.at) AS last_summary,
+       argMax(a.details_json, a.at) AS last_details_json
+FROM alerts AS a FINAL GROUP BY id"""]
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -576,6 +590,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "prices and cost views", _m3_costs),
     Migration(4, "one row per fact: samples and processes deduplicate on their natural key",
               lambda ttl: [], _m4_one_row_per_fact),
+    Migration(5, "v_alerts: no resolved_at while firing", _m5_open_alerts_have_no_resolved_at),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

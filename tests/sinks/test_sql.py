@@ -53,7 +53,7 @@ def test_migrations_are_idempotent_and_ttls_follow_settings(store: ClickHouseSto
     engines = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").rows)
     assert "toIntervalDay(3)" in str(engines["gpu_samples"]) and "toIntervalDay(730)" in str(engines["rollup_daily"])
     versions = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-    assert versions == [[1], [2], [3], [4]]
+    assert versions == [[1], [2], [3], [4], [5]]
 
 
 def test_a_read_only_client_cannot_write_even_past_the_parser(store: ClickHouseStore) -> None:
@@ -108,3 +108,11 @@ def test_sql_prints_table_csv_and_json(store: ClickHouseStore, tmp_path: Path,
                                                       {"gpu_model": "NVIDIA L4", "usd_per_gpu_hour": 0.8}]
     assert main(["sql", "SELECT nope FROM gpu_prices", *args]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_an_alert_still_firing_has_no_resolved_at(store: ClickHouseStore) -> None:
+    _insert(store, [f.alert(1), f.alert(2), f.alert(2, state="resolved")])
+    rows = {r["id"]: r for r in store.query("SELECT id, current_state, resolved_at, first_at FROM v_alerts").dicts()}
+    assert rows["alert-1"]["current_state"] == "firing" and rows["alert-1"]["resolved_at"] is None
+    assert rows["alert-2"]["current_state"] == "resolved"
+    assert rows["alert-2"]["resolved_at"] > rows["alert-2"]["first_at"]
