@@ -258,9 +258,6 @@ class SinkSettings(CommonSettings):
     rollup_ttl_days: int = Field(default=730, ge=1)
     state_ttl_days: int = Field(default=400, ge=1)
     """TTL of pods, nodes, events, progress, windows, capacity, lifecycle and alerts."""
-    checkpoint_interval_s: float = Field(default=1.0, ge=0)
-    """How often a stage writes its state to its changelog-backed table (and acknowledges what the
-    state covers); a crash replays at most this much input. 0 = after every watermark mark."""
     group_instance_id: str | None = None
     """Kafka static membership: a restarted sink with the same id resumes its partitions at once."""
     session_timeout_ms: int = Field(default=45_000, ge=6_000)
