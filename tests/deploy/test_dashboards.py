@@ -77,6 +77,12 @@ def _variables(path: Path) -> dict[str, dict[str, Any]]:
     return {var["name"]: var for var in json.loads(path.read_text())["templating"]["list"]}
 
 
+def test_no_panel_measures_against_the_wall_clock() -> None:
+    """A demo's or replay's data is dated in the future or the past: "now" is the data's own end."""
+    for panel in _panels():
+        assert not re.search(r"\bnow(64)?\(", panel["targets"][0]["rawSql"]), panel["title"]
+
+
 def test_dashboards_choose_their_datasource_and_filter_by_team_and_namespace() -> None:
     """No hard-coded data source uid (a user's ClickHouse data source has its own), and every panel
     over per-pod data follows the team and namespace selectors."""
@@ -208,6 +214,8 @@ def test_panels_show_the_right_figures(results: dict[str, dict[str, Any]]) -> No
     (pending,) = results["Pending pods now, with reasons"]["rows"]
     assert (pending["name"], pending["gpus"]) == ("big-job-0", 4)
     assert "Insufficient nvidia.com/gpu" in pending["reason"]
+    # waited from creation to the end of the data (the last capacity window), not to the wall clock
+    assert pending["pending_for_s"] == 900 - 540
 
     active = results["Active alerts"]["rows"]
     assert [row["type"] for row in active] == ["idle_gpu"], "a resolved alert is not active"
