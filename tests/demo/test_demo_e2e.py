@@ -9,13 +9,17 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from common.processes import pid_alive
 from common.settings import KafkaSettings
+from gpulens.html_report import fmt_hours, fmt_usd
+from tests.report.dom import Page, parse
 
 pytestmark = pytest.mark.kafka
 
@@ -86,3 +90,47 @@ def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, 
     assert written.returncode == 0, written.stderr[-3000:]
     page = html.read_text()
     assert page.count("<svg") >= 5 and "GPU utilisation by team over time" in page
+    _report_views_and_html_agree(sections, parse(page), lambda sql: _sql(sql, env))
+
+
+def _sql(query: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    done = subprocess.run([*GPULENS, "sql", "--format", "json", query], capture_output=True, text=True, env=env,
+                          timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows: list[dict[str, Any]] = orjson.loads(done.stdout)
+    return rows
+
+
+def _report_views_and_html_agree(sections: dict[str, Any], page: Page,
+                                 sql: Callable[[str], list[dict[str, Any]]]) -> None:
+    """Every headline figure is the same in `gpulens report --json`, in the SQL views users are told
+    to query (rollup-based) and in the HTML report's tables: per team, per hour, list-price cost too."""
+    figures = ("gpu_hours", "idle_gpu_hours", "window_cost_usd", "list_cost_usd", "idle_list_cost_usd")
+    report: dict[str, dict[str, float]] = {}
+    for row in sections["cost_by_team"]:
+        totals = report.setdefault(row["team"], dict.fromkeys(figures, 0.0))
+        for figure in figures:
+            totals[figure] += row[figure]
+    views = {row["team"]: row for row in sql(
+        "SELECT team, gpu_hours, idle_gpu_hours, cost_usd AS window_cost_usd, list_cost_usd, "
+        "idle_cost_usd AS idle_list_cost_usd FROM v_cost_by_team")}
+    assert set(views) == set(report)
+    for name, expected in report.items():
+        for figure in figures:
+            assert views[name][figure] == pytest.approx(expected[figure], rel=1e-6, abs=1e-6), (name, figure)
+
+    html = {(row["team"], row["project"]): row for row in page.records("cost")}
+    for row in sections["cost_by_team"]:
+        shown = html[(row["team"], row["project"])]
+        assert shown["GPU-h"] == fmt_hours(row["gpu_hours"]) and shown["cost"] == fmt_usd(row["window_cost_usd"])
+        assert shown["cost at list price"] == fmt_usd(row["list_cost_usd"]), row
+    summary = sections["summary"][0]
+    assert page.kpis["Cost"] == fmt_usd(summary["window_cost_usd"])
+
+    # per hour and team: the hourly rollup (what v_cost_daily sums) against the windows themselves
+    hourly = {(r["hour"], r["team"]): r["gpu_hours"] for r in sql(
+        "SELECT hour, team, sum(allocated_gpu_hours) AS gpu_hours FROM rollup_hourly GROUP BY hour, team")}
+    direct = {(r["hour"], r["team"]): r["gpu_hours"] for r in sql(
+        "SELECT toStartOfHour(window_start) AS hour, team, sum(allocated_s) / 3600 AS gpu_hours "
+        "FROM pod_windows FINAL GROUP BY hour, team")}
+    assert hourly.keys() == direct.keys() and hourly == pytest.approx(direct, rel=1e-6)
