@@ -7,6 +7,7 @@ without it this test fails with the command to install it, it is never skipped.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -147,3 +148,23 @@ def test_chromium_renders_every_chart(stored_report: Callable[[Path], StoredRepo
             counts = _colour_counts(rgb, (CARD_PADDING_X, top_y, 1280 - CARD_PADDING_X, bottom_y), wanted)
             shown = [c for c, n in counts.items() if n >= MIN_PIXELS]
             assert len(shown) >= needed, f"{section}: chart colours {counts}"
+
+
+def test_team_filter_hides_the_other_teams_without_scripts(stored_report: Callable[[Path], StoredReport],
+                                                            tmp_path: Path) -> None:
+    """``report.html#team-N`` (the header's team links): the utilisation chart keeps one team's line."""
+    report = stored_report(SCENARIO)
+    url = report.html_path.resolve().as_uri()
+    markup = report.html_path.read_text(encoding="utf-8")
+    links = dict(re.findall(r'<a href="#(team-\d+)">([^<]+)</a>', markup))
+    assert set(links.values()) == {"nlp", "speech", "vision", "research"}, links
+    anchor = next(a for a, team in links.items() if team == "nlp")
+
+    shot = tmp_path / "filtered.png"
+    _run([f"--screenshot={shot}", "--window-size=1280,12000", f"{url}#{anchor}"], tmp_path / "profile")
+    with Image.open(shot) as image:
+        rgb = image.convert("RGB")
+        cards = dict(zip(SECTIONS, _cards(rgb, CARD_PADDING_X), strict=False))
+        top_y, bottom_y = cards["utilisation"]
+        counts = _colour_counts(rgb, (CARD_PADDING_X, top_y, 1280 - CARD_PADDING_X, bottom_y), list(PALETTE[:4]))
+        assert len([c for c, n in counts.items() if n >= MIN_PIXELS]) == 1, counts

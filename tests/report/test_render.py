@@ -85,6 +85,23 @@ def test_fits_in_names_the_smallest_slice_with_headroom(peak_gib: float, gpu_gib
     assert fits_in(peak_gib * 2**30, gpu_gib * 2**30, model) == expected
 
 
+def test_team_filter_links_rows_and_rules_without_scripts() -> None:
+    markup = render_html(sample_data())
+    assert "<script" not in markup.split("</style>", 1)[1].replace(EVIL_POD.replace("<", "&lt;"), "")
+    links = re.findall(r'<a href="#(team-\d+)">([^<]+)</a>', markup)
+    assert sorted(name for _, name in links) == sorted(["nlp", EVIL_TEAM.replace("&", "&amp;").replace('"', "&quot;")
+                                                         .replace("<", "&lt;").replace(">", "&gt;")])
+    for anchor, _ in links:
+        assert f'<span class="team-anchor" id="{anchor}"></span>' in markup
+        assert f"#{anchor}:target ~ main tr[data-team]:not(" in markup
+    style = markup.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert "<" not in style and '"ops"' not in style, "a team name must not escape the CSS string or <style>"
+    page = parse(markup)
+    cost_rows = page.tables["cost"][1:]
+    assert cost_rows and all(row for row in cost_rows)
+    assert markup.count('<tr data-team="nlp">') >= 3
+
+
 def test_user_strings_are_escaped_everywhere() -> None:
     markup = render_html(sample_data())
     assert "<script" not in markup and "<img" not in markup and "<b>" not in markup
