@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 import orjson
@@ -58,10 +58,10 @@ from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
+from stream_jobs.offsets import AckOrder, Positions
 from stream_jobs.pipeline import INPUT_TOPICS, Tombstone, dead_letter, decode_record, route
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import (
-    AckOrder,
     ClusterGate,
     InputGate,
     Mark,
@@ -112,6 +112,7 @@ class WorkerMetrics:
         self.records_out = r.counter("stream_records_out_total", "records produced", ("topic",))
         self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic",))
         self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
+        self.skips = r.counter("stream_consumer_skips_total", "forward jumps of the consumer, read again")
         self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",
                                     ("stage",))
         self.marks = r.counter("stream_marks_total", "watermark marks processed", ("stage",))
@@ -132,6 +133,99 @@ class _JsonTable:
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.table[key.encode()] = orjson.dumps(value)
+
+
+class ConsumerPort(Protocol):
+    """What :class:`OffsetGuard` needs from the consumer."""
+
+    async def committed(self, tp: Any) -> int:
+        """The group's committed offset of ``tp`` (the log start when nothing is committed)."""
+
+    async def log_start(self, tp: Any) -> int: ...
+
+    def assignment(self) -> set[Any]:
+        """The partitions the consumer owns now."""
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
+
+
+class _FaustConsumerPort:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def committed(self, tp: Any) -> int:
+        consumer = self.app.consumer
+        thread = consumer._thread  # faust's aiokafka driver: the client lives in its own thread
+        offset = await thread.call_thread(thread._ensure_consumer().committed, tp)
+        return int(offset) if offset is not None else await self.log_start(tp)
+
+    async def log_start(self, tp: Any) -> int:
+        return int((await self.app.consumer.earliest_offsets(tp))[tp])
+
+    def assignment(self) -> set[Any]:
+        return set(self.app.consumer.assignment())
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        consumer = self.app.consumer
+        consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged
+        await consumer.seek(tp, offset)
+
+
+class OffsetGuard:
+    """Admits consumed records and releases their acknowledgements (:mod:`stream_jobs.offsets`),
+    seeking the consumer back when it skipped records."""
+
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None) -> None:
+        self.port = port
+        self.metrics = metrics or WorkerMetrics()
+        self.positions = Positions()
+        self.acks: AckOrder[Any] = AckOrder()
+
+    def assign(self, assignment: set[Any]) -> None:
+        for tp in self.positions.owned - set(assignment):
+            self.acks.forget(tp)
+        self.positions.assign(assignment)
+
+    def revoke(self, revoked: set[Any]) -> None:
+        self.positions.revoke(revoked)
+        for tp in revoked:
+            self.acks.forget(tp)
+
+    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
+        if tp not in self.positions.owned:  # the assignment signal may come after the first records
+            current = self.port.assignment()
+            if tp not in current:
+                return False
+            self.assign(current)
+        if self.positions.needs_start(tp):
+            committed = await self.port.committed(tp)
+            self.positions.start(tp, committed)
+            log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+        verdict = self.positions.admit(tp, offset, compacted)
+        if verdict.seek is not None:
+            log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
+                        expected=verdict.seek, got=offset)
+            self.metrics.skips.inc()
+            await self.port.seek(tp, verdict.seek)
+        if not verdict.accept:
+            return False
+        return self.acks.track(tp, offset, token)
+
+    def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
+        return self.acks.done(tp, offset, token)
+
+    async def retry_rewinds(self) -> None:
+        """A seek made during a rebalance can be overridden: repeat it until the records come (or
+        the log no longer holds them: then say so, and go on from the log start)."""
+        for tp, target in self.positions.rewinding().items():
+            start = await self.port.log_start(tp)
+            if start > target:
+                log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                          first_missing=target, log_start=start)
+                self.positions.restart(tp, start)
+                target = start
+            await self.port.seek(tp, target)
 
 
 @dataclass
@@ -234,10 +328,7 @@ class StreamJobs:
                                                **raw))
         self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, **raw))
         self.hold = MarkHold()
-        self.acks: AckOrder[Any] = AckOrder()
-        self._positions: dict[Any, int] = {}
-        self._rewinding: dict[Any, int] = {}
-        self._rewind_drops: dict[Any, int] = {}
+        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
         self._cluster_unacked: list[Any] = []
@@ -256,13 +347,9 @@ class StreamJobs:
         if stage in ("cluster", "all"):
             app.agent(self.cluster_topic, name="cluster")(self._cluster_agent)
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
-        app.timer(1.0)(self._retry_rewinds)
-
-    async def _retry_rewinds(self) -> None:
-        """A seek issued during a rebalance can be overridden: repeat it until the records come."""
-        for tp, target in list(self._rewinding.items()):
-            await self.app.consumer.seek(tp, target)
+        app.timer(1.0)(self.offsets.retry_rewinds)
 
     async def _report_waiting(self) -> None:
         """Say what a stage waits for when it waits (a mark held for inputs or partitions)."""
@@ -281,10 +368,8 @@ class StreamJobs:
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         """Forget in-memory gates and stages of partitions this worker no longer owns (their
         unacknowledged records go to the new owner, which restores the state from the tables)."""
+        self.offsets.revoke(revoked)
         for tp in revoked:
-            self.acks.forget(tp)
-            self._positions.pop(tp, None)
-            self._rewinding.pop(tp, None)
             if tp.topic == self.node_name:
                 log.info("node partition revoked", partition=tp.partition)
                 self.node_parts.pop(tp.partition, None)
@@ -296,41 +381,17 @@ class StreamJobs:
             elif tp.topic in self.input_names or tp.topic == self.control_name:
                 self.hold = MarkHold()
 
-    async def _admit(self, event: Any) -> bool:
-        """Whether to process a consumed event: it must follow the last one of its partition.
+    async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        self.offsets.assign(assigned)
 
-        After a restart the consumer has been seen to jump forward past records it never
-        delivered (a seek while table recovery completes). Those records are not acknowledged, so
-        nothing is lost for good, but skipping them would change results: on a forward jump we
-        seek back to the first record not seen and drop the early one (it is delivered again).
-        Offsets are contiguous on these topics; compacted input topics may have holes, so they
-        are exempt. A redelivered record still in flight is ignored (its first copy is acked).
-        """
+    async def _admit(self, event: Any) -> bool:
+        """Whether to process a consumed event (:class:`OffsetGuard`)."""
         message = event.message
-        tp, offset = message.tp, message.offset
-        last = self._positions.get(tp)
-        target = self._rewinding.get(tp)
-        if target is not None:
-            if offset != target:  # still the stale records fetched before the seek
-                self._rewind_drops[tp] = self._rewind_drops.get(tp, 0) + 1
-                if self._rewind_drops[tp] % 5000 == 0:
-                    await self.app.consumer.seek(tp, target)
-                return False
-            del self._rewinding[tp]
-            self._rewind_drops.pop(tp, None)
-        elif last is not None and offset > last + 1 and message.topic not in self._compacted:
-            log.warning("consumer skipped records; reading them again", topic=message.topic,
-                        partition=message.partition, expected=last + 1, got=offset)
-            self._rewinding[tp] = last + 1
-            await self.app.consumer.seek(tp, last + 1)
-            return False
-        if last is None or offset > last:
-            self._positions[tp] = offset
-        return self.acks.track(tp, offset, event)
+        return await self.offsets.admit(message.tp, message.offset, message.topic in self._compacted, event)
 
     async def _ack(self, events: Any, event: Any) -> None:
         """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""
-        for ready in self.acks.done(event.message.tp, event.message.offset):
+        for ready in self.offsets.done(event.message.tp, event.message.offset, event):
             await events.ack(ready)
 
     async def _send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
