@@ -328,7 +328,7 @@ class KafkaReplay:
         stats = {"deadletters": len(outputs.deadletters),
                  "late_samples_dropped": int(outputs.done.get("late_samples_dropped", 0)),
                  "sample_gaps": int(outputs.done.get("sample_gaps", 0))}
-        return build_report(self.scenario, outputs.outputs, self.simulator.pod_truth(self.scenario.end_offset_s),
+        return build_report(self.scenario, outputs.outputs, self.simulator.pod_uids(),
                             stats)
 
     def close(self) -> None:

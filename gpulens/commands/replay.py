@@ -44,6 +44,9 @@ def _print_summary(report: dict[str, Any]) -> None:
                    "cost_usd", "end"):
         pods.add_column(column, justify="right" if column not in ("pod", "team", "node", "end") else "left")
     for p in report["pods"]:
+        if not p.get("seen", True):
+            pods.add_row(f"{p['namespace']}/{p['name']}", *["-"] * 9, "not seen")
+            continue
         avg = p["avg_sm_util_pct"]
         pods.add_row(f"{p['namespace']}/{p['name']}", str(p["team"]), str(p["gpus"]), str(p["node"] or "-"),
                      str(p["pending_s"]), str(p["running_s"]), f"{p['gpu_hours']:.4f}", f"{p['idle_gpu_hours']:.4f}",
