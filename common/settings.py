@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import os
 import ssl
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "GPULENS_"
@@ -218,8 +228,10 @@ class WorkerSettings(CommonSettings):
     sample_interval_s: float = Field(default=10.0, ge=1.0)
     prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
     thresholds: dict[str, float] = Field(default_factory=dict)
-    web_port: int = Field(default=6066, ge=0, le=65535)
-    """Port of faust's web server (0 = off)."""
+    web_port: int = Field(default=0, ge=0, le=65535)
+    """Port of faust's web server (0 = off, the default: it has no authentication)."""
+    web_bind: IPvAnyAddress = IPv4Address("127.0.0.1")
+    """Address faust's web server listens on when ``web_port`` is set (loopback unless chosen)."""
     lateness_s: float = Field(default=30.0, ge=0)
     """Allowed lateness: the stages' watermark is each mark's time minus this."""
     watermark_source: Literal["clock", "control"] = "clock"

@@ -298,7 +298,7 @@ class StreamJobs:
             topic_replication_factor=1,
             web_enabled=s.web_port > 0,
             web_port=s.web_port or 6066,
-            web_bind="0.0.0.0",
+            web_bind=str(s.web_bind),
             autodiscover=False,
             key_serializer="raw",  # every topic and changelog holds bytes we encode ourselves
             value_serializer="raw",

@@ -34,7 +34,9 @@ def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
 @click.option("--stage", type=click.Choice(["node", "cluster", "all"]), default=None,
               help="node = route + node stage, cluster = cluster stage, all = both (default) [env GPULENS_STAGE]")
 @click.option("--metrics-port", type=int, default=None, help="/metrics port, 0 = off [env GPULENS_METRICS_PORT]")
-@click.option("--web-port", type=int, default=None, help="faust web server port, 0 = off [env GPULENS_WEB_PORT]")
+@click.option("--web-port", type=int, default=None,
+              help="faust web server port (on GPULENS_WEB_BIND, default 127.0.0.1), 0 = off (default) "
+                   "[env GPULENS_WEB_PORT]")
 @click.option("--watermark-source", type=click.Choice(["clock", "control"]), default=None,
               help="clock (live) or control (a replay/demo driver marks event time) [env GPULENS_WATERMARK_SOURCE]")
 @click.option("--lateness", "lateness_s", type=float, default=None,
