@@ -234,6 +234,14 @@ class WorkerSettings(CommonSettings):
     """Address faust's web server listens on when ``web_port`` is set (loopback unless chosen)."""
     lateness_s: float = Field(default=30.0, ge=0)
     """Allowed lateness: the stages' watermark is each mark's time minus this."""
+    max_skew_s: float = Field(default=600.0, gt=0)
+    """Inputs whose event time is more than this ahead of the stream's clock (the wall clock live,
+    the driver's marks in control mode) go to the dead-letter topic with that reason."""
+    state_record_max_bytes: int = Field(default=512 * 1024, ge=1024, le=1_000_000)
+    """Largest state record a stage writes to its changelog; larger states are split (the broker's
+    default maximum message size is 1 MB)."""
+    horizon_s: float = Field(default=86400.0, gt=0)
+    """Inputs whose event time is more than this behind the stream's clock are dead-lettered."""
     watermark_source: Literal["clock", "control"] = "clock"
     """``clock``: the worker marks event-time progress from its wall clock (live fleets);
     ``control``: a driver (replay, demo) writes marks to the internal control topic."""

@@ -42,10 +42,12 @@ class ReplayResult:
     deadletters: list[DeadLetter]
 
 
-def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S) -> ReplayResult:
+def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S,
+                   ticks: Iterable[Tick] | None = None) -> ReplayResult:
+    """``ticks``: what to feed instead of the simulator's own ticks (tests add hostile records)."""
     simulator = FleetSimulator(scenario)
     pipeline = LocalPipeline(engine_config(scenario))
-    for tick in simulator.run():
+    for tick in simulator.run() if ticks is None else ticks:
         feed_tick(pipeline, tick)
         pipeline.advance(epoch(tick.ts) - lateness_s)
     end = scenario.start + timedelta(seconds=scenario.end_offset_s)

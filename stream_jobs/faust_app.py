@@ -59,7 +59,15 @@ from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.offsets import AckOrder, Positions
-from stream_jobs.pipeline import INPUT_TOPICS, Tombstone, dead_letter, decode_record, route
+from stream_jobs.pipeline import (
+    INPUT_TOPICS,
+    Tombstone,
+    dead_letter,
+    decode_record,
+    event_time_error,
+    route,
+)
+from stream_jobs.state_store import ChunkedStore
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import (
     ClusterGate,
@@ -86,7 +94,8 @@ _PUBLIC_OUT = {PodWindow: POD_WINDOWS, ClusterCapacity: CLUSTER_CAPACITY, PodLif
 def engine_config(settings: WorkerSettings) -> EngineConfig:
     return EngineConfig(window_s=settings.window_s, sample_interval_s=settings.sample_interval_s,
                         prices_usd_per_gpu_hour=dict(settings.prices_usd_per_gpu_hour),
-                        thresholds=Thresholds().with_overrides(settings.thresholds))
+                        thresholds=Thresholds().with_overrides(settings.thresholds),
+                        max_skew_s=settings.max_skew_s, horizon_s=settings.horizon_s)
 
 
 def app_id(settings: WorkerSettings) -> str:
@@ -119,20 +128,6 @@ class WorkerMetrics:
         self.watermark_lag = r.gauge("stream_watermark_lag_seconds",
                                      "wall clock minus the stage's event-time watermark", ("stage",))
         self.stage_seconds = r.histogram("stream_stage_seconds", "processing time of one mark", ("stage",))
-
-
-class _JsonTable:
-    """A faust table of JSON documents under string keys (stored as bytes)."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def get(self, key: str) -> Any:
-        raw = self.table.get(key.encode())
-        return None if raw is None else orjson.loads(raw)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.table[key.encode()] = orjson.dumps(value)
 
 
 class ConsumerPort(Protocol):
@@ -322,11 +317,13 @@ class StreamJobs:
         self.out_topics = {cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()}
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
         raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes}  # bytes -> the "raw" serializer
-        # one record per node-inputs partition (its node stages + progress) and one for the cluster
+        # one document per node-inputs partition (its node stages + progress) and one for the cluster
         # stage: a state and the progress that says which inputs it holds are written atomically
-        self.node_table = _JsonTable(app.Table("node-stages", default=None, partitions=self.node_partitions,
-                                               **raw))
-        self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, **raw))
+        # (split into records under the broker's size limit, see ChunkedStore)
+        limit = self.settings.state_record_max_bytes
+        self.node_table = ChunkedStore(app.Table("node-stages", default=None, partitions=self.node_partitions,
+                                                 **raw), limit)
+        self.cluster_table = ChunkedStore(app.Table("cluster-stage", default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
         self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
         self._route_events: Any = None
@@ -475,6 +472,18 @@ class StreamJobs:
         self.metrics.records_out.labels(self.deadletter_topic.get_topic_name()).inc()
         log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
 
+    async def _released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
+        """A forwarded input record a mark released, or None when its event time is out of the
+        bounds of the mark's clock (then it is dead-lettered: by both stages when it went to both,
+        which the reader deduplicates by source position, as the sink does)."""
+        data = parked.data
+        message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
+        error = event_time_error(message, mark.ts, self.config)
+        if error is None:
+            return message
+        await self._dead_letter(str(data["t"]), int(data["p"]), int(data["o"]), None, orjson.dumps(data["v"]), error)
+        return None
+
     async def _forward_mark(self, mark: Mark) -> None:
         value = mark.encode()
         for partition in range(self.node_partitions):
@@ -530,8 +539,9 @@ class StreamJobs:
     async def _node_mark(self, partition: int, part: _NodePartition, mark: Mark,
                          released: list[Parked[Any]]) -> None:
         for parked in released:
-            spec = _INPUT_BY_SUFFIX[parked.data["s"]]
-            message = validate(parked.data["v"], spec.message)
+            message = await self._released_input(parked, mark)
+            if message is None:
+                continue
             node = getattr(message, "node", None)
             if not node:
                 continue
@@ -634,7 +644,9 @@ class StreamJobs:
     async def _cluster_mark(self, gate: ClusterGate[Any], stage: ClusterStage, mark: Mark,
                             direct: list[Parked[Any]], outs: list[Parked[Any]], stats: dict[str, int]) -> None:
         for parked in direct:
-            stage.submit(validate(parked.data["v"], _INPUT_BY_SUFFIX[parked.data["s"]].message))
+            message = await self._released_input(parked, mark)
+            if message is not None:
+                stage.submit(message)
         for parked in outs:
             stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
