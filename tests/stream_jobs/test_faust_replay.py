@@ -13,6 +13,7 @@ import pytest
 
 from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
+from gpulens.cli import main
 from gpulens.kafka_replay import KafkaReplay
 from gpulens.replay import run_in_process
 from gpulens.scenario import load_scenario
@@ -162,3 +163,26 @@ pods:
     assert len(reasons) == 6
     assert sum("behind the stream's clock" in r and "(horizon_s)" in r for r in reasons) == 4
     assert sum("ahead of the stream's clock" in r and "2100-01-01" in r for r in reasons) == 2
+
+
+def test_chaos_replay_kills_the_worker_on_a_seeded_schedule_and_matches_in_process(
+        kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpulens replay --kafka --chaos``: SIGKILLs at seeded points (the seed rotates by day, so
+    CI covers other schedules over time, and is printed to rerun one); the report is the
+    in-process one byte for byte, so no sample was lost or counted twice in pod.windows."""
+    seed = int(time.time() // 86400)
+    path = SHARED_SCENARIOS / "idle-notebook.yaml"
+    expected = run_in_process(load_scenario(path)).report
+    code = main(["replay", str(path), "--kafka", kafka_settings.bootstrap_servers, "--chaos", "--seed", str(seed),
+                 "--kills", "5", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    kills = [line for line in err.splitlines() if ": SIGKILL worker" in line]
+    assert len(kills) == 5, err
+    assert f"chaos: seed {seed}, 5 SIGKILLs" in err
+    assert orjson.loads(out) == expected, f"seed {seed}"
+    assert out.strip().encode() == _json(expected), f"seed {seed}"
+
+
+def test_chaos_needs_kafka() -> None:
+    assert main(["replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--chaos"]) == 2
