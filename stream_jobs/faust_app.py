@@ -176,23 +176,29 @@ class OffsetGuard:
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions()
         self.acks: AckOrder[Any] = AckOrder()
+        self._revoked: set[Any] = set()
 
     def assign(self, assignment: set[Any]) -> None:
+        """The assignment signal (the worker's whole assignment)."""
         for tp in self.positions.owned - set(assignment):
             self.acks.forget(tp)
         self.positions.assign(assignment)
+        self._revoked.clear()
 
     def revoke(self, revoked: set[Any]) -> None:
         self.positions.revoke(revoked)
+        self._revoked |= set(revoked)
         for tp in revoked:
             self.acks.forget(tp)
 
     async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
-        if tp not in self.positions.owned:  # the assignment signal may come after the first records
-            current = self.port.assignment()
-            if tp not in current:
+        if tp not in self.positions.owned:
+            # before the first assignment signal the consumer's own assignment decides (records
+            # can come first); after a revocation only the next signal does (the consumer still
+            # lists revoked partitions while the group rebalances)
+            if tp in self._revoked or tp not in self.port.assignment():
                 return False
-            self.assign(current)
+            self.positions.assign(self.positions.owned | self.port.assignment())
         if self.positions.needs_start(tp):
             committed = await self.port.committed(tp)
             self.positions.start(tp, committed)
@@ -214,13 +220,18 @@ class OffsetGuard:
         """A seek made during a rebalance can be overridden: repeat it until the records come (or
         the log no longer holds them: then say so, and go on from the log start)."""
         for tp, target in self.positions.rewinding().items():
-            start = await self.port.log_start(tp)
-            if start > target:
-                log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
-                          first_missing=target, log_start=start)
-                self.positions.restart(tp, start)
-                target = start
-            await self.port.seek(tp, target)
+            try:
+                start = await self.port.log_start(tp)
+                if tp not in self.positions.rewinding():
+                    continue  # revoked meanwhile
+                if start > target:
+                    log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                              first_missing=target, log_start=start)
+                    self.positions.restart(tp, start)
+                    target = start
+                await self.port.seek(tp, target)
+            except Exception as exc:  # a rebalance can take the partition away: the next round decides
+                log.warning("seek back failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
 
 
 @dataclass

@@ -186,13 +186,12 @@ def test_revocation_in_the_middle_of_a_batch() -> None:
         for rec in first:
             assert await guard.admit(SAMPLES, rec.offset, False, rec)
         assert guard.done(SAMPLES, 20, first[0]) == [first[0]]
-        guard.revoke({SAMPLES})
-        consumer.assigned = set()
+        guard.revoke({SAMPLES})  # the consumer still lists the partition while the group rebalances
         # the rest of the batch, buffered before the revocation: not processed, not acknowledged
         assert not await guard.admit(SAMPLES, 23, False, Rec(SAMPLES, 23))
         assert guard.done(SAMPLES, 21, first[1]) == []
         # assigned again; 20 was never acknowledged to the consumer, so 20 is still committed
-        consumer.assigned = {SAMPLES}  # the records come before the assignment signal
+        guard.assign({SAMPLES})
         stale = Rec(SAMPLES, 24)
         assert not await guard.admit(SAMPLES, stale.offset, False, stale), "a record fetched before the revocation"
         assert consumer.seeks == [20]
@@ -223,6 +222,14 @@ def test_records_deleted_before_they_were_read_are_reported_and_skipped() -> Non
         return await consume(consumer, guard)
 
     assert asyncio.run(scenario()) == list(range(50, 70))
+
+
+def test_records_before_the_first_assignment_signal_follow_the_consumers_assignment() -> None:
+    consumer = FaustLikeConsumer(SAMPLES, list(range(10)), committed=4)
+    guard = OffsetGuard(consumer)
+    assert asyncio.run(guard.admit(SAMPLES, 4, False, Rec(SAMPLES, 4)))
+    consumer.assigned = set()
+    assert not asyncio.run(guard.admit(PODS, 0, True, Rec(PODS, 0))), "not the consumer's"
 
 
 def test_positions_drop_redeliveries_and_partitions_not_owned() -> None:
