@@ -237,6 +237,9 @@ class WorkerSettings(CommonSettings):
     max_skew_s: float = Field(default=600.0, gt=0)
     """Inputs whose event time is more than this ahead of the stream's clock (the wall clock live,
     the driver's marks in control mode) go to the dead-letter topic with that reason."""
+    broker_wait_s: float = Field(default=300.0, ge=0)
+    """How long a starting worker waits for the Kafka broker (retrying with backoff from 1 s to
+    30 s) before it exits with an error; 0 = fail at once."""
     state_record_max_bytes: int = Field(default=512 * 1024, ge=1024, le=1_000_000)
     """Largest state record a stage writes to its changelog; larger states are split (the broker's
     default maximum message size is 1 MB)."""

@@ -10,6 +10,7 @@ start workers with ``control`` and drive event time themselves (see docs/stream_
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import click
@@ -46,10 +47,21 @@ def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
 def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
     settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
-    try:
-        ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix)
-    except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+    deadline = time.monotonic() + settings.broker_wait_s
+    delay = 1.0
+    while True:
+        try:
+            ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix, timeout_s=3.0)
+            break
+        except BrokerUnavailable as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UserError(f"{exc}. Start one with `gpulens kafka up` or set "
+                                "GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+            log.warning("waiting for the Kafka broker", retry_in_s=min(delay, remaining), error=str(exc),
+                        gives_up_in_s=round(remaining))
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 30.0)
     from stream_jobs.faust_app import WorkerMetrics, run_worker
 
     metrics = WorkerMetrics()
