@@ -486,7 +486,7 @@ class StreamJobs:
     async def _released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
         """A forwarded input record a mark released, or None when its event time is out of the
         bounds of the mark's clock (then it is dead-lettered: by both stages when it went to both,
-        which the reader deduplicates by source position, as the sink does)."""
+        with the same source headers; ``replay --kafka`` counts letters once per source)."""
         data = parked.data
         message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
         error = event_time_error(message, mark.ts, self.config)
