@@ -1,4 +1,4 @@
-.PHONY: install test bench kafka-up kafka-down topics demo lint
+.PHONY: install test bench chaos kafka-up kafka-down topics demo lint
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -24,6 +24,9 @@ kafka-down: $(PY)
 
 topics: $(PY)
 	$(VENV)/bin/gpulens topics create
+
+chaos: $(PY)
+	bash scripts/chaos.sh
 
 bench: $(PY)
 	$(PY) -m benchmarks $(ARGS)

@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import os
 import ssl
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    IPvAnyAddress,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 ENV_PREFIX = "GPULENS_"
@@ -229,10 +239,23 @@ class WorkerSettings(CommonSettings):
     sample_interval_s: float = Field(default=10.0, ge=1.0)
     prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
     thresholds: dict[str, float] = Field(default_factory=dict)
-    web_port: int = Field(default=6066, ge=0, le=65535)
-    """Port of faust's web server (0 = off)."""
+    web_port: int = Field(default=0, ge=0, le=65535)
+    """Port of faust's web server (0 = off, the default: it has no authentication)."""
+    web_bind: IPvAnyAddress = IPv4Address("127.0.0.1")
+    """Address faust's web server listens on when ``web_port`` is set (loopback unless chosen)."""
     lateness_s: float = Field(default=30.0, ge=0)
     """Allowed lateness: the stages' watermark is each mark's time minus this."""
+    max_skew_s: float = Field(default=600.0, gt=0)
+    """Inputs whose event time is more than this ahead of the stream's clock (the wall clock live,
+    the driver's marks in control mode) go to the dead-letter topic with that reason."""
+    broker_wait_s: float = Field(default=300.0, ge=0)
+    """How long a starting worker waits for the Kafka broker (retrying with backoff from 1 s to
+    30 s) before it exits with an error; 0 = fail at once."""
+    state_record_max_bytes: int = Field(default=512 * 1024, ge=1024, le=1_000_000)
+    """Largest state record a stage writes to its changelog; larger states are split (the broker's
+    default maximum message size is 1 MB)."""
+    horizon_s: float = Field(default=86400.0, gt=0)
+    """Inputs whose event time is more than this behind the stream's clock are dead-lettered."""
     watermark_source: Literal["clock", "control"] = "clock"
     """``clock``: the worker marks event-time progress from its wall clock (live fleets);
     ``control``: a driver (replay, demo) writes marks to the internal control topic."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -183,12 +185,15 @@ class WorkerProcess:
     args: tuple[str, ...] = ("worker", "--stage", "all")
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    log_offset: int = 0
+    """Size of the log when the process was started last."""
 
     @property
     def name(self) -> str:
         return self.args[0]
 
     def start(self) -> None:
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpulens", *self.args], stdout=out,
@@ -212,6 +217,15 @@ class WorkerProcess:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    def logged_since_start(self, text: str) -> bool:
+        """Whether the process started last has logged a line containing ``text``."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                return text.encode() in log.read()
+        except OSError:
+            return False
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -328,7 +342,7 @@ class KafkaReplay:
         stats = {"deadletters": len(outputs.deadletters),
                  "late_samples_dropped": int(outputs.done.get("late_samples_dropped", 0)),
                  "sample_gaps": int(outputs.done.get("sample_gaps", 0))}
-        return build_report(self.scenario, outputs.outputs, self.simulator.pod_truth(self.scenario.end_offset_s),
+        return build_report(self.scenario, outputs.outputs, self.simulator.pod_uids(),
                             stats)
 
     def close(self) -> None:
@@ -338,16 +352,69 @@ class KafkaReplay:
         if self._own_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
-    def run(self, timeout_s: float = 300.0) -> dict[str, Any]:
+    def run(self, timeout_s: float = 300.0, chaos: ChaosPlan | None = None,
+            say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+        """The whole replay; with ``chaos``, the worker is SIGKILLed and restarted on its schedule
+        (each action is reported through ``say``)."""
         try:
             self.create_topics()
             self.worker.start()
-            self.send(self.ticks())
+            ticks = self.ticks()
+            if chaos is None:
+                self.send(ticks)
+            else:
+                self._send_with_kills(ticks, chaos, say)
             self.finish()
             done = self.wait_done(timeout_s)
             return self.report(self.read_outputs(done))
         finally:
             self.close()
+
+    def _send_with_kills(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None]) -> None:
+        sent = 0
+        for index, delay_s in chaos.kills:
+            self.send(ticks[sent:index])
+            sent = index
+            self._wait_consuming()
+            time.sleep(delay_s)  # the worker is in the middle of what was just sent
+            pid = self.worker.process.pid if self.worker.process else None
+            self.worker.kill()
+            say(f"chaos: tick {index}/{len(ticks)} sent, +{delay_s:.2f}s: SIGKILL worker (pid {pid})")
+            self.worker.start()
+            pid = self.worker.process.pid if self.worker.process else None
+            say(f"chaos: worker restarted (pid {pid})")
+        self.send(ticks[sent:])
+
+
+    def _wait_consuming(self, timeout_s: float = 120.0) -> None:
+        """Until the worker started last has begun consuming (so a kill lands in its work, not in
+        its start-up)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.worker.logged_since_start(CONSUMING_LOG_LINE):
+            if not self.worker.alive():
+                raise UserError(f"the stream worker stopped; last lines of {self.worker.log_path}:\n"
+                                f"{self.worker.tail()}")
+            if time.monotonic() > deadline:
+                raise UserError(f"the stream worker did not start consuming within {timeout_s:.0f}s")
+            time.sleep(0.2)
+
+
+CONSUMING_LOG_LINE = "partition position"
+"""What a worker logs when it takes up an assigned partition (stream_jobs.faust_app.OffsetGuard)."""
+
+
+@dataclass(frozen=True)
+class ChaosPlan:
+    """Where a chaos replay kills its worker: ``(tick index, seconds after sending up to it)``."""
+
+    kills: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def seeded(cls, seed: int, ticks: int, kills: int, max_delay_s: float = 3.0) -> ChaosPlan:
+        """``kills`` distinct tick indexes in ``[1, ticks)``, each with a delay, from ``seed`` alone."""
+        rng = random.Random(seed)
+        points = sorted(rng.sample(range(1, ticks), min(kills, max(ticks - 1, 0))))
+        return cls(tuple((point, round(rng.uniform(0.0, max_delay_s), 2)) for point in points))
 
 
 def _identity(message: Message) -> tuple[str, ...]:
@@ -367,9 +434,17 @@ def _canonical_order(message: Message) -> tuple[Any, ...]:
 
 
 def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DEFAULT_LATENESS_S,
-                      topic_prefix: str | None = None) -> dict[str, Any]:
-    """``gpulens replay --kafka BOOTSTRAP``: the report of ``scenario`` through Kafka and a worker."""
+                      topic_prefix: str | None = None, chaos_seed: int | None = None, kills: int = 8,
+                      say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """``gpulens replay --kafka BOOTSTRAP [--chaos]``: the report of ``scenario`` through Kafka and
+    a worker (with ``chaos_seed``: SIGKILLed and restarted ``kills`` times on a seeded schedule)."""
     settings = load_settings(CommonSettings)
     kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     settings = settings.model_copy(update={"kafka": kafka})
-    return KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix).run()
+    replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix)
+    chaos = None
+    if chaos_seed is not None:
+        chaos = ChaosPlan.seeded(chaos_seed, sum(1 for _ in FleetSimulator(scenario).run()), kills)
+        say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs at ticks "
+            + ", ".join(str(index) for index, _delay in chaos.kills))
+    return replay.run(chaos=chaos, say=say)

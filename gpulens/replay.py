@@ -3,9 +3,11 @@
 In-process by default: the simulator's records (encoded exactly as the producers would put them
 on Kafka) are decoded, routed and processed by the same stages the faust workers run, with the
 watermark advanced after each tick (minus the allowed lateness, so slightly late samples are
-reordered like on Kafka). The report is computed from the pipeline's *outputs* — lifecycle
-records, capacity windows and alerts — never from the simulator's own bookkeeping, except for a
-pod the pipeline cannot know (one never created before the end, or a zero-GPU pod never bound).
+reordered like on Kafka). The report is computed only from the pipeline's *outputs* — lifecycle
+records, capacity windows and alerts — never from the simulator's own bookkeeping: a pod with no
+lifecycle record is reported as not seen (``"seen": false``, every figure null), named by the
+scenario's pod list and uids, and ``--expect`` counts it as a difference. A report that filled the
+gap from the simulator's truth would hide exactly what a test of the pipeline must catch.
 
 The report is deterministic: the same file gives byte-identical JSON.
 """
@@ -40,16 +42,17 @@ class ReplayResult:
     deadletters: list[DeadLetter]
 
 
-def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S) -> ReplayResult:
+def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S,
+                   ticks: Iterable[Tick] | None = None) -> ReplayResult:
+    """``ticks``: what to feed instead of the simulator's own ticks (tests add hostile records)."""
     simulator = FleetSimulator(scenario)
     pipeline = LocalPipeline(engine_config(scenario))
-    for tick in simulator.run():
+    for tick in simulator.run() if ticks is None else ticks:
         feed_tick(pipeline, tick)
         pipeline.advance(epoch(tick.ts) - lateness_s)
     end = scenario.start + timedelta(seconds=scenario.end_offset_s)
     pipeline.flush(epoch(end))
-    report = build_report(scenario, pipeline.outputs, simulator.pod_truth(scenario.end_offset_s),
-                          pipeline.stats())
+    report = build_report(scenario, pipeline.outputs, simulator.pod_uids(), pipeline.stats())
     return ReplayResult(report, pipeline.outputs, pipeline.deadletters)
 
 
@@ -90,8 +93,14 @@ def _alert_key(alert: Alert) -> tuple[Any, ...]:
             s.node or "", s.gpu_uuid or "", 0 if alert.state == "firing" else 1, alert.id)
 
 
-def build_report(scenario: Scenario, outputs: Iterable[Message], truth: dict[int, dict[str, Any]],
+POD_FIGURES = ("team", "project", "gpus", "node", "pending_s", "running_s", "gpu_hours", "idle_gpu_hours",
+               "avg_sm_util_pct", "peak_mem_bytes", "cost_usd", "end_reason", "steps", "cost_per_step_usd")
+
+
+def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[int, str],
                  stats: dict[str, Any]) -> dict[str, Any]:
+    """The report from the pipeline's outputs only; ``pod_uids`` (scenario pod index -> uid) names
+    the rows, nothing else."""
     outputs = list(outputs)
     alerts = sorted((m for m in outputs if isinstance(m, Alert)), key=_alert_key)
     seen_alerts: set[tuple[str, str]] = set()
@@ -101,30 +110,21 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], truth: dict[int
             seen_alerts.add((alert.id, alert.state))
             unique_alerts.append(alert)
     lifecycle = {m.pod_uid: m for m in outputs if isinstance(m, PodLifecycle)}
-    pods = []
+    pods: list[dict[str, Any]] = []
     for spec in scenario.pods:
-        fact = truth[spec.index]
-        record = lifecycle.get(fact["uid"])
-        if record is not None:
-            pods.append({
-                "namespace": record.namespace, "name": record.name, "team": record.team,
-                "project": record.project, "gpus": record.gpus, "node": record.node,
-                "pending_s": _seconds(record.pending_s), "running_s": _seconds(record.running_s),
-                "gpu_hours": _num(record.gpu_hours), "idle_gpu_hours": _num(record.idle_gpu_hours),
-                "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
-                "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
-                "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
-            })
+        record = lifecycle.get(pod_uids[spec.index])
+        if record is None:
+            pods.append({"namespace": spec.namespace, "name": spec.name, "seen": False}
+                        | dict.fromkeys(POD_FIGURES))
             continue
-        labels = spec.labels
         pods.append({
-            "namespace": spec.namespace, "name": spec.name,
-            "team": labels.get("team") or labels.get("gpulens.io/team") or spec.namespace,
-            "project": labels.get("project") or labels.get("gpulens.io/project") or spec.namespace,
-            "gpus": spec.gpus, "node": fact["node"], "pending_s": _seconds(fact["pending_s"]),
-            "running_s": _seconds(fact["running_s"]), "gpu_hours": _num(spec.gpus * fact["running_s"] / 3600.0),
-            "idle_gpu_hours": 0.0, "avg_sm_util_pct": None, "peak_mem_bytes": None, "cost_usd": 0.0,
-            "end_reason": fact["end_reason"], "steps": None, "cost_per_step_usd": None,
+            "namespace": record.namespace, "name": record.name, "seen": True, "team": record.team,
+            "project": record.project, "gpus": record.gpus, "node": record.node,
+            "pending_s": _seconds(record.pending_s), "running_s": _seconds(record.running_s),
+            "gpu_hours": _num(record.gpu_hours), "idle_gpu_hours": _num(record.idle_gpu_hours),
+            "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
+            "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
+            "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
         })
     windows = [m for m in outputs if isinstance(m, ClusterCapacity)]
     total = sum(w.gpu_s_total or 0.0 for w in windows)
@@ -199,6 +199,9 @@ def compare_report(report: dict[str, Any], expected: dict[str, Any], sample_inte
         got = rows.get(key)
         if got is None:
             problems.append(f"pods: no row for {key[0]}/{key[1]}")
+            continue
+        if not got.get("seen", True) and want.get("seen", True):
+            problems.append(f"pods {key[0]}/{key[1]}: not seen by the pipeline (no lifecycle record)")
             continue
         for field, value in want.items():
             if not _close(got.get(field), value):

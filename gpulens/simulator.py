@@ -505,20 +505,6 @@ class FleetSimulator:
         node.resources.set(mapping)
         node.sampler.processes = StaticProcessResolver(resolver)
 
-    # ------------------------------------------------------------------ ground truth (fallback only)
-
-    def pod_truth(self, end_offset: float) -> dict[int, dict[str, Any]]:
-        """What the simulator did per pod; the report uses it only for pods the pipeline never saw
-        (never created before the end, or a zero-GPU pod that never reached a node)."""
-        out = {}
-        for pod in self.pods:
-            end = pod.ended if pod.ended is not None else end_offset
-            created = pod.created
-            out[pod.spec.index] = {
-                "uid": pod.uid, "node": pod.node,
-                "pending_s": 0.0 if created is None else max((pod.scheduled if pod.scheduled is not None else end)
-                                                             - created, 0.0),
-                "running_s": 0.0 if pod.scheduled is None else max(end - pod.scheduled, 0.0),
-                "end_reason": pod.end_reason or ("Running" if pod.scheduled is not None else "Pending"),
-            }
-        return out
+    def pod_uids(self) -> dict[int, str]:
+        """Scenario pod index -> the uid its records carry (what names a report row)."""
+        return {pod.spec.index: pod.uid for pod in self.pods}

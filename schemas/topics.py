@@ -45,7 +45,9 @@ class TopicSpec:
     def kafka_config(self) -> dict[str, str]:
         config = {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
         if self.cleanup_policy == "compact":
-            config["min.compaction.lag.ms"] = "60000"
+            # a state stays readable for a day (the stream jobs' default horizon_s) before
+            # compaction may replace it: a worker lagging less than that never misses one
+            config["min.compaction.lag.ms"] = str(_DAY_MS)
             config["delete.retention.ms"] = str(_DAY_MS)
         return config
 

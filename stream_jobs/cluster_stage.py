@@ -35,7 +35,7 @@ from schemas.messages import (
 )
 from stream_jobs import alerts
 from stream_jobs.config import EngineConfig
-from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, stable_id, window_start
@@ -78,6 +78,7 @@ class ClusterStage:
     # ------------------------------------------------------------------ driving
 
     def submit(self, message: Message) -> None:
+        message = kept(message)
         kind = _TYPES.get(type(message))
         if kind is None:
             raise TypeError(f"the cluster stage does not take {type(message).__name__}")

@@ -70,6 +70,10 @@ class EngineConfig:
     """Expected sampling interval; samples carry their own and that one wins."""
     prices_usd_per_gpu_hour: Mapping[str, float] = field(default_factory=dict)
     thresholds: Thresholds = field(default_factory=Thresholds)
+    max_skew_s: float = 600.0
+    """An input whose event time is further ahead of the stream's clock is dead-lettered."""
+    horizon_s: float = 86400.0
+    """An input whose event time is further behind the stream's clock is dead-lettered."""
 
     def price(self, model: str | None) -> float:
         """USD per GPU-hour of ``model``; a MIG device falls back to its parent's model."""
@@ -87,6 +91,8 @@ class EngineConfig:
             "sample_interval_s": self.sample_interval_s,
             "prices_usd_per_gpu_hour": dict(self.prices_usd_per_gpu_hour),
             "thresholds": self.thresholds.to_dict(),
+            "max_skew_s": self.max_skew_s,
+            "horizon_s": self.horizon_s,
         }
 
     @classmethod
@@ -96,4 +102,6 @@ class EngineConfig:
             sample_interval_s=float(data.get("sample_interval_s", 10.0)),
             prices_usd_per_gpu_hour=dict(data.get("prices_usd_per_gpu_hour", {})),
             thresholds=Thresholds().with_overrides(data.get("thresholds", {})),
+            max_skew_s=float(data.get("max_skew_s", 600.0)),
+            horizon_s=float(data.get("horizon_s", 86400.0)),
         )

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 import orjson
@@ -58,10 +58,18 @@ from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
-from stream_jobs.pipeline import INPUT_TOPICS, Tombstone, dead_letter, decode_record, route
+from stream_jobs.offsets import AckOrder, Positions
+from stream_jobs.pipeline import (
+    INPUT_TOPICS,
+    Tombstone,
+    dead_letter,
+    decode_record,
+    event_time_error,
+    route,
+)
+from stream_jobs.state_store import ChunkedStore
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import (
-    AckOrder,
     ClusterGate,
     InputGate,
     Mark,
@@ -86,7 +94,8 @@ _PUBLIC_OUT = {PodWindow: POD_WINDOWS, ClusterCapacity: CLUSTER_CAPACITY, PodLif
 def engine_config(settings: WorkerSettings) -> EngineConfig:
     return EngineConfig(window_s=settings.window_s, sample_interval_s=settings.sample_interval_s,
                         prices_usd_per_gpu_hour=dict(settings.prices_usd_per_gpu_hour),
-                        thresholds=Thresholds().with_overrides(settings.thresholds))
+                        thresholds=Thresholds().with_overrides(settings.thresholds),
+                        max_skew_s=settings.max_skew_s, horizon_s=settings.horizon_s)
 
 
 def app_id(settings: WorkerSettings) -> str:
@@ -112,6 +121,7 @@ class WorkerMetrics:
         self.records_out = r.counter("stream_records_out_total", "records produced", ("topic",))
         self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic",))
         self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
+        self.skips = r.counter("stream_consumer_skips_total", "forward jumps of the consumer, read again")
         self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",
                                     ("stage",))
         self.marks = r.counter("stream_marks_total", "watermark marks processed", ("stage",))
@@ -120,18 +130,108 @@ class WorkerMetrics:
         self.stage_seconds = r.histogram("stream_stage_seconds", "processing time of one mark", ("stage",))
 
 
-class _JsonTable:
-    """A faust table of JSON documents under string keys (stored as bytes)."""
+class ConsumerPort(Protocol):
+    """What :class:`OffsetGuard` needs from the consumer."""
 
-    def __init__(self, table: Any) -> None:
-        self.table = table
+    async def committed(self, tp: Any) -> int:
+        """The group's committed offset of ``tp`` (the log start when nothing is committed)."""
 
-    def get(self, key: str) -> Any:
-        raw = self.table.get(key.encode())
-        return None if raw is None else orjson.loads(raw)
+    async def log_start(self, tp: Any) -> int: ...
 
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.table[key.encode()] = orjson.dumps(value)
+    def assignment(self) -> set[Any]:
+        """The partitions the consumer owns now."""
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
+
+
+class _FaustConsumerPort:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def committed(self, tp: Any) -> int:
+        consumer = self.app.consumer
+        thread = consumer._thread  # faust's aiokafka driver: the client lives in its own thread
+        offset = await thread.call_thread(thread._ensure_consumer().committed, tp)
+        return int(offset) if offset is not None else await self.log_start(tp)
+
+    async def log_start(self, tp: Any) -> int:
+        return int((await self.app.consumer.earliest_offsets(tp))[tp])
+
+    def assignment(self) -> set[Any]:
+        return set(self.app.consumer.assignment())
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        consumer = self.app.consumer
+        consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged
+        await consumer.seek(tp, offset)
+
+
+class OffsetGuard:
+    """Admits consumed records and releases their acknowledgements (:mod:`stream_jobs.offsets`),
+    seeking the consumer back when it skipped records."""
+
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None) -> None:
+        self.port = port
+        self.metrics = metrics or WorkerMetrics()
+        self.positions = Positions()
+        self.acks: AckOrder[Any] = AckOrder()
+        self._revoked: set[Any] = set()
+
+    def assign(self, assignment: set[Any]) -> None:
+        """The assignment signal (the worker's whole assignment)."""
+        for tp in self.positions.owned - set(assignment):
+            self.acks.forget(tp)
+        self.positions.assign(assignment)
+        self._revoked.clear()
+
+    def revoke(self, revoked: set[Any]) -> None:
+        self.positions.revoke(revoked)
+        self._revoked |= set(revoked)
+        for tp in revoked:
+            self.acks.forget(tp)
+
+    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
+        if tp not in self.positions.owned:
+            # before the first assignment signal the consumer's own assignment decides (records
+            # can come first); after a revocation only the next signal does (the consumer still
+            # lists revoked partitions while the group rebalances)
+            if tp in self._revoked or tp not in self.port.assignment():
+                return False
+            self.positions.assign(self.positions.owned | self.port.assignment())
+        if self.positions.needs_start(tp):
+            committed = await self.port.committed(tp)
+            self.positions.start(tp, committed)
+            log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+        verdict = self.positions.admit(tp, offset, compacted)
+        if verdict.seek is not None:
+            log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
+                        expected=verdict.seek, got=offset)
+            self.metrics.skips.inc()
+            await self.port.seek(tp, verdict.seek)
+        if not verdict.accept:
+            return False
+        return self.acks.track(tp, offset, token)
+
+    def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
+        return self.acks.done(tp, offset, token)
+
+    async def retry_rewinds(self) -> None:
+        """A seek made during a rebalance can be overridden: repeat it until the records come (or
+        the log no longer holds them: then say so, and go on from the log start)."""
+        for tp, target in self.positions.rewinding().items():
+            try:
+                start = await self.port.log_start(tp)
+                if tp not in self.positions.rewinding():
+                    continue  # revoked meanwhile
+                if start > target:
+                    log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                              first_missing=target, log_start=start)
+                    self.positions.restart(tp, start)
+                    target = start
+                await self.port.seek(tp, target)
+            except Exception as exc:  # a rebalance can take the partition away: the next round decides
+                log.warning("seek back failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
 
 
 @dataclass
@@ -204,7 +304,7 @@ class StreamJobs:
             topic_replication_factor=1,
             web_enabled=s.web_port > 0,
             web_port=s.web_port or 6066,
-            web_bind="0.0.0.0",
+            web_bind=str(s.web_bind),
             autodiscover=False,
             key_serializer="raw",  # every topic and changelog holds bytes we encode ourselves
             value_serializer="raw",
@@ -228,16 +328,15 @@ class StreamJobs:
         self.out_topics = {cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()}
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
         raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes}  # bytes -> the "raw" serializer
-        # one record per node-inputs partition (its node stages + progress) and one for the cluster
+        # one document per node-inputs partition (its node stages + progress) and one for the cluster
         # stage: a state and the progress that says which inputs it holds are written atomically
-        self.node_table = _JsonTable(app.Table("node-stages", default=None, partitions=self.node_partitions,
-                                               **raw))
-        self.cluster_table = _JsonTable(app.Table("cluster-stage", default=None, partitions=1, **raw))
+        # (split into records under the broker's size limit, see ChunkedStore)
+        limit = self.settings.state_record_max_bytes
+        self.node_table = ChunkedStore(app.Table("node-stages", default=None, partitions=self.node_partitions,
+                                                 **raw), limit)
+        self.cluster_table = ChunkedStore(app.Table("cluster-stage", default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
-        self.acks: AckOrder[Any] = AckOrder()
-        self._positions: dict[Any, int] = {}
-        self._rewinding: dict[Any, int] = {}
-        self._rewind_drops: dict[Any, int] = {}
+        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
         self._cluster_unacked: list[Any] = []
@@ -256,13 +355,9 @@ class StreamJobs:
         if stage in ("cluster", "all"):
             app.agent(self.cluster_topic, name="cluster")(self._cluster_agent)
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
-        app.timer(1.0)(self._retry_rewinds)
-
-    async def _retry_rewinds(self) -> None:
-        """A seek issued during a rebalance can be overridden: repeat it until the records come."""
-        for tp, target in list(self._rewinding.items()):
-            await self.app.consumer.seek(tp, target)
+        app.timer(1.0)(self.offsets.retry_rewinds)
 
     async def _report_waiting(self) -> None:
         """Say what a stage waits for when it waits (a mark held for inputs or partitions)."""
@@ -281,10 +376,8 @@ class StreamJobs:
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         """Forget in-memory gates and stages of partitions this worker no longer owns (their
         unacknowledged records go to the new owner, which restores the state from the tables)."""
+        self.offsets.revoke(revoked)
         for tp in revoked:
-            self.acks.forget(tp)
-            self._positions.pop(tp, None)
-            self._rewinding.pop(tp, None)
             if tp.topic == self.node_name:
                 log.info("node partition revoked", partition=tp.partition)
                 self.node_parts.pop(tp.partition, None)
@@ -296,41 +389,17 @@ class StreamJobs:
             elif tp.topic in self.input_names or tp.topic == self.control_name:
                 self.hold = MarkHold()
 
-    async def _admit(self, event: Any) -> bool:
-        """Whether to process a consumed event: it must follow the last one of its partition.
+    async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        self.offsets.assign(assigned)
 
-        After a restart the consumer has been seen to jump forward past records it never
-        delivered (a seek while table recovery completes). Those records are not acknowledged, so
-        nothing is lost for good, but skipping them would change results: on a forward jump we
-        seek back to the first record not seen and drop the early one (it is delivered again).
-        Offsets are contiguous on these topics; compacted input topics may have holes, so they
-        are exempt. A redelivered record still in flight is ignored (its first copy is acked).
-        """
+    async def _admit(self, event: Any) -> bool:
+        """Whether to process a consumed event (:class:`OffsetGuard`)."""
         message = event.message
-        tp, offset = message.tp, message.offset
-        last = self._positions.get(tp)
-        target = self._rewinding.get(tp)
-        if target is not None:
-            if offset != target:  # still the stale records fetched before the seek
-                self._rewind_drops[tp] = self._rewind_drops.get(tp, 0) + 1
-                if self._rewind_drops[tp] % 5000 == 0:
-                    await self.app.consumer.seek(tp, target)
-                return False
-            del self._rewinding[tp]
-            self._rewind_drops.pop(tp, None)
-        elif last is not None and offset > last + 1 and message.topic not in self._compacted:
-            log.warning("consumer skipped records; reading them again", topic=message.topic,
-                        partition=message.partition, expected=last + 1, got=offset)
-            self._rewinding[tp] = last + 1
-            await self.app.consumer.seek(tp, last + 1)
-            return False
-        if last is None or offset > last:
-            self._positions[tp] = offset
-        return self.acks.track(tp, offset, event)
+        return await self.offsets.admit(message.tp, message.offset, message.topic in self._compacted, event)
 
     async def _ack(self, events: Any, event: Any) -> None:
         """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""
-        for ready in self.acks.done(event.message.tp, event.message.offset):
+        for ready in self.offsets.done(event.message.tp, event.message.offset, event):
             await events.ack(ready)
 
     async def _send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
@@ -414,6 +483,18 @@ class StreamJobs:
         self.metrics.records_out.labels(self.deadletter_topic.get_topic_name()).inc()
         log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
 
+    async def _released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
+        """A forwarded input record a mark released, or None when its event time is out of the
+        bounds of the mark's clock (then it is dead-lettered: by both stages when it went to both,
+        with the same source headers; ``replay --kafka`` counts letters once per source)."""
+        data = parked.data
+        message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
+        error = event_time_error(message, mark.ts, self.config)
+        if error is None:
+            return message
+        await self._dead_letter(str(data["t"]), int(data["p"]), int(data["o"]), None, orjson.dumps(data["v"]), error)
+        return None
+
     async def _forward_mark(self, mark: Mark) -> None:
         value = mark.encode()
         for partition in range(self.node_partitions):
@@ -469,8 +550,9 @@ class StreamJobs:
     async def _node_mark(self, partition: int, part: _NodePartition, mark: Mark,
                          released: list[Parked[Any]]) -> None:
         for parked in released:
-            spec = _INPUT_BY_SUFFIX[parked.data["s"]]
-            message = validate(parked.data["v"], spec.message)
+            message = await self._released_input(parked, mark)
+            if message is None:
+                continue
             node = getattr(message, "node", None)
             if not node:
                 continue
@@ -573,7 +655,9 @@ class StreamJobs:
     async def _cluster_mark(self, gate: ClusterGate[Any], stage: ClusterStage, mark: Mark,
                             direct: list[Parked[Any]], outs: list[Parked[Any]], stats: dict[str, int]) -> None:
         for parked in direct:
-            stage.submit(validate(parked.data["v"], _INPUT_BY_SUFFIX[parked.data["s"]].message))
+            message = await self._released_input(parked, mark)
+            if message is not None:
+                stage.submit(message)
         for parked in outs:
             stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
         wm = mark.ts if mark.end else mark.ts - self.lateness_s

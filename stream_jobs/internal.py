@@ -9,7 +9,25 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import Message, NonNegFloat, NonNegInt, UtcDatetime
+from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime
+
+MAX_NAME_CHARS = 256
+"""Longest team / project / gang name a stage keeps (longer ones are cut)."""
+
+
+def kept(message: Message) -> Message:
+    """What a stage keeps of an input: labels are dropped (the stages use the team, project and
+    gang the watcher extracted from them) and those names are cut to ``MAX_NAME_CHARS``, so stage
+    state grows with the fleet, never with the size of what users put in labels."""
+    if isinstance(message, PodState):
+        names = {key: getattr(message, key) for key in ("team", "project", "gang_id")}
+        cut = {key: value[:MAX_NAME_CHARS] for key, value in names.items()
+               if value is not None and len(value) > MAX_NAME_CHARS}
+        if message.labels or cut:
+            return message.model_copy(update={"labels": {}} | cut)
+    elif isinstance(message, NodeState) and message.labels:
+        return message.model_copy(update={"labels": {}})
+    return message
 
 
 class NodeSummary(Message):

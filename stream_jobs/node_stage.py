@@ -24,7 +24,7 @@ from schemas.messages import GpuReading, GpuSample, Message, NodeState, PodState
 from stream_jobs import alerts
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
-from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, stable_id, window_start
 
@@ -93,6 +93,7 @@ class NodeStage:
     # ------------------------------------------------------------------ driving
 
     def submit(self, message: Message) -> None:
+        message = kept(message)
         kind = _kind_of(message)
         ts = epoch(message.ts)  # type: ignore[attr-defined]
         if self.wm is not None and ts <= self.wm:

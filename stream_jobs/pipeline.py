@@ -23,6 +23,7 @@ from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
+from stream_jobs.timeutil import epoch, iso
 
 INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES)
 _BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
@@ -41,6 +42,23 @@ def decode_record(suffix: str, value: bytes | None) -> Message:
     if value is None and suffix in COMPACTED_SUFFIXES:
         raise Tombstone(suffix)
     return decode(value, spec.message)
+
+
+def event_time_error(message: Message, clock: float, config: EngineConfig) -> str | None:
+    """Why an input's event time is out of bounds of the stream's clock (None: it is not).
+
+    ``clock``: the worker's wall clock in live mode, the driver's mark in control mode (replay,
+    demo: the tick's time in-process). A record far ahead would wait in a reorder buffer for ever;
+    one far behind would be dropped later by retention: both are dead-lettered instead, with this
+    reason."""
+    ts = epoch(message.ts)  # type: ignore[attr-defined]
+    if ts > clock + config.max_skew_s:
+        return (f"event time {iso(ts)} is more than {config.max_skew_s:g} s ahead of the stream's clock "
+                f"{iso(clock)} (max_skew_s)")
+    if ts < clock - config.horizon_s:
+        return (f"event time {iso(ts)} is more than {config.horizon_s:g} s behind the stream's clock "
+                f"{iso(clock)} (horizon_s)")
+    return None
 
 
 def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, partition: int | None = None,
@@ -103,11 +121,18 @@ class LocalPipeline:
             self.counters["tombstones"] += 1
             return
         except MessageError as exc:
-            self.counters["deadletters"] += 1
-            self.deadletters.append(dead_letter(str(exc), f"{self.topic_prefix}.{suffix}", value, at,
-                                                partition, offset))
+            self._dead_letter(str(exc), suffix, value, at, partition, offset)
+            return
+        error = event_time_error(message, epoch(at), self.config)
+        if error is not None:
+            self._dead_letter(error, suffix, value, at, partition, offset)
             return
         self.submit(message)
+
+    def _dead_letter(self, error: str, suffix: str, value: bytes | None, at: datetime, partition: int | None,
+                     offset: int | None) -> None:
+        self.counters["deadletters"] += 1
+        self.deadletters.append(dead_letter(error, f"{self.topic_prefix}.{suffix}", value, at, partition, offset))
 
     def submit(self, message: Message) -> None:
         for stage, key in route(message):

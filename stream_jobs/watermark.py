@@ -67,7 +67,9 @@ class Mark:
         if self.offsets is None:
             return True
         last = self.offsets.get(tp_key(topic, partition))
-        return last is None or offset <= last  # a partition the driver never wrote: not its to hold
+        # a partition the driver had not written yet: its records come after this mark (they are
+        # checked against the clock of the mark that covers them, as in-process)
+        return last is not None and offset <= last
 
 
 def record_envelope(topic: str, suffix: str, partition: int, offset: int, value: bytes) -> bytes:
@@ -259,47 +261,3 @@ class ClusterGate(InputGate[T]):
         for seq in [s for s in self.marks if s <= mark.seq]:  # earlier marks cannot linger, but be safe
             tokens.append(self.marks.pop(seq)[1])
         return direct, outs, tokens, stats
-
-
-class AckOrder(Generic[T]):
-    """Acknowledges consumed records strictly in offset order per partition.
-
-    Stages finish records out of order (a parked record is done only when a later mark releases
-    it), but a consumer may only commit past a record once it *and every record before it* are
-    done. faust commits the highest run of acknowledged offsets without checking that the run
-    starts at the committed position, so out-of-order acks could commit past a parked record and
-    lose it in a crash. Here a record's ack is held back until everything before it on its
-    partition is done too; what :meth:`done` returns may be acknowledged right away.
-    """
-
-    def __init__(self) -> None:
-        self._open: dict[Any, dict[int, list[Any]]] = {}
-
-    def track(self, tp: Any, offset: int, token: T) -> bool:
-        """Start tracking a consumed record; False if this offset is already in flight (a
-        redelivery of a record still being processed: ignore it, the first copy gets acked)."""
-        entries = self._open.setdefault(tp, {})
-        if offset in entries:
-            return False
-        entries[offset] = [token, False]
-        return True
-
-    def done(self, tp: Any, offset: int) -> list[T]:
-        entries = self._open.get(tp)
-        if not entries or offset not in entries:
-            return []
-        entries[offset][1] = True
-        out: list[T] = []
-        for key in list(entries):  # insertion order = consumption order = offset order
-            token, finished = entries[key]
-            if not finished:
-                break
-            out.append(token)
-            del entries[key]
-        return out
-
-    def forget(self, tp: Any) -> None:
-        self._open.pop(tp, None)
-
-    def waiting(self) -> int:
-        return sum(len(entries) for entries in self._open.values())

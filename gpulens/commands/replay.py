@@ -43,6 +43,9 @@ def _print_summary(report: dict[str, Any]) -> None:
                    "cost_usd", "end"):
         pods.add_column(column, justify="right" if column not in ("pod", "team", "node", "end") else "left")
     for p in report["pods"]:
+        if not p.get("seen", True):
+            pods.add_row(f"{p['namespace']}/{p['name']}", *["-"] * 9, "not seen")
+            continue
         avg = p["avg_sm_util_pct"]
         pods.add_row(f"{p['namespace']}/{p['name']}", str(p["team"]), str(p["gpus"]), str(p["node"] or "-"),
                      str(p["pending_s"]), str(p["running_s"]), f"{p['gpu_hours']:.4f}", f"{p['idle_gpu_hours']:.4f}",
@@ -68,8 +71,12 @@ def _print_summary(report: dict[str, Any]) -> None:
 @click.option("--topic-prefix", default=None, help="topic prefix for --kafka (default: a fresh one per run)")
 @click.option("--expect", "expected_path", type=click.Path(path_type=Path), default=None,
               help="compare with an expected-results JSON file; exit 1 on any difference")
+@click.option("--chaos", is_flag=True, help="with --kafka: SIGKILL and restart the worker on a seeded schedule")
+@click.option("--seed", type=int, default=None, help="seed of the --chaos schedule (default: random, printed)")
+@click.option("--kills", type=click.IntRange(min=1), default=8, show_default=True, help="SIGKILLs of --chaos")
 def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: float | None,
-           topic_prefix: str | None, expected_path: Path | None) -> None:
+           topic_prefix: str | None, expected_path: Path | None, chaos: bool, seed: int | None,
+           kills: int) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
     from gpulens.replay import DEFAULT_LATENESS_S, run_in_process
     from gpulens.scenario import load_scenario
@@ -78,12 +85,21 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
     if lateness < 0:
         raise UserError("--lateness must not be negative")
+    if (chaos or seed is not None) and not bootstrap:
+        raise UserError("--chaos and --seed need --kafka BOOTSTRAP (they kill worker processes)")
+    if seed is not None and not chaos:
+        raise UserError("--seed is the seed of --chaos; add --chaos")
     if bootstrap:
+        import random
+
         from common.kafka import BrokerUnavailable
         from gpulens.kafka_replay import run_through_kafka
 
+        chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None
         try:
-            report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix)
+            report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix,
+                                       chaos_seed=chaos_seed, kills=kills,
+                                       say=lambda line: click.echo(line, err=True))
         except BrokerUnavailable as exc:
             raise UserError(f"{exc}. Start one with `gpulens kafka up`.") from None
     else:

@@ -10,6 +10,7 @@ start workers with ``control`` and drive event time themselves (see docs/stream_
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -34,7 +35,9 @@ def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
 @click.option("--stage", type=click.Choice(["node", "cluster", "all"]), default=None,
               help="node = route + node stage, cluster = cluster stage, all = both (default) [env GPULENS_STAGE]")
 @click.option("--metrics-port", type=int, default=None, help="/metrics port, 0 = off [env GPULENS_METRICS_PORT]")
-@click.option("--web-port", type=int, default=None, help="faust web server port, 0 = off [env GPULENS_WEB_PORT]")
+@click.option("--web-port", type=int, default=None,
+              help="faust web server port (on GPULENS_WEB_BIND, default 127.0.0.1), 0 = off (default) "
+                   "[env GPULENS_WEB_PORT]")
 @click.option("--watermark-source", type=click.Choice(["clock", "control"]), default=None,
               help="clock (live) or control (a replay/demo driver marks event time) [env GPULENS_WATERMARK_SOURCE]")
 @click.option("--lateness", "lateness_s", type=float, default=None,
@@ -47,17 +50,29 @@ def worker(**flags: Any) -> None:
     from common.logs import get_logger
     from common.settings import WorkerSettings
 
+    log = get_logger(__name__)
     settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
-    try:
-        ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix)
-    except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+    deadline = time.monotonic() + settings.broker_wait_s
+    delay = 1.0
+    while True:
+        try:
+            ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix, timeout_s=3.0)
+            break
+        except BrokerUnavailable as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UserError(f"{exc}. Start one with `gpulens kafka up` or set "
+                                "GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+            log.warning("waiting for the Kafka broker", retry_in_s=min(delay, remaining), error=str(exc),
+                        gives_up_in_s=round(remaining))
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 30.0)
     from stream_jobs.faust_app import WorkerMetrics, run_worker
 
     metrics = WorkerMetrics()
     if settings.metrics_port:
         port = metrics.registry.serve(settings.metrics_port)
-        get_logger(__name__).info("metrics served", port=port)
+        log.info("metrics served", port=port)
     run_worker(settings, metrics)
 
 

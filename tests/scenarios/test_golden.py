@@ -13,8 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpulens.replay import compare_report, run_in_process
+from gpulens.replay import POD_FIGURES, build_report, compare_report, run_in_process
 from gpulens.scenario import load_scenario
+from gpulens.simulator import FleetSimulator
+from schemas.messages import PodLifecycle
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 OWN_SCENARIOS = REPO_ROOT / "gpulens" / "scenarios"
@@ -35,9 +37,16 @@ def test_shared_examples_are_present() -> None:
 def test_scenario_matches_expected(path: Path) -> None:
     scenario = load_scenario(path)
     expected = orjson.loads(path.parent.joinpath(path.stem + ".expected.json").read_bytes())
-    report = run_in_process(scenario).report
-    problems = compare_report(report, expected, scenario.sample_interval_s)
+    result = run_in_process(scenario)
+    problems = compare_report(result.report, expected, scenario.sample_interval_s)
     assert problems == [], "\n".join(problems)
+    # the report shows only what the pipeline emitted: without its lifecycle records no pod row
+    # is filled from elsewhere, and every pod the file expects is a difference
+    blind = build_report(scenario, [m for m in result.outputs if not isinstance(m, PodLifecycle)],
+                         FleetSimulator(scenario).pod_uids(), {})
+    assert all(row["seen"] is False and all(row[f] is None for f in POD_FIGURES) for row in blind["pods"])
+    unseen = [p for p in compare_report(blind, expected, scenario.sample_interval_s) if "not seen" in p]
+    assert len(unseen) == sum(1 for want in expected.get("pods", []) if want.get("seen", True))
 
 
 @pytest.mark.parametrize("path", sorted(SHARED_SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)

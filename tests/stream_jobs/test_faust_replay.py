@@ -13,9 +13,11 @@ import pytest
 
 from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
+from gpulens.cli import main
 from gpulens.kafka_replay import KafkaReplay
 from gpulens.replay import run_in_process
 from gpulens.scenario import load_scenario
+from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
 from schemas.topics import ALERTS, DEADLETTER, POD_WINDOWS
@@ -50,6 +52,8 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
     windows_total = expected.report["stream"]["pod_windows"]
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix,
                          work_dir=tmp_path / "replay")
+    # state records of at most 4 KB: every checkpoint is split, and the restart restores chunks
+    replay.worker.env["GPULENS_STATE_RECORD_MAX_BYTES"] = "4096"
     try:
         replay.create_topics()
         replay.worker.start()
@@ -72,6 +76,9 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
         replay.close()
     assert replay.worker.starts == 2
     assert _json(report) == _json(expected.report)
+    changelog = read_to_end(kafka_settings, f"{topic_prefix}-stream-jobs-node-stages-changelog")
+    assert max(len(r.value or b"") for r in changelog) <= 4096
+    assert any(r.key and b"#" in r.key for r in changelog), "the states were split into chunks"
     # every alert transition is on the topic; read deduplicated by (id, state) the set is exactly the
     # in-process one (a transition may appear twice: at-least-once, the sink keeps one row per id)
     on_topic = [decode(r.value, Alert) for r in outputs.alert_records]
@@ -104,3 +111,78 @@ def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
     assert sources == {spec.name(topic_prefix) for spec in INPUT_TOPICS}
     alerts = read_to_end(kafka_settings, ALERTS.name(topic_prefix))
     assert {decode(r.value, Alert).id for r in alerts} == {a["id"] for a in report["alerts"]}
+
+
+def test_hostile_state_keeps_the_worker_running_and_dead_letters_dated_records(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
+    """Every pod carries 10 KB label values (once enough to push the cluster stage's state record
+    past the broker's 1 MB limit and crash-loop the worker); a few records are dated 1970 and
+    2100 (once held in a reorder buffer for ever / dropped silently later)."""
+    blob = "x" * 10_240
+    pods = "\n".join(
+        f"  - {{name: job-{i}, namespace: ml, gpus: 1, create: {i % 5}m, run_for: {6 + i % 7}m, util: 70, "
+        f"labels: {{team: t{i % 3}, a: {blob}, b: {blob}}}}}" for i in range(40))
+    path = tmp_path / "hostile.yaml"
+    path.write_text(f"""name: hostile
+start: "2026-01-05T09:00:00Z"
+duration: 20m
+nodes:
+  - {{name: n1, gpus: 8, model: "NVIDIA H100 80GB HBM3"}}
+  - {{name: n2, gpus: 8, model: "NVIDIA H100 80GB HBM3"}}
+pods:
+{pods}
+""")
+    scenario = load_scenario(path)
+    ticks = list(FleetSimulator(scenario).run())
+    for index, when in ((20, "1970-01-01T00:00:00Z"), (40, "2100-01-01T00:00:00Z"), (60, "1970-01-02T00:00:00Z")):
+        tick = ticks[index]
+        for suffix in ("k8s.pods.v1", "gpu.samples.v1"):
+            original = next(r for t in [tick, *ticks] for r in t.records if r.topic == suffix and r.value is not None)
+            assert original.value is not None
+            dated = orjson.loads(original.value) | {"ts": when}
+            tick.records.append(Record(suffix, original.key, orjson.dumps(dated)))
+    expected = run_in_process(scenario, ticks=ticks)
+    assert expected.report["stream"]["deadletters"] == 6
+    replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix,
+                         work_dir=tmp_path / "replay")
+    try:
+        replay.create_topics()
+        replay.worker.start()
+        replay.send(ticks)
+        replay.finish()
+        done = replay.wait_done(timeout_s=240)
+        outputs = replay.read_outputs(done)
+        report = replay.report(outputs)
+        assert replay.worker.alive() and replay.worker.starts == 1, replay.worker.tail()
+    finally:
+        replay.close()
+    assert report["stream"] == expected.report["stream"], [
+        (r.headers, decode(r.value, DeadLetter).error[:90]) for r in outputs.deadletters]
+    assert _json(report) == _json(expected.report)
+    reasons = sorted(decode(r.value, DeadLetter).error for r in outputs.deadletters)
+    assert len(reasons) == 6
+    assert sum("behind the stream's clock" in r and "(horizon_s)" in r for r in reasons) == 4
+    assert sum("ahead of the stream's clock" in r and "2100-01-01" in r for r in reasons) == 2
+
+
+def test_chaos_replay_kills_the_worker_on_a_seeded_schedule_and_matches_in_process(
+        kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpulens replay --kafka --chaos``: SIGKILLs at seeded points (the seed rotates by day, so
+    CI covers other schedules over time, and is printed to rerun one); the report is the
+    in-process one byte for byte, so no sample was lost or counted twice in pod.windows."""
+    seed = int(time.time() // 86400)
+    path = SHARED_SCENARIOS / "idle-notebook.yaml"
+    expected = run_in_process(load_scenario(path)).report
+    code = main(["replay", str(path), "--kafka", kafka_settings.bootstrap_servers, "--chaos", "--seed", str(seed),
+                 "--kills", "5", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    kills = [line for line in err.splitlines() if ": SIGKILL worker" in line]
+    assert len(kills) == 5, err
+    assert f"chaos: seed {seed}, 5 SIGKILLs" in err
+    assert orjson.loads(out) == expected, f"seed {seed}"
+    assert out.strip().encode() == _json(expected), f"seed {seed}"
+
+
+def test_chaos_needs_kafka() -> None:
+    assert main(["replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--chaos"]) == 2

@@ -51,8 +51,9 @@ def test_redelivered_records_and_marks_are_recognised() -> None:
 
 def test_cluster_gate_waits_for_every_node_partition() -> None:
     gate: ClusterGate[str] = ClusterGate(node_partitions=2)
-    assert gate.offer_mark(Mark(1, 10.0, {}), "m1")
+    assert gate.offer_mark(Mark(1, 10.0, {f"{PODS}:0": 0}), "m1")
     assert gate.offer(rec(PODS, 0, 0), "pod")
+    assert gate.offer(rec(SAMPLES, 0, 0), "sample written after mark 1")
     assert gate.offer_output({"seq": 1, "P": 1, "i": 0, "c": "summary", "v": {}}, "o1-1-0")
     assert gate.offer_output({"seq": 2, "P": 0, "i": 0, "c": "summary", "v": {}}, "o2-0-0")
     assert gate.offer_node_mark({"seq": 1, "P": 1, "stats": {"sample_gaps": 1}}, "nm1-1")
@@ -61,7 +62,7 @@ def test_cluster_gate_waits_for_every_node_partition() -> None:
     mark = gate.next_complete()
     assert mark is not None and mark.seq == 1
     direct, outs, tokens, stats = gate.complete(mark)
-    assert [p.token for p in direct] == ["pod"]
+    assert [p.token for p in direct] == ["pod"], "a partition the mark does not name is not covered"
     assert [p.token for p in outs] == ["o1-1-0"], "outputs of mark 2 wait for mark 2"
     assert sorted(tokens) == ["m1", "nm1-0", "nm1-1"]
     assert stats == {"sample_gaps": 3}

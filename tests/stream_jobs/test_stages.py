@@ -150,7 +150,7 @@ def _checkpointed_replay(path: str, cut_tick: int) -> dict[str, object]:
             pipeline = LocalPipeline.from_dict(state, config)
     pipeline.flush(epoch(scenario.start + timedelta(seconds=scenario.end_offset_s)))
     outputs += pipeline.outputs
-    return build_report(scenario, outputs, simulator.pod_truth(scenario.end_offset_s), {})
+    return build_report(scenario, outputs, simulator.pod_uids(), {})
 
 
 def test_state_restored_from_json_mid_scenario_gives_the_same_report() -> None:

@@ -1,0 +1,175 @@
+"""Offset bookkeeping between the Kafka consumer and the stages: which consumed record a stage may
+process, and when its offset may be acknowledged (so committed).
+
+Why this exists: faust (0.15) commits the highest run of acknowledged offsets and treats a forward
+jump in a partition's offsets as a *gap it considers acknowledged*. A consumer whose fetch
+position moves past records it never delivered (seen after restarts and rebalances: a seek while
+table recovery completes, records buffered before a revocation) would therefore commit past
+records no stage applied. Two rules keep every input record applied exactly once:
+
+- :class:`Positions`: per owned partition, the next offset a stage must see. After an assignment
+  it starts at the partition's *committed* offset (read from the broker; the log start when
+  nothing is committed), never at the first record fetched. A record past that position means the
+  consumer skipped records: the caller seeks back and the early records are dropped unprocessed
+  until the re-read arrives. A record before it was already admitted (a redelivery): dropped.
+  Records of partitions this worker does not own (buffered before a revocation) are dropped.
+  Compacted topics have real holes: a jump there is verified once by the same seek — if the
+  re-read starts at the same offset again, the hole is real and accepted. Holes inside a run that
+  began at a verified position are accepted without a seek (a fetch never skips within a run; a
+  seek per compaction hole would make reading a compacted topic cost one fetch per record).
+- :class:`AckOrder`: acknowledgements are released strictly in offset order per partition.
+
+Both are plain code (no Kafka): the faust adapter calls them for every consumed record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What to do with a consumed record: process it (``accept``), and/or seek the partition back
+    to ``seek`` (the caller also drops what the consumer counted as read beyond it). ``reason``
+    says why a record is dropped (for logs and counters)."""
+
+    accept: bool
+    seek: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class _Position:
+    next: int
+    """The offset the next admitted record must have."""
+    verified: bool
+    """Whether ``next`` follows a record admitted in this assignment (False: it comes from the
+    committed offset, or a seek back is in progress)."""
+    rewind_from: int | None = None
+    """While a seek back is in progress: the offset whose arrival revealed the skip."""
+    stale_max: int = -1
+    """While a seek back is in progress: the highest offset dropped since the seek (records
+    fetched before it, still on their way)."""
+
+
+@dataclass
+class Positions:
+    """The next offset to process per owned partition (see the module docstring)."""
+
+    owned: set[Any] = field(default_factory=set)
+    _at: dict[Any, _Position] = field(default_factory=dict)
+
+    def assign(self, assignment: set[Any]) -> None:
+        """The worker's new assignment (all its partitions): positions of partitions it keeps
+        are kept; a partition assigned again starts from its committed offset."""
+        for tp in set(self._at) - set(assignment):
+            del self._at[tp]
+        self.owned = set(assignment)
+
+    def revoke(self, revoked: set[Any]) -> None:
+        for tp in revoked:
+            self.owned.discard(tp)
+            self._at.pop(tp, None)
+
+    def needs_start(self, tp: Any) -> bool:
+        """True when ``tp`` is owned but has no position yet: call :meth:`start` with its
+        committed offset before :meth:`admit`."""
+        return tp in self.owned and tp not in self._at
+
+    def start(self, tp: Any, committed: int) -> None:
+        """``committed``: the next offset to read as committed for the consumer group (or the
+        log start offset when nothing is committed). Ignored for a partition revoked meanwhile."""
+        if tp not in self.owned:
+            return
+        self._at[tp] = _Position(next=committed, verified=False)
+
+    def rewinding(self) -> dict[Any, int]:
+        """Partitions with a seek back in progress: ``{tp: offset to seek to}`` (a seek made during
+        a rebalance can be overridden; the caller repeats these)."""
+        return {tp: pos.next for tp, pos in self._at.items() if pos.rewind_from is not None}
+
+    def admit(self, tp: Any, offset: int, compacted: bool) -> Admission:
+        if tp not in self.owned:
+            return Admission(False, reason="partition not owned")
+        pos = self._at.get(tp)
+        if pos is None:
+            raise KeyError(f"no start position for {tp!r}: call start() first")
+        if pos.rewind_from is not None:
+            return self._admit_rewinding(pos, offset, compacted)
+        if offset < pos.next:
+            return Admission(False, reason="already admitted")
+        if offset > pos.next and (not compacted or not pos.verified):
+            pos.rewind_from, pos.stale_max, pos.verified = offset, offset, False
+            return Admission(False, seek=pos.next, reason="skipped records")
+        pos.next, pos.verified = offset + 1, True
+        return Admission(True)
+
+    def _admit_rewinding(self, pos: _Position, offset: int, compacted: bool) -> Admission:
+        assert pos.rewind_from is not None
+        # on a compacted topic the re-read may begin past the wanted offset: the records before
+        # it were compacted away (it begins before the offset that revealed the jump, or restarts
+        # at or below what was dropped since the seek). Elsewhere only the wanted offset will do
+        # (records deleted by retention: see restart()).
+        hole = compacted and pos.next < offset and (offset < pos.rewind_from or offset <= pos.stale_max)
+        if offset != pos.next and not hole:
+            pos.stale_max = max(pos.stale_max, offset)
+            return Admission(False, reason="fetched before the seek back")
+        pos.rewind_from, pos.stale_max = None, -1
+        pos.next, pos.verified = offset + 1, True
+        return Admission(True)
+
+    def restart(self, tp: Any, offset: int) -> None:
+        """Give up waiting for records before ``offset`` (they no longer exist: the log starts
+        there) and continue from it."""
+        if tp in self._at:
+            self._at[tp] = _Position(next=offset, verified=False)
+
+
+class AckOrder(Generic[T]):
+    """Acknowledges consumed records strictly in offset order per partition.
+
+    Stages finish records out of order (a parked record is done only when a later mark releases
+    it), but a consumer may only commit past a record once it *and every record before it* are
+    done. faust commits the highest run of acknowledged offsets without checking that the run
+    starts at the committed position, so out-of-order acks could commit past a parked record and
+    lose it in a crash. Here a record's ack is held back until everything before it on its
+    partition is done too; what :meth:`done` returns may be acknowledged right away.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[Any, dict[int, list[Any]]] = {}
+
+    def track(self, tp: Any, offset: int, token: T) -> bool:
+        """Start tracking a consumed record; False if this offset is already in flight (a
+        redelivery of a record still being processed: ignore it, the first copy gets acked)."""
+        entries = self._open.setdefault(tp, {})
+        if offset in entries:
+            return False
+        entries[offset] = [token, False]
+        return True
+
+    def done(self, tp: Any, offset: int, token: T) -> list[T]:
+        """``token`` is processed; the tokens now acknowledgeable, in offset order. A token not
+        tracked (any more: its partition was revoked) releases nothing, even when the same offset
+        is tracked again for a new assignment."""
+        entries = self._open.get(tp)
+        if not entries or offset not in entries or entries[offset][0] is not token:
+            return []
+        entries[offset][1] = True
+        out: list[T] = []
+        for key in list(entries):  # insertion order = consumption order = offset order
+            tracked, finished = entries[key]
+            if not finished:
+                break
+            out.append(tracked)
+            del entries[key]
+        return out
+
+    def forget(self, tp: Any) -> None:
+        self._open.pop(tp, None)
+
+    def waiting(self) -> int:
+        return sum(len(entries) for entries in self._open.values())

@@ -1,0 +1,247 @@
+"""Offset bookkeeping without a broker: which consumed records a stage processes and what the
+consumer may commit, with faust's own gap and commit arithmetic (``Consumer._add_gap`` /
+``_new_offset``) run over a fake partition log. Each test fails on the old ``_admit`` (a position
+that started at the first fetched record, compacted topics exempt)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any, NamedTuple
+
+from faust.transport.consumer import Consumer as FaustConsumer
+from intervaltree import IntervalTree
+
+from stream_jobs.faust_app import OffsetGuard
+from stream_jobs.offsets import AckOrder, Positions
+
+
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
+SAMPLES = TP("p.gpu.samples.v1", 0)
+PODS = TP("p.k8s.pods.v1", 0)
+
+
+class FaustLikeConsumer:
+    """One partition's log and a consumer over it, with faust 0.15's bookkeeping: the records
+    fetched go through faust's gap detection (``_drain_messages``) into a queue the agent reads;
+    acks and commits use faust's own code. ``position`` is where the next fetch starts."""
+
+    def __init__(self, tp: TP, offsets: list[int], committed: int, position: int | None = None) -> None:
+        self.tp = tp
+        self.log = sorted(offsets)
+        self.position = committed if position is None else position
+        self.queue: list[int] = []
+        self.seeks: list[int] = []
+        self._gap: dict[Any, IntervalTree] = defaultdict(IntervalTree)
+        self._acked: dict[Any, list[int]] = defaultdict(list)
+        self._acked_index: dict[Any, set[int]] = defaultdict(set)
+        self._committed_offset: dict[Any, int | None] = {tp: committed}
+        self._read_offset: dict[Any, int | None] = {tp: committed}
+        self.commits: list[int] = []
+        self.assigned = {tp}
+
+    async def fetch(self, count: int) -> None:
+        """Fetch up to ``count`` records from ``position`` through faust's gap detection."""
+        for offset in [o for o in self.log if o >= self.position][:count]:
+            r_offset = self._read_offset[self.tp]
+            if r_offset is None or offset >= r_offset:
+                if offset - (r_offset or 0) > 1 and r_offset:
+                    await FaustConsumer._add_gap(self, self.tp, r_offset + 1, offset)  # type: ignore[arg-type]
+                self.queue.append(offset)
+                self._read_offset[self.tp] = offset
+            self.position = offset + 1
+
+    def ack(self, offset: int) -> None:  # faust's Consumer.ack, minus the locking
+        committed = self._committed_offset[self.tp]
+        if (committed is None or offset >= committed) and offset not in self._acked_index[self.tp]:
+            self._acked_index[self.tp].add(offset)
+            self._acked[self.tp].append(offset)
+
+    def commit(self) -> None:
+        offset = FaustConsumer._new_offset(self, self.tp)  # type: ignore[arg-type]
+        committed = self._committed_offset[self.tp]
+        if offset is not None and (committed is None or offset > committed):
+            self._committed_offset[self.tp] = offset
+            self.commits.append(offset)
+
+    # the ConsumerPort of OffsetGuard (as _FaustConsumerPort does it on the real consumer)
+    async def committed(self, tp: Any) -> int:
+        value = self._committed_offset[tp]
+        return self.log[0] if value is None else value
+
+    async def log_start(self, tp: Any) -> int:
+        return self.log[0]
+
+    def assignment(self) -> set[Any]:
+        return set(self.assigned)
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append(offset)
+        self._gap.pop(tp, None)
+        self.position = offset
+        self._read_offset[tp] = offset if offset else None
+
+
+class Rec:
+    """A consumed record as the stream hands it to an agent (the token acknowledged later)."""
+
+    def __init__(self, tp: TP, offset: int) -> None:
+        self.tp, self.offset = tp, offset
+
+
+async def consume(consumer: FaustLikeConsumer, guard: OffsetGuard, compacted: bool = False, batch: int = 7,
+                  hold: int = 0) -> list[int]:
+    """The agent loop until the log is read: admit, process, acknowledge (``hold`` records wait
+    and are then finished newest first: out of order), commit with faust's arithmetic. Returns
+    the offsets processed, in order; after every commit, everything below it must be processed."""
+    first = await consumer.committed(consumer.tp)
+    processed: list[int] = []
+    pending: list[Rec] = []
+    while True:
+        if not consumer.queue:
+            before = consumer.position
+            await consumer.fetch(batch)
+            if not consumer.queue:
+                if consumer.position == before:
+                    return processed
+                continue
+        rec = Rec(consumer.tp, consumer.queue.pop(0))
+        if not await guard.admit(rec.tp, rec.offset, compacted, rec):
+            continue
+        processed.append(rec.offset)
+        pending.append(rec)
+        if len(pending) > hold:
+            for done in reversed(pending):
+                for ready in guard.done(done.tp, done.offset, done):
+                    consumer.ack(ready.offset)
+            pending = []
+        consumer.commit()
+        unprocessed = [o for o in consumer.log if first <= o < consumer.commits[-1] and o not in processed] \
+            if consumer.commits else []
+        assert unprocessed == [], f"committed {consumer.commits[-1]} past unprocessed records {unprocessed}"
+
+
+def guard_for(consumer: FaustLikeConsumer) -> OffsetGuard:
+    return OffsetGuard(consumer)
+
+
+def test_first_record_after_an_assignment_past_the_committed_offset_is_read_again() -> None:
+    # committed 100, but the consumer's first fetch starts at 105 (the race seen after restarts)
+    consumer = FaustLikeConsumer(SAMPLES, list(range(160)), committed=100, position=105)
+    processed = asyncio.run(consume(consumer, guard_for(consumer)))
+    assert processed == list(range(100, 160)), "every record from the committed offset, once, in order"
+    assert consumer.seeks == [100]
+    assert consumer.commits[-1] == 160
+
+
+def test_compacted_topic_with_holes_is_read_without_loss_or_needless_seeks() -> None:
+    holes = {3, 4, 7, 8, 12, 20, 21, 22, 40}
+    log = [o for o in range(50) if o not in holes]
+    # committed 3 points into a hole: the jump to 5 is verified once (one seek), then accepted;
+    # the holes later in the run need no seek
+    consumer = FaustLikeConsumer(PODS, log, committed=3)
+    processed = asyncio.run(consume(consumer, guard_for(consumer), compacted=True))
+    assert processed == [o for o in log if o >= 3]
+    assert consumer.seeks == [3]
+    assert consumer.commits[-1] == 50
+
+
+def test_compacted_topic_is_not_exempt_from_skips() -> None:
+    holes = {30, 31}
+    log = [o for o in range(60) if o not in holes]
+    # committed 10, the consumer starts at 14: records 10-13 exist and must be read
+    consumer = FaustLikeConsumer(PODS, log, committed=10, position=14)
+    processed = asyncio.run(consume(consumer, guard_for(consumer), compacted=True))
+    assert processed == [o for o in log if o >= 10]
+    assert consumer.seeks == [10]
+
+
+def test_out_of_order_acknowledgements_never_commit_past_an_open_record() -> None:
+    order: AckOrder[Rec] = AckOrder()
+    r = {offset: Rec(SAMPLES, offset) for offset in range(10, 15)}
+    for offset, rec in r.items():
+        assert order.track(SAMPLES, offset, rec)
+    assert not order.track(SAMPLES, 12, Rec(SAMPLES, 12)), "a redelivery of a record in flight"
+    assert order.done(SAMPLES, 12, r[12]) == []
+    assert order.done(SAMPLES, 11, r[11]) == []
+    assert order.done(SAMPLES, 10, r[10]) == [r[10], r[11], r[12]]
+    assert order.done(SAMPLES, 14, r[14]) == []
+    assert order.done(SAMPLES, 13, r[13]) == [r[13], r[14]]
+    # through faust's commit arithmetic: records finish newest first, in groups of four
+    consumer = FaustLikeConsumer(SAMPLES, list(range(40)), committed=0, position=3)
+    assert asyncio.run(consume(consumer, guard_for(consumer), hold=3)) == list(range(40))
+    assert consumer.commits[-1] == 40
+
+
+def test_revocation_in_the_middle_of_a_batch() -> None:
+    consumer = FaustLikeConsumer(SAMPLES, list(range(50)), committed=20)
+    guard = guard_for(consumer)
+
+    async def scenario() -> None:
+        first = [Rec(SAMPLES, o) for o in (20, 21, 22)]
+        for rec in first:
+            assert await guard.admit(SAMPLES, rec.offset, False, rec)
+        assert guard.done(SAMPLES, 20, first[0]) == [first[0]]
+        guard.revoke({SAMPLES})  # the consumer still lists the partition while the group rebalances
+        # the rest of the batch, buffered before the revocation: not processed, not acknowledged
+        assert not await guard.admit(SAMPLES, 23, False, Rec(SAMPLES, 23))
+        assert guard.done(SAMPLES, 21, first[1]) == []
+        # assigned again; 20 was never acknowledged to the consumer, so 20 is still committed
+        guard.assign({SAMPLES})
+        stale = Rec(SAMPLES, 24)
+        assert not await guard.admit(SAMPLES, stale.offset, False, stale), "a record fetched before the revocation"
+        assert consumer.seeks == [20]
+        again = [Rec(SAMPLES, o) for o in (20, 21, 22)]
+        for rec in again:
+            assert await guard.admit(SAMPLES, rec.offset, False, rec)
+        # a token of the old assignment releases nothing, though its offset is tracked again
+        assert guard.done(SAMPLES, 22, first[2]) == []
+        assert guard.done(SAMPLES, 21, again[1]) == []
+        assert guard.done(SAMPLES, 20, again[0]) == [again[0], again[1]]
+
+    asyncio.run(scenario())
+
+
+def test_records_deleted_before_they_were_read_are_reported_and_skipped() -> None:
+    # retention removed 0-49 while 20 was the committed offset: the worker says so and goes on
+    consumer = FaustLikeConsumer(SAMPLES, list(range(50, 70)), committed=20)
+    guard = guard_for(consumer)
+
+    async def scenario() -> list[int]:
+        rec = Rec(SAMPLES, 50)
+        assert not await guard.admit(SAMPLES, 50, False, rec)
+        assert guard.positions.rewinding() == {SAMPLES: 20}
+        assert not await guard.admit(SAMPLES, 50, False, Rec(SAMPLES, 50)), "still waiting for 20"
+        await guard.retry_rewinds()
+        assert consumer.seeks == [20, 50]
+        consumer.queue.clear()
+        return await consume(consumer, guard)
+
+    assert asyncio.run(scenario()) == list(range(50, 70))
+
+
+def test_records_before_the_first_assignment_signal_follow_the_consumers_assignment() -> None:
+    consumer = FaustLikeConsumer(SAMPLES, list(range(10)), committed=4)
+    guard = OffsetGuard(consumer)
+    assert asyncio.run(guard.admit(SAMPLES, 4, False, Rec(SAMPLES, 4)))
+    consumer.assigned = set()
+    assert not asyncio.run(guard.admit(PODS, 0, True, Rec(PODS, 0))), "not the consumer's"
+
+
+def test_positions_drop_redeliveries_and_partitions_not_owned() -> None:
+    positions = Positions()
+    assert not positions.admit(SAMPLES, 0, False).accept, "not owned"
+    positions.assign({SAMPLES})
+    assert positions.needs_start(SAMPLES)
+    positions.start(SAMPLES, 5)
+    assert positions.admit(SAMPLES, 5, False).accept
+    assert positions.admit(SAMPLES, 5, False).reason == "already admitted"
+    assert positions.admit(SAMPLES, 7, False).seek == 6
+    positions.assign(set())
+    assert not positions.needs_start(SAMPLES)
+    positions.start(SAMPLES, 0)
+    assert positions.rewinding() == {}

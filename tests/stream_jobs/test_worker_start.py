@@ -1,0 +1,33 @@
+"""A starting ``gpulens worker`` waits for the Kafka broker with backoff (a broker restart or a
+worker started first must not kill it), then, past ``broker_wait_s``, exits 2 naming the broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_worker_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
+    env |= {"GPULENS_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "GPULENS_BROKER_WAIT_S": "8",
+            "GPULENS_DATA_DIR": str(tmp_path), "GPULENS_LOG_FORMAT": "json"}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "gpulens", "worker"], env=env, capture_output=True, text=True,
+                            timeout=120, check=False)
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert output.count("waiting for the Kafka broker") >= 2, output
+    assert f"no Kafka broker at {bootstrap}" in output.splitlines()[-1]
+    assert elapsed >= 8, "it gave up before broker_wait_s"
