@@ -61,6 +61,10 @@ def endpoint_file(data_dir: Path) -> Path:
     return data_dir / ENDPOINT_FILE
 
 
+STOP_WAIT_S = 6.0
+"""How long stopping waits for cancelled queries to leave the engine (SIGTERM -> exit within 10 s)."""
+
+
 class ReaderPool:
     """Read-only stores, one per running query (a chDB handle runs one query at a time)."""
 
@@ -71,6 +75,7 @@ class ReaderPool:
         self._size = size
         self._closed = False
         self._lock = threading.Lock()
+        self._idle_now = threading.Condition(self._lock)
 
     def acquire(self) -> ClickHouseStore:
         with self._lock:
@@ -90,10 +95,16 @@ class ReaderPool:
     def release(self, store: ClickHouseStore) -> None:
         with self._lock:
             self._busy -= 1
+            self._idle_now.notify_all()
             if not self._closed:
                 self._idle.append(store)
                 return
         store.close()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no query runs (cancelled ones return within moments); False on timeout."""
+        with self._lock:
+            return self._idle_now.wait_for(lambda: self._busy == 0, timeout_s)
 
     def close(self) -> None:
         """Close the idle stores now; a busy one closes when its (cancelled) query returns."""
@@ -228,6 +239,10 @@ class QueryServer:
         self.stopping.set()  # running queries are killed within a watcher tick
         self._httpd.shutdown()
         self._httpd.server_close()
+        # the process must not exit while a query thread is still inside the engine (chDB crashes
+        # at interpreter exit under a running query): give the cancelled ones time to return
+        if not self.pool.wait_idle(STOP_WAIT_S):
+            log.warning("queries still running at stop", waited_s=STOP_WAIT_S)
         self.pool.close()
         with contextlib.suppress(FileNotFoundError, ValueError, OSError):
             path = endpoint_file(self.data_dir)
