@@ -42,7 +42,7 @@ import orjson
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WorkerSettings
-from schemas.codec import MessageError, encode, validate
+from schemas.codec import WIRE_HEADERS, MessageError, encode, validate
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
 from schemas.topics import (
     ALERTS,
@@ -475,7 +475,7 @@ class StreamJobs:
     async def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                            value: bytes | None, error: str) -> None:
         letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset)
-        headers = [("error", error.encode()), ("source_topic", topic.encode()),
+        headers = [*WIRE_HEADERS, ("error", error.encode()), ("source_topic", topic.encode()),
                    ("source_partition", str(partition).encode()), ("source_offset", str(offset).encode())]
         fut = await self.deadletter_topic.send(key=key, value=encode(letter), headers=headers)
         await fut  # rare: make it durable before the stream moves on
@@ -573,7 +573,7 @@ class StreamJobs:
                 internal.append(("summary" if isinstance(message, NodeSummary) else "usage", encode(message)))
             else:
                 public.append(await self._send(self.out_topics[type(message)], _output_key(message),
-                                               encode(message)))
+                                               encode(message), headers=list(WIRE_HEADERS)))
         part.futures.extend(public)
         if mark.end:  # every public output is out before the cluster can say done
             await asyncio.gather(*part.futures)
@@ -663,7 +663,8 @@ class StreamJobs:
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
         for m in outputs:
-            self._cluster_futures.append(await self._send(self.out_topics[type(m)], _output_key(m), encode(m)))
+            self._cluster_futures.append(await self._send(self.out_topics[type(m)], _output_key(m), encode(m),
+                                                          headers=list(WIRE_HEADERS)))
         self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
 
     async def _cluster_checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStage,
