@@ -22,7 +22,7 @@ from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.conftest import SHARED_SCENARIOS
 from tests.report.conftest import StoredReport
-from tests.report.dom import parse
+from tests.report.dom import Page, parse
 
 HERE = Path(__file__).parent
 SCENARIOS = [SHARED_SCENARIOS / "idle-notebook.yaml", SHARED_SCENARIOS / "fragmentation-basic.yaml",
@@ -108,23 +108,44 @@ def test_html_report_agrees_with_the_replay_report(path: Path,
         assert "Insufficient nvidia.com/gpu" in page.charts["pending-reasons"].marks[0].label
 
 
-def test_an_empty_store_gives_a_report_that_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _html_report_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *statements: str) -> Page:
+    """The HTML report (through the CLI) of a fresh store holding what ``statements`` insert."""
     url = f"chdb://{tmp_path / 'clickhouse'}"
     store = open_store(url)
     try:
         migrate(store)
+        for statement in statements:
+            store.command(statement)
     finally:
         store.close()
     monkeypatch.setenv("GPULENS_CLICKHOUSE__URL", url)
-    out = tmp_path / "empty.html"
+    out = tmp_path / "report.html"
     assert main(["report", "--html", str(out), "--data-dir", str(tmp_path)]) == 0
-    page = parse(out.read_text(encoding="utf-8"))
+    return parse(out.read_text(encoding="utf-8"))
+
+
+def test_an_empty_store_gives_a_report_that_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = _html_report_of(tmp_path, monkeypatch)
     assert page.charts == {}
     assert all(page.no_data.get(s) for s in page.sections), page.no_data
     assert "gpulens sink" in page.no_data["summary"][0]
 
 
 _OFFSET = "(number * 60 + if(number >= 60, 70 * 3600, 0))"  # 60 windows, then 10 windows 70 hours later
+_STEADY_FLEET = [statement.replace("_OFFSET", _OFFSET) for statement in (
+    """INSERT INTO cluster_capacity (window_id, window_start, window_end, gpus_total, gpus_allocated, gpus_busy,
+        gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods, pending_gpu_demand)
+      SELECT toString(number), toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
+             toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 120, 100, 94, 6, 20, 1, 20, 2, 8
+      FROM numbers(70)""",
+    """INSERT INTO pod_windows (window_id, pod_uid, namespace, pod, node, gpu_uuid, gpu_model, window_start,
+        window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction, avg_sm_util_pct,
+        max_mem_used_bytes)
+      SELECT toString(number), 'u', 'ml', 'train', 'n', 'GPU-1', 'H100',
+             toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
+             toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 'vision', 60, 60, 0, 6, 0.1, 1, 90,
+             42949672960
+      FROM numbers(70)""")]
 
 
 def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
@@ -133,30 +154,7 @@ def test_a_partly_covered_bucket_shows_the_fleet_as_it_was_not_diluted(
     """A steady fleet (94 busy, 6 idle, 20 free, all 20 stranded) seen for an hour and, 70 hours later,
     for 10 minutes: the span makes the buckets hourly, so the last bucket holds 10 minutes of windows,
     and must still show 94 / 6 / 20 (not 15.7 / 1 / 3.3)."""
-    url = f"chdb://{tmp_path / 'clickhouse'}"
-    store = open_store(url)
-    try:
-        migrate(store)
-        store.command("""INSERT INTO cluster_capacity (window_id, window_start, window_end, gpus_total, gpus_allocated,
-            gpus_busy, gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods,
-            pending_gpu_demand)
-          SELECT toString(number), toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
-                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 120, 100, 94, 6, 20, 1, 20, 2, 8
-          FROM numbers(70)""".replace("_OFFSET", _OFFSET))
-        store.command("""INSERT INTO pod_windows (window_id, pod_uid, namespace, pod, node, gpu_uuid, gpu_model,
-            window_start, window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction,
-            avg_sm_util_pct, max_mem_used_bytes)
-          SELECT toString(number), 'u', 'ml', 'train', 'n', 'GPU-1', 'H100',
-                 toDateTime64('2026-01-05 09:00:00', 3, 'UTC') + _OFFSET,
-                 toDateTime64('2026-01-05 09:01:00', 3, 'UTC') + _OFFSET, 'vision', 60, 60, 0, 6, 0.1, 1, 90,
-                 42949672960
-          FROM numbers(70)""".replace("_OFFSET", _OFFSET))
-    finally:
-        store.close()
-    monkeypatch.setenv("GPULENS_CLICKHOUSE__URL", url)
-    out = tmp_path / "partial.html"
-    assert main(["report", "--html", str(out), "--data-dir", str(tmp_path)]) == 0
-    page = parse(out.read_text(encoding="utf-8"))
+    page = _html_report_of(tmp_path, monkeypatch, *_STEADY_FLEET)
     for series, gpus in (("busy", 94.0), ("idle allocated", 6.0), ("unallocated", 20.0)):
         assert page.series_values("fleet-states", series) == pytest.approx([gpus] * len(
             page.series_values("fleet-states", series))), series
