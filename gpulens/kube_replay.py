@@ -4,14 +4,17 @@ The in-process replay translates the simulator's Kubernetes objects with the wat
 this plays the same scenario at real speed against a real kube-apiserver (``gpulens/kube_local.py``):
 the simulator's nodes (with their GPU capacity) and pods become API objects, pods are bound through
 ``pods/binding``, their status is written as a kubelet would, scheduling failures are posted as
-Events and ended pods are deleted. The watcher (``WatcherService`` through the least-privilege
+Events and pods with a ``delete`` time are deleted. The watcher (``WatcherService`` through the least-privilege
 kubeconfig) turns what the server serves into records; those, with the simulator's GPU samples and
 progress records, feed the same pipeline stages, and the report is built the same way.
 
 The server owns uids and stamps creation, binding and deletion times itself at 1-second
-resolution, so the scenario starts at the next whole second from now and each tick is applied at
-its wall-clock time. Pod uids are the server's: the simulator's pod takes the server's uid as soon
-as it is created, so its samples, progress records and bookkeeping name the same pod.
+resolution, so the scenario starts at a whole second from now, each tick is applied at its
+wall-clock time, and the watcher runs on a clock of the same resolution (its records carry the
+second they were seen in, as the in-process replay stamps the tick's time); a tick whose writes
+and watch events take more than a second would show as a difference. Pod uids are the server's:
+the simulator's pod takes the server's uid as soon as it is created, so its samples, progress
+records and bookkeeping name the same pod.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from gpulens.kube_local import LocalKube
 from gpulens.replay import ReplayResult, build_report, engine_config
 from gpulens.scenario import Scenario
 from gpulens.simulator import FleetSimulator, _Node, _Pod
+from producers.watcher.informer import SystemClock
 from producers.watcher.kube import api_client
 from producers.watcher.service import MemorySink, WatcherConfig, WatcherService, kube_sources
 from schemas.codec import decode, encode
@@ -95,6 +99,15 @@ class ApiServerSimulator(FleetSimulator):
                 self._nodes.discard(node.spec.name)
 
 
+class WholeSecondClock(SystemClock):
+    """The watcher's clock at the server's own resolution (whole seconds): a record is stamped
+    with the second its change was applied in, as the server stamps creation, binding and deletion,
+    not with the milliseconds the HTTP round trips took after the tick's instant."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC).replace(microsecond=0)
+
+
 def starting_now(scenario: Scenario, lead_s: float = 2.0) -> Scenario:
     """The scenario moved to start at a whole second ``lead_s`` or a little more from now."""
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=int(lead_s) + 1)
@@ -121,9 +134,13 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
     sink = MemorySink()
     api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, namespaces), sink,
-                             WatcherConfig(namespaces=namespaces, watch_timeout_s=30))
+                             WatcherConfig(namespaces=namespaces, watch_timeout_s=30), clock=WholeSecondClock())
     stop = threading.Event()
     service.start(stop)
+    if datetime.now(UTC) >= scenario.start:
+        service.shutdown(stop)
+        raise ValueError(f"scenario start {scenario.start.isoformat()} has passed: the server stamps times "
+                         "itself, so the scenario must start in the future (starting_now, with more lead)")
     fed = len(sink.records)
     try:
         ticks = simulator.run()

@@ -18,13 +18,14 @@ SCENARIO = Path(__file__).parent / "fixtures" / "apiserver-short.yaml"
 
 def test_scenario_through_the_real_control_plane_matches_the_in_process_replay(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    scenario = starting_now(load_scenario(SCENARIO))
     # a control plane of its own: no node or pod of another test in the cluster's totals
     with LocalKube(tmp_path_factory.mktemp("kube-scenario"), build_binaries()) as plane:
+        scenario = starting_now(load_scenario(SCENARIO), lead_s=3.0)
         real = run_through_apiserver(scenario, plane)
     expected = run_in_process(scenario).report
     assert real.deadletters == []
     assert [(p["name"], p["end_reason"]) for p in real.report["pods"]] == [
         ("train", "Succeeded"), ("oom", "OOMKilled"), ("too-big", "Deleted"), ("late", "Running"),
         ("helper", "Running")]
-    assert compare_report(real.report, expected, scenario.sample_interval_s) == []
+    problems = compare_report(real.report, expected, scenario.sample_interval_s)
+    assert problems == [], "\n".join(problems)
