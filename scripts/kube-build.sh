@@ -23,6 +23,7 @@ if [ -x "$dest/kube-apiserver" ] && [ -x "$dest/etcd" ]; then
   exit 0
 fi
 
+PATH=$PATH:/usr/local/go/bin  # the official tarball's place, often not on a non-login PATH
 if ! command -v go >/dev/null 2>&1; then
   echo "kube-build: the Go toolchain ('go') is not on PATH; the real-server watcher tests need it" \
     "to build etcd v$etcd_version and kube-apiserver v$kube_version (Go 1.26 or newer)" >&2
