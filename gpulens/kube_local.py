@@ -28,6 +28,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ class LocalKube:
         self.home.mkdir(parents=True, exist_ok=True)
         self._write_credentials()
         self._spawn(self._etcd, self._etcd_command())
-        self._wait(self._etcd, lambda: self._etcd_ready())
+        self._wait(self._etcd, self._etcd_ready)
         self.start_apiserver()
         self._grant_watcher_role()
         return self
@@ -345,7 +346,7 @@ class LocalKube:
             return None
         return pid if pid_alive(pid) else None
 
-    def _wait(self, server: _Server, ready: Any) -> None:
+    def _wait(self, server: _Server, ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self._pid(server) is None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from common.processes import pid_alive
 from gpulens.kube_local import LocalKube, build_binaries
 from gpulens.kube_replay import run_through_apiserver, starting_now
 from gpulens.replay import compare_report, run_in_process
@@ -22,6 +23,8 @@ def test_scenario_through_the_real_control_plane_matches_the_in_process_replay(
     with LocalKube(tmp_path_factory.mktemp("kube-scenario"), build_binaries()) as plane:
         scenario = starting_now(load_scenario(SCENARIO), lead_s=3.0)
         real = run_through_apiserver(scenario, plane)
+        pids = plane.pids()
+    assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)  # etcd and kube-apiserver stopped
     expected = run_in_process(scenario).report
     assert real.deadletters == []
     assert [(p["name"], p["end_reason"]) for p in real.report["pods"]] == [
