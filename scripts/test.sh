@@ -38,6 +38,10 @@ ruff check .
 lint-imports
 mypy .
 
+echo "== etcd and kube-apiserver for the real-server watcher tests (built once, then cached)"
+# A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
+bash scripts/kube-build.sh
+
 echo "== starting the local Kafka broker"
 gpulens kafka up
 trap 'echo "== stopping the local Kafka broker"; gpulens kafka down || true' EXIT

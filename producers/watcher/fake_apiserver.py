@@ -8,8 +8,12 @@ reads, with plain ``http.server`` and threads (it imports no Kubernetes library)
   ``/api/v1/namespaces/{ns}/events``, ``/apis/events.k8s.io/v1/events`` (and namespaced): lists
   with a resourceVersion per object and per list, ``limit`` / ``continue`` pages over a snapshot;
 - ``?watch=true``: a chunked stream of ``{"type", "object"}`` lines from ``resourceVersion``
-  (``""``/``"0"`` = synthetic ADDED of the current state first), ``BOOKMARK`` events every
-  ``bookmark_interval_s`` when ``allowWatchBookmarks``, closed after ``timeoutSeconds``;
+  (``""``/``"0"`` = synthetic ADDED of the current state first), closed after ``timeoutSeconds``;
+  with ``allowWatchBookmarks`` a ``BOOKMARK`` at most every ``bookmark_interval_s``, and only when
+  the watched collection moved past what the client was sent (changes it filtered out, e.g. other
+  namespaces): like the real server, whose watch cache is per resource, a pod watch is not told
+  about node changes and a quiet collection gets no bookmarks; event watches never get one (the
+  real server keeps no watch cache for events);
 - a bounded history: watching from a version older than the retained window gets what the real
   server sends — HTTP 200 with one ``ERROR`` event carrying a ``Status`` with code 410 — and
   :meth:`compact` drops the whole history to force it;
@@ -134,6 +138,7 @@ class FakeApiServer:
         self._objects: dict[str, dict[str, Obj]] = {c: {} for c in COLLECTIONS}
         self._history: list[tuple[int, str, str, Obj]] = []
         self._compacted_rv = self._rv
+        self._collection_rv = dict.fromkeys(COLLECTIONS, self._rv)
         self._failures: list[tuple[int, str | None]] = []
         self._drop_generation = 0
         self._snapshots: dict[str, tuple[list[Obj], int]] = {}
@@ -202,10 +207,18 @@ class FakeApiServer:
         return self.put(collection, obj)
 
     def delete(self, collection: str, key: str) -> Obj | None:
+        """Delete at once (``gracePeriodSeconds=0``). A pod goes through graceful deletion even
+        then, as on the real server: first a MODIFIED with ``deletionTimestamp`` set, then DELETED."""
         with self._cond:
             obj = self._objects[collection].pop(key, None)
             if obj is None:
                 return None
+            if collection == "pods":
+                meta = obj["metadata"]
+                meta.setdefault("deletionTimestamp", _now_text())
+                meta.setdefault("deletionGracePeriodSeconds", 0)
+                self._record(collection, "MODIFIED", obj)
+                obj = copy.deepcopy(obj)
             self._record(collection, "DELETED", obj)
             return copy.deepcopy(obj)
 
@@ -220,6 +233,7 @@ class FakeApiServer:
 
     def _record(self, collection: str, kind: str, obj: Obj) -> None:
         self._rv += 1
+        self._collection_rv[collection] = self._rv
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._history.append((self._rv, collection, kind, copy.deepcopy(obj)))
         if len(self._history) > self.retain:
@@ -297,7 +311,8 @@ class FakeApiServer:
     def _watch_events(self, route: _Route, query: dict[str, str]) -> Iterator[Obj | None]:
         """Watch events to send; ``None`` means "cut the connection now"."""
         timeout_s = float(query.get("timeoutSeconds") or self.max_watch_s)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        # events are served straight from etcd (no watch cache), and only the cache sends bookmarks
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1") and route.collection != "events"
         deadline = time.monotonic() + min(timeout_s, self.max_watch_s)
         requested = query.get("resourceVersion") or ""
         gone: Obj | None = None
@@ -318,6 +333,7 @@ class FakeApiServer:
             return
         for obj in initial:
             yield {"type": "ADDED", "object": obj}
+        sent = cursor  # the newest version this client has been told
         last_bookmark = time.monotonic()
         while True:
             batch: list[tuple[int, str, str, Obj]] = []
@@ -336,13 +352,15 @@ class FakeApiServer:
                     start = bisect.bisect_right(self._history, cursor, key=lambda entry: entry[0])
                     batch = self._history[start:]
                     now = time.monotonic()
-                    if batch or now >= deadline or (bookmarks and now - last_bookmark >= self.bookmark_interval_s):
+                    progress = self._collection_rv[route.collection] > sent
+                    if batch or now >= deadline or (
+                            bookmarks and progress and now - last_bookmark >= self.bookmark_interval_s):
                         break
                     wait = deadline - now
-                    if bookmarks:
+                    if bookmarks and progress:
                         wait = min(wait, self.bookmark_interval_s - (now - last_bookmark))
                     self._cond.wait(max(min(wait, 0.5), 0.01))
-                current = self._rv
+                current = self._collection_rv[route.collection]
             if end == "drop":
                 yield None
             if end == "gone":
@@ -352,14 +370,15 @@ class FakeApiServer:
             for rv, collection, kind, obj in batch:
                 cursor = rv
                 if route.matches(collection, obj):
+                    sent = rv
                     yield {"type": kind, "object": route.render(copy.deepcopy(obj))}
             now = time.monotonic()
-            if bookmarks and now - last_bookmark >= self.bookmark_interval_s:
-                cursor = max(cursor, current)
+            if bookmarks and current > sent and now - last_bookmark >= self.bookmark_interval_s:
+                sent = current
                 kind_name = "Event" if route.events_v1 else _KINDS[route.collection][0]
                 api_version = "events.k8s.io/v1" if route.events_v1 else "v1"
                 yield {"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": api_version,
-                                                      "metadata": {"resourceVersion": str(cursor)}}}
+                                                      "metadata": {"resourceVersion": str(sent)}}}
                 last_bookmark = now
             if now >= deadline:
                 return

@@ -1,4 +1,5 @@
-"""Fixtures: a simulated API server with a small GPU cluster, watched through the real client."""
+"""Fixtures: a simulated API server with a small GPU cluster, watched through the real client, and a
+real control plane (etcd + kube-apiserver, built once and cached) shared by the session."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gpulens.kube_local import LocalKube, build_binaries
 from producers.watcher.backoff import Backoff
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_node, make_pod, set_running
@@ -33,6 +35,13 @@ class FakeClock:
         self.sleeps.append(seconds)
         self.at += timedelta(seconds=seconds)
         return stop.is_set()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKube]:
+    """The real control plane: never skipped; a missing Go toolchain or a failed build fails."""
+    with LocalKube(tmp_path_factory.mktemp("kube"), build_binaries()) as plane:
+        yield plane
 
 
 @pytest.fixture

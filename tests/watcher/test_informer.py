@@ -51,12 +51,16 @@ def test_updates_flow_and_unchanged_pods_are_not_reemitted(server: FakeApiServer
     changed = [(r.key, r.message.phase) for r in fresh if isinstance(r.message, PodState)]
     assert changed == [(uids["train-0"], "Succeeded")]
     assert informer.resource_version == str(server.resource_version)
-    # a watch DELETED: final state then tombstone, once
+    # deletion as the real server does it: MODIFIED with deletionTimestamp, then DELETED: the
+    # deletion time, then the final state and a tombstone, once
     server.delete("pods", "ml/train-0")
     informer.watch_once()
     tail = [r for r in sink.records[before + 1:] if r.key == uids["train-0"]]
-    assert len(tail) == 2 and isinstance(tail[0].message, PodState) and tail[0].message.deleted
-    assert tail[0].message.phase == "Succeeded" and tail[1].message is None
+    assert len(tail) == 3 and all(isinstance(r.message, PodState) for r in tail[:2])
+    deleting, final = tail[0].message, tail[1].message
+    assert isinstance(deleting, PodState) and not deleting.deleted and deleting.deleted_at is not None
+    assert isinstance(final, PodState) and final.deleted and final.deleted_at == deleting.deleted_at
+    assert final.phase == "Succeeded" and tail[2].message is None
 
 
 def test_forced_410_relists_and_deletes_each_vanished_pod_exactly_once(
@@ -156,18 +160,21 @@ def test_dropped_connections_resume_without_loss(server: FakeApiServer, make_ser
 
 def test_bookmarks_advance_the_version(server: FakeApiServer, make_service: Factory) -> None:
     populate(server)
-    service, sink, _ = make_service()
+    service, sink, _ = make_service(namespaces=("ml",))
     service.sync(threading.Event())
     informer = service.pod_informers[0]
     listed = int(informer.resource_version or 0)
     before = len(sink.records)
-    for index in range(3):  # changes to other collections only
-        server.put("nodes", make_node(f"cpu-{index + 10}", gpus=0))
+    server.put("nodes", make_node("cpu-10", gpus=0))  # another collection: no bookmark for pods
+    informer.watch_once()
+    assert int(informer.resource_version or 0) == listed
+    for index in range(3):  # pods of another namespace: filtered out, the version still moves
+        server.put("pods", make_pod(f"other-{index}", namespace="vision", gpus=1))
     informer.watch_once()
     assert int(informer.resource_version or 0) == server.resource_version > listed
     assert len(sink.records) == before
     query = server.watch_requests[-1]
-    assert query["allowWatchBookmarks"] == "true" and query["resourceVersion"] == str(listed)
+    assert query["allowWatchBookmarks"] == "true" and query["resourceVersion"] == str(listed)  # the 2nd watch
     assert 1 <= int(query["timeoutSeconds"]) <= 2
 
 

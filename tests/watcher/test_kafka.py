@@ -63,8 +63,9 @@ def test_watcher_produces_schema_valid_records(
     server.delete("pods", "ml/train-0")
     informer.watch_once()
     assert producer.flush(60) == 0 and producer.stats.failed == 0, producer.stats
-    # 6 pods + 2 nodes + 1 event initially; then train-0: Succeeded, deleted final state, tombstone
-    expected = 6 + 2 + 1 + 3
+    # 6 pods + 2 nodes + 1 event initially; then train-0: Succeeded, its deletion time (the real
+    # server's MODIFIED with deletionTimestamp), deleted final state, tombstone
+    expected = 6 + 2 + 1 + 4
     records = consume_all(kafka_settings, [t.name(topic_prefix) for t in TOPICS], expected)
     assert len(records) == expected, [(r.topic(), r.key(), r.value() is None) for r in records]
 
@@ -81,7 +82,9 @@ def test_watcher_produces_schema_valid_records(
     train0 = [json.loads(r.value()) if r.value() else None for r in records
               if r.topic() == K8S_PODS.name(topic_prefix) and r.key().decode() == uids["train-0"]]
     assert [(v["phase"], v["deleted"]) if v else None for v in train0] == [
-        ("Running", False), ("Succeeded", False), ("Succeeded", True), None]
+        ("Running", False), ("Succeeded", False), ("Succeeded", False), ("Succeeded", True), None]
+    deleted_at = [v["deleted_at"] for v in train0 if v is not None]
+    assert deleted_at[1] is None and deleted_at[2] == deleted_at[3] is not None
     event = next(r for r in records if r.topic() == K8S_EVENTS.name(topic_prefix))
     assert event.key().decode() == uids["train-3"]
     service.shutdown(stop)
