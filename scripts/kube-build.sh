@@ -23,12 +23,15 @@ if [ -x "$dest/kube-apiserver" ] && [ -x "$dest/etcd" ]; then
   exit 0
 fi
 
-PATH=$PATH:/usr/local/go/bin  # the official tarball's place, often not on a non-login PATH
-if ! command -v go >/dev/null 2>&1; then
-  echo "kube-build: the Go toolchain ('go') is not on PATH; the real-server watcher tests need it" \
-    "to build etcd v$etcd_version and kube-apiserver v$kube_version (Go 1.26 or newer)" >&2
+# GO names the toolchain; else `go` on PATH, else the official tarball's place (often not on a
+# non-login PATH)
+GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+if ! [ -x "$GO" ]; then
+  echo "kube-build: the Go toolchain ('go') is not on PATH (nor at $GO); the real-server watcher tests" \
+    "need it to build etcd v$etcd_version and kube-apiserver v$kube_version (Go 1.26 or newer)" >&2
   exit 1
 fi
+go() { "$GO" "$@"; }
 
 export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
 mkdir -p "$cache/kube"
