@@ -163,7 +163,7 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
         service.shutdown(stop, timeout_s=10)
     end = scenario.start + timedelta(seconds=scenario.end_offset_s)
     pipeline.flush(epoch(end))
-    report = build_report(scenario, pipeline.outputs, simulator.pod_truth(scenario.end_offset_s), pipeline.stats())
+    report = build_report(scenario, pipeline.outputs, simulator.pod_uids(), pipeline.stats())
     return ReplayResult(report, pipeline.outputs, pipeline.deadletters)
 
 
