@@ -131,7 +131,8 @@ def _read_response(sock: socket.socket, conn: h2.connection.H2Connection, stream
     headers: dict[str, str] = {}
     body = bytearray()
     while True:
-        sock.sendall(conn.data_to_send())
+        if outgoing := conn.data_to_send():
+            sock.sendall(outgoing)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
@@ -148,11 +149,17 @@ def _read_response(sock: socket.socket, conn: h2.connection.H2Connection, stream
                 if len(body) > MAX_RESPONSE_BYTES + 5:
                     raise _CallFailed("RESOURCE_EXHAUSTED", f"answer larger than {MAX_RESPONSE_BYTES} bytes")
             elif isinstance(event, h2.events.StreamReset):
-                raise _CallFailed("UNAVAILABLE", f"the kubelet reset the call (HTTP/2 error {event.error_code})")
+                code = _h2_code(event.error_code)
+                raise _CallFailed("UNAVAILABLE", f"the kubelet reset the call (HTTP/2 {code})")
             elif isinstance(event, h2.events.ConnectionTerminated):
-                raise _CallFailed("UNAVAILABLE", f"the kubelet closed the connection (HTTP/2 {event.error_code})")
+                code = _h2_code(event.error_code)
+                raise _CallFailed("UNAVAILABLE", f"the kubelet closed the connection (HTTP/2 {code})")
             elif isinstance(event, h2.events.StreamEnded):
                 return _grpc_message(headers, bytes(body))
+
+
+def _h2_code(code: object) -> str:
+    return str(getattr(code, "name", code))
 
 
 def _grpc_message(headers: dict[str, str], body: bytes) -> bytes:
