@@ -25,6 +25,7 @@ assignments by elimination, and the stream jobs join by UID with the watcher's p
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -118,7 +119,11 @@ def grpc_unary_call(socket_path: Path, method: str, request: bytes, timeout_s: f
                 ("grpc-timeout", f"{max(1, int(timeout_s * 1000))}m"), ("user-agent", "gpulens-agent"),
             ])
             conn.send_data(stream, b"\x00" + len(request).to_bytes(4, "big") + request, end_stream=True)
-            return _read_response(sock, conn, stream, deadline)
+            message = _read_response(sock, conn, stream, deadline)
+            conn.close_connection()  # a polite GOAWAY: the kubelet logs no broken connection
+            with contextlib.suppress(OSError):
+                sock.sendall(conn.data_to_send())
+            return message
     except TimeoutError:
         raise _CallFailed("DEADLINE_EXCEEDED", f"no answer within {timeout_s:g}s") from None
     except OSError as exc:
