@@ -218,7 +218,7 @@ def _register_part_commands() -> None:
 
 
 EXTRA_OF_MODULE = {
-    "pynvml": "agent", "grpc": "agent", "google": "agent",
+    "pynvml": "agent", "grpc": "agent", "google": "agent", "h2": "agent",
     "kubernetes": "watcher",
     "faust": "worker", "mode": "worker", "aiokafka": "worker",
     "clickhouse_connect": "sink", "chdb": "sink",

@@ -21,7 +21,8 @@ ADAPTERS: dict[str, set[str]] = {
     "clickhouse_connect": {"sinks/clickhouse.py"},
     "chdb": {"sinks/clickhouse.py"},
     "pynvml": {"producers/agent/nvml.py"},
-    "grpc": {"producers/agent/podresources.py", "producers/agent/fake_kubelet.py"},
+    "grpc": {"producers/agent/fake_kubelet.py"},
+    "h2": {"producers/agent/podresources.py"},
     "kubernetes": {"producers/watcher/kube.py"},
 }
 

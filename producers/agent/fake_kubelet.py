@@ -6,7 +6,11 @@
   (:class:`producers.agent.podresources.KubeletPodResources`) runs end to end without a kubelet.
   Like the NVIDIA device plugin with time-slicing, a device held by several containers is
   handed out as replica ids ``<uuid>::<n>``. ``stop``/``start`` on the same path imitate a
-  kubelet restart.
+  kubelet restart; ``failing`` makes every call answer that gRPC status. Like a real kubelet it
+  also reports NUMA topology and CPU ids (fields the agent's client must skip).
+
+This module and the tests are the only users of grpcio; the agent's own client speaks the wire
+protocol without it (see :mod:`producers.agent.podresources`).
 """
 
 from __future__ import annotations
@@ -46,23 +50,36 @@ def default_resource_name(device_id: str) -> str:
     return "nvidia.com/mig-1g.10gb" if device_id.startswith("MIG-") else "nvidia.com/gpu"
 
 
+_NUMA0 = pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)])
+
+
 class _Servicer(pb_grpc.PodResourcesListerServicer):
     def __init__(self, server: FakePodResourcesServer) -> None:
         self.server = server
 
+    def _fail_if_asked(self, context: Any) -> None:
+        if self.server.failing is not None:
+            code, details = self.server.failing
+            context.abort(getattr(grpc.StatusCode, code), details)
+
     def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
         self.server.calls["List"] += 1
+        self._fail_if_asked(context)
         return pb.ListPodResourcesResponse(pod_resources=self.server.pod_resources())
 
     def GetAllocatableResources(
         self, request: pb.AllocatableResourcesRequest, context: Any
     ) -> pb.AllocatableResourcesResponse:
         self.server.calls["GetAllocatableResources"] += 1
+        self._fail_if_asked(context)
         by_resource: dict[str, list[str]] = {}
         for device in self.server.allocatable:
             by_resource.setdefault(self.server.resource_of(device), []).append(device)
         return pb.AllocatableResourcesResponse(
-            devices=[pb.ContainerDevices(resource_name=name, device_ids=ids) for name, ids in by_resource.items()]
+            devices=[pb.ContainerDevices(resource_name=name, device_ids=ids, topology=_NUMA0)
+                     for name, ids in by_resource.items()],
+            cpu_ids=[0, 1, 2, 3],
+            memory=[pb.ContainerMemory(memory_type="memory", size=64 * 2**30, topology=_NUMA0)],
         )
 
     def Get(self, request: pb.GetPodResourcesRequest, context: Any) -> pb.GetPodResourcesResponse:
@@ -90,6 +107,8 @@ class FakePodResourcesServer:
         self._mapping: dict[str, list[PodRef]] = dict(mapping or {})
         self.allocatable = list(allocatable if allocatable is not None else self._mapping)
         self.calls = {"List": 0, "GetAllocatableResources": 0, "Get": 0}
+        self.failing: tuple[str, str] | None = None
+        """(gRPC status name, details) every call answers with, e.g. ``("UNAVAILABLE", "...")``."""
         self._server: grpc.Server | None = None
 
     def set(self, mapping: dict[str, list[PodRef]]) -> None:
@@ -116,9 +135,10 @@ class FakePodResourcesServer:
                     pb.ContainerResources(
                         name=container,
                         devices=[
-                            pb.ContainerDevices(resource_name=resource, device_ids=ids)
+                            pb.ContainerDevices(resource_name=resource, device_ids=ids, topology=_NUMA0)
                             for resource, ids in resources.items()
                         ],
+                        cpu_ids=[2, 3],
                     )
                     for container, resources in containers.items()
                 ],

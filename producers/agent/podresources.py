@@ -7,9 +7,14 @@ GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``), time-slicing replicas (
 or, with ``deviceIDStrategy=index``, GPU indexes. This module returns them unchanged; the sampler
 normalises them against what NVML reports.
 
-This is the only module (with the fake server in ``fake_kubelet``) that imports grpc. The channel
-is dropped after any failed call and rebuilt on the next, so a kubelet restart (a new socket) is
-survived without restarting the agent. If the socket does not exist (PodResources disabled, or not
+Why no grpcio here: the agent makes one unary call per sample, and grpcio with its protobuf
+runtime costs the DaemonSet's process about 13 MiB of its 64 MiB budget (docs/agent.md). The call
+is spoken directly: gRPC over HTTP/2 (``h2`` does the framing, HPACK and flow control; this is the
+only module that imports it) on a fresh connection per call, so a kubelet restart (a new socket)
+is survived without restarting the agent; the few protobuf fields used are decoded by hand and
+every other field is skipped, as protobuf's own rules require. The wire protocol is the same one
+grpcio speaks: the tests run this client against a real grpcio server
+(:mod:`producers.agent.fake_kubelet`). If the socket does not exist (PodResources disabled, or not
 mounted) the client warns once and returns no assignments: the agent then attributes GPUs through
 processes only.
 
@@ -20,21 +25,35 @@ assignments by elimination, and the stream jobs join by UID with the watcher's p
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import unquote
 
-import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
 
 from common.logs import get_logger
-from producers.agent import podresources_pb2 as pb
-from producers.agent import podresources_pb2_grpc as pb_grpc
 from schemas.messages import PodRef
 
 log = get_logger(__name__)
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+"""The largest answer accepted (grpcio's limit was set to the same): a node's pods fit many times."""
+
+SERVICE = "/v1.PodResourcesLister"
+GRPC_STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+               "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+               "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+"""gRPC status code -> name (the codes are fixed by the gRPC protocol)."""
 
 
 class PodResourcesError(Exception):
@@ -49,12 +68,205 @@ class PodResourcesSource(Protocol):
         """
 
 
+@dataclass(frozen=True)
+class ContainerDevices:
+    """Devices of one extended resource (e.g. ``nvidia.com/gpu``) a container holds."""
+
+    resource_name: str
+    device_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    name: str
+    devices: list[ContainerDevices] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PodResources:
+    name: str
+    namespace: str
+    containers: list[ContainerResources] = field(default_factory=list)
+
+
 def unix_target(socket_path: Path) -> str:
+    """The gRPC target name of a unix socket (what grpcio servers and clients are given)."""
     return f"unix://{socket_path.absolute()}"
 
 
+class _CallFailed(Exception):
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+
+
+def grpc_unary_call(socket_path: Path, method: str, request: bytes, timeout_s: float) -> bytes:
+    """One unary gRPC call over HTTP/2 on a unix socket: the response message's bytes.
+
+    Raises :class:`_CallFailed` with the gRPC status name (``UNAVAILABLE`` when nothing answers,
+    ``DEADLINE_EXCEEDED`` past ``timeout_s``, the server's own status otherwise).
+    """
+    deadline = time.monotonic() + timeout_s
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(socket_path))
+            conn.initiate_connection()
+            stream = conn.get_next_available_stream_id()
+            conn.send_headers(stream, [
+                (":method", "POST"), (":scheme", "http"), (":path", method), (":authority", "localhost"),
+                ("content-type", "application/grpc"), ("te", "trailers"),
+                ("grpc-timeout", f"{max(1, int(timeout_s * 1000))}m"), ("user-agent", "gpulens-agent"),
+            ])
+            conn.send_data(stream, b"\x00" + len(request).to_bytes(4, "big") + request, end_stream=True)
+            message = _read_response(sock, conn, stream, deadline)
+            conn.close_connection()  # a polite GOAWAY: the kubelet logs no broken connection
+            with contextlib.suppress(OSError):
+                sock.sendall(conn.data_to_send())
+            return message
+    except TimeoutError:
+        raise _CallFailed("DEADLINE_EXCEEDED", f"no answer within {timeout_s:g}s") from None
+    except OSError as exc:
+        raise _CallFailed("UNAVAILABLE", f"{socket_path}: {exc.strerror or exc}") from None
+    except h2.exceptions.ProtocolError as exc:
+        raise _CallFailed("INTERNAL", f"HTTP/2 protocol error: {exc}") from None
+
+
+def _read_response(sock: socket.socket, conn: h2.connection.H2Connection, stream: int, deadline: float) -> bytes:
+    headers: dict[str, str] = {}
+    body = bytearray()
+    while True:
+        if outgoing := conn.data_to_send():
+            sock.sendall(outgoing)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise _CallFailed("UNAVAILABLE", "the kubelet closed the connection before answering")
+        for event in conn.receive_data(chunk):
+            if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                headers.update((str(k), str(v)) for k, v in event.headers)
+            elif isinstance(event, h2.events.DataReceived):
+                body += event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, stream)
+                if len(body) > MAX_RESPONSE_BYTES + 5:
+                    raise _CallFailed("RESOURCE_EXHAUSTED", f"answer larger than {MAX_RESPONSE_BYTES} bytes")
+            elif isinstance(event, h2.events.StreamReset):
+                code = _h2_code(event.error_code)
+                raise _CallFailed("UNAVAILABLE", f"the kubelet reset the call (HTTP/2 {code})")
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                code = _h2_code(event.error_code)
+                raise _CallFailed("UNAVAILABLE", f"the kubelet closed the connection (HTTP/2 {code})")
+            elif isinstance(event, h2.events.StreamEnded):
+                return _grpc_message(headers, bytes(body))
+
+
+def _h2_code(code: object) -> str:
+    return str(getattr(code, "name", code))
+
+
+def _grpc_message(headers: dict[str, str], body: bytes) -> bytes:
+    if headers.get(":status") != "200":
+        raise _CallFailed("UNKNOWN", f"HTTP status {headers.get(':status')} (not a gRPC server?)")
+    status = headers.get("grpc-status")
+    if status is None:
+        raise _CallFailed("INTERNAL", "the answer has no grpc-status")
+    if status != "0":
+        name = GRPC_STATUS[int(status)] if status.isdigit() and int(status) < len(GRPC_STATUS) else status
+        raise _CallFailed(name, unquote(headers.get("grpc-message", "")))
+    if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+        raise _CallFailed("INTERNAL", "the answer is not one uncompressed gRPC message")
+    return body[5:]
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, bytes]]:
+    """(field number, bytes) of the length-delimited fields of a protobuf message; others skipped."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if pos + size > end:
+                raise ValueError("field runs past the end of its message")
+            yield number, buf[pos:pos + size]
+            pos += size
+        else:
+            raise ValueError(f"wire type {wire} of field {number}")
+    if pos != end:
+        raise ValueError("truncated field")
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8")
+
+
+def _container_devices(buf: bytes) -> ContainerDevices:
+    resource, ids = "", []
+    for number, raw in _fields(buf):
+        if number == 1:
+            resource = _text(raw)
+        elif number == 2:
+            ids.append(_text(raw))
+    return ContainerDevices(resource, ids)
+
+
+def _container(buf: bytes) -> ContainerResources:
+    name, devices = "", []
+    for number, raw in _fields(buf):
+        if number == 1:
+            name = _text(raw)
+        elif number == 2:
+            devices.append(_container_devices(raw))
+    return ContainerResources(name, devices)
+
+
+def _pod(buf: bytes) -> PodResources:
+    name = namespace = ""
+    containers = []
+    for number, raw in _fields(buf):
+        if number == 1:
+            name = _text(raw)
+        elif number == 2:
+            namespace = _text(raw)
+        elif number == 3:
+            containers.append(_container(raw))
+    return PodResources(name, namespace, containers)
+
+
+def decode_list_response(buf: bytes) -> list[PodResources]:
+    """``ListPodResourcesResponse`` -> its pods (``pod_resources = 1``)."""
+    return [_pod(raw) for number, raw in _fields(buf) if number == 1]
+
+
+def decode_allocatable_response(buf: bytes) -> list[ContainerDevices]:
+    """``AllocatableResourcesResponse`` -> its devices (``devices = 1``)."""
+    return [_container_devices(raw) for number, raw in _fields(buf) if number == 1]
+
+
 class KubeletPodResources:
-    """gRPC v1 client of the kubelet PodResources API over its unix socket."""
+    """Client of the kubelet PodResources v1 API over its unix socket (gRPC, see module doc)."""
 
     def __init__(
         self,
@@ -65,8 +277,6 @@ class KubeletPodResources:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
         self.resource_prefixes = tuple(resource_prefixes)
-        self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.PodResourcesListerStub | None = None
         self._lock = threading.Lock()
         self._warned_missing = False
 
@@ -74,24 +284,8 @@ class KubeletPodResources:
     def available(self) -> bool:
         return self.socket_path.exists()
 
-    def _connect(self) -> pb_grpc.PodResourcesListerStub:
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(
-                unix_target(self.socket_path),
-                options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)],
-            )
-            self._stub = pb_grpc.PodResourcesListerStub(self._channel)
-        return self._stub
-
     def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-    def _drop(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = None
-        self._stub = None
+        """Nothing to release: every call opens and closes its own connection."""
 
     def _socket_present(self) -> bool:
         if self.socket_path.exists():
@@ -105,31 +299,31 @@ class KubeletPodResources:
                 socket=str(self.socket_path),
             )
             self._warned_missing = True
-        self._drop()
         return False
 
     def _wanted(self, resource_name: str) -> bool:
         return resource_name.startswith(self.resource_prefixes)
 
-    def list_pods(self) -> pb.ListPodResourcesResponse:
-        """The raw ``List`` answer (raises :class:`PodResourcesError`)."""
+    def _call(self, name: str) -> bytes:
         with self._lock:
-            stub = self._connect()
             try:
-                response: pb.ListPodResourcesResponse = stub.List(
-                    pb.ListPodResourcesRequest(), timeout=self.timeout_s, wait_for_ready=False
-                )
-            except grpc.RpcError as exc:
-                self._drop()  # rebuilt on the next call: survives a kubelet restart
-                raise PodResourcesError(_describe("List", exc)) from None
-            return response
+                return grpc_unary_call(self.socket_path, f"{SERVICE}/{name}", b"", self.timeout_s)
+            except _CallFailed as exc:
+                raise PodResourcesError(f"kubelet PodResources {name} failed: {exc}") from None
+
+    def list_pods(self) -> list[PodResources]:
+        """The pods of the ``List`` answer (raises :class:`PodResourcesError`)."""
+        raw = self._call("List")
+        try:
+            return decode_list_response(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PodResourcesError(f"kubelet PodResources List failed: malformed answer: {exc}") from None
 
     def assignments(self) -> dict[str, list[PodRef]]:
         if not self._socket_present():
             return {}
-        response = self.list_pods()
         mapping: dict[str, list[PodRef]] = {}
-        for pod in response.pod_resources:
+        for pod in self.list_pods():
             for container in pod.containers:
                 for devices in container.devices:
                     if not self._wanted(devices.resource_name):
@@ -145,21 +339,14 @@ class KubeletPodResources:
         """Resource name -> device ids the kubelet can hand out (``GetAllocatableResources``)."""
         if not self._socket_present():
             return {}
-        with self._lock:
-            stub = self._connect()
-            try:
-                response = stub.GetAllocatableResources(pb.AllocatableResourcesRequest(), timeout=self.timeout_s)
-            except grpc.RpcError as exc:
-                self._drop()
-                raise PodResourcesError(_describe("GetAllocatableResources", exc)) from None
+        raw = self._call("GetAllocatableResources")
+        try:
+            devices = decode_allocatable_response(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PodResourcesError(
+                f"kubelet PodResources GetAllocatableResources failed: malformed answer: {exc}") from None
         result: dict[str, list[str]] = {}
-        for devices in response.devices:
-            if self._wanted(devices.resource_name):
-                result.setdefault(devices.resource_name, []).extend(devices.device_ids)
+        for entry in devices:
+            if self._wanted(entry.resource_name):
+                result.setdefault(entry.resource_name, []).extend(entry.device_ids)
         return result
-
-
-def _describe(call: str, exc: grpc.RpcError) -> str:
-    code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    return f"kubelet PodResources {call} failed: {code}: {details}"

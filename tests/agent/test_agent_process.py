@@ -127,3 +127,36 @@ def test_the_daemonset_command_reports_a_gpu_lost_mid_run_with_xid_79(tmp_path: 
         gpu1 = sample.gpus[1]
         assert gpu1.power_w is None and gpu1.mem_used_bytes is not None
         assert [p.pod_name for p in gpu1.processes] == [pod_name(gpu_uuid(1))]
+
+
+PROBE = """
+import contextlib, io, json, sys
+from producers.agent.main import main
+out = io.TextIOWrapper(io.BytesIO())
+with contextlib.redirect_stdout(out):
+    code = main(sys.argv[1:])
+out.flush()
+print(json.dumps({"code": code, "sample": out.buffer.getvalue().decode(), "loaded": sorted(sys.modules)}))
+"""
+
+
+def test_the_daemonset_command_asks_the_kubelet_without_grpcio_or_protobuf(tmp_path: Path) -> None:
+    # grpcio and protobuf's runtime cost the agent ~13 MiB of its 64 MiB (benchmarks/bench_agent.py):
+    # the PodResources call must work, pods attributed, without either being loaded
+    node = standard_node(VARIANTS["r550"])
+    write_proc(tmp_path / "proc", node)
+    socket = tmp_path / "kubelet" / "kubelet.sock"
+    with FakePodResourcesServer(socket, assignments(node)) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_") and k != "NODE_NAME"}
+        env |= node.environment(tmp_path / "node.conf") | {
+            "GPULENS_KUBELET_SOCKET": str(socket), "GPULENS_PROC_ROOT": str(tmp_path / "proc")}
+        result = subprocess.run([sys.executable, "-c", PROBE, "--once", "--stdout", "--node-name", "n1"],
+                                cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    assert probe["code"] == 0 and server.calls["List"] == 1
+    sample = decode(probe["sample"].strip(), GpuSample)
+    assert {p.pod_name for g in sample.gpus for p in g.processes} == {pod_name(p.device) for p in node.processes}
+    loaded = {m.split(".")[0] for m in probe["loaded"]}
+    assert "h2" in loaded
+    assert not loaded & {"grpc", "google"}, sorted(loaded & {"grpc", "google"})

@@ -57,7 +57,7 @@ def test_the_agent_extra_leaves_the_other_components_clients_out(lean_python: Pa
     result = subprocess.run([str(lean_python), "-c", probe], capture_output=True, text=True, check=True,
                             cwd=lean_python.parent, env=_clean_env())
     assert json.loads(result.stdout) == []
-    for present in ("pynvml", "grpc", "confluent_kafka", "pydantic"):
+    for present in ("pynvml", "h2", "grpc", "confluent_kafka", "pydantic"):
         check = subprocess.run([str(lean_python), "-c", f"import {present}"], cwd=lean_python.parent,
                                env=_clean_env(), capture_output=True, text=True, check=False)
         assert check.returncode == 0, check.stderr

@@ -1,20 +1,32 @@
 """The kubelet PodResources client against a real gRPC server on a unix socket: device -> pod
-mapping, allocatable devices, a kubelet restart, and a missing socket."""
+mapping, allocatable devices, a kubelet restart, a missing socket; and, as the client speaks gRPC
+over HTTP/2 itself, large answers, error statuses, a socket that is not a kubelet, the decoder."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from producers.agent import podresources_pb2 as pb
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_kubelet import FakePodResourcesServer
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
-from producers.agent.podresources import KubeletPodResources, PodResourcesError
+from producers.agent.podresources import (
+    ContainerDevices,
+    ContainerResources,
+    KubeletPodResources,
+    PodResources,
+    PodResourcesError,
+    decode_list_response,
+)
 from producers.agent.sampler import NodeSampler
 from tests.agent.helpers import GIB, at, container, gpu_uuid, ref
 
@@ -112,3 +124,92 @@ def test_sampler_over_the_real_client_attributes_gpus_and_processes(sockdir: Pat
     assert by[gpu_uuid(2)].shared and sorted(r.pod for r in by[gpu_uuid(2)].assigned_to) == ["alice-nb", "bob-nb"]
     assert by["MIG-1111"].processes[0].pod_name == "whisper-0"
     assert by["MIG-1111"].processes[0].container_name == "asr"
+
+
+# The client speaks gRPC over HTTP/2 itself (no grpcio in the agent): these pin the protocol edges.
+
+
+def test_an_answer_larger_than_the_http2_windows_arrives_whole(sockdir: Path) -> None:
+    # ~300 KiB: several DATA frames and WINDOW_UPDATEs beyond the 64 KiB initial windows
+    mapping = {f"GPU-{i:08d}-aaaa-bbbb-cccc-{i:012d}": [ref(f"pod-{i}", "main", f"team-{i % 7}")]
+               for i in range(3000)}
+    with FakePodResourcesServer(sockdir / "kubelet.sock", mapping):
+        client = KubeletPodResources(sockdir / "kubelet.sock")
+        got = client.assignments()
+    assert got == mapping
+
+
+def test_a_grpc_error_status_reaches_the_caller_with_its_code_and_details(sockdir: Path) -> None:
+    with FakePodResourcesServer(sockdir / "kubelet.sock", MAPPING) as server:
+        server.failing = ("PERMISSION_DENIED", "pod-resources: accès refusé 100%")
+        client = KubeletPodResources(sockdir / "kubelet.sock")
+        with pytest.raises(PodResourcesError) as raised:
+            client.assignments()
+        assert str(raised.value) == (
+            "kubelet PodResources List failed: PERMISSION_DENIED: pod-resources: accès refusé 100%")
+        with pytest.raises(PodResourcesError, match="GetAllocatableResources failed: PERMISSION_DENIED"):
+            client.allocatable()
+        server.failing = None
+        assert client.assignments()[gpu_uuid(0)] == [ref("train-0", "trainer", "ml")]
+
+
+def _serve_raw(path: Path, answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A unix socket server that reads the request, then sends ``answer`` and closes (None: stays mute)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                if answer is None:
+                    conn.recv(65536)  # until the client gives up and closes
+                else:
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+     "List failed: UNAVAILABLE: the kubelet closed the connection before answering"),
+    (b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" + bytes(8),  # an HTTP/2 GOAWAY, NO_ERROR
+     "List failed: UNAVAILABLE: the kubelet closed the connection \\(HTTP/2 NO_ERROR\\)"),
+    (b"", "List failed: UNAVAILABLE: the kubelet closed the connection before answering"),
+    (None, "List failed: DEADLINE_EXCEEDED: no answer within 0.5s"),
+])
+def test_something_that_is_not_a_kubelet_on_the_socket_is_an_error_not_a_hang(
+        sockdir: Path, answer: bytes | None, expected: str) -> None:
+    listener, thread = _serve_raw(sockdir / "kubelet.sock", answer)
+    try:
+        with pytest.raises(PodResourcesError, match=expected):
+            KubeletPodResources(sockdir / "kubelet.sock", timeout_s=0.5).assignments()
+    finally:
+        listener.close()
+        thread.join(5)
+
+
+def test_the_hand_decoder_reads_what_protobuf_encodes_and_skips_every_other_field() -> None:
+    pods = [pb.PodResources(name="träin-0", namespace="ml", containers=[
+        pb.ContainerResources(
+            name="trainer",
+            devices=[pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-a", "GPU-b::3"],
+                                         topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)])),
+                     pb.ContainerDevices(resource_name="nvidia.com/mig-1g.10gb", device_ids=["MIG-c"])],
+            cpu_ids=[0, 2**40], memory=[pb.ContainerMemory(memory_type="hugepages-1Gi", size=2**33)],
+            dynamic_resources=[pb.DynamicResource(claim_name="c", claim_resources=[
+                pb.ClaimResource(cdi_devices=[pb.CDIDevice(name="nvidia.com/gpu=0")], driver_name="gpu")])]),
+        pb.ContainerResources(name="sidecar")])]
+    raw = pb.ListPodResourcesResponse(pod_resources=pods).SerializeToString()
+    assert decode_list_response(raw) == [PodResources("träin-0", "ml", [
+        ContainerResources("trainer", [ContainerDevices("nvidia.com/gpu", ["GPU-a", "GPU-b::3"]),
+                                       ContainerDevices("nvidia.com/mig-1g.10gb", ["MIG-c"])]),
+        ContainerResources("sidecar")])]
+    assert decode_list_response(b"") == []
+    for cut in (1, 7, len(raw) // 2, len(raw) - 1):
+        with pytest.raises(ValueError):
+            decode_list_response(raw[:cut])
