@@ -53,6 +53,7 @@ from schemas.topics import (
     INTERNAL_NODE_INPUTS,
     POD_LIFECYCLE,
     POD_WINDOWS,
+    TopicSpec,
 )
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
@@ -100,6 +101,30 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
 
 def app_id(settings: WorkerSettings) -> str:
     return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
+
+
+NODE_TABLE = "node-stages"
+CLUSTER_TABLE = "cluster-stage"
+
+
+@dataclass(frozen=True)
+class ChangelogSpec(TopicSpec):
+    """A faust table's changelog topic: named ``<app id>-<table>-changelog``."""
+
+    def name(self, prefix: str = "") -> str:
+        return f"{prefix}-{self.suffix}"
+
+
+def changelog_topics(settings: WorkerSettings) -> list[TopicSpec]:
+    """The tables' changelog topics (create them with ``app_id(settings)`` as the prefix). Created
+    before the worker starts, with their source topics' partition counts: faust otherwise creates
+    them itself and, on a fresh broker, can read their metadata before it lists any partition
+    (PartitionsMismatch on the first state write)."""
+    def spec(table: str, partitions: int) -> TopicSpec:
+        return ChangelogSpec(f"{table}-changelog", "stage", Message, partitions, "compact", -1,
+                             f"internal: faust changelog of the {table} table")
+
+    return [spec(NODE_TABLE, settings.node_input_partitions), spec(CLUSTER_TABLE, 1)]
 
 
 def _output_key(message: Message) -> str:
@@ -332,9 +357,9 @@ class StreamJobs:
         # stage: a state and the progress that says which inputs it holds are written atomically
         # (split into records under the broker's size limit, see ChunkedStore)
         limit = self.settings.state_record_max_bytes
-        self.node_table = ChunkedStore(app.Table("node-stages", default=None, partitions=self.node_partitions,
+        self.node_table = ChunkedStore(app.Table(NODE_TABLE, default=None, partitions=self.node_partitions,
                                                  **raw), limit)
-        self.cluster_table = ChunkedStore(app.Table("cluster-stage", default=None, partitions=1, **raw), limit)
+        self.cluster_table = ChunkedStore(app.Table(CLUSTER_TABLE, default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
         self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
         self._route_events: Any = None

@@ -49,6 +49,7 @@ def worker(**flags: Any) -> None:
     from common.kafka import BrokerUnavailable, ensure_topics
     from common.logs import get_logger
     from common.settings import WorkerSettings
+    from stream_jobs.faust_app import WorkerMetrics, app_id, changelog_topics, run_worker
 
     log = get_logger(__name__)
     settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
@@ -57,6 +58,7 @@ def worker(**flags: Any) -> None:
     while True:
         try:
             ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix, timeout_s=3.0)
+            ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), timeout_s=3.0)
             break
         except BrokerUnavailable as exc:
             remaining = deadline - time.monotonic()
@@ -67,8 +69,6 @@ def worker(**flags: Any) -> None:
                         gives_up_in_s=round(remaining))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 30.0)
-    from stream_jobs.faust_app import WorkerMetrics, run_worker
-
     metrics = WorkerMetrics()
     if settings.metrics_port:
         port = metrics.registry.serve(settings.metrics_port)
