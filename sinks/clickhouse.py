@@ -163,11 +163,13 @@ def _load_insert_dependencies() -> None:
     """Import what clickhouse-connect loads lazily on the first insert (pandas, about a second).
 
     A writing store pays it when it opens rather than inside its first batch, whose latency (and the
-    sink's throughput figure) it would otherwise carry.
+    sink's throughput figure) it would otherwise carry. Only a warm-up: a driver without these
+    lazy attributes changes nothing.
     """
-    from clickhouse_connect.driver import options
+    with contextlib.suppress(ImportError, AttributeError):
+        from clickhouse_connect.driver import options
 
-    _ = options.pd, options.np
+        _ = options.pd, options.np
 
 
 def _classify(exc: BaseException, what: str) -> StoreError:
