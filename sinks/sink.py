@@ -312,7 +312,10 @@ class BatchWriter:
     def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
         tables: dict[str, TableColumns] = {}
         for table, row in rows:
-            tables.setdefault(table, TableColumns()).append(row)
+            columns = tables.get(table)
+            if columns is None:
+                columns = tables[table] = TableColumns()
+            columns.append(row)
         return tables
 
     def _drop_stored_windows(self, batch: Batch, tables: dict[str, TableColumns]) -> int:
