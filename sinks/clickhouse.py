@@ -159,6 +159,19 @@ def embedded_path(url: str) -> str:
     return unquote(parts.path if not parts.netloc else parts.netloc + parts.path)
 
 
+def _load_insert_dependencies() -> None:
+    """Import what clickhouse-connect loads lazily on the first insert (pandas, about a second).
+
+    A writing store pays it when it opens rather than inside its first batch, whose latency (and the
+    sink's throughput figure) it would otherwise carry. Only a warm-up: a driver without these
+    lazy attributes changes nothing.
+    """
+    with contextlib.suppress(ImportError, AttributeError):
+        from clickhouse_connect.driver import options
+
+        _ = options.pd, options.np
+
+
 def _classify(exc: BaseException, what: str) -> StoreError:
     code = getattr(exc, "code", None)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -199,6 +212,8 @@ class ClickHouseStore:
         if read_only:
             query_timeout_s = self.limits.max_execution_time_s + connect_timeout_s
         self._client = self._connect(query_timeout_s)
+        if not read_only:
+            _load_insert_dependencies()
 
     def _settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"session_timezone": "UTC"}

@@ -62,47 +62,64 @@ Row = dict[str, Any]
 
 @dataclass
 class TableColumns:
-    """Rows of one table, pivoted to columns as they are appended."""
+    """Rows of one table, kept as value tuples in one column order and pivoted to columns at the end.
 
-    columns: dict[str, list[Any]] = field(default_factory=dict)
-    n_rows: int = 0
+    A builder's dict literal fixes the column order (dicts keep insertion order), so a row costs one
+    tuple here and the pivot is one ``zip``, not a Python append per value.
+    """
+
+    names: tuple[str, ...] = ()
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
 
     def append(self, row: Row) -> None:
-        if not self.columns:
-            self.columns = {name: [] for name in row}
-        for name, values in self.columns.items():
-            values.append(row[name])
-        self.n_rows += 1
+        if not self.names:
+            self.names = tuple(row)
+        elif tuple(row) != self.names:
+            raise ValueError(f"row columns {tuple(row)} differ from the table's {self.names}")
+        self.rows.append(tuple(row.values()))
 
-    def extend(self, other: TableColumns) -> None:
-        for name, values in other.columns.items():
-            self.columns.setdefault(name, []).extend(values)
-        self.n_rows += other.n_rows
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows)
+
+    @property
+    def columns(self) -> dict[str, list[Any]]:
+        if not self.rows:
+            return {}
+        return {name: list(values) for name, values in zip(self.names, zip(*self.rows, strict=True), strict=True)}
+
+    def column(self, name: str) -> list[Any]:
+        index = self.names.index(name)
+        return [row[index] for row in self.rows]
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only the rows at ``indices`` (in that order)."""
+        self.rows = [self.rows[i] for i in indices]
 
 
 def _s(value: str | None) -> str:
     return value or ""
 
 
-def _kafka(partition: int, offset: int) -> Row:
-    return {"kafka_partition": partition, "kafka_offset": offset}
-
-
 def sample_rows(msg: GpuSample, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
+    # the hot path of the sink (one row per GPU and per process): locals and inline ``or ""``
+    ts, node, boot_id, seq, interval = msg.ts, msg.node, msg.agent_boot_id, msg.seq, msg.sample_interval_s
+    driver, cuda = msg.driver_version or "", msg.cuda_driver_version or ""
     for gpu in msg.gpus:
+        uuid, xids, assigned, processes = gpu.uuid, gpu.xids, gpu.assigned_to, gpu.processes
         yield "gpu_samples", {
-            "ts": msg.ts,
-            "node": msg.node,
-            "gpu_uuid": gpu.uuid,
+            "ts": ts,
+            "node": node,
+            "gpu_uuid": uuid,
             "gpu_index": gpu.index,
             "gpu_model": gpu.model,
-            "mig_parent_uuid": _s(gpu.mig_parent_uuid),
-            "mig_profile": _s(gpu.mig_profile),
-            "agent_boot_id": msg.agent_boot_id,
-            "seq": msg.seq,
-            "sample_interval_s": msg.sample_interval_s,
-            "driver_version": _s(msg.driver_version),
-            "cuda_driver_version": _s(msg.cuda_driver_version),
+            "mig_parent_uuid": gpu.mig_parent_uuid or "",
+            "mig_profile": gpu.mig_profile or "",
+            "agent_boot_id": boot_id,
+            "seq": seq,
+            "sample_interval_s": interval,
+            "driver_version": driver,
+            "cuda_driver_version": cuda,
             "gpu_util_pct": gpu.gpu_util_pct,
             "mem_util_pct": gpu.mem_util_pct,
             "mem_used_bytes": gpu.mem_used_bytes,
@@ -116,43 +133,43 @@ def sample_rows(msg: GpuSample, partition: int, offset: int) -> Iterator[tuple[s
             "nvlink_tx_bytes_per_s": gpu.nvlink_tx_bytes_per_s,
             "nvlink_rx_bytes_per_s": gpu.nvlink_rx_bytes_per_s,
             "health": gpu.health,
-            "health_reason": _s(gpu.health_reason),
-            "xids": [x.xid for x in gpu.xids],
-            "critical_xid": any(x.critical for x in gpu.xids),
-            "pod_uids": [_s(p.pod_uid) for p in gpu.assigned_to],
-            "pod_namespaces": [p.namespace for p in gpu.assigned_to],
-            "pod_names": [p.pod for p in gpu.assigned_to],
-            "process_count": len(gpu.processes),
+            "health_reason": gpu.health_reason or "",
+            "xids": [x.xid for x in xids],
+            "critical_xid": any(x.critical for x in xids) if xids else False,
+            "pod_uids": [p.pod_uid or "" for p in assigned],
+            "pod_namespaces": [p.namespace for p in assigned],
+            "pod_names": [p.pod for p in assigned],
+            "process_count": len(processes),
             "shared": gpu.shared,
-            **_kafka(partition, offset),
+            "kafka_partition": partition, "kafka_offset": offset,
         }
-        for proc in gpu.processes:
+        for proc in processes:
             yield "gpu_processes", {
-                "ts": msg.ts,
-                "node": msg.node,
-                "gpu_uuid": gpu.uuid,
+                "ts": ts,
+                "node": node,
+                "gpu_uuid": uuid,
                 "pid": proc.pid,
-                "process_name": _s(proc.process_name),
-                "container_id": _s(proc.container_id),
-                "container_name": _s(proc.container_name),
-                "pod_uid": _s(proc.pod_uid),
-                "pod_namespace": _s(proc.pod_namespace),
-                "pod_name": _s(proc.pod_name),
+                "process_name": proc.process_name or "",
+                "container_id": proc.container_id or "",
+                "container_name": proc.container_name or "",
+                "pod_uid": proc.pod_uid or "",
+                "pod_namespace": proc.pod_namespace or "",
+                "pod_name": proc.pod_name or "",
                 "mem_used_bytes": proc.mem_used_bytes,
                 "sm_util_pct": proc.sm_util_pct,
-                **_kafka(partition, offset),
+                "kafka_partition": partition, "kafka_offset": offset,
             }
-        for xid in gpu.xids:
+        for xid in xids:
             yield "gpu_xids", {
                 "at": xid.at,
-                "ts": msg.ts,
-                "node": msg.node,
-                "gpu_uuid": gpu.uuid,
+                "ts": ts,
+                "node": node,
+                "gpu_uuid": uuid,
                 "gpu_model": gpu.model,
                 "xid": xid.xid,
                 "critical": xid.critical,
                 "message": _s(xid.message),
-                **_kafka(partition, offset),
+                "kafka_partition": partition, "kafka_offset": offset,
             }
 
 
@@ -186,7 +203,7 @@ def pod_rows(msg: PodState, partition: int, offset: int) -> Iterator[tuple[str, 
         "started_at": msg.started_at,
         "finished_at": msg.finished_at,
         "deleted_at": msg.deleted_at,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -209,7 +226,7 @@ def node_rows(msg: NodeState, partition: int, offset: int) -> Iterator[tuple[str
         "taints": [f"{t.key}={t.value or ''}:{t.effect}" for t in msg.taints],
         "labels": dict(msg.labels),
         "deleted": msg.deleted,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -227,7 +244,7 @@ def event_rows(msg: K8sEvent, partition: int, offset: int) -> Iterator[tuple[str
         "involved_namespace": _s(msg.involved_namespace),
         "involved_name": msg.involved_name,
         "source": _s(msg.source),
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -240,7 +257,7 @@ def progress_rows(msg: WorkloadProgress, partition: int, offset: int) -> Iterato
         "steps_total": msg.steps_total,
         "tokens_total": msg.tokens_total,
         "samples_total": msg.samples_total,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -272,7 +289,7 @@ def window_rows(msg: PodWindow, partition: int, offset: int) -> Iterator[tuple[s
         "cost_usd": msg.cost_usd,
         "steps": msg.steps,
         "tokens": msg.tokens,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -297,7 +314,7 @@ def capacity_rows(msg: ClusterCapacity, partition: int, offset: int) -> Iterator
         "gpu_s_idle_allocated": msg.gpu_s_idle_allocated,
         "gpu_s_free": msg.gpu_s_free,
         "stranded_gpus_max": msg.stranded_gpus_max,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -326,7 +343,7 @@ def lifecycle_rows(msg: PodLifecycle, partition: int, offset: int) -> Iterator[t
         "end_reason": msg.end_reason,
         "steps": msg.steps,
         "cost_per_step_usd": msg.cost_per_step_usd,
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
@@ -345,12 +362,13 @@ def alert_rows(msg: Alert, partition: int, offset: int) -> Iterator[tuple[str, R
         "subject_gpu_uuid": _s(msg.subject.gpu_uuid),
         "summary": msg.summary,
         "details_json": orjson.dumps(msg.details, default=str).decode(),
-        **_kafka(partition, offset),
+        "kafka_partition": partition, "kafka_offset": offset,
     }
 
 
 def tombstone_rows(suffix: str, key: str, at: datetime, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
-    yield "state_tombstones", {"topic": suffix, "key": key, "at": at, **_kafka(partition, offset)}
+    yield "state_tombstones", {"topic": suffix, "key": key, "at": at,
+                               "kafka_partition": partition, "kafka_offset": offset}
 
 
 _BUILDERS: dict[type[Message], Any] = {

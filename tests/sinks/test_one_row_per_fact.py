@@ -4,6 +4,7 @@ drop are dead-lettered; two simulator runs into one store keep both runs (real c
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -226,3 +227,14 @@ def test_classify_by_clickhouse_code(code: int | None, kind: type) -> None:
     classified = _classify(error, "insert into t failed")
     assert isinstance(classified, kind) and classified.code == code
     assert str(classified).startswith("insert into t failed: Code")
+
+
+def test_writing_a_batch_leaves_garbage_collection_on(store: ClickHouseStore) -> None:
+    migrate(store)
+    writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays())
+    topic = GPU_SAMPLES.name(PREFIX)
+    records = [Record(topic, 0, 0, None, encode(f.sample("node-a", 1, gpus=1))), Record(topic, 0, 1, None, b"{")]
+    assert gc.isenabled()
+    _outcome, rejected = writer.write(Batch(topic, 0, records, 0, 1))
+    assert [r.offset for r, _ in rejected] == [1]
+    assert gc.isenabled()
