@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make chaos`: every golden scenario (gpulens/scenarios, and the shared examples in
-# $GPULENS_SHARED_SCENARIOS when set) through the local
+# tests/data/scenarios or $GPULENS_SHARED_SCENARIOS) through the local
 # broker with `replay --kafka --chaos` (the worker SIGKILLed and restarted on a seeded schedule);
 # each report must equal the in-process one byte for byte. SEED (default 1) and KILLS (default 8)
 # pick the schedule; the broker is the one `gpulens kafka up` manages (GPULENS_LOCAL_KAFKA__PORT).
@@ -11,7 +11,7 @@ export PATH="$venv/bin:$PATH"
 seed=${SEED:-1}
 kills=${KILLS:-8}
 port=${GPULENS_LOCAL_KAFKA__PORT:-19092}
-shared=${GPULENS_SHARED_SCENARIOS:-}
+shared=${GPULENS_SHARED_SCENARIOS:-tests/data/scenarios}
 gpulens kafka up
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
