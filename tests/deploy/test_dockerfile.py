@@ -25,8 +25,14 @@ def _instructions() -> list[tuple[str, str]]:
 
 def test_base_image_install_and_entrypoint() -> None:
     instructions = _instructions()
-    bases = [rest.split()[0] for keyword, rest in instructions if keyword == "FROM"]
-    assert bases and all(base == "python:3.11-slim" for base in bases)
+    stages: list[str] = []
+    for keyword, rest in instructions:
+        if keyword == "FROM":
+            # every stage starts from python:3.11-slim or from a stage above it, so each image does
+            base, *alias = rest.split()
+            assert base == "python:3.11-slim" or base in stages, f"FROM {base}: not python:3.11-slim nor a stage above"
+            stages.append(alias[-1] if alias else "")
+    assert stages
     runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
     assert re.search(r'pip install "\.\[all\]"(\s|$)', runs), 'the image installs `pip install ".[all]"`'
     assert ("ENTRYPOINT", '["gpulens"]') in instructions
