@@ -178,19 +178,15 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cli
 
 
 def human(column: str, value: Any) -> Any:
-    """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers)."""
+    """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers);
+    the same formats as the HTML report's."""
+    from gpulens.html_report import fmt_duration, fmt_gib, fmt_pct, fmt_usd
+
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value
-    if column.endswith("_bytes"):
-        return f"{value / 2**30:,.1f} GiB"
-    if column.endswith("_usd"):
-        return f"${value:,.2f}"
-    if column.endswith("_pct"):
-        return f"{value:.1f} %"
-    if column.endswith("_s"):
-        minutes, seconds = divmod(round(value), 60)
-        hours, minutes = divmod(minutes, 60)
-        return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s")
+    for suffix, fmt in (("_bytes", fmt_gib), ("_usd", fmt_usd), ("_pct", fmt_pct), ("_s", fmt_duration)):
+        if column.endswith(suffix):
+            return fmt(value)
     return value
 
 

@@ -57,8 +57,7 @@ def top(duration: str | None, once: bool, **flags: Any) -> None:
         view = read_view_once(settings.kafka, settings.topic_prefix)
         if view.messages_seen == 0:
             # a demo's per-run prefix extends ours; the newest first
-            others = sorted((p for p in prefixes_with_data(settings.kafka) if p != settings.topic_prefix),
-                            key=lambda p: (not p.startswith(settings.topic_prefix), p), reverse=False)
+            others = sorted(p for p in prefixes_with_data(settings.kafka) if p != settings.topic_prefix)
             mine = sorted((p for p in others if p.startswith(settings.topic_prefix)), reverse=True)
             shown = (mine + [p for p in others if p not in mine])[:5]
             hint = f"; data under: {', '.join(shown)} (use --topic-prefix)" if shown else ""
