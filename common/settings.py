@@ -292,6 +292,35 @@ class SinkSettings(CommonSettings):
     """Port of the local read-only query endpoint served for the embedded engine (0 = any free)."""
 
 
+class AdviseThresholds(BaseModel):
+    """Thresholds of the reclaimable-capacity advisor (``gpulens advise``, docs/advise.md).
+
+    Conservative by default: a recommendation needs an hour of evidence, a pod is reclaimed only
+    after a whole hour idle, and a right-sized unit keeps 20 % headroom over the observed demand.
+    """
+
+    since_s: float = Field(default=7 * 86400.0, gt=0)
+    """How far back from the latest data in the store the advisor looks (not from the wall clock)."""
+    percentile: float = Field(default=95.0, gt=0, le=100)
+    """Percentile of the per-window SM peaks taken as a pod's compute demand (VRAM uses the peak)."""
+    headroom_pct: float = Field(default=20.0, ge=0, le=400)
+    """Headroom added to the observed VRAM and SM demand before choosing a smaller unit."""
+    min_evidence_s: float = Field(default=3600.0, gt=0)
+    """Active time a pod (or a node) must have been observed before it gets a right-size (scale-to-zero)."""
+    idle_stretch_s: float = Field(default=3600.0, gt=0)
+    """Shortest run of wholly idle time buckets that makes a pod a reclaim candidate."""
+    bucket_s: float = Field(default=3600.0, ge=60)
+    """Time bucket of the reclaim and pack analyses (aligned to the epoch)."""
+    idle_util_pct: float = Field(default=5.0, ge=0, le=100)
+    """A GPU of a pod whose SM percentile stays below this and that never holds VRAM is unused."""
+
+
+class AdvisorSettings(CommonSettings):
+    advise: AdviseThresholds = Field(default_factory=AdviseThresholds)
+    """``GPULENS_ADVISE__SINCE_S``, ``__PERCENTILE``, ``__HEADROOM_PCT``, ``__MIN_EVIDENCE_S``,
+    ``__IDLE_STRETCH_S``, ``__BUCKET_S``, ``__IDLE_UTIL_PCT``."""
+
+
 S = TypeVar("S", bound=CommonSettings)
 
 

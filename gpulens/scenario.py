@@ -101,6 +101,9 @@ class PodSpec:
     """Extension: the GPU resource name requested (default ``nvidia.com/gpu``)."""
     owner: tuple[str, str] | None = None
     """Extension: the controller that owns the pod, ``(kind, name)``, e.g. ``("PyTorchJob", "train")``."""
+    active_gpus: int | None = None
+    """Extension: only the pod's first ``active_gpus`` devices run its processes; the rest stay allocated
+    with nothing on them (None: all of them)."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,8 @@ def _start(value: Any) -> datetime:
 _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels", "ready_until", "unschedulable",
               "mig", "time_slicing", "process_stats"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
-             "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner"}
+             "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
+             "active_gpus"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
              "faults", "agent_gaps", "late_samples", "poison", "description"}
 
@@ -383,6 +387,7 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         image=_str(data.get("image", "nvcr.io/nvidia/pytorch:24.05-py3"), f"{path}.image"),
         resource=resource,
         owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
+        active_gpus=None if data.get("active_gpus") is None else _int(data["active_gpus"], f"{path}.active_gpus"),
     )
 
 

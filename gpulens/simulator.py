@@ -437,10 +437,11 @@ class FleetSimulator:
             if fault.lost:
                 gpu.lost = fault.at <= t + EPS and (fault.until is None or t + EPS < fault.until)
 
-    def _load(self, pod: _Pod, t: float, capacity: int) -> tuple[float, int, int]:
-        """(util %, memory bytes, processes) of one of the pod's devices at ``t``."""
+    def _load(self, pod: _Pod, t: float, capacity: int, ordinal: int) -> tuple[float, int, int]:
+        """(util %, memory bytes, processes) of the pod's ``ordinal``-th device at ``t``."""
         spec = pod.spec
-        if spec.crashloop or spec.processes == 0 or pod.scheduled is None:
+        idle_device = spec.active_gpus is not None and ordinal >= spec.active_gpus
+        if spec.crashloop or spec.processes == 0 or pod.scheduled is None or idle_device:
             return 0.0, 0, 0
         offset = t - pod.scheduled
         util = step_value(spec.util, offset)
@@ -474,9 +475,10 @@ class FleetSimulator:
                     if owner is None:
                         continue
                     pod = by_index[owner]
-                    _util, mem, count = self._load(pod, t, mig.mem_total_bytes)
+                    ordinal = pod.slots.index(gpu.index * per_gpu + k)
+                    _util, mem, count = self._load(pod, t, mig.mem_total_bytes, ordinal)
                     mig.mem_used_bytes = mem
-                    mig.processes = self._procs(pod, pod.slots.index(gpu.index * per_gpu + k), 0.0, mem, count,
+                    mig.processes = self._procs(pod, ordinal, 0.0, mem, count,
                                                 spec.process_stats, resolver)
                     mapping[mig.uuid] = [PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
                                                 pod_uid=pod.uid)]
@@ -486,10 +488,11 @@ class FleetSimulator:
                 if owner is None:
                     continue
                 pod = by_index[owner]
-                util, mem, count = self._load(pod, t, gpu.mem_total_bytes - mem_sum)
+                ordinal = pod.slots.index(gpu.index * per_gpu + k)
+                util, mem, count = self._load(pod, t, gpu.mem_total_bytes - mem_sum, ordinal)
                 util_sum += util
                 mem_sum += mem
-                procs += self._procs(pod, pod.slots.index(gpu.index * per_gpu + k), util, mem, count,
+                procs += self._procs(pod, ordinal, util, mem, count,
                                      spec.process_stats, resolver)
                 ref = PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main", pod_uid=pod.uid)
                 if ref not in refs:

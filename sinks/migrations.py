@@ -575,6 +575,27 @@ SELECT id, any(a.type) AS alert_type, argMax(a.severity, a.at) AS current_severi
 FROM alerts AS a FINAL GROUP BY id"""]
 
 
+def _m6_advise_windows(ttl: TtlDays) -> list[str]:
+    """``v_advise_windows``: the per-pod, per-GPU windows the reclaimable-capacity advisor reads
+    (docs/advise.md), with whether the pod computed on any of its GPUs in the window, the window's
+    idle class and the GPU-hour price (list price, else the rate the stream jobs charged)."""
+    return [f"""CREATE OR REPLACE VIEW v_advise_windows AS
+WITH w AS (SELECT * FROM pod_windows FINAL),
+a AS (SELECT pod_uid, window_start, max(busy_s) > 0 AS pod_active FROM pod_windows FINAL GROUP BY pod_uid, window_start)
+SELECT w.pod_uid AS pod_uid, w.namespace AS namespace, w.pod AS pod, w.team AS team, w.project AS project,
+       w.node AS node, w.gpu_uuid AS gpu_uuid, w.gpu_model AS gpu_model, w.window_start AS window_start,
+       w.window_end AS window_end, w.allocated_s AS allocated_s, w.busy_s AS busy_s, w.idle_s AS idle_s,
+       w.gap_s AS gap_s, w.max_sm_util_pct AS max_sm_util_pct, w.max_mem_used_bytes AS max_mem_used_bytes,
+       w.share_fraction AS share_fraction, w.allocated_s * w.share_fraction AS held_gpu_s, w.cost_usd AS cost_usd,
+       a.pod_active AS pod_active,
+       multiIf(w.busy_s > 0, 'busy', coalesce(w.max_mem_used_bytes, 0) = 0, 'no_process', 'vram_held') AS idle_class,
+       coalesce(p.usd_per_gpu_hour,
+                w.cost_usd / nullIf(w.allocated_s * w.share_fraction / 3600, 0)) AS usd_per_gpu_hour
+FROM w
+INNER JOIN a ON a.pod_uid = w.pod_uid AND a.window_start = w.window_start
+LEFT JOIN {_PRICE} AS p ON p.gpu_model = w.gpu_model"""]
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -591,6 +612,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "one row per fact: samples and processes deduplicate on their natural key",
               lambda ttl: [], _m4_one_row_per_fact),
     Migration(5, "v_alerts: no resolved_at while firing", _m5_open_alerts_have_no_resolved_at),
+    Migration(6, "v_advise_windows: the advisor's per-pod GPU windows", _m6_advise_windows),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

@@ -28,7 +28,7 @@ clickhouse_option = click.option(
     help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]")
 
 
-def _reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
+def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
     from common.settings import CommonSettings
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
@@ -124,7 +124,7 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
     from sinks.clickhouse import StoreError
     from sinks.readonly import ReadOnlyViolation
 
-    reader = _reader(clickhouse_url, flags)
+    reader = open_analysis_reader(clickhouse_url, flags)
     try:
         result = query_interruptibly(reader, query)
     except ReadOnlyViolation as exc:
@@ -153,7 +153,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cli
 
     if html_path is not None and (as_json or sections):
         raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
-    reader = _reader(clickhouse_url, flags)
+    reader = open_analysis_reader(clickhouse_url, flags)
     try:
         if html_path is not None:
             click.echo(f"HTML report written to {write_html_report(reader, html_path)}")

@@ -29,6 +29,7 @@ from schemas.topics import (
     WORKLOAD_PROGRESS,
 )
 from sinks.clickhouse import ClickHouseStore, StoreUnavailable, open_store
+from sinks.migrations import MIGRATIONS
 from sinks.service import prepare_store, run_sink
 from sinks.sink import Sink
 from tests.sinks import factories as f
@@ -117,7 +118,7 @@ def test_n_known_messages_give_exactly_the_expected_rows(
     try:
         _assert_expected_rows(store)
         applied = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-        assert [r[0] for r in applied] == [1, 2, 3, 4, 5]
+        assert [r[0] for r in applied] == [m.version for m in MIGRATIONS] == [1, 2, 3, 4, 5, 6]
     finally:
         store.close()
 

@@ -1,0 +1,583 @@
+"""The reclaimable-capacity advisor: how many GPUs the fleet could free, which pods, why, and the money.
+
+Everything comes from the history the pipeline stored (``v_advise_windows`` over ``pod_windows``,
+``gpu_samples``, ``cluster_capacity``, ``pod_lifecycle``, ``node_states``), over a period counted
+back from the latest data in the store. The categories (docs/advise.md has the method, by hand):
+
+- **reclaim**: runs of wholly idle time buckets of a pod at least ``idle_stretch_s`` long; the pod's
+  GPU-hours in them are reclaimable (idle class: no process, or VRAM held without compute).
+- **scale to zero**: nodes sampled for at least ``min_evidence_s`` on which no GPU was ever allocated.
+- **right-size**: pods with ``min_evidence_s`` of active windows whose demand fits a smaller unit:
+  fewer whole GPUs (GPUs of the pod that never computed nor held VRAM), or for a one-GPU pod a MIG
+  profile of the same model (per-model MIG table) or a time-sliced share. Only "fewer GPUs" frees
+  GPU-hours by itself; a fractional unit frees them when packed, so its saving is counted in pack.
+- **pack**: per time bucket and node pool, first-fit decreasing of each remaining pod's demand onto
+  GPUs (whole-GPU demands and gang members take whole GPUs); the GPUs the bins needed against the GPUs
+  the pods held, after reclaim and right-size.
+- **queue**: pending time of pods whose request fitted in the free GPUs of the schedulable nodes but
+  not on any one node (fragmentation); reported as delay, not as reclaimable capacity.
+
+No GPU-hour is counted twice: reclaim takes a pod's idle buckets out of the later categories,
+right-size takes the freed whole GPUs out of pack, scale-to-zero counts unallocated GPU-hours only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from common.settings import AdviseThresholds
+from sinks.analyses import Reader, query_rows
+
+GIB = 1024**3
+MONTH_H = 30 * 24
+"""A month in hours, for the monthly figures."""
+
+POOL_LABELS = ("pool", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup",
+               "kubernetes.azure.com/agentpool", "agentpool")
+"""Node labels that name a node pool, first found wins; without one a node's pool is its GPU model."""
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    name: str
+    compute_slices: int
+    memory_slices: int
+    compute_of: int
+    memory_of: int
+
+    @property
+    def gpu_fraction(self) -> float:
+        """The share of the GPU the profile takes when packed: the larger of its compute and memory shares."""
+        return max(self.compute_slices / self.compute_of, self.memory_slices / self.memory_of)
+
+    def memory_bytes(self, gpu_memory_bytes: float) -> float:
+        return gpu_memory_bytes * self.memory_slices / self.memory_of
+
+
+_MIG_7 = ((1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (7, 8))
+"""(compute slices of 7, memory slices of 8) of the A100/H100/H200/B200 family's MIG profiles."""
+_MIG_4 = ((1, 1), (2, 2), (4, 4))
+"""(compute slices of 4, memory slices of 4) of the A30's MIG profiles."""
+MIG_FAMILIES: tuple[tuple[str, tuple[tuple[int, int], ...], int, int], ...] = (
+    ("A30", _MIG_4, 4, 4),
+    ("A100", _MIG_7, 7, 8), ("A800", _MIG_7, 7, 8), ("H100", _MIG_7, 7, 8), ("H800", _MIG_7, 7, 8),
+    ("H200", _MIG_7, 7, 8), ("H20", _MIG_7, 7, 8), ("GB200", _MIG_7, 7, 8), ("B200", _MIG_7, 7, 8),
+)
+"""Model-name substring -> MIG profile shapes; first match wins (A30 before A100 is not needed, but H200
+must come before H20)."""
+
+
+def mig_table(model: str, gpu_memory_bytes: float) -> list[MigProfile]:
+    """The MIG profiles of a GPU model, smallest first, named like NVIDIA's (``1g.10gb`` on an 80 GB GPU:
+    1 compute slice, one eighth of the memory); empty for models without MIG."""
+    for family, shapes, compute_of, memory_of in MIG_FAMILIES:
+        if family in model:
+            gb = gpu_memory_bytes / GIB
+            return [MigProfile(f"{c}g.{math.floor(gb * m / memory_of + 0.5)}gb", c, m, compute_of, memory_of)
+                    for c, m in shapes]
+    return []
+
+
+@dataclass
+class Demand:
+    """What one pod needs per time bucket: whole GPUs, or a fraction of one GPU."""
+
+    whole_gpus: int = 0
+    fraction: float = 0.0
+    unit: str = ""
+
+
+@dataclass
+class PodEvidence:
+    pod_uid: str
+    namespace: str
+    pod: str
+    team: str
+    project: str
+    node: str
+    pool: str
+    gpu_model: str
+    owner: str
+    gang: str
+    gpus: int
+    share: float
+    gpu_memory_bytes: float | None
+    usd_per_gpu_hour: float
+    active_s: float = 0.0
+    active_windows: int = 0
+    sm_pct: list[float | None] = field(default_factory=list)
+    """Per GPU: the percentile of the per-window SM peaks over the pod's active windows (None: no reading)."""
+    peak_sm_pct: float | None = None
+    peak_mem_bytes: list[int] = field(default_factory=list)
+    """Per GPU: the peak VRAM over the pod's active windows."""
+    pct_mem_bytes: float = 0.0
+    last_busy: str | None = None
+
+
+def _period(reader: Reader, since_s: float) -> tuple[datetime, datetime] | None:
+    rows = query_rows(reader, """
+SELECT maxOrNull(e) AS data_end FROM (
+    SELECT max(window_end) AS e FROM pod_windows UNION ALL SELECT max(window_end) AS e FROM cluster_capacity
+) WHERE e > toDateTime64(0, 3, 'UTC')""")
+    end = rows[0]["data_end"] if rows else None
+    if not end:
+        return None
+    data_end = _ts(end)
+    return data_end - timedelta(seconds=since_s), data_end
+
+
+def _ts(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _sql_ts(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _label(value: str) -> str:
+    return value or "(none)"
+
+
+def _params(start: datetime, team: str | None) -> tuple[str, dict[str, Any]]:
+    where = "window_start >= toDateTime64({start:String}, 3, 'UTC')"
+    params: dict[str, Any] = {"start": _sql_ts(start)}
+    if team is not None:
+        where += " AND if(team = '', '(none)', team) = {team:String}"
+        params["team"] = team
+    return where, params
+
+
+def _nodes(reader: Reader) -> dict[str, dict[str, Any]]:
+    rows = query_rows(reader, """
+SELECT node, argMax(labels, ts) AS labels, argMax(gpu_memory_bytes, ts) AS gpu_memory_bytes,
+       argMax(gpu_product, ts) AS gpu_product
+FROM node_states GROUP BY node""")
+    return {r["node"]: r for r in rows}
+
+
+def _pool(node: dict[str, Any] | None, model: str) -> str:
+    labels = (node or {}).get("labels") or {}
+    for key in POOL_LABELS:
+        if labels.get(key):
+            return f"{labels[key]} ({model})"
+    return model or "(unknown model)"
+
+
+def _evidence(reader: Reader, where: str, params: dict[str, Any], cfg: AdviseThresholds,
+              nodes: dict[str, dict[str, Any]]) -> dict[str, PodEvidence]:
+    level = cfg.percentile / 100
+    rows = query_rows(reader, f"""
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples GROUP BY gpu_uuid)
+SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
+       any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
+       max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
+       sum(w.held_gpu_s) AS held_s, sum(w.cost_usd) AS cost_usd, any(w.usd_per_gpu_hour) AS usd_per_gpu_hour,
+       countIf(w.pod_active) AS active_windows, sumIf(w.allocated_s, w.pod_active) AS active_s,
+       quantileExactIf({level!r})(w.max_sm_util_pct, w.pod_active AND w.max_sm_util_pct IS NOT NULL) AS pct_sm,
+       countIf(w.pod_active AND w.max_sm_util_pct IS NOT NULL) AS sm_windows,
+       maxIf(w.max_sm_util_pct, w.pod_active) AS peak_sm,
+       maxIf(coalesce(w.max_mem_used_bytes, 0), w.pod_active) AS peak_mem,
+       quantileExactIf({level!r})(coalesce(w.max_mem_used_bytes, 0), w.pod_active) AS pct_mem,
+       maxIf(w.window_end, w.busy_s > 0) AS last_busy, countIf(w.busy_s > 0) AS busy_windows
+FROM v_advise_windows AS w LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
+WHERE {where.replace('window_start', 'w.window_start').replace('team', 'w.team')}
+GROUP BY pod_uid, gpu_uuid
+ORDER BY pod_uid, gpu_uuid""", params)
+    owners = {r["uid"]: r for r in query_rows(reader, """
+SELECT uid, argMax(owner_kinds, ts) AS kinds, argMax(owner_names, ts) AS names, argMax(gang_id, ts) AS gang
+FROM pod_states GROUP BY uid""")}
+    pods: dict[str, PodEvidence] = {}
+    for r in rows:
+        ev = pods.get(r["pod_uid"])
+        if ev is None:
+            node = nodes.get(r["node"])
+            meta = owners.get(r["pod_uid"], {})
+            kinds, names = meta.get("kinds") or [], meta.get("names") or []
+            mem = r["gpu_mem_bytes"] or (node or {}).get("gpu_memory_bytes")
+            ev = pods[r["pod_uid"]] = PodEvidence(
+                pod_uid=r["pod_uid"], namespace=r["namespace"], pod=r["pod"], team=_label(r["team"]),
+                project=_label(r["project"]), node=r["node"], pool=_pool(node, r["gpu_model"]),
+                gpu_model=r["gpu_model"], owner=f"{kinds[0]}/{names[0]}" if kinds and names else "",
+                gang=meta.get("gang") or "", gpus=0, share=float(r["share"] or 1.0),
+                gpu_memory_bytes=float(mem) if mem else None, usd_per_gpu_hour=float(r["usd_per_gpu_hour"] or 0.0))
+        ev.gpus += 1
+        ev.active_s = max(ev.active_s, float(r["active_s"] or 0.0))
+        ev.active_windows = max(ev.active_windows, int(r["active_windows"]))
+        ev.sm_pct.append(None if not r["sm_windows"] else float(r["pct_sm"]))
+        if r["peak_sm"] is not None:
+            ev.peak_sm_pct = max(ev.peak_sm_pct or 0.0, float(r["peak_sm"]))
+        ev.peak_mem_bytes.append(int(r["peak_mem"] or 0))
+        ev.pct_mem_bytes = max(ev.pct_mem_bytes, float(r["pct_mem"] or 0.0))
+        if r["busy_windows"]:
+            last = _iso(_ts(r["last_busy"]))
+            ev.last_busy = max(ev.last_busy or last, last)
+    return pods
+
+
+@dataclass
+class RightSize:
+    demand: Demand
+    recommendation: str
+    kind: str
+    """``fewer_gpus``, ``mig`` or ``time_slice``."""
+    confidence: str
+
+
+def right_size(ev: PodEvidence, cfg: AdviseThresholds) -> RightSize | None:
+    """A smaller unit for the pod, or None (too little evidence, a gang member, or nothing smaller fits)."""
+    if ev.gang or ev.active_s + EPS < cfg.min_evidence_s:
+        return None
+    confidence = "high" if ev.active_s >= 4 * cfg.min_evidence_s else "medium"
+    headroom = 1 + cfg.headroom_pct / 100
+    used = sum(1 for sm, mem in zip(ev.sm_pct, ev.peak_mem_bytes, strict=True)
+               if mem > 0 or (sm is not None and sm >= cfg.idle_util_pct))
+    if ev.gpus > 1:
+        keep = max(used, 1)
+        if keep < ev.gpus:
+            return RightSize(Demand(whole_gpus=keep), f"{keep} GPU{'s' if keep > 1 else ''} instead of {ev.gpus}",
+                             "fewer_gpus", confidence)
+        return None
+    sm = ev.sm_pct[0]
+    if sm is None or ev.gpu_memory_bytes is None:
+        return None  # no SM reading (MIG device, no process stats) or unknown memory: no fractional advice
+    need_mem = ev.peak_mem_bytes[0] * headroom
+    need_sm = min(sm * headroom / 100, 1.0)
+    for profile in mig_table(ev.gpu_model, ev.gpu_memory_bytes):
+        fits = (profile.memory_bytes(ev.gpu_memory_bytes) + EPS >= need_mem
+                and profile.compute_slices / profile.compute_of + EPS >= need_sm)
+        if fits and profile.gpu_fraction < ev.share - EPS:
+            return RightSize(Demand(fraction=profile.gpu_fraction, unit=f"MIG {profile.name}"),
+                             f"MIG {profile.name} instead of a whole GPU", "mig", confidence)
+        if fits:
+            return None
+    if mig_table(ev.gpu_model, ev.gpu_memory_bytes):
+        return None
+    share = math.ceil(max(need_mem / ev.gpu_memory_bytes, need_sm) * 20 - EPS) / 20
+    if share < ev.share - EPS:
+        return RightSize(Demand(fraction=share, unit=f"{share:.0%} time-sliced share"),
+                         f"a {share:.0%} time-sliced share instead of {ev.share:.0%} of a GPU", "time_slice",
+                         confidence)
+    return None
+
+
+def first_fit_decreasing(fractions: list[tuple[float, float, str]]) -> list[tuple[float, float, list[str]]]:
+    """Pack (fraction of a GPU, seconds present, pod) items onto GPUs, largest first, each into the first
+    GPU with room; returns the GPUs as (fraction used, seconds needed = longest item present, pods)."""
+    bins: list[tuple[float, float, list[str]]] = []
+    for fraction, present_s, pod in sorted(fractions, key=lambda item: (-item[0], item[2])):
+        for i, (used, seconds, pods) in enumerate(bins):
+            if used + fraction <= 1 + EPS:
+                bins[i] = (used + fraction, max(seconds, present_s), [*pods, pod])
+                break
+        else:
+            bins.append((fraction, present_s, [pod]))
+    return bins
+
+
+def advise(reader: Reader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
+    """The advisor's findings as plain, JSON-friendly data (see the module docstring and docs/advise.md)."""
+    period = _period(reader, cfg.since_s)
+    if period is None:
+        return {"period": None, "headline": None, "thresholds": cfg.model_dump(), "reclaim": [], "scale_to_zero": [],
+                "right_size": [], "pack": [], "queue": [], "totals": {}}
+    start, end = period
+    where, params = _params(start, team)
+    nodes = _nodes(reader)
+    pods = _evidence(reader, where, params, cfg, nodes)
+    buckets = query_rows(reader, f"""
+SELECT pod_uid, toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
+       gpu_uuid, sum(held_gpu_s) AS held_s, sum(allocated_s) AS allocated_s, sum(busy_s) AS busy_s,
+       max(coalesce(max_mem_used_bytes, 0)) AS peak_mem
+FROM v_advise_windows
+WHERE {where}
+GROUP BY pod_uid, bucket, gpu_uuid
+ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
+    per_pod: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+    for r in buckets:
+        b = per_pod[r["pod_uid"]].setdefault(int(r["bucket"]), {"held_s": 0.0, "present_s": 0.0, "busy_s": 0.0,
+                                                                 "peak_mem": 0.0})
+        b["held_s"] += float(r["held_s"])
+        b["present_s"] = max(b["present_s"], float(r["allocated_s"]))
+        b["busy_s"] += float(r["busy_s"])
+        b["peak_mem"] = max(b["peak_mem"], float(r["peak_mem"]))
+
+    reclaim_rows, reclaimed = _reclaim(pods, per_pod, cfg)
+    sized = {uid: rs for uid, ev in pods.items() if (rs := right_size(ev, cfg)) is not None}
+    right_rows, pack_rows, pod_hours = _pack(pods, per_pod, reclaimed, sized, cfg)
+    capacity = _capacity(reader, start)
+    scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
+    queue_rows = _queue(reader, start, end, team)
+
+    span_h = max(capacity["span_s"], EPS) / 3600 if capacity["span_s"] else max(
+        (end - start).total_seconds(), EPS) / 3600
+    cats = {
+        "reclaim": (sum(r["gpu_hours"] for r in reclaim_rows), sum(r["cost_usd"] for r in reclaim_rows)),
+        "right_size": (sum(r["freed_gpu_hours"] for r in right_rows), sum(r["freed_cost_usd"] for r in right_rows)),
+        "pack": (sum(r["freed_gpu_hours"] for r in pack_rows), sum(r["freed_cost_usd"] for r in pack_rows)),
+        "scale_to_zero": (sum(r["gpu_hours"] for r in scale_rows), sum(r["cost_usd"] for r in scale_rows)),
+    }
+    reclaimable_h = sum(h for h, _ in cats.values())
+    reclaimable_usd = sum(c for _, c in cats.values())
+    held_h = pod_hours["held_gpu_hours"]
+    from_pods_h = reclaimable_h - cats["scale_to_zero"][0]
+    scope_gpus = (held_h if team is not None else capacity["capacity_gpu_hours"]) / span_h
+    gpus = reclaimable_h / span_h
+    headline = {
+        "gpus": gpus, "percent": 100 * gpus / scope_gpus if scope_gpus > EPS else 0.0,
+        "usd_per_month": reclaimable_usd * MONTH_H / span_h,
+        "held_gpus": held_h / span_h, "would_serve_gpus": (held_h - from_pods_h) / span_h,
+        "pack_freed_gpus": from_pods_h / span_h,
+        "pack_percent": 100 * from_pods_h / held_h if held_h > EPS else 0.0,
+    }
+    totals = {
+        "span_hours": span_h,
+        "capacity_gpu_hours": capacity["capacity_gpu_hours"], "allocated_gpu_hours": capacity["allocated_gpu_hours"],
+        "unallocated_gpu_hours": capacity["unallocated_gpu_hours"], "capacity_cost_usd": capacity["cost_usd"],
+        "held_gpu_hours": held_h, "held_cost_usd": pod_hours["held_cost_usd"],
+        **{f"{name}_gpu_hours": h for name, (h, _) in cats.items()},
+        **{f"{name}_cost_usd": c for name, (_, c) in cats.items()},
+        "reclaimable_gpu_hours": reclaimable_h, "reclaimable_cost_usd": reclaimable_usd,
+        "kept_gpu_hours": capacity["capacity_gpu_hours"] - reclaimable_h,
+        "queue_fragmented_pending_hours": sum(r["fragmented_pending_s"] for r in queue_rows) / 3600,
+        "queue_delayed_gpu_hours": sum(r["delayed_gpu_hours"] for r in queue_rows),
+    }
+    return _rounded({
+        "period": {"start": _iso(start), "end": _iso(end), "team": team},
+        "headline": headline, "headline_text": headline_text(headline, team),
+        "thresholds": cfg.model_dump(),
+        "reclaim": reclaim_rows, "scale_to_zero": scale_rows, "right_size": right_rows, "pack": pack_rows,
+        "queue": queue_rows, "totals": totals,
+    })
+
+
+def headline_text(headline: dict[str, float] | None, team: str | None = None) -> str:
+    if headline is None:
+        return "no data in the store: nothing to advise"
+    scope = f"of team {team}'s GPUs" if team else "of the fleet"
+    return (f"{headline['gpus']:.1f} GPUs ({headline['percent']:.0f} % {scope}) reclaimable, "
+            f"${headline['usd_per_month']:,.0f}/month")
+
+
+def pack_text(headline: dict[str, float]) -> str:
+    return (f"you held {headline['held_gpus']:.1f} GPUs, {headline['would_serve_gpus']:.1f} would have served the "
+            f"same work: {headline['pack_freed_gpus']:.1f} GPUs ({headline['pack_percent']:.0f} %) reclaimable "
+            "from pods")
+
+
+def _reclaim(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
+             cfg: AdviseThresholds) -> tuple[list[dict[str, Any]], set[tuple[str, int]]]:
+    rows: list[dict[str, Any]] = []
+    reclaimed: set[tuple[str, int]] = set()
+    step = int(cfg.bucket_s)
+    for uid, by_bucket in per_pod.items():
+        ev = pods[uid]
+        runs: list[list[int]] = []
+        for b in sorted(by_bucket):
+            if by_bucket[b]["busy_s"] > 0:
+                continue
+            if runs and runs[-1][-1] + step == b:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        taken = [b for run in runs if sum(by_bucket[b]["present_s"] for b in run) + EPS >= cfg.idle_stretch_s
+                 for b in run]
+        if not taken:
+            continue
+        reclaimed.update((uid, b) for b in taken)
+        hours = sum(by_bucket[b]["held_s"] for b in taken) / 3600
+        vram = max(by_bucket[b]["peak_mem"] for b in taken)
+        rows.append({
+            "namespace": ev.namespace, "pod": ev.pod, "owner": ev.owner, "team": ev.team, "node": ev.node,
+            "gpus": ev.gpus, "idle_class": "vram_held" if vram > 0 else "no_process", "idle_vram_bytes": vram,
+            "idle_since": _iso(datetime.fromtimestamp(min(taken), UTC)), "last_busy": ev.last_busy,
+            "gpu_hours": hours, "cost_usd": hours * ev.usd_per_gpu_hour,
+        })
+    rows.sort(key=lambda r: (-r["gpu_hours"], r["namespace"], r["pod"]))
+    return rows, reclaimed
+
+
+def _pod_demand(ev: PodEvidence, rs: RightSize | None) -> Demand:
+    if rs is not None:
+        return rs.demand
+    if ev.share < 1 - EPS and ev.gpus == 1:
+        return Demand(fraction=ev.share, unit=f"{ev.share:.0%} share")
+    return Demand(whole_gpus=ev.gpus)
+
+
+def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
+          reclaimed: set[tuple[str, int]], sized: dict[str, RightSize], cfg: AdviseThresholds,
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    freed_by_pod: dict[str, float] = defaultdict(float)
+    pools: dict[str, dict[str, Any]] = {}
+    held_h = held_usd = 0.0
+    items: dict[tuple[str, int], list[tuple[str, float, float, Demand]]] = defaultdict(list)
+    for uid, by_bucket in per_pod.items():
+        ev = pods[uid]
+        demand = _pod_demand(ev, sized.get(uid))
+        for b, figures in by_bucket.items():
+            held_h += figures["held_s"] / 3600
+            held_usd += figures["held_s"] / 3600 * ev.usd_per_gpu_hour
+            if (uid, b) in reclaimed:
+                continue
+            items[(ev.pool, b)].append((uid, figures["held_s"], figures["present_s"], demand))
+    for (pool, _b), entries in sorted(items.items()):
+        acc = pools.setdefault(pool, {"held_s": 0.0, "right_size_s": 0.0, "needed_s": 0.0, "usd": 0.0,
+                                      "pods": set(), "packed": set()})
+        fractions = []
+        for uid, held_s, present_s, demand in entries:
+            ev = pods[uid]
+            acc["held_s"] += held_s
+            acc["pods"].add(uid)
+            acc["usd"] = ev.usd_per_gpu_hour
+            if demand.whole_gpus:
+                freed = held_s * (ev.gpus - demand.whole_gpus) / ev.gpus if demand.whole_gpus < ev.gpus else 0.0
+                freed_by_pod[uid] += freed
+                acc["right_size_s"] += freed
+                acc["needed_s"] += demand.whole_gpus * present_s
+            else:
+                fractions.append((demand.fraction, present_s, uid))
+        for _used, seconds, members in first_fit_decreasing(fractions):
+            acc["needed_s"] += seconds
+            if len(members) > 1:
+                acc["packed"].update(members)
+    right_rows = []
+    for uid, rs in sorted(sized.items(), key=lambda kv: (pods[kv[0]].namespace, pods[kv[0]].pod)):
+        ev = pods[uid]
+        freed = freed_by_pod.get(uid, 0.0) / 3600
+        right_rows.append({
+            "namespace": ev.namespace, "pod": ev.pod, "owner": ev.owner, "team": ev.team, "node": ev.node,
+            "gpu_model": ev.gpu_model, "gpus": ev.gpus, "recommendation": rs.recommendation, "kind": rs.kind,
+            "unit_gpus": rs.demand.whole_gpus or rs.demand.fraction,
+            "evidence_hours": ev.active_s / 3600, "evidence_windows": ev.active_windows,
+            f"p{cfg.percentile:g}_sm_pct_per_gpu": ev.sm_pct, "peak_sm_pct": ev.peak_sm_pct,
+            "peak_vram_bytes_per_gpu": ev.peak_mem_bytes, f"p{cfg.percentile:g}_vram_bytes": ev.pct_mem_bytes,
+            "gpu_memory_bytes": ev.gpu_memory_bytes, "confidence": rs.confidence,
+            "freed_gpu_hours": freed, "freed_cost_usd": freed * ev.usd_per_gpu_hour,
+            "freed_in": "right_size" if rs.demand.whole_gpus else "pack",
+        })
+    right_rows.sort(key=lambda r: (-r["freed_gpu_hours"], r["namespace"], r["pod"]))
+    pack_rows = []
+    for pool, acc in sorted(pools.items()):
+        freed_h = max(0.0, acc["held_s"] - acc["right_size_s"] - acc["needed_s"]) / 3600
+        pack_rows.append({
+            "pool": pool, "pods": len(acc["pods"]),
+            "held_gpu_hours": acc["held_s"] / 3600, "right_size_gpu_hours": acc["right_size_s"] / 3600,
+            "needed_gpu_hours": acc["needed_s"] / 3600, "freed_gpu_hours": freed_h,
+            "freed_cost_usd": freed_h * acc["usd"],
+            "packed_pods": sorted(f"{pods[u].namespace}/{pods[u].pod}" for u in acc["packed"]),
+        })
+    pack_rows.sort(key=lambda r: (-r["freed_gpu_hours"], r["pool"]))
+    return right_rows, pack_rows, {"held_gpu_hours": held_h, "held_cost_usd": held_usd}
+
+
+def _capacity(reader: Reader, start: datetime) -> dict[str, float]:
+    cap = query_rows(reader, """
+SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_start, window_end) / 1000)) / 3600
+           AS capacity_gpu_hours,
+       sum(coalesce(gpu_s_allocated, gpus_allocated * dateDiff('millisecond', window_start, window_end) / 1000))
+           / 3600 AS allocated_gpu_hours,
+       sum(coalesce(gpu_s_free, gpus_free * dateDiff('millisecond', window_start, window_end) / 1000)) / 3600
+           AS unallocated_gpu_hours,
+       sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS span_s
+FROM cluster_capacity FINAL
+WHERE window_start >= toDateTime64({start:String}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
+    cost = query_rows(reader, f"""
+SELECT sum(s.sample_interval_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
+FROM gpu_samples AS s FINAL
+LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
+WHERE s.ts >= toDateTime64({{start:String}}, 3, 'UTC') AND s.mig_parent_uuid = ''""", {"start": _sql_ts(start)})[0]
+    return {k: float(v or 0.0) for k, v in (cap | cost).items()}
+
+
+_PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
+          "FROM gpu_prices GROUP BY gpu_model)")
+
+
+def _scale_to_zero(reader: Reader, start: datetime, cfg: AdviseThresholds,
+                   nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = query_rows(reader, f"""
+SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.mig_parent_uuid = '') AS gpus,
+       sumIf(s.sample_interval_s, s.mig_parent_uuid = '') / 3600 AS gpu_hours,
+       countIf(NOT empty(s.pod_uids)) AS allocated_samples,
+       dateDiff('millisecond', min(s.ts), max(s.ts)) / 1000 + any(s.sample_interval_s) AS observed_s,
+       min(s.ts) AS first_seen, max(s.ts) AS last_seen, any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
+FROM gpu_samples AS s FINAL
+LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
+WHERE s.ts >= toDateTime64({{start:String}}, 3, 'UTC')
+GROUP BY node
+HAVING allocated_samples = 0
+ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
+    held = {r["node"] for r in query_rows(reader, """
+SELECT DISTINCT node FROM pod_windows WHERE window_start >= toDateTime64({start:String}, 3, 'UTC')""",
+                                          {"start": _sql_ts(start)})}
+    out = []
+    for r in rows:
+        if r["node"] in held or float(r["observed_s"]) + EPS < cfg.min_evidence_s:
+            continue
+        node = nodes.get(r["node"])
+        labels = (node or {}).get("labels") or {}
+        out.append({"node": r["node"], "pool": _pool(node, r["gpu_model"]), "gpu_model": r["gpu_model"],
+                    "gpus": int(r["gpus"]), "first_seen": _iso(_ts(r["first_seen"])),
+                    "last_seen": _iso(_ts(r["last_seen"])), "gpu_hours": float(r["gpu_hours"]),
+                    "cost_usd": float(r["gpu_hours"]) * float(r["usd_per_gpu_hour"]),
+                    "labels": {k: v for k, v in sorted(labels.items()) if k in POOL_LABELS}})
+    return out
+
+
+def _queue(reader: Reader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
+    team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
+    rows = query_rows(reader, f"""
+WITH toDateTime64({{end:String}}, 3, 'UTC') AS data_end,
+l AS (SELECT * FROM pod_lifecycle FINAL WHERE gpus > 0 AND pending_s > 0),
+c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block
+      FROM cluster_capacity FINAL WHERE window_start >= toDateTime64({{start:String}}, 3, 'UTC'))
+SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, any(l.team) AS team,
+       any(l.gpus) AS gpus, any(l.created_at) AS created_at, any(l.scheduled_at) AS scheduled_at,
+       any(l.pending_s) AS pending_s,
+       sumIf(dateDiff('millisecond', greatest(c.window_start, l.created_at),
+                      least(c.window_end, coalesce(l.scheduled_at, l.finished_at, data_end))) / 1000,
+             c.free >= l.gpus AND c.largest_free_block < l.gpus) AS fragmented_pending_s,
+       minIf(greatest(c.window_start, l.created_at), c.free >= l.gpus AND c.largest_free_block < l.gpus)
+           AS first_fragmented_at,
+       argMinIf(c.free, c.window_start, c.free >= l.gpus AND c.largest_free_block < l.gpus) AS free_gpus,
+       argMinIf(c.largest_free_block, c.window_start, c.free >= l.gpus AND c.largest_free_block < l.gpus)
+           AS largest_free_block
+FROM l CROSS JOIN c
+WHERE c.window_end > l.created_at AND c.window_start < coalesce(l.scheduled_at, l.finished_at, data_end)
+      {team_filter}
+GROUP BY pod_uid
+HAVING fragmented_pending_s > 0
+ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": _sql_ts(start), "end": _sql_ts(end),
+                                                        **({"team": team} if team is not None else {})})
+    return [{
+        "namespace": r["namespace"], "pod": r["pod"], "team": _label(r["team"]), "gpus": int(r["gpus"]),
+        "created_at": _iso(_ts(r["created_at"])),
+        "scheduled_at": _iso(_ts(r["scheduled_at"])) if r["scheduled_at"] else None,
+        "pending_s": float(r["pending_s"]), "fragmented_pending_s": float(r["fragmented_pending_s"]),
+        "delayed_gpu_hours": int(r["gpus"]) * float(r["fragmented_pending_s"]) / 3600,
+        "defrag_would_place_at": _iso(_ts(r["first_fragmented_at"])),
+        "free_gpus": int(r["free_gpus"]), "largest_free_block": int(r["largest_free_block"]),
+        "gpus_to_move": int(r["gpus"]) - int(r["largest_free_block"]),
+    } for r in rows]
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
