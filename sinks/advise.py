@@ -150,11 +150,11 @@ def _label(value: str) -> str:
     return value or "(none)"
 
 
-def _params(start: datetime, team: str | None) -> tuple[str, dict[str, Any]]:
-    where = "window_start >= toDateTime64({start:String}, 3, 'UTC')"
+def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, dict[str, Any]]:
+    where = f"{alias}window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     params: dict[str, Any] = {"start": _sql_ts(start)}
     if team is not None:
-        where += " AND if(team = '', '(none)', team) = {team:String}"
+        where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
         params["team"] = team
     return where, params
 
@@ -175,9 +175,10 @@ def _pool(node: dict[str, Any] | None, model: str) -> str:
     return model or "(unknown model)"
 
 
-def _evidence(reader: Reader, where: str, params: dict[str, Any], cfg: AdviseThresholds,
+def _evidence(reader: Reader, start: datetime, team: str | None, cfg: AdviseThresholds,
               nodes: dict[str, dict[str, Any]]) -> dict[str, PodEvidence]:
     level = cfg.percentile / 100
+    where, params = _params(start, team, "w.")
     rows = query_rows(reader, f"""
 WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
@@ -192,7 +193,7 @@ SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespa
        quantileExactIf({level!r})(coalesce(w.max_mem_used_bytes, 0), w.pod_active) AS pct_mem,
        maxIf(w.window_end, w.busy_s > 0) AS last_busy, countIf(w.busy_s > 0) AS busy_windows
 FROM v_advise_windows AS w LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
-WHERE {where.replace('window_start', 'w.window_start').replace('team', 'w.team')}
+WHERE {where}
 GROUP BY pod_uid, gpu_uuid
 ORDER BY pod_uid, gpu_uuid""", params)
     owners = {r["uid"]: r for r in query_rows(reader, """
@@ -295,7 +296,7 @@ def advise(reader: Reader, cfg: AdviseThresholds, team: str | None = None) -> di
     start, end = period
     where, params = _params(start, team)
     nodes = _nodes(reader)
-    pods = _evidence(reader, where, params, cfg, nodes)
+    pods = _evidence(reader, start, team, cfg, nodes)
     buckets = query_rows(reader, f"""
 SELECT pod_uid, toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
        gpu_uuid, sum(held_gpu_s) AS held_s, sum(allocated_s) AS allocated_s, sum(busy_s) AS busy_s,
@@ -452,7 +453,7 @@ def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, f
             acc["needed_s"] += seconds
             if len(members) > 1:
                 acc["packed"].update(members)
-    right_rows = []
+    right_rows: list[dict[str, Any]] = []
     for uid, rs in sorted(sized.items(), key=lambda kv: (pods[kv[0]].namespace, pods[kv[0]].pod)):
         ev = pods[uid]
         freed = freed_by_pod.get(uid, 0.0) / 3600
@@ -461,8 +462,8 @@ def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, f
             "gpu_model": ev.gpu_model, "gpus": ev.gpus, "recommendation": rs.recommendation, "kind": rs.kind,
             "unit_gpus": rs.demand.whole_gpus or rs.demand.fraction,
             "evidence_hours": ev.active_s / 3600, "evidence_windows": ev.active_windows,
-            f"p{cfg.percentile:g}_sm_pct_per_gpu": ev.sm_pct, "peak_sm_pct": ev.peak_sm_pct,
-            "peak_vram_bytes_per_gpu": ev.peak_mem_bytes, f"p{cfg.percentile:g}_vram_bytes": ev.pct_mem_bytes,
+            "percentile": cfg.percentile, "percentile_sm_pct_per_gpu": ev.sm_pct, "peak_sm_pct": ev.peak_sm_pct,
+            "peak_vram_bytes_per_gpu": ev.peak_mem_bytes, "percentile_vram_bytes": ev.pct_mem_bytes,
             "gpu_memory_bytes": ev.gpu_memory_bytes, "confidence": rs.confidence,
             "freed_gpu_hours": freed, "freed_cost_usd": freed * ev.usd_per_gpu_hour,
             "freed_in": "right_size" if rs.demand.whole_gpus else "pack",

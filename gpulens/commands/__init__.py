@@ -15,7 +15,8 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
     "sink": ("sink", "Consume every gpulens topic into ClickHouse (embedded chDB by default)."),
     "sql": ("analysis", "Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."),
     "report": ("analysis", "Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."),
-    "advise": ("advise", "Reclaimable GPUs: idle pods, oversized pods, packing, fragmentation, empty nodes, with the money."),
+    "advise": ("advise",
+               "Reclaimable GPUs: idle pods, oversized pods, packing, fragmentation, empty nodes, with the money."),
     "demo": ("demo", "Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."),
     "top": ("demo", "Live terminal view of the fleet, read from the pipeline's topics."),
 }

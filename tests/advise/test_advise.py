@@ -1,0 +1,215 @@
+"""``gpulens advise`` over replayed fleets stored in ClickHouse through the sink's own write path.
+
+The goldens (``scenarios/*.advise.json``) hold figures derived by hand in each scenario's comment;
+the advisor's JSON must equal them (numbers to 1e-4, every listed row, in order). The other tests
+change one threshold or the period and check the answer a person would derive for that change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpulens.cli import main
+from sinks.advise import MigProfile, first_fit_decreasing, mig_table
+from sinks.clickhouse import open_store
+from sinks.migrations import migrate
+from tests.report.loader import store_scenarios
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+GOLDENS = sorted(SCENARIOS.glob("*.advise.json"))
+GIB = 1024**3
+
+
+@pytest.fixture(scope="session")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    cache: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in cache:
+            tmp = tmp_path_factory.mktemp(name)
+            store_scenarios([SCENARIOS / f"{name}.yaml"], f"chdb://{tmp / 'clickhouse'}")
+            cache[name] = tmp
+        return cache[name]
+
+    return make
+
+
+def run_cli(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setenv("GPULENS_CLICKHOUSE__URL", f"chdb://{data_dir / 'clickhouse'}")
+        for key, value in (env or {}).items():
+            mp.setenv(key, value)
+        status = main(["advise", "--data-dir", str(data_dir), *args])
+    return status, out.getvalue(), err.getvalue()
+
+
+def advise_json(data_dir: Path, *args: str) -> dict[str, Any]:
+    status, out, err = run_cli(data_dir, "--json", *args)
+    assert status == 0, err
+    return orjson.loads(out)  # type: ignore[no-any-return]
+
+
+def differences(actual: Any, expected: Any, path: str = "") -> list[str]:
+    """Where ``actual`` differs from ``expected``: every key the expectation names, lists whole and in order."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{path}: expected an object, got {actual!r}"]
+        return [d for key, want in expected.items()
+                for d in (differences(actual[key], want, f"{path}.{key}") if key in actual
+                          else [f"{path}.{key}: missing"])]
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return [f"{path}: expected {len(expected)} rows, got {actual!r}"]
+        return [d for i, (a, e) in enumerate(zip(actual, expected, strict=True))
+                for d in differences(a, e, f"{path}[{i}]")]
+    if isinstance(expected, float | int) and not isinstance(expected, bool) and isinstance(actual, float | int):
+        return [] if abs(actual - expected) <= 1e-4 else [f"{path}: expected {expected}, got {actual}"]
+    return [] if actual == expected else [f"{path}: expected {expected!r}, got {actual!r}"]
+
+
+@pytest.mark.parametrize("golden", GOLDENS, ids=lambda p: p.name.removesuffix(".advise.json"))
+def test_advisor_equals_the_hand_derived_golden(golden: Path, stored: Callable[[str], Path]) -> None:
+    spec = orjson.loads(golden.read_bytes())
+    advice = advise_json(stored(golden.name.removesuffix(".advise.json")), *spec["args"])
+    problems = differences(advice, spec["expected"])
+    assert problems == [], "\n".join(problems)
+
+
+def test_goldens_cover_every_category() -> None:
+    names = {p.name.removesuffix(".advise.json") for p in GOLDENS}
+    assert names == {"advise-fleet", "advise-fragmentation"}
+    for golden in GOLDENS:
+        assert (SCENARIOS / golden.name.replace(".advise.json", ".yaml")).exists()
+
+
+def test_no_gpu_hour_is_counted_twice_and_totals_reconcile(stored: Callable[[str], Path]) -> None:
+    for name, args in (("advise-fleet", ()), ("advise-fleet", ("--idle-stretch", "30m", "--bucket", "10m")),
+                       ("advise-fragmentation", ("--min-evidence", "10m"))):
+        advice = advise_json(stored(name), *args)
+        t = advice["totals"]
+        assert t["capacity_gpu_hours"] == pytest.approx(t["held_gpu_hours"] + t["unallocated_gpu_hours"], abs=1e-3)
+        from_pods = t["reclaim_gpu_hours"] + t["right_size_gpu_hours"] + t["pack_gpu_hours"]
+        assert from_pods <= t["held_gpu_hours"] + 1e-6
+        assert t["scale_to_zero_gpu_hours"] <= t["unallocated_gpu_hours"] + 1e-6
+        assert t["reclaimable_gpu_hours"] == pytest.approx(from_pods + t["scale_to_zero_gpu_hours"], abs=1e-6)
+        assert t["kept_gpu_hours"] == pytest.approx(t["capacity_gpu_hours"] - t["reclaimable_gpu_hours"], abs=1e-6)
+        assert t["reclaimable_cost_usd"] <= t["capacity_cost_usd"] + 1e-6
+        # each list adds up to its category's total
+        assert sum(r["gpu_hours"] for r in advice["reclaim"]) == pytest.approx(t["reclaim_gpu_hours"], abs=1e-6)
+        assert sum(r["freed_gpu_hours"] for r in advice["pack"]) == pytest.approx(t["pack_gpu_hours"], abs=1e-6)
+        # a pod in reclaim is never also freed by right-size in the same GPU-hours: per pool, what pack
+        # and right-size free is what the non-reclaimed pods held minus what the bins needed
+        for pool in advice["pack"]:
+            assert pool["freed_gpu_hours"] == pytest.approx(
+                max(0.0, pool["held_gpu_hours"] - pool["right_size_gpu_hours"] - pool["needed_gpu_hours"]), abs=1e-6)
+        reclaimed = sum(r["gpu_hours"] for r in advice["reclaim"])
+        pack_held = sum(p["held_gpu_hours"] for p in advice["pack"])
+        assert reclaimed + pack_held == pytest.approx(t["held_gpu_hours"], abs=1e-6)
+
+
+def test_since_counts_back_from_the_latest_data_not_the_wall_clock(stored: Callable[[str], Path]) -> None:
+    # The data ends 2026-01-05 12:00. --since 1h is 11:00-12:00: the notebook's 11:00 bucket (1 h idle run)
+    # -> 1; train-big 6 spare GPUs x 1 h -> 6 (1 h evidence = the minimum); infer 3 -> 1 GPU -> 2; gpu-c 8.
+    advice = advise_json(stored("advise-fleet"), "--since", "1h")
+    assert advice["period"]["start"] == "2026-01-05T11:00:00.000Z"
+    t = advice["totals"]
+    assert (t["capacity_gpu_hours"], t["held_gpu_hours"]) == pytest.approx((24.0, 12.0))
+    assert (t["reclaim_gpu_hours"], t["right_size_gpu_hours"], t["pack_gpu_hours"], t["scale_to_zero_gpu_hours"]) \
+        == pytest.approx((1.0, 6.0, 2.0, 8.0))
+    assert advice["headline"]["gpus"] == pytest.approx(17.0)
+
+
+def test_a_shorter_idle_run_than_the_threshold_is_not_reclaimed_but_packed(stored: Callable[[str], Path]) -> None:
+    # The notebook idles 2 h; asking for 3 h runs leaves it a whole-GPU pod in every bucket: serve pool
+    # held 12, needed 1 (notebook) + 1 (3 x 1/7) per hour = 6 -> pack still frees 6, reclaim 0.
+    advice = advise_json(stored("advise-fleet"), "--idle-stretch", "3h")
+    assert advice["reclaim"] == []
+    serve = next(p for p in advice["pack"] if p["pool"].startswith("serve"))
+    assert (serve["held_gpu_hours"], serve["needed_gpu_hours"], serve["freed_gpu_hours"]) == pytest.approx((12, 6, 6))
+    assert advice["totals"]["reclaimable_gpu_hours"] == pytest.approx(48.0)
+
+
+def test_headroom_chooses_the_next_mig_profile(stored: Callable[[str], Path]) -> None:
+    # 8 GiB x 1.3 = 10.4 GiB > 10 GiB: 1g.20gb (1 of 7 compute slices, 2 of 8 memory slices = 1/4 of a
+    # GPU when packed); 3 x 1/4 still fit one GPU, so pack is unchanged.
+    advice = advise_json(stored("advise-fleet"), "--headroom", "30")
+    infer = [r for r in advice["right_size"] if r["pod"].startswith("infer")]
+    assert {r["recommendation"] for r in infer} == {"MIG 1g.20gb instead of a whole GPU"}
+    assert {r["unit_gpus"] for r in infer} == {0.25}
+    assert advice["totals"]["pack_gpu_hours"] == pytest.approx(6.0)
+
+
+def test_too_little_evidence_gives_no_right_size(stored: Callable[[str], Path]) -> None:
+    advice = advise_json(stored("advise-fleet"), "--min-evidence", "4h")
+    assert advice["right_size"] == [] and advice["scale_to_zero"] == []
+    # no right-size: every pod keeps what it holds, only the notebook's idle hours are reclaimable
+    assert advice["totals"]["reclaimable_gpu_hours"] == pytest.approx(2.0)
+
+
+def test_team_filter_keeps_only_the_teams_pods(stored: Callable[[str], Path]) -> None:
+    advice = advise_json(stored("advise-fleet"), "--team", "search")
+    assert {r["pod"] for r in advice["right_size"]} == {"infer-1", "infer-2", "infer-3"}
+    assert advice["reclaim"] == [] and advice["scale_to_zero"] == []
+    assert advice["totals"]["held_gpu_hours"] == pytest.approx(9.0)
+    # 3 GPUs held, 1 serves: 2 GPUs, 67 % of the team's GPUs, $5/h -> $3,600/month
+    assert advice["headline"]["gpus"] == pytest.approx(2.0)
+    assert advice["headline_text"] == "2.0 GPUs (67 % of team search's GPUs) reclaimable, $3,600/month"
+
+
+def test_text_output_leads_with_the_headline_and_names_the_pods(stored: Callable[[str], Path]) -> None:
+    status, out, _ = run_cli(stored("advise-fleet"))
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == "16.7 GPUs (69 % of the fleet) reclaimable, $30,000/month"
+    assert lines[1].startswith("you held 12.0 GPUs, 3.3 would have served the same work: 8.7 GPUs (72 %)")
+    for name in ("notebook-bob", "train-big", "infer-1", "gpu-c", "2 GPUs instead of 8", "MIG 1g.10gb"):
+        assert name in out
+
+
+@pytest.mark.parametrize(("args", "env", "names"), [
+    (("--since", "banana"), {}, "--since"),
+    (("--since", "0s"), {}, "--since"),
+    (("--percentile", "0"), {}, "--percentile"),
+    (("--bucket", "10s"), {}, "--bucket"),
+    ((), {"GPULENS_ADVISE__HEADROOM_PCT": "-5"}, "GPULENS_ADVISE__HEADROOM_PCT"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], env: dict[str, str], names: str,
+                                          tmp_path: Path) -> None:
+    status, out, err = run_cli(tmp_path, *args, env=env)
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and names in err, err
+
+
+def test_an_empty_store_says_so(tmp_path: Path) -> None:
+    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+    try:
+        migrate(store)
+    finally:
+        store.close()
+    status, out, _ = run_cli(tmp_path)
+    assert status == 0 and out.strip() == "no data in the store: nothing to advise"
+
+
+def test_mig_table_names_profiles_per_model() -> None:
+    names = [p.name for p in mig_table("NVIDIA H100 80GB HBM3", 80 * GIB)]
+    assert names == ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
+    assert [p.name for p in mig_table("NVIDIA A100-SXM4-40GB", 40 * GIB)][:3] == ["1g.5gb", "1g.10gb", "2g.10gb"]
+    assert [p.name for p in mig_table("NVIDIA H200", 141 * GIB)][::2] == ["1g.18gb", "2g.35gb", "4g.71gb"]
+    assert [p.name for p in mig_table("NVIDIA A30", 24 * GIB)] == ["1g.6gb", "2g.12gb", "4g.24gb"]
+    assert mig_table("NVIDIA L4", 24 * GIB) == []
+    assert MigProfile("3g.40gb", 3, 4, 7, 8).gpu_fraction == 0.5
+
+
+def test_first_fit_decreasing_packs_largest_first() -> None:
+    bins = first_fit_decreasing([(0.25, 60, "a"), (0.5, 120, "b"), (0.5, 30, "c"), (0.25, 60, "d"), (0.25, 10, "e")])
+    # decreasing: b .5, c .5 -> bin 1 full; a .25, d .25, e .25 -> bin 2
+    assert [(used, seconds, pods) for used, seconds, pods in bins] == [
+        (1.0, 120, ["b", "c"]), (0.75, 60, ["a", "d", "e"])]
