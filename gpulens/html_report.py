@@ -25,8 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from common.settings import AdviseThresholds
 from sinks import timeseries
-from sinks.analyses import Reader, run_report
+from sinks.advise import advice_rows, advise, pack_text
+from sinks.analyses import ANALYSES, Reader, run_report
 
 Rows = list[dict[str, Any]]
 
@@ -907,6 +909,36 @@ def _vram_section(data: dict[str, Any]) -> str:
     return section("vram", title, lede, swatches + chart + table(columns, rows, "Peak VRAM per pod"))
 
 
+def _advice_section(data: dict[str, Any]) -> str:
+    advice = data.get("advice") or {}
+    title = "Reclaimable capacity"
+    headline = advice.get("headline")
+    if not headline:
+        return section("reclaimable", title, "What `gpulens advise` finds reclaimable.",
+                       no_data("the store has no pod windows or capacity windows yet."))
+    totals = advice.get("totals") or {}
+    cards = [("Reclaimable", f"{headline['gpus']:.1f} GPUs", f"{headline['percent']:.0f} % of the fleet"),
+             ("Per month", fmt_usd(headline["usd_per_month"]), f"{fmt_usd(totals.get('reclaimable_cost_usd'))} "
+              f"in this period")]
+    cards += [(label, f"{fmt_hours(totals.get(f'{key}_gpu_hours'))} GPU-h", fmt_usd(totals.get(f"{key}_cost_usd")))
+              for key, label in (("reclaim", "Reclaim idle pods"), ("right_size", "Right-size"), ("pack", "Pack"),
+                                 ("scale_to_zero", "Scale to zero"))]
+    cards.append(("Lost to fragmentation", f"{fmt_hours(totals.get('queue_delayed_gpu_hours'))} GPU-h",
+                  "pending demand delayed (not in the total)"))
+    kpis = "".join(f'<div class="kpi" data-kpi="{esc(label)}"><div class="kpi-label">{esc(label)}</div>'
+                   f'<div class="kpi-value">{esc(value)}</div><div class="kpi-note">{esc(note)}</div></div>'
+                   for label, value, note in cards)
+    lede = (f"{advice.get('headline_text')}. {pack_text(headline)}. Over {advice['period']['start']} to "
+            f"{advice['period']['end']} (counted back from the latest data). No GPU-hour is in two categories; "
+            "the method and its limits are in docs/advise.md.")
+    columns: list[Column] = [("category", "category", _text), ("subject", "pod / node / pool", _text),
+                             ("team", "team", _text), ("detail", "why", _wrap), ("gpu_hours", "GPU-h", fmt_hours),
+                             ("cost_usd", "money", fmt_usd)]
+    rows = [r | {"team": r.get("team") or "-"} for r in data.get("reclaimable_capacity") or []]
+    return section("reclaimable", title, lede, f'<div class="kpis">{kpis}</div>'
+                   + table(columns, rows, "Recommendations with the figures behind them"))
+
+
 def _firing_section(data: dict[str, Any]) -> str:
     rows = data.get("firing_alerts") or []
     title = "Alerts still firing"
@@ -1011,7 +1043,8 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 
 SECTION_LINKS = (("summary", "Summary"), ("utilisation", "Utilisation"), ("fleet-states", "GPU states"),
                  ("idle", "Idle GPU-hours"), ("pending", "Pending time"), ("pending-reasons", "Pending reasons"),
-                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"), ("firing", "Firing alerts"),
+                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"), ("reclaimable", "Reclaimable"),
+                 ("firing", "Firing alerts"),
                  ("lifecycle", "Lifecycle"), ("more", "More"))
 
 
@@ -1035,6 +1068,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         _stranded_section(data, bucket_s),
         _cost_section(data),
         _vram_section(data),
+        _advice_section(data),
         _firing_section(data),
         _lifecycle_section(data),
         _more_section(data),
@@ -1056,9 +1090,12 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
 # --------------------------------------------------------------------------- data and file
 
 
-def collect_report_data(reader: Reader) -> dict[str, Any]:
-    """Every canned analysis plus the time series the charts need, as plain rows."""
-    data: dict[str, Any] = dict(run_report(reader))
+def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | None = None) -> dict[str, Any]:
+    """Every canned analysis plus the time series the charts need, as plain rows; ``advice`` is the
+    reclaimable-capacity advisor's whole answer (``sinks.advise``), run once for its section."""
+    data: dict[str, Any] = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
+    data["advice"] = advise(reader, advise_thresholds or AdviseThresholds())
+    data["reclaimable_capacity"] = advice_rows(data["advice"])
     bucket_s = timeseries.choose_bucket_s(reader)
     data["bucket_s"] = bucket_s
     data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s)
@@ -1069,10 +1106,10 @@ def collect_report_data(reader: Reader) -> dict[str, Any]:
     return data
 
 
-def write_html_report(reader: Reader, path: Path | str) -> Path:
+def write_html_report(reader: Reader, path: Path | str, advise_thresholds: AdviseThresholds | None = None) -> Path:
     """Query, render and write the report; returns the file's path."""
     target = Path(path)
-    page = render_html(collect_report_data(reader))
+    page = render_html(collect_report_data(reader, advise_thresholds))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
     return target

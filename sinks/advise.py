@@ -582,3 +582,47 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return value
+
+
+def advice_rows(advice: dict[str, Any]) -> list[dict[str, Any]]:
+    """The advisor's findings as one table for the report: a total row with the headline, then one row per
+    recommendation (queue rows carry delayed GPU-hours, which are not in the reclaimable total)."""
+    if advice.get("headline") is None:
+        return []
+    totals = advice["totals"]
+    rows: list[dict[str, Any]] = [{
+        "category": "total", "subject": advice["period"]["team"] or "fleet", "team": advice["period"]["team"],
+        "detail": f"{advice['headline_text']}; {pack_text(advice['headline'])}",
+        "gpu_hours": totals["reclaimable_gpu_hours"], "cost_usd": totals["reclaimable_cost_usd"]}]
+    for r in advice["reclaim"]:
+        rows.append({"category": "reclaim", "subject": f"{r['namespace']}/{r['pod']}", "team": r["team"],
+                     "detail": f"{r['idle_class']} on {r['gpus']} GPU(s) of {r['node']} since {r['idle_since']}, "
+                               f"last busy {r['last_busy'] or 'never'}"
+                               + (f", owner {r['owner']}" if r["owner"] else ""),
+                     "gpu_hours": r["gpu_hours"], "cost_usd": r["cost_usd"]})
+    for r in advice["scale_to_zero"]:
+        rows.append({"category": "scale_to_zero", "subject": r["node"], "team": None,
+                     "detail": f"{r['gpus']} x {r['gpu_model']} never allocated "
+                               f"({r['first_seen']} .. {r['last_seen']}), pool {r['pool']}",
+                     "gpu_hours": r["gpu_hours"], "cost_usd": r["cost_usd"]})
+    for r in advice["right_size"]:
+        sm = ", ".join("-" if v is None else f"{v:g} %" for v in r["percentile_sm_pct_per_gpu"])
+        rows.append({"category": "right_size", "subject": f"{r['namespace']}/{r['pod']}", "team": r["team"],
+                     "detail": f"{r['recommendation']} (p{r['percentile']:g} SM per GPU {sm}; peak VRAM "
+                               f"{max(r['peak_vram_bytes_per_gpu']) / GIB:.1f} GiB; {r['evidence_hours']:.1f} h of "
+                               f"evidence, {r['confidence']} confidence; freed in {r['freed_in']})",
+                     "gpu_hours": r["freed_gpu_hours"], "cost_usd": r["freed_cost_usd"]})
+    for r in advice["pack"]:
+        packed = f"; sharing GPUs: {', '.join(r['packed_pods'])}" if r["packed_pods"] else ""
+        rows.append({"category": "pack", "subject": r["pool"], "team": None,
+                     "detail": f"held {r['held_gpu_hours']:.2f} GPU-h, {r['needed_gpu_hours']:.2f} needed after "
+                               f"right-size ({r['right_size_gpu_hours']:.2f} freed there){packed}",
+                     "gpu_hours": r["freed_gpu_hours"], "cost_usd": r["freed_cost_usd"]})
+    for r in advice["queue"]:
+        rows.append({"category": "queue", "subject": f"{r['namespace']}/{r['pod']}", "team": r["team"],
+                     "detail": f"{r['gpus']} GPUs pending {r['fragmented_pending_s'] / 60:.0f} min with "
+                               f"{r['free_gpus']} free but at most {r['largest_free_block']} on one node; "
+                               f"a defragmentation at {r['defrag_would_place_at']} moving {r['gpus_to_move']} "
+                               "GPU(s) would have placed it (delayed GPU-hours, not reclaimable)",
+                     "gpu_hours": r["delayed_gpu_hours"], "cost_usd": None})
+    return rows

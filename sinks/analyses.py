@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
+    from common.settings import AdviseThresholds
     from sinks.clickhouse import QueryResult
 
 
@@ -265,6 +266,15 @@ GROUP BY type
 ORDER BY alerts DESC, type"""))
 
 
+def reclaimable_capacity(reader: Reader, thresholds: AdviseThresholds | None = None) -> Rows:
+    """The reclaimable-capacity advisor (``gpulens advise``, docs/advise.md) as one table: the headline,
+    then each recommendation with its GPU-hours and money."""
+    from common.settings import AdviseThresholds
+    from sinks.advise import advice_rows, advise  # builds on this module's reader and queries
+
+    return advice_rows(advise(reader, thresholds or AdviseThresholds()))
+
+
 ANALYSES: dict[str, Callable[[Reader], Rows]] = {
     "summary": summary,
     "top_teams": lambda r: top_consumers(r, "team"),
@@ -281,6 +291,7 @@ ANALYSES: dict[str, Callable[[Reader], Rows]] = {
     "alerts_by_type": alerts_by_type,
     "pods": pods,
     "lifecycle_timeline": lifecycle_timeline,
+    "reclaimable_capacity": reclaimable_capacity,
 }
 """Report sections in display order; each maps a reader to plain rows."""
 
@@ -300,13 +311,17 @@ TITLES: dict[str, str] = {
     "alerts_by_type": "Alerts by type",
     "pods": "Pods",
     "lifecycle_timeline": "GPU pod lifecycle timeline",
+    "reclaimable_capacity": "Reclaimable capacity (gpulens advise)",
 }
 
 
-def run_report(reader: Reader, sections: list[str] | None = None) -> dict[str, Rows]:
-    """Every analysis (or the named ones), in display order."""
+def run_report(reader: Reader, sections: list[str] | None = None,
+               advise_thresholds: AdviseThresholds | None = None) -> dict[str, Rows]:
+    """Every analysis (or the named ones), in display order; the advisor's section with ``advise_thresholds``
+    (its defaults when None)."""
     names = sections or list(ANALYSES)
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
         raise KeyError(f"unknown report section(s) {', '.join(unknown)}; known: {', '.join(ANALYSES)}")
-    return {name: ANALYSES[name](reader) for name in names}
+    return {name: reclaimable_capacity(reader, advise_thresholds) if name == "reclaimable_capacity"
+            else ANALYSES[name](reader) for name in names}

@@ -147,18 +147,20 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
 def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clickhouse_url: str | None,
            **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
+    from common.settings import AdvisorSettings
     from gpulens.html_report import write_html_report
     from sinks.analyses import TITLES, run_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
         raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
+    thresholds = settings_from_flags(AdvisorSettings, **flags).advise
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
         if html_path is not None:
-            click.echo(f"HTML report written to {write_html_report(reader, html_path)}")
+            click.echo(f"HTML report written to {write_html_report(reader, html_path, thresholds)}")
             return
-        data = run_report(reader, list(sections) or None)
+        data = run_report(reader, list(sections) or None, thresholds)
     except OSError as exc:
         raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
     except StoreError as exc:
