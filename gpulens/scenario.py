@@ -361,6 +361,10 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
     end = data.get("end", "Succeeded")
     if end not in END_REASONS:
         raise _fail(f"{path}.end", f"expected one of {', '.join(END_REASONS)}, got {end!r}")
+    active_gpus = None if data.get("active_gpus") is None else _int(data["active_gpus"], f"{path}.active_gpus")
+    gpus = _int(data.get("gpus", 1), f"{path}.gpus")
+    if active_gpus is not None and active_gpus > gpus:
+        raise _fail(f"{path}.active_gpus", f"must be <= gpus ({gpus}), got {active_gpus}")
     resource = data.get("resource")
     if resource is not None:
         resource = _str(resource, f"{path}.resource")
@@ -371,7 +375,7 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         name=_k8s_name(data["name"], f"{path}.name"),
         namespace=_k8s_name(data.get("namespace", "default"), f"{path}.namespace"),
         labels=_labels(data.get("labels"), f"{path}.labels"),
-        gpus=_int(data.get("gpus", 1), f"{path}.gpus"),
+        gpus=gpus,
         node=None if data.get("node") is None else _str(data["node"], f"{path}.node"),
         create=parse_duration(data.get("create", 0), f"{path}.create"),
         run_for=None if data.get("run_for") is None else parse_duration(data["run_for"], f"{path}.run_for"),
@@ -387,7 +391,7 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         image=_str(data.get("image", "nvcr.io/nvidia/pytorch:24.05-py3"), f"{path}.image"),
         resource=resource,
         owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
-        active_gpus=None if data.get("active_gpus") is None else _int(data["active_gpus"], f"{path}.active_gpus"),
+        active_gpus=active_gpus,
     )
 
 

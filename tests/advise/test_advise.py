@@ -20,6 +20,7 @@ from gpulens.cli import main
 from sinks.advise import MigProfile, first_fit_decreasing, mig_table
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
+from tests.report.dom import parse
 from tests.report.loader import store_scenarios
 
 SCENARIOS = Path(__file__).parent / "scenarios"
@@ -213,3 +214,28 @@ def test_first_fit_decreasing_packs_largest_first() -> None:
     # decreasing: b .5, c .5 -> bin 1 full; a .25, d .25, e .25 -> bin 2
     assert [(used, seconds, pods) for used, seconds, pods in bins] == [
         (1.0, 120, ["b", "c"]), (0.75, 60, ["a", "d", "e"])]
+
+
+def test_reports_show_the_advisor_with_the_pods_behind_it(stored: Callable[[str], Path]) -> None:
+    data_dir = stored("advise-fleet")
+    advice = advise_json(data_dir)
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("GPULENS_CLICKHOUSE__URL", f"chdb://{data_dir / 'clickhouse'}")
+        assert main(["report", "--json", "--section", "reclaimable_capacity", "--data-dir", str(data_dir)]) == 0
+        assert main(["report", "--html", str(data_dir / "report.html"), "--data-dir", str(data_dir)]) == 0
+    rows = orjson.loads(out.getvalue().split("\nHTML report written")[0])["reclaimable_capacity"]
+    assert rows[0]["category"] == "total" and rows[0]["gpu_hours"] == pytest.approx(50.0)
+    assert rows[0]["detail"].startswith(advice["headline_text"])
+    listed = {(r["category"], r["subject"]): r["gpu_hours"] for r in rows[1:]}
+    assert listed == pytest.approx({
+        ("reclaim", "research/notebook-bob"): 2.0, ("scale_to_zero", "gpu-c"): 24.0,
+        ("right_size", "research/train-big"): 18.0, ("right_size", "serving/infer-1"): 0.0,
+        ("right_size", "serving/infer-2"): 0.0, ("right_size", "serving/infer-3"): 0.0,
+        ("pack", "serve (NVIDIA H100 80GB HBM3)"): 6.0, ("pack", "train (NVIDIA H100 80GB HBM3)"): 0.0})
+    page = parse((data_dir / "report.html").read_text(encoding="utf-8"))
+    assert "reclaimable" in page.sections
+    assert page.kpis["Reclaimable"] == "16.7 GPUs" and page.kpis["Per month"] == "$30,000.00"
+    records = page.records("reclaimable")
+    assert [(r["category"], r["pod / node / pool"]) for r in records] == [("total", "fleet"), *listed]
+    assert "16.7 GPUs (69 % of the fleet) reclaimable, $30,000/month" in page.text

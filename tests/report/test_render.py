@@ -12,7 +12,7 @@ from tests.report.dom import parse
 from tests.report.sample import EVIL_POD, EVIL_REASON, EVIL_TEAM, sample_data
 
 SECTIONS = ["summary", "utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost",
-            "vram", "firing", "lifecycle", "more"]
+            "vram", "reclaimable", "firing", "lifecycle", "more"]
 CHARTS = ["utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost", "vram", "firing",
           "lifecycle"]
 

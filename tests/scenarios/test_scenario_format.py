@@ -65,6 +65,8 @@ def test_threshold_overrides_accept_durations_and_seconds() -> None:
     ("- just\n- a list", "must be a YAML mapping"),
     ("duration: 5m\npods: [{name: a, owner: Widget/w}]", "pods[0].owner: expected Kind/name with Kind one of"),
     ("duration: 5m\npods: [{name: a, owner: Job/Bad_Name}]", "pods[0].owner: 'Bad_Name' is not a valid"),
+    ("duration: 5m\npods: [{name: a, gpus: 2, active_gpus: 3}]", "pods[0].active_gpus: must be <= gpus (2), got 3"),
+    ("duration: 5m\npods: [{name: a, active_gpus: -1}]", "pods[0].active_gpus: must be >= 0"),
 ])
 def test_invalid_files_name_the_field(text: str, message: str) -> None:
     with pytest.raises(ScenarioError) as info:
