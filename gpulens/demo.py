@@ -26,7 +26,7 @@ from rich.text import Text
 
 from common.kafka import group_lag
 from common.logs import get_logger
-from common.settings import CommonSettings, KafkaSettings
+from common.settings import AdviseThresholds, CommonSettings, KafkaSettings
 from gpulens.demo_fleet import demo_scenario
 from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
@@ -268,4 +268,31 @@ def _summary(run: DemoRun, caught_up: bool) -> None:
     console.print('  gpulens sql "SELECT team, round(sum(idle_s)/3600, 2) AS idle_gpu_hours '
                   'FROM pod_windows FINAL GROUP BY team ORDER BY idle_gpu_hours DESC"')
     console.print(f"  gpulens top --topic-prefix {run.prefix} --once   # the live view's figures, as JSON")
+    console.print(f"  gpulens advise {DEMO_ADVISE_FLAGS}   # reclaimable GPUs, the pods behind them")
     console.print(f"  logs of this run: {run.run_dir}")
+    console.print(f"\nReclaimable capacity: {_advice_headline(run.settings)}")
+
+
+DEMO_ADVISE = AdviseThresholds(min_evidence_s=300, idle_stretch_s=300, bucket_s=300)
+"""The advisor's thresholds for the demo's short history (minutes, not days): 5 minutes of evidence, a
+5-minute idle run, 5-minute buckets; the defaults (an hour each) are for production history."""
+DEMO_ADVISE_FLAGS = "--min-evidence 5m --idle-stretch 5m --bucket 5m"
+
+
+def _advice_headline(settings: CommonSettings) -> str:
+    """The advisor's headline over what the demo stored ("N GPUs (P %) reclaimable, $X/month")."""
+    from sinks.advise import advise, headline_text
+    from sinks.clickhouse import StoreError
+    from sinks.query_server import open_reader
+    from sinks.readonly import ReadLimits
+
+    try:
+        reader = open_reader(settings.clickhouse_url(), Path(settings.data_dir),
+                             ReadLimits.from_settings(settings.clickhouse))
+        try:
+            advice = advise(reader, DEMO_ADVISE)
+        finally:
+            reader.close()
+    except StoreError as exc:
+        return f"not available ({exc})"
+    return headline_text(advice["headline"])

@@ -6,8 +6,9 @@ through the same simulator as ``gpulens replay``, and a user can dump it (``gpul
 on every run, whatever the seed: long training jobs that leave one or two GPUs free per node
 (fragmentation), inference services, notebooks that go idle while holding VRAM, a notebook with no
 process at all, a crash-looping pod, a job that nearly fills its GPUs' memory, a two-member gang
-that only half fits, an 8-GPU job that waits although enough GPUs are free in total, and a spot
-node that is reclaimed with its pods evicted.
+that only half fits, an 8-GPU job that waits although enough GPUs are free in total, a spot
+node that is reclaimed with its pods evicted, a job that holds half a node and computes on one GPU,
+and (from 6 nodes) a cordoned node that is never allocated: what ``gpulens advise`` reclaims.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def demo_scenario(nodes: int = 16, gpus_per_node: int = 8, duration_m: float = 2
     rng = random.Random(seed)
     names = [f"gpu-{i:02d}" for i in range(nodes)]
     spot, frees_early, half_node = names[-1], names[-2], names[-3]
+    reserve = names[-4] if nodes >= 6 else None
     node_docs = []
     for i, name in enumerate(names):
         model = MODELS[0][0] if i < nodes // 2 else MODELS[1][0]
@@ -38,6 +40,8 @@ def demo_scenario(nodes: int = 16, gpus_per_node: int = 8, duration_m: float = 2
                                "labels": {"pool": "spot" if name == spot else "on-demand"}}
         if name == spot:
             doc["ready_until"] = _m(12)
+        if name == reserve:
+            doc["unschedulable"] = True  # cordoned and forgotten: paid for, never allocated
         node_docs.append(doc)
 
     pods: list[dict[str, Any]] = []
@@ -49,7 +53,7 @@ def demo_scenario(nodes: int = 16, gpus_per_node: int = 8, duration_m: float = 2
         pods.append({"name": name, "namespace": team, "labels": {"team": team, "project": project},
                      "gpus": gpus, "create": _m(create_m), "owner": f"{owner}/{owner_name}", **extra})
 
-    for i, name in enumerate(names[:-3]):
+    for i, name in enumerate(n for n in names[:-3] if n != reserve):
         size = gpus_per_node - rng.choice([1, 2, 2, 3])
         add(f"train-{i:02d}", i, size, 0, node=name, owner="PyTorchJob", util=rng.randint(84, 98),
             memory_gib=rng.randint(50, 72), steps_per_s=round(rng.uniform(0.5, 3.0), 2),
@@ -73,7 +77,8 @@ def demo_scenario(nodes: int = 16, gpus_per_node: int = 8, duration_m: float = 2
             add(f"finetune-{i:02d}", 0, 1, 0, node=name, owner="Job", util=88,
                 memory_gib=[[_m(0), 60], [_m(2), 78.5]], image="nvcr.io/nvidia/nemo:24.05")
     half = gpus_per_node // 2
-    add("train-half", 1, half, 0, node=half_node, owner="PyTorchJob", util=90, memory_gib=60)
+    # asks for half a node, computes on one GPU: a right-size candidate
+    add("train-half", 1, half, 0, node=half_node, owner="PyTorchJob", util=90, memory_gib=60, active_gpus=1)
     add("train-short", 2, gpus_per_node, 0, node=frees_early, owner="Job", util=93, memory_gib=66, run_for=_m(8),
         end="Succeeded")
     add("train-spot", 3, gpus_per_node, 0, node=spot, owner="PyTorchJob", util=95, memory_gib=70, steps_per_s=1.5)

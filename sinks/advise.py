@@ -366,8 +366,8 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
 def headline_text(headline: dict[str, float] | None, team: str | None = None) -> str:
     if headline is None:
         return "no data in the store: nothing to advise"
-    scope = f"of team {team}'s GPUs" if team else "of the fleet"
-    return (f"{headline['gpus']:.1f} GPUs ({headline['percent']:.0f} % {scope}) reclaimable, "
+    scope = f" of team {team}'s GPUs" if team else ""
+    return (f"{headline['gpus']:.1f} GPUs ({headline['percent']:.0f} %{scope}) reclaimable, "
             f"${headline['usd_per_month']:,.0f}/month")
 
 

@@ -169,7 +169,7 @@ def test_text_output_leads_with_the_headline_and_names_the_pods(stored: Callable
     status, out, _ = run_cli(stored("advise-fleet"))
     assert status == 0
     lines = out.splitlines()
-    assert lines[0] == "16.7 GPUs (69 % of the fleet) reclaimable, $30,000/month"
+    assert lines[0] == "16.7 GPUs (69 %) reclaimable, $30,000/month"
     assert lines[1].startswith("you held 12.0 GPUs, 3.3 would have served the same work: 8.7 GPUs (72 %)")
     for name in ("notebook-bob", "train-big", "infer-1", "gpu-c", "2 GPUs instead of 8", "MIG 1g.10gb"):
         assert name in out
@@ -238,4 +238,4 @@ def test_reports_show_the_advisor_with_the_pods_behind_it(stored: Callable[[str]
     assert page.kpis["Reclaimable"] == "16.7 GPUs" and page.kpis["Per month"] == "$30,000.00"
     records = page.records("reclaimable")
     assert [(r["category"], r["pod / node / pool"]) for r in records] == [("total", "fleet"), *listed]
-    assert "16.7 GPUs (69 % of the fleet) reclaimable, $30,000/month" in page.text
+    assert "16.7 GPUs (69 %) reclaimable, $30,000/month" in page.text
