@@ -46,7 +46,13 @@ def test_demo_runs_a_live_fleet_and_leaves_a_reportable_history(tmp_path: Path, 
     fired = re.search(r"alerts fired by type: (.*)", output).group(1)  # type: ignore[union-attr]
     for story in ("idle_gpu", "fragmentation", "pending_gpu", "vram_pressure", "crashloop_gpu", "gang_partial"):
         assert story in fired, f"the demo never fired {story}: {fired}"
-    assert "gpulens report" in output and "gpulens sql" in output
+    assert "gpulens report" in output and "gpulens sql" in output and "gpulens advise" in output
+    # the demo ends with the advisor's headline, read from what the sink stored: never zero on the demo
+    # fleet (idle notebooks, a job computing on 1 of its 4 GPUs, a cordoned node nobody uses)
+    last = demo.stdout.strip().splitlines()[-1]
+    headline = re.fullmatch(r"Reclaimable capacity: ([\d.]+) GPUs \((\d+) %\) reclaimable, \$([\d,]+)/month", last)
+    assert headline is not None, demo.stdout[-2000:]
+    assert float(headline.group(1)) > 0 and int(headline.group(3).replace(",", "")) > 0, last
 
     # `gpulens top --once` without the run's prefix says where the data is; with it, shows the fleet
     prefix = re.search(r"gpulens top --topic-prefix (\S+) --once", output).group(1)  # type: ignore[union-attr]
