@@ -291,8 +291,8 @@ def advise(reader: Reader, cfg: AdviseThresholds, team: str | None = None) -> di
     """The advisor's findings as plain, JSON-friendly data (see the module docstring and docs/advise.md)."""
     period = _period(reader, cfg.since_s)
     if period is None:
-        return {"period": None, "headline": None, "thresholds": cfg.model_dump(), "reclaim": [], "scale_to_zero": [],
-                "right_size": [], "pack": [], "queue": [], "totals": {}}
+        return {"period": None, "headline": None, "headline_text": headline_text(None), "thresholds": cfg.model_dump(),
+                "reclaim": [], "scale_to_zero": [], "right_size": [], "pack": [], "queue": [], "totals": {}}
     start, end = period
     where, params = _params(start, team)
     nodes = _nodes(reader)
@@ -321,8 +321,8 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
     scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
     queue_rows = _queue(reader, start, end, team)
 
-    span_h = max(capacity["span_s"], EPS) / 3600 if capacity["span_s"] else max(
-        (end - start).total_seconds(), EPS) / 3600
+    # hours the data covers (capacity windows); the whole period only when there are none
+    span_h = (capacity["span_s"] or (end - start).total_seconds()) / 3600
     cats = {
         "reclaim": (sum(r["gpu_hours"] for r in reclaim_rows), sum(r["cost_usd"] for r in reclaim_rows)),
         "right_size": (sum(r["freed_gpu_hours"] for r in right_rows), sum(r["freed_cost_usd"] for r in right_rows)),

@@ -47,7 +47,7 @@ def render_text(advice: dict[str, Any]) -> str:
     from sinks.advise import pack_text
 
     if advice["headline"] is None:
-        return advice.get("headline_text", "no data in the store: nothing to advise")
+        return str(advice["headline_text"])
     period, totals = advice["period"], advice["totals"]
     lines = [advice["headline_text"],
              pack_text(advice["headline"]),
