@@ -69,8 +69,7 @@ MIG_FAMILIES: tuple[tuple[str, tuple[tuple[int, int], ...], int, int], ...] = (
     ("A100", _MIG_7, 7, 8), ("A800", _MIG_7, 7, 8), ("H100", _MIG_7, 7, 8), ("H800", _MIG_7, 7, 8),
     ("H200", _MIG_7, 7, 8), ("H20", _MIG_7, 7, 8), ("GB200", _MIG_7, 7, 8), ("B200", _MIG_7, 7, 8),
 )
-"""Model-name substring -> MIG profile shapes; first match wins (A30 before A100 is not needed, but H200
-must come before H20)."""
+"""Model-name substring -> MIG profile shapes (compute slices, memory slices, of how many); first match wins."""
 
 
 def mig_table(model: str, gpu_memory_bytes: float) -> list[MigProfile]:
@@ -90,7 +89,6 @@ class Demand:
 
     whole_gpus: int = 0
     fraction: float = 0.0
-    unit: str = ""
 
 
 @dataclass
@@ -259,7 +257,7 @@ def right_size(ev: PodEvidence, cfg: AdviseThresholds) -> RightSize | None:
         fits = (profile.memory_bytes(ev.gpu_memory_bytes) + EPS >= need_mem
                 and profile.compute_slices / profile.compute_of + EPS >= need_sm)
         if fits and profile.gpu_fraction < ev.share - EPS:
-            return RightSize(Demand(fraction=profile.gpu_fraction, unit=f"MIG {profile.name}"),
+            return RightSize(Demand(fraction=profile.gpu_fraction),
                              f"MIG {profile.name} instead of a whole GPU", "mig", confidence)
         if fits:
             return None
@@ -267,7 +265,7 @@ def right_size(ev: PodEvidence, cfg: AdviseThresholds) -> RightSize | None:
         return None
     share = math.ceil(max(need_mem / ev.gpu_memory_bytes, need_sm) * 20 - EPS) / 20
     if share < ev.share - EPS:
-        return RightSize(Demand(fraction=share, unit=f"{share:.0%} time-sliced share"),
+        return RightSize(Demand(fraction=share),
                          f"a {share:.0%} time-sliced share instead of {ev.share:.0%} of a GPU", "time_slice",
                          confidence)
     return None
@@ -413,7 +411,7 @@ def _pod_demand(ev: PodEvidence, rs: RightSize | None) -> Demand:
     if rs is not None:
         return rs.demand
     if ev.share < 1 - EPS and ev.gpus == 1:
-        return Demand(fraction=ev.share, unit=f"{ev.share:.0%} share")
+        return Demand(fraction=ev.share)
     return Demand(whole_gpus=ev.gpus)
 
 

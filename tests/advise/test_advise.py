@@ -16,8 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
+from common.settings import AdviseThresholds
 from gpulens.cli import main
-from sinks.advise import MigProfile, first_fit_decreasing, mig_table
+from sinks.advise import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.report.dom import parse
@@ -239,3 +240,31 @@ def test_reports_show_the_advisor_with_the_pods_behind_it(stored: Callable[[str]
     records = page.records("reclaimable")
     assert [(r["category"], r["pod / node / pool"]) for r in records] == [("total", "fleet"), *listed]
     assert "16.7 GPUs (69 %) reclaimable, $30,000/month" in page.text
+
+
+def _evidence(model: str, mem_gib: float, peak_gib: list[float], sm: list[float | None], active_h: float = 2.0,
+              gang: str = "") -> PodEvidence:
+    return PodEvidence(pod_uid="u", namespace="ns", pod="p", team="t", project="p", node="n", pool="pool",
+                       gpu_model=model, owner="", gang=gang, gpus=len(sm), share=1.0,
+                       gpu_memory_bytes=mem_gib * GIB, usd_per_gpu_hour=1.0, active_s=active_h * 3600,
+                       active_windows=int(active_h * 60), sm_pct=sm, peak_mem_bytes=[int(g * GIB) for g in peak_gib])
+
+
+def test_right_size_rules() -> None:
+    cfg = AdviseThresholds()
+    # no MIG on an L4: the larger of 4 GiB x 1.2 / 24 GiB = 0.2 and 20 % x 1.2 = 0.24, rounded up to 5 %
+    share = right_size(_evidence("NVIDIA L4", 24, [4], [20]), cfg)
+    assert share is not None and share.kind == "time_slice" and share.demand.fraction == 0.25
+    assert share.recommendation == "a 25% time-sliced share instead of 100% of a GPU"
+    # 50 GiB x 1.2 = 60 GiB needs the whole 80 GiB GPU: nothing smaller
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [50], [30]), cfg) is None
+    # SM 70 % x 1.2 = 84 % needs 7 of 7 compute slices even for 8 GiB
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8], [70]), cfg) is None
+    # too little evidence, a gang member, an SM-less (MIG) reading: no advice
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8], [10], active_h=0.5), cfg) is None
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8, 8], [10, 0], gang="g"), cfg) is None
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8], [None]), cfg) is None
+    # a GPU holding VRAM counts as used even at 0 % SM; every GPU used -> keep them all
+    assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8, 8], [90, 0]), cfg) is None
+    fewer = right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8, 0, 0], [90, 0, 4]), cfg)
+    assert fewer is not None and (fewer.kind, fewer.demand.whole_gpus, fewer.confidence) == ("fewer_gpus", 1, "medium")
