@@ -12,7 +12,7 @@ import pytest
 from gpulens.cli import main
 from schemas.messages import Message
 from sinks.clickhouse import ClickHouseStore, StoreError, open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.migrations import MIGRATIONS, TtlDays, migrate
 from sinks.readonly import ReadOnlyViolation
 from sinks.rows import TableColumns, rows_for
 from sinks.service import load_prices
@@ -53,7 +53,7 @@ def test_migrations_are_idempotent_and_ttls_follow_settings(store: ClickHouseSto
     engines = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").rows)
     assert "toIntervalDay(3)" in str(engines["gpu_samples"]) and "toIntervalDay(730)" in str(engines["rollup_daily"])
     versions = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-    assert versions == [[1], [2], [3], [4], [5]]
+    assert versions == [[m.version] for m in MIGRATIONS] == [[1], [2], [3], [4], [5], [6]]
 
 
 def test_a_read_only_client_cannot_write_even_past_the_parser(store: ClickHouseStore) -> None:
