@@ -928,7 +928,7 @@ def _advice_section(data: dict[str, Any]) -> str:
     kpis = "".join(f'<div class="kpi" data-kpi="{esc(label)}"><div class="kpi-label">{esc(label)}</div>'
                    f'<div class="kpi-value">{esc(value)}</div><div class="kpi-note">{esc(note)}</div></div>'
                    for label, value, note in cards)
-    lede = (f"{advice.get('headline_text')}. {pack_text(headline)}. Over {advice['period']['start']} to "
+    lede = (f"{advice.get('headline_text')}; {pack_text(headline)}. Over {advice['period']['start']} to "
             f"{advice['period']['end']} (counted back from the latest data). No GPU-hour is in two categories; "
             "the method and its limits are in docs/advise.md.")
     columns: list[Column] = [("category", "category", _text), ("subject", "pod / node / pool", _text),
