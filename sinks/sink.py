@@ -204,8 +204,12 @@ class BatchWriter:
             if rule is None:
                 continue
             column, days = rule
-            oldest = min((v for v in columns.column(column) if isinstance(v, datetime)), default=None)
-            if oldest is not None and oldest + timedelta(days=days) <= now + TTL_MARGIN:
+            values = columns.column(column)
+            try:
+                oldest = min(values)
+            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
+                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
+            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
                 return True
         return False
 
