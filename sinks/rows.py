@@ -76,7 +76,7 @@ class TableColumns:
         if not self.names:
             self.names = tuple(row)
             self.data = [[] for _ in self.names]
-        elif len(row) != len(self.names) or any(a != b for a, b in zip(row, self.names, strict=False)):
+        elif tuple(row) != self.names:
             raise ValueError(f"row columns {tuple(row)} differ from the table's {self.names}")
         for column, value in zip(self.data, row.values(), strict=True):
             column.append(value)

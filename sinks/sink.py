@@ -280,9 +280,9 @@ class BatchWriter:
         decoded: list[tuple[Record, Decoded]] = []
         for record in batch.records:
             message, reason = self.decode(record)
-            if message is None:
-                rejected.append((record, reason or "no message"))
-            else:
+            if reason is not None:
+                rejected.append((record, reason))
+            elif message is not None:
                 decoded.append((record, message))
         tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
         now = self.now()
