@@ -128,8 +128,9 @@ def _plain_schema(node: Any) -> Any:
         extra = node.get("config", {}).get("extra_fields_behavior", "ignore")
         if extra != "ignore":
             raise TypeError(f"{node.get('cls')} has extra={extra!r}: only 'ignore' is supported")
+        # the model's config goes along: settings such as strictness apply to the fields as before
         return {"type": "typed-dict", "fields": plain_fields, "extra_behavior": "ignore",
-                **({"ref": node["ref"]} if "ref" in node else {})}
+                **{key: node[key] for key in ("ref", "config") if key in node}}
     if str(kind).startswith("function-") and isinstance(node.get("schema"), dict) \
             and node["schema"].get("type") == "model":
         raise TypeError(f"{node['schema'].get('cls')} has a model validator: it cannot be validated into plain data")

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
-from pydantic import model_validator
+from pydantic import ConfigDict, model_validator
 
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
@@ -207,3 +207,16 @@ def test_plain_decoding_refuses_models_whose_behaviour_is_not_in_their_fields() 
 
     with pytest.raises(TypeError, match="model validator"):
         codec.plain_validator(Checked)
+
+
+def test_plain_decoding_keeps_the_models_config() -> None:
+    class Strict(Message):
+        model_config = ConfigDict(strict=True)
+        count: int
+
+    with pytest.raises(codec.MessageError) as by_model:
+        codec.decode(b'{"count": "5"}', Strict)
+    with pytest.raises(codec.MessageError) as plain:
+        codec.decode_plain(b'{"count": "5"}', Strict)
+    assert (plain.value.field_path, plain.value.reason) == (by_model.value.field_path, by_model.value.reason)
+    assert codec.decode_plain(b'{"count": 5}', Strict) == {"schema_version": 1, "count": 5}
