@@ -8,9 +8,10 @@ optional names become ``''`` in LowCardinality columns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -62,115 +63,170 @@ Row = dict[str, Any]
 
 @dataclass
 class TableColumns:
-    """Rows of one table, kept as value tuples in one column order and pivoted to columns at the end.
+    """Rows of one table held as columns (one list per column, in the builders' column order).
 
-    A builder's dict literal fixes the column order (dicts keep insertion order), so a row costs one
-    tuple here and the pivot is one ``zip``, not a Python append per value.
+    Columnar builders (:func:`sample_columns`) hand over whole columns; row builders append one row
+    dict at a time, whose keys must follow the table's column order.
     """
 
     names: tuple[str, ...] = ()
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    data: list[list[Any]] = field(default_factory=list)
 
     def append(self, row: Row) -> None:
         if not self.names:
             self.names = tuple(row)
+            self.data = [[] for _ in self.names]
         elif tuple(row) != self.names:
             raise ValueError(f"row columns {tuple(row)} differ from the table's {self.names}")
-        self.rows.append(tuple(row.values()))
+        for column, value in zip(self.data, row.values(), strict=True):
+            column.append(value)
+
+    @classmethod
+    def of(cls, columns: dict[str, list[Any]]) -> TableColumns:
+        return cls(tuple(columns), list(columns.values()))
+
+    def extend(self, columns: dict[str, list[Any]]) -> None:
+        """Add rows given as whole columns (the same names, in the same order)."""
+        if not self.names:
+            self.names = tuple(columns)
+            self.data = [list(values) for values in columns.values()]
+            return
+        if tuple(columns) != self.names:
+            raise ValueError(f"columns {tuple(columns)} differ from the table's {self.names}")
+        for column, values in zip(self.data, columns.values(), strict=True):
+            column.extend(values)
 
     @property
     def n_rows(self) -> int:
-        return len(self.rows)
+        return len(self.data[0]) if self.data else 0
 
     @property
     def columns(self) -> dict[str, list[Any]]:
-        if not self.rows:
+        if not self.n_rows:
             return {}
-        return {name: list(values) for name, values in zip(self.names, zip(*self.rows, strict=True), strict=True)}
+        return dict(zip(self.names, self.data, strict=True))
 
     def column(self, name: str) -> list[Any]:
-        index = self.names.index(name)
-        return [row[index] for row in self.rows]
+        return self.data[self.names.index(name)]
+
+    def rows(self) -> Iterator[Row]:
+        for values in zip(*self.data, strict=True):
+            yield dict(zip(self.names, values, strict=True))
 
     def keep(self, indices: list[int]) -> None:
         """Keep only the rows at ``indices`` (in that order)."""
-        self.rows = [self.rows[i] for i in indices]
+        self.data = [[column[i] for i in indices] for column in self.data]
 
 
 def _s(value: str | None) -> str:
     return value or ""
 
 
-def sample_rows(msg: GpuSample, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
-    # the hot path of the sink (one row per GPU and per process): locals and inline ``or ""``
-    ts, node, boot_id, seq, interval = msg.ts, msg.node, msg.agent_boot_id, msg.seq, msg.sample_interval_s
-    driver, cuda = msg.driver_version or "", msg.cuda_driver_version or ""
-    for gpu in msg.gpus:
-        uuid, xids, assigned, processes = gpu.uuid, gpu.xids, gpu.assigned_to, gpu.processes
-        yield "gpu_samples", {
-            "ts": ts,
-            "node": node,
-            "gpu_uuid": uuid,
-            "gpu_index": gpu.index,
-            "gpu_model": gpu.model,
-            "mig_parent_uuid": gpu.mig_parent_uuid or "",
-            "mig_profile": gpu.mig_profile or "",
-            "agent_boot_id": boot_id,
-            "seq": seq,
-            "sample_interval_s": interval,
-            "driver_version": driver,
-            "cuda_driver_version": cuda,
-            "gpu_util_pct": gpu.gpu_util_pct,
-            "mem_util_pct": gpu.mem_util_pct,
-            "mem_used_bytes": gpu.mem_used_bytes,
-            "mem_total_bytes": gpu.mem_total_bytes,
-            "power_w": gpu.power_w,
-            "temperature_c": gpu.temperature_c,
-            "sm_clock_mhz": gpu.sm_clock_mhz,
-            "mem_clock_mhz": gpu.mem_clock_mhz,
-            "pcie_tx_bytes_per_s": gpu.pcie_tx_bytes_per_s,
-            "pcie_rx_bytes_per_s": gpu.pcie_rx_bytes_per_s,
-            "nvlink_tx_bytes_per_s": gpu.nvlink_tx_bytes_per_s,
-            "nvlink_rx_bytes_per_s": gpu.nvlink_rx_bytes_per_s,
-            "health": gpu.health,
-            "health_reason": gpu.health_reason or "",
-            "xids": [x.xid for x in xids],
-            "critical_xid": any(x.critical for x in xids) if xids else False,
-            "pod_uids": [p.pod_uid or "" for p in assigned],
-            "pod_namespaces": [p.namespace for p in assigned],
-            "pod_names": [p.pod for p in assigned],
-            "process_count": len(processes),
-            "shared": gpu.shared,
-            "kafka_partition": partition, "kafka_offset": offset,
-        }
-        for proc in processes:
-            yield "gpu_processes", {
-                "ts": ts,
-                "node": node,
-                "gpu_uuid": uuid,
-                "pid": proc.pid,
-                "process_name": proc.process_name or "",
-                "container_id": proc.container_id or "",
-                "container_name": proc.container_name or "",
-                "pod_uid": proc.pod_uid or "",
-                "pod_namespace": proc.pod_namespace or "",
-                "pod_name": proc.pod_name or "",
-                "mem_used_bytes": proc.mem_used_bytes,
-                "sm_util_pct": proc.sm_util_pct,
-                "kafka_partition": partition, "kafka_offset": offset,
-            }
-        for xid in xids:
-            yield "gpu_xids", {
-                "at": xid.at,
-                "ts": ts,
-                "node": node,
-                "gpu_uuid": uuid,
-                "gpu_model": gpu.model,
-                "xid": xid.xid,
-                "critical": xid.critical,
-                "message": _s(xid.message),
-                "kafka_partition": partition, "kafka_offset": offset,
-            }
+def _repeat(values: Sequence[Any], counts: Sequence[int]) -> list[Any]:
+    """Each value ``count`` times, in order (per-sample values onto per-GPU rows)."""
+    return [value for value, count in zip(values, counts, strict=True) for _ in range(count)]
+
+
+def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: int) -> list[list[Any]]:
+    """The fields ``getter`` picks from every dict, as ``width`` columns."""
+    if not dicts:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*map(getter, dicts), strict=True)]
+
+
+_SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version")
+_GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
+               "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
+               "nvlink_rx_bytes_per_s")
+_GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *_GPU_GAUGES, "health", "health_reason",
+               "xids", "assigned_to", "processes", "shared")
+_PROCESS_FIELDS = ("pid", "process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name",
+                   "mem_used_bytes", "sm_util_pct")
+_sample_getter = itemgetter(*_SAMPLE_FIELDS)
+_gpu_getter = itemgetter(*_GPU_FIELDS)
+_process_getter = itemgetter(*_PROCESS_FIELDS)
+_namespace, _pod = itemgetter("namespace"), itemgetter("pod")
+
+
+def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str, TableColumns]:
+    """The rows of many samples (plain data: :func:`schemas.codec.decode_plain`), built column by column.
+
+    The hot path of the sink, one row per GPU and per process: every column is one pass over all
+    GPUs of the batch (fields picked by ``itemgetter`` and transposed by ``zip``), not a dict per
+    row; per-sample values are repeated once per GPU.
+    """
+    counts = [len(sample["gpus"]) for sample, _, _ in items]
+    gpus = [gpu for sample, _, _ in items for gpu in sample["gpus"]]
+    tables: dict[str, TableColumns] = {}
+    if not gpus:
+        return tables
+    ts, node, boot_id, seq, interval, driver, cuda = (
+        _repeat(column, counts) for column in _columns(_sample_getter, [item[0] for item in items], 7))
+    partition = _repeat([item[1] for item in items], counts)
+    offset = _repeat([item[2] for item in items], counts)
+    (uuid, index, model, mig_parent, mig_profile, *gauges, health, health_reason, xids, assigned, processes,
+     shared) = _columns(_gpu_getter, gpus, len(_GPU_FIELDS))
+    tables["gpu_samples"] = TableColumns.of({
+        "ts": ts,
+        "node": node,
+        "gpu_uuid": uuid,
+        "gpu_index": index,
+        "gpu_model": model,
+        "mig_parent_uuid": [v or "" for v in mig_parent],
+        "mig_profile": [v or "" for v in mig_profile],
+        "agent_boot_id": boot_id,
+        "seq": seq,
+        "sample_interval_s": interval,
+        "driver_version": [v or "" for v in driver],
+        "cuda_driver_version": [v or "" for v in cuda],
+        **dict(zip(_GPU_GAUGES, gauges, strict=True)),
+        "health": health,
+        "health_reason": [v or "" for v in health_reason],
+        "xids": [[x["xid"] for x in events] if events else [] for events in xids],
+        "critical_xid": [any(x["critical"] for x in events) if events else False for events in xids],
+        "pod_uids": [[p["pod_uid"] or "" for p in refs] if refs else [] for refs in assigned],
+        "pod_namespaces": [list(map(_namespace, refs)) for refs in assigned],
+        "pod_names": [list(map(_pod, refs)) for refs in assigned],
+        "process_count": list(map(len, processes)),
+        "shared": shared,
+        "kafka_partition": partition,
+        "kafka_offset": offset,
+    })
+    owners = [i for i, procs in enumerate(processes) if procs for _ in procs]
+    if owners:
+        pid, name, container_id, container_name, pod_uid, pod_namespace, pod_name, mem_used, sm_util = _columns(
+            _process_getter, [p for procs in processes if procs for p in procs], len(_PROCESS_FIELDS))
+        tables["gpu_processes"] = TableColumns.of({
+            "ts": [ts[i] for i in owners],
+            "node": [node[i] for i in owners],
+            "gpu_uuid": [uuid[i] for i in owners],
+            "pid": pid,
+            "process_name": [v or "" for v in name],
+            "container_id": [v or "" for v in container_id],
+            "container_name": [v or "" for v in container_name],
+            "pod_uid": [v or "" for v in pod_uid],
+            "pod_namespace": [v or "" for v in pod_namespace],
+            "pod_name": [v or "" for v in pod_name],
+            "mem_used_bytes": mem_used,
+            "sm_util_pct": sm_util,
+            "kafka_partition": [partition[i] for i in owners],
+            "kafka_offset": [offset[i] for i in owners],
+        })
+    events = [(x, i) for i, xs in enumerate(xids) if xs for x in xs]
+    if events:
+        tables["gpu_xids"] = TableColumns.of({
+            "at": [x["at"] for x, _ in events],
+            "ts": [ts[i] for _, i in events],
+            "node": [node[i] for _, i in events],
+            "gpu_uuid": [uuid[i] for _, i in events],
+            "gpu_model": [model[i] for _, i in events],
+            "xid": [x["xid"] for x, _ in events],
+            "critical": [x["critical"] for x, _ in events],
+            "message": [x["message"] or "" for x, _ in events],
+            "kafka_partition": [partition[i] for _, i in events],
+            "kafka_offset": [offset[i] for _, i in events],
+        })
+    return tables
 
 
 def pod_rows(msg: PodState, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
@@ -366,13 +422,32 @@ def alert_rows(msg: Alert, partition: int, offset: int) -> Iterator[tuple[str, R
     }
 
 
-def tombstone_rows(suffix: str, key: str, at: datetime, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
-    yield "state_tombstones", {"topic": suffix, "key": key, "at": at,
+@dataclass(frozen=True)
+class Tombstone:
+    """A record without a value on a keyed state topic: the key's state was deleted at ``at``."""
+
+    suffix: str
+    key: str
+    at: datetime
+
+
+def tombstone_rows(msg: Tombstone, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
+    yield "state_tombstones", {"topic": msg.suffix, "key": msg.key, "at": msg.at,
                                "kafka_partition": partition, "kafka_offset": offset}
 
 
-_BUILDERS: dict[type[Message], Any] = {
-    GpuSample: sample_rows,
+@dataclass(frozen=True)
+class Plain:
+    """A message validated into plain data (:func:`schemas.codec.decode_plain`), for a columnar builder."""
+
+    type: type[Message]
+    data: dict[str, Any]
+
+
+Decoded = Message | Tombstone | Plain
+"""What one Kafka record decodes to."""
+
+_BUILDERS: dict[type[Message | Tombstone], Any] = {
     PodState: pod_rows,
     NodeState: node_rows,
     K8sEvent: event_rows,
@@ -381,12 +456,54 @@ _BUILDERS: dict[type[Message], Any] = {
     ClusterCapacity: capacity_rows,
     PodLifecycle: lifecycle_rows,
     Alert: alert_rows,
+    Tombstone: tombstone_rows,
 }
+"""Builders of one message's rows."""
+
+_COLUMN_BUILDERS: dict[type[Message | Tombstone], Any] = {GpuSample: sample_columns}
+"""Builders of many messages' rows at once, column by column, from plain data (many rows per message)."""
+
+PLAIN_TYPES: frozenset[type[Message | Tombstone]] = frozenset(_COLUMN_BUILDERS)
+"""Message types the sink decodes into plain data (:class:`Plain`) for their columnar builders."""
 
 
-def rows_for(message: Message, partition: int, offset: int) -> list[tuple[str, Row]]:
+def _kind_and_data(message: Decoded) -> tuple[type[Message | Tombstone], Any]:
+    if isinstance(message, Plain):
+        return message.type, message.data
+    if type(message) in _COLUMN_BUILDERS:
+        return type(message), message.model_dump()  # type: ignore[union-attr]
+    return type(message), message
+
+
+def rows_for(message: Decoded, partition: int, offset: int) -> list[tuple[str, Row]]:
     """Every (table, row) one decoded message becomes."""
-    builder = _BUILDERS.get(type(message))
-    if builder is None:
-        raise TypeError(f"no table for {type(message).__name__}")
-    return list(builder(message, partition, offset))
+    return [(table, row) for table, columns in tables_for([(message, partition, offset)]).items()
+            for row in columns.rows()]
+
+
+def tables_for(items: Sequence[tuple[Decoded, int, int]]) -> dict[str, TableColumns]:
+    """The rows of many (message, partition, offset), per table, in the items' order per message type.
+
+    The same items always give the same tables: that is what makes a retried batch the same block.
+    """
+    tables: dict[str, TableColumns] = {}
+    by_kind: dict[type[Message | Tombstone], list[tuple[Any, int, int]]] = {}
+    for message, partition, offset in items:
+        kind, data = _kind_and_data(message)
+        by_kind.setdefault(kind, []).append((data, partition, offset))
+    for kind, group in by_kind.items():
+        columnar = _COLUMN_BUILDERS.get(kind)
+        if columnar is not None:
+            for table, columns in columnar(group).items():
+                if table in tables:
+                    tables[table].extend(columns.columns)
+                else:
+                    tables[table] = columns
+            continue
+        builder = _BUILDERS.get(kind)
+        if builder is None:
+            raise TypeError(f"no table for {kind.__name__}")
+        for data, partition, offset in group:
+            for table, row in builder(data, partition, offset):
+                tables.setdefault(table, TableColumns()).append(row)
+    return tables

@@ -45,12 +45,12 @@ from common.kafka import BoundedProducer, KafkaException, commit_offsets, consum
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
-from schemas.codec import MessageError, decode, encode
-from schemas.messages import DeadLetter, Message
+from schemas.codec import MessageError, decode, decode_plain, encode
+from schemas.messages import DeadLetter
 from schemas.topics import DEADLETTER, K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected, StoreUnavailable
 from sinks.migrations import TTL_TABLES, TtlDays
-from sinks.rows import SINK_TOPICS, TableColumns, rows_for, tombstone_rows
+from sinks.rows import PLAIN_TYPES, SINK_TOPICS, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
 
 log = get_logger(__name__)
 
@@ -204,8 +204,12 @@ class BatchWriter:
             if rule is None:
                 continue
             column, days = rule
-            oldest = min((v for v in columns.column(column) if isinstance(v, datetime)), default=None)
-            if oldest is not None and oldest + timedelta(days=days) <= now + TTL_MARGIN:
+            values = columns.column(column)
+            try:
+                oldest = min(values)
+            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
+                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
+            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
                 return True
         return False
 
@@ -224,19 +228,19 @@ class BatchWriter:
 
     # ---------------------------------------------------------------- decode
 
-    def decode(self, record: Record) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-        """Rows of one record, or the reason it goes to the dead-letter topic."""
+    def decode(self, record: Record) -> tuple[Decoded | None, str | None]:
+        """The message of one record, or the reason it goes to the dead-letter topic."""
         spec = spec_for_name(record.topic)
         if record.value is None:
             if spec in (K8S_PODS, K8S_NODES):
-                key = (record.key or b"").decode(errors="replace")
-                return list(tombstone_rows(spec.suffix, key, _ts(record), record.partition, record.offset)), None
-            return [], "empty value (tombstone) on a topic that has no tombstones"
+                return Tombstone(spec.suffix, (record.key or b"").decode(errors="replace"), _ts(record)), None
+            return None, "empty value (tombstone) on a topic that has no tombstones"
         try:
-            message: Message = decode(record.value, spec.message)
+            if spec.message in PLAIN_TYPES:
+                return Plain(spec.message, decode_plain(record.value, spec.message)), None
+            return decode(record.value, spec.message), None
         except MessageError as exc:
-            return [], f"invalid {spec.suffix} message: {exc}"
-        return rows_for(message, record.partition, record.offset), None
+            return None, f"invalid {spec.suffix} message: {exc}"
 
     # ---------------------------------------------------------------- write
 
@@ -273,26 +277,26 @@ class BatchWriter:
     def _write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
         outcome = FlushOutcome()
         rejected: list[tuple[Record, str]] = []
-        per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]] = []
+        decoded: list[tuple[Record, Decoded]] = []
         for record in batch.records:
-            rows, reason = self.decode(record)
+            message, reason = self.decode(record)
             if reason is not None:
                 rejected.append((record, reason))
-            else:
-                per_record.append((record, rows))
-        tables = self._pivot(row for _, rows in per_record for row in rows)
+            elif message is not None:
+                decoded.append((record, message))
+        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
         now = self.now()
         if self._any_expired(tables, now):
             # rare: find the records concerned and leave them out of this batch's blocks
-            fresh: list[tuple[Record, list[tuple[str, dict[str, Any]]]]] = []
-            for record, rows in per_record:
-                reason = self.expired(rows, now)
+            fresh: list[tuple[Record, Decoded]] = []
+            for record, message in decoded:
+                reason = self.expired(rows_for(message, record.partition, record.offset), now)
                 if reason is not None:
                     rejected.append((record, reason))
                 else:
-                    fresh.append((record, rows))
-            per_record = fresh
-            tables = self._pivot(row for _, rows in per_record for row in rows)
+                    fresh.append((record, message))
+            decoded = fresh
+            tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
         outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
         self.plan(batch)
         written: set[str] = set()
@@ -305,6 +309,7 @@ class BatchWriter:
             log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
                         error=str(exc), tables_written=sorted(written))
             kept = {table: tables[table] for table in tables if table not in written}
+            per_record = [(record, rows_for(message, record.partition, record.offset)) for record, message in decoded]
             rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
         outcome.dead_letters = len(rejected)
         return outcome, rejected

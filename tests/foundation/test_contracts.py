@@ -3,14 +3,18 @@ messages are rejected with the field path, unknown fields are tolerated, size is
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
+from pydantic import ConfigDict, model_validator
 
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
 from schemas.json_schema import COMMITTED_DIR, render
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, GpuSample, PodState
+from schemas.messages import KNOWN_ALERT_TYPES, Alert, GpuSample, Message, PodState
 from schemas.topics import ALL_TOPICS, by_suffix
 
 
@@ -120,3 +124,99 @@ def test_oversized_messages_are_rejected_both_ways() -> None:
         codec.decode(huge, GpuSample)
     with pytest.raises(codec.MessageError, match="exceeds limit"):
         codec.encode(gpu_sample(gpus=8).model_copy(update={"errors": ["e" * codec.MAX_MESSAGE_BYTES]}))
+
+
+@pytest.mark.parametrize("spec", ALL_TOPICS, ids=lambda s: s.suffix)
+def test_plain_decoding_gives_exactly_the_models_data(spec) -> None:  # type: ignore[no-untyped-def]
+    encoded = codec.encode(all_examples()[spec.suffix])
+    assert codec.decode_plain(encoded, spec.message) == codec.decode(encoded, spec.message).model_dump()
+
+
+def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
+    def mutate(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        target: Any = data
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        if value is _DELETE:
+            del target[int(last) if last.isdigit() else last]
+        else:
+            target[int(last) if last.isdigit() else last] = value
+    mutate.__name__ = f"{path}={value!r}"[:60]
+    return mutate
+
+
+_DELETE = object()
+BROKEN_SAMPLES = [
+    _set("node", _DELETE), _set("node", 7), _set("ts", "2026-01-05T09:00:00"), _set("ts", "yesterday"),
+    _set("seq", -1), _set("seq", "seven"), _set("sample_interval_s", 0), _set("gpus", {"0": 1}),
+    _set("gpus.0.uuid", None), _set("gpus.1.gpu_util_pct", 100.5), _set("gpus.2.mem_used_bytes", -5),
+    _set("gpus.3.health", "melted"), _set("gpus.0.processes", [{"pid": 2**32}]),
+    _set("gpus.0.processes", [{"container_id": "c"}]), _set("gpus.0.assigned_to", [{"namespace": "a"}]),
+    _set("gpus.0.xids", [{"xid": 79, "at": "2026-01-05T09:00:00", "critical": True}]),
+    _set("gpus.0.shared", "maybe"), _set("gpus.0.power_w", -1.0),
+]
+ACCEPTED_SAMPLES = [
+    _set("seq", "5"), _set("ts", "2026-01-05T11:00:00+02:00"), _set("gpus.0.index", 3.0),
+    _set("gpus.0.added_in_v2", {"x": 1}), _set("gpus.1.health", _DELETE), _set("gpus.1.processes", _DELETE),
+]
+
+
+@pytest.mark.parametrize("mutate", BROKEN_SAMPLES, ids=lambda m: m.__name__)
+def test_plain_decoding_refuses_what_the_models_refuse_with_the_same_reason(
+        mutate: Callable[[dict[str, Any]], None]) -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    mutate(data)
+    with pytest.raises(codec.MessageError) as by_model:
+        codec.decode(orjson.dumps(data), GpuSample)
+    with pytest.raises(codec.MessageError) as plain:
+        codec.decode_plain(orjson.dumps(data), GpuSample)
+    assert (plain.value.field_path, plain.value.reason) == (by_model.value.field_path, by_model.value.reason)
+
+
+def test_plain_decoding_names_a_part_that_is_not_an_object_without_its_class() -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    data["gpus"][0] = 1
+    with pytest.raises(codec.MessageError) as by_model:
+        codec.decode(orjson.dumps(data), GpuSample)
+    with pytest.raises(codec.MessageError) as plain:
+        codec.decode_plain(orjson.dumps(data), GpuSample)
+    assert plain.value.field_path == by_model.value.field_path == "gpus.0"
+    assert by_model.value.reason == "Input should be a valid dictionary or instance of GpuReading"
+    assert plain.value.reason == "Input should be a valid dictionary"
+
+
+@pytest.mark.parametrize("mutate", ACCEPTED_SAMPLES, ids=lambda m: m.__name__)
+def test_plain_decoding_coerces_and_fills_defaults_as_the_models_do(mutate: Callable[[dict[str, Any]], None]) -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    mutate(data)
+    payload = orjson.dumps(data)
+    assert codec.decode_plain(payload, GpuSample) == codec.decode(payload, GpuSample).model_dump()
+
+
+def test_plain_decoding_refuses_models_whose_behaviour_is_not_in_their_fields() -> None:
+    class Checked(Message):
+        low: int
+        high: int
+
+        @model_validator(mode="after")
+        def ordered(self) -> Checked:
+            if self.low > self.high:
+                raise ValueError("low above high")
+            return self
+
+    with pytest.raises(TypeError, match="model validator"):
+        codec.plain_validator(Checked)
+
+
+def test_plain_decoding_keeps_the_models_config() -> None:
+    class Strict(Message):
+        model_config = ConfigDict(strict=True)
+        count: int
+
+    with pytest.raises(codec.MessageError) as by_model:
+        codec.decode(b'{"count": "5"}', Strict)
+    with pytest.raises(codec.MessageError) as plain:
+        codec.decode_plain(b'{"count": "5"}', Strict)
+    assert (plain.value.field_path, plain.value.reason) == (by_model.value.field_path, by_model.value.reason)
+    assert codec.decode_plain(b'{"count": 5}', Strict) == {"schema_version": 1, "count": 5}

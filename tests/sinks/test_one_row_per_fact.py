@@ -22,7 +22,7 @@ from schemas.messages import Alert, ClusterCapacity, GpuSample, Message, PodLife
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
 from sinks.migrations import TtlDays, migrate
-from sinks.rows import rows_for
+from sinks.rows import TableColumns, rows_for
 from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 from tests.sinks import factories as f
 
@@ -182,6 +182,15 @@ def test_records_the_ttl_would_drop_are_dead_lettered(store: ClickHouseStore) ->
     assert [(r.offset, "14-day TTL" in reason) for r, reason in rejected] == [(0, True), (1, True)]
     assert store.query("SELECT node FROM gpu_samples").rows == [["node-new"]]
     assert outcome.dead_letters == 2
+
+
+def test_the_ttl_check_sees_an_old_value_among_nulls(store: ClickHouseStore) -> None:
+    writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays())
+    now = datetime.now(UTC)
+    old, recent = datetime(1970, 1, 2, tzinfo=UTC), now - timedelta(days=1)
+    for values, expired in (([None, old, recent], True), ([recent, None], False), ([None], False),
+                            ([recent, old], True)):
+        assert writer._any_expired({"pod_states": TableColumns.of({"created_at": values})}, now) is expired
 
 
 def test_a_pid_the_column_cannot_hold_is_refused_by_the_schema(store: ClickHouseStore) -> None:
