@@ -127,7 +127,7 @@ def test_every_component_has_a_workload(docs: list[dict[str, Any]]) -> None:
     commands = {
         component_args(pod_template(w)["spec"]["containers"][0])[0] for w in workloads(docs)
     }
-    assert {"agent", "watch", "worker", "sink", "topics"} <= commands
+    assert {"agent", "watch", "worker", "sink", "topics", "alerts"} <= commands
     assert by_name(docs, *WATCHER)["spec"]["replicas"] == 1, "two watchers would emit every change twice"
 
 
@@ -416,7 +416,7 @@ def test_network_is_default_deny_and_each_pod_opens_only_its_metrics_port(docs: 
         egress_ports = {port["port"] for rule in own[0]["spec"]["egress"] for port in rule["ports"]}
         assert 9092 in egress_ports, f"{_name(workload)} cannot reach Kafka"
         command = component_args(pod_template(workload)["spec"]["containers"][0])[0]
-        assert (443 in egress_ports) == (command == "watch"), f"{_name(workload)}: API server egress"
+        assert (443 in egress_ports) == (command in ("watch", "alerts")), f"{_name(workload)}: HTTPS egress"
         assert (8123 in egress_ports) == (command == "sink"), f"{_name(workload)}: ClickHouse egress"
 
 
