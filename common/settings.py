@@ -214,6 +214,19 @@ class AgentSettings(CommonSettings):
     buffer_max_messages: int = Field(default=10_000, ge=10)
     nvml_backoff_max_s: float = Field(default=60.0, ge=1.0)
     """Longest wait between NVML (re-)initialisation attempts (exponential backoff from 1 s)."""
+    source: Literal["nvml", "dcgm-exporter"] = "nvml"
+    """Where GPU readings come from: NVML (default) or the node's dcgm-exporter (no second poller)."""
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    """The node's dcgm-exporter ``/metrics`` (``source = dcgm-exporter``)."""
+    dcgm_timeout_s: float = Field(default=5.0, gt=0, le=60.0)
+    """Deadline of one scrape of dcgm-exporter."""
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url_is_http(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc:
+            raise ValueError(f"expected http(s)://host:port/metrics, got {value!r}")
+        return value
 
 
 class WatcherSettings(CommonSettings):
