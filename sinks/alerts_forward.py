@@ -301,7 +301,11 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
     idle_since = time.monotonic()
     try:
         while not stop.is_set():
-            messages = consumer.consume(settings.batch_max_records, 0.5)
+            # wait for one record, then take what has already arrived: no waiting for a full batch
+            first = consumer.poll(0.5)
+            messages = [] if first is None else [first]
+            if first is not None and settings.batch_max_records > 1:
+                messages += consumer.consume(settings.batch_max_records - 1, 0)
             records = [Record(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0), _bytes(m.key()),
                               m.value(), m.timestamp()[1]) for m in messages if m.error() is None]
             if not records:
