@@ -7,7 +7,8 @@ PagerDuty) or a chat webhook; gpulens publishes alerts on Kafka. This consumer b
   firing one with ``startsAt`` (when it fired) and ``endsAt`` ``firing_hold_s`` ahead, so
   Alertmanager keeps it firing until its resolved transition (it would otherwise resolve it after
   its own ``resolve_timeout``); a resolved one with ``endsAt`` = when it resolved. Labels:
-  ``alertname``, ``severity``, ``namespace``, ``pod``, ``team``, ``node``, ``cluster`` (plus
+  ``alertname``, ``severity``, ``namespace``, ``pod``, ``team`` (the alert's, else the pod's from
+  the watcher's pod states on ``k8s.pods.v1``), ``node``, ``cluster`` (plus
   ``gpu_uuid`` / ``gang`` when the subject has one, so two alerts on two GPUs of one pod stay two
   alerts); annotations ``summary``, ``description`` and ``runbook_url`` (docs/alerts.md's section
   of the type). A generic webhook gets the gpulens alert with those labels and annotations, or a
@@ -35,13 +36,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from common.kafka import BoundedProducer, KafkaException, commit_offsets, make_consumer
+from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_offsets, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
-from schemas.messages import KNOWN_ALERT_TYPES, Alert
-from schemas.topics import ALERTS, DEADLETTER
+from schemas.messages import KNOWN_ALERT_TYPES, Alert, PodState
+from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from sinks.sink import Backoff, Record, dead_letter
 
 log = get_logger(__name__)
@@ -60,8 +61,9 @@ def runbook_url(base_url: str, alert_type: str) -> str:
     return f"{base_url}#{alert_type}" if alert_type in KNOWN_ALERT_TYPES else base_url
 
 
-def alert_labels(alert: Alert, cluster: str) -> dict[str, str]:
-    """Alertmanager's identity of the alert: the same labels for its firing and resolved transitions."""
+def alert_labels(alert: Alert, cluster: str, team: str | None = None) -> dict[str, str]:
+    """Alertmanager's identity of the alert: the same labels for its firing and resolved transitions.
+    ``team``: the pod's team (from its pod state) when the alert's details do not name one."""
     subject = alert.subject
     labels = {"alertname": alert.type, "severity": alert.severity, "cluster": cluster}
     if subject.namespace:
@@ -76,8 +78,9 @@ def alert_labels(alert: Alert, cluster: str) -> dict[str, str]:
         labels["node"] = subject.name
     if subject.gpu_uuid:
         labels["gpu_uuid"] = subject.gpu_uuid
-    team = alert.details.get("team")
-    if isinstance(team, str) and team:
+    named = alert.details.get("team")
+    team = named if isinstance(named, str) and named else team
+    if team:
         labels["team"] = team
     return labels
 
@@ -95,14 +98,14 @@ def _rfc3339(ts: datetime) -> str:
 
 
 def alertmanager_alert(alert: Alert, *, cluster: str, runbook_base_url: str, firing_hold_s: float,
-                       now: datetime) -> dict[str, Any]:
+                       now: datetime, team: str | None = None) -> dict[str, Any]:
     """One element of the body of ``POST /api/v2/alerts``."""
     if alert.state == "firing":
         ends_at = max(now, alert.at) + timedelta(seconds=firing_hold_s)
     else:
         ends_at = max(alert.at, alert.started_at)
     return {
-        "labels": alert_labels(alert, cluster),
+        "labels": alert_labels(alert, cluster, team),
         "annotations": alert_annotations(alert, runbook_base_url),
         "startsAt": _rfc3339(alert.started_at),
         "endsAt": _rfc3339(ends_at),
@@ -110,8 +113,8 @@ def alertmanager_alert(alert: Alert, *, cluster: str, runbook_base_url: str, fir
 
 
 def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
-                 body_format: Literal["json", "slack"]) -> dict[str, Any]:
-    labels = alert_labels(alert, cluster)
+                 body_format: Literal["json", "slack"], team: str | None = None) -> dict[str, Any]:
+    labels = alert_labels(alert, cluster, team)
     annotations = alert_annotations(alert, runbook_base_url)
     if body_format == "json":
         return alert.model_dump(mode="json") | {"labels": labels, "annotations": annotations}
@@ -127,6 +130,41 @@ def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
                 {"type": "mrkdwn", "text": f"{where} | <{annotations['runbook_url']}|runbook>"}]},
         ],
     }
+
+
+class PodTeams:
+    """namespace/name -> team, kept current from the watcher's compacted pod states (``k8s.pods.v1``),
+    so pod alerts carry the ``team`` label; call :meth:`refresh` before delivering a batch."""
+
+    def __init__(self, follower: TopicFollower | None) -> None:
+        self.follower = follower
+        self._by_uid: dict[str, tuple[str, str, str | None]] = {}
+        self._by_name: dict[tuple[str, str], str | None] = {}
+
+    def refresh(self) -> None:
+        if self.follower is None:
+            return
+        for record in self.follower.catch_up(10.0, partial=True):
+            uid = record.key.decode(errors="replace") if record.key else ""
+            if record.value is None:  # tombstone: the pod is gone
+                self._by_uid.pop(uid, None)
+                continue
+            try:
+                state = decode(record.value, PodState)
+            except MessageError:
+                continue  # the sink and workers dead-letter bad pod states; here a team is only a label
+            self._by_uid[state.uid] = (state.namespace, state.name, state.team)
+        self._by_name = {(ns, name): team for ns, name, team in self._by_uid.values()}
+
+    def team(self, alert: Alert) -> str | None:
+        subject = alert.subject
+        if subject.kind != "pod" or not subject.namespace or not subject.name:
+            return None
+        return self._by_name.get((subject.namespace, subject.name))
+
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
 
 
 # --------------------------------------------------------------------------- delivery
@@ -208,8 +246,10 @@ class AlertForwarder:
     """Delivers transitions; Kafka-free, so tests drive :meth:`deliver` directly."""
 
     def __init__(self, settings: AlertForwardSettings, metrics: ForwardMetrics, *, post: Poster = post_json,
-                 stop: threading.Event | None = None, now: Callable[[], datetime] | None = None) -> None:
+                 stop: threading.Event | None = None, now: Callable[[], datetime] | None = None,
+                 teams: PodTeams | None = None) -> None:
         self.settings = settings
+        self.teams = teams or PodTeams(None)
         self.metrics = metrics
         self.post = post
         self.stop = stop or threading.Event()
@@ -220,11 +260,12 @@ class AlertForwarder:
 
     def payload(self, alert: Alert, destination: Destination) -> Any:
         s = self.settings
+        team = self.teams.team(alert)
         if destination.kind == "alertmanager":
             return [alertmanager_alert(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
-                                       firing_hold_s=s.firing_hold_s, now=self.now())]
+                                       firing_hold_s=s.firing_hold_s, now=self.now(), team=team)]
         return webhook_body(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
-                            body_format=s.webhook_format)
+                            body_format=s.webhook_format, team=team)
 
     def deliver(self, record: Record) -> list[str]:
         """Deliver one record to every destination; returns the reasons to dead-letter it (none
@@ -289,7 +330,8 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
     if settings.metrics_port:
         port = metrics.registry.serve(settings.metrics_port)
         log.info("metrics endpoint", port=port, path="/metrics")
-    forwarder = AlertForwarder(settings, metrics, post=post, stop=stop)
+    teams = PodTeams(TopicFollower(settings.kafka, K8S_PODS.name(settings.topic_prefix)))
+    forwarder = AlertForwarder(settings, metrics, post=post, stop=stop, teams=teams)
     topic = ALERTS.name(settings.topic_prefix)
     dlq_topic = DEADLETTER.name(settings.topic_prefix)
     consumer = make_consumer(settings.kafka, settings.group_id)
@@ -314,6 +356,10 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
                 continue
             idle_since = time.monotonic()
             try:
+                teams.refresh()
+            except (KafkaException, TimeoutError) as exc:  # a missing team label is no reason to hold alerts
+                log.warning("pod states not read; alerts go without a fresh team label", error=str(exc))
+            try:
                 _forward_batch(forwarder, records, producer, dlq_topic)
             except ForwarderStopped:
                 log.info("stopped while delivering: the batch is not committed and will be delivered again")
@@ -330,6 +376,7 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
     finally:
         consumer.close()
         producer.close(10.0)
+        teams.close()
     return forwarder.totals
 
 

@@ -17,8 +17,8 @@ from common.settings import KafkaSettings
 from gpulens.replay import run_in_process
 from gpulens.scenario import load_scenario
 from schemas.codec import decode, encode
-from schemas.messages import Alert, DeadLetter
-from schemas.topics import ALERTS, DEADLETTER
+from schemas.messages import Alert, DeadLetter, PodState
+from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from sinks.alerts_forward import DeliveryFailed, post_json
 from tests.alerts.helpers import (
     Alertmanager,
@@ -35,6 +35,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.kafka
 
 RUNBOOK = "https://docs.example/gpulens/alerts.md"
+TEAM = "vision"
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +73,11 @@ def _produce(kafka: KafkaSettings, topic: str, alerts: list[Alert]) -> None:
     assert producer.flush(30) == 0 and producer.stats.failed == 0
 
 
-def _expected_labels(alert: Alert) -> dict[str, str]:
+def _expected_labels(alert: Alert, team: str | None = None) -> dict[str, str]:
     labels = {"alertname": alert.type, "severity": alert.severity, "cluster": "test-cluster",
               "namespace": "ml", "pod": "bad-cuda", "node": "gpu-a"}
+    if team:
+        labels["team"] = team
     if alert.subject.gpu_uuid:
         labels["gpu_uuid"] = alert.subject.gpu_uuid
     return labels
@@ -85,13 +88,13 @@ def _notifications(receiver: Receiver) -> list[tuple[str, dict[str, Any]]]:
     return [(a["status"], a) for body in receiver.bodies() for a in body["alerts"]]
 
 
-def _seen(receiver: Receiver, alert: Alert, status: str) -> list[dict[str, Any]]:
-    want = _expected_labels(alert)
+def _seen(receiver: Receiver, alert: Alert, status: str, team: str | None = None) -> list[dict[str, Any]]:
+    want = _expected_labels(alert, team)
     return [a for s, a in _notifications(receiver) if s == status and a["labels"] == want]
 
 
-def _has(receiver: Receiver, alert: Alert, status: str) -> Callable[[], bool]:
-    return lambda: bool(_seen(receiver, alert, status))
+def _has(receiver: Receiver, alert: Alert, status: str, team: str | None = None) -> Callable[[], bool]:
+    return lambda: bool(_seen(receiver, alert, status, team))
 
 
 def _lag(kafka: KafkaSettings, prefix: str) -> int:
@@ -101,6 +104,12 @@ def _lag(kafka: KafkaSettings, prefix: str) -> int:
 def test_scenario_alerts_arrive_firing_then_resolved_with_labels_and_runbooks(
         kafka_settings: KafkaSettings, topic_prefix: str, topics: str, am_binary: Path, receiver: Receiver,
         scenario_alerts: list[Alert]) -> None:
+    # the watcher's state of the scenario's pod, with its team (the alerts themselves carry none)
+    ensure_topics(kafka_settings, [K8S_PODS], topic_prefix)
+    pod = PodState(uid="uid-bad-cuda", namespace="ml", name="bad-cuda", ts=scenario_alerts[0].at, phase="Running",
+                   team="vision", created_at=scenario_alerts[0].started_at)
+    producer = BoundedProducer(kafka_settings)
+    assert producer.produce(K8S_PODS.name(topic_prefix), pod.uid, encode(pod)) and producer.flush(30) == 0
     am = Alertmanager(am_binary, receiver.url)
     am.start()
     forwarder = ForwarderProcess(forwarder_env(kafka_settings, topic_prefix, alertmanager_url=am.url))
@@ -110,19 +119,19 @@ def test_scenario_alerts_arrive_firing_then_resolved_with_labels_and_runbooks(
         # its firing notification went out (as in a live fleet, where minutes separate them)
         for alert in scenario_alerts:
             if alert.state == "resolved":
-                wait_for(_has(receiver, alert, "firing"), 60, f"{alert.type} firing")
+                wait_for(_has(receiver, alert, "firing", TEAM), 60, f"{alert.type} firing")
             _produce(kafka_settings, topics, [alert])
             time.sleep(0.3)
         for alert in scenario_alerts:
-            wait_for(_has(receiver, alert, alert.state), 60, f"{alert.type} {alert.state}")
+            wait_for(_has(receiver, alert, alert.state, TEAM), 60, f"{alert.type} {alert.state}")
         wait_for(lambda: _lag(kafka_settings, topic_prefix) == 0, 30, "offsets committed")
     finally:
         code = forwarder.stop()
         am.stop()
     assert code == 0, forwarder.log()
     for alert in scenario_alerts:
-        firing = _seen(receiver, alert, "firing")
-        resolved = _seen(receiver, alert, "resolved")
+        firing = _seen(receiver, alert, "firing", TEAM)
+        resolved = _seen(receiver, alert, "resolved", TEAM)
         assert len(firing) == 1 and len(resolved) == 1, (alert.type, alert.state, _notifications(receiver))
         assert firing[0]["annotations"]["runbook_url"] == f"{RUNBOOK}#{alert.type}"
         assert firing[0]["startsAt"].startswith(alert.started_at.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -133,7 +142,7 @@ def test_scenario_alerts_arrive_firing_then_resolved_with_labels_and_runbooks(
     # firing before resolved for each alert
     order = [(s, tuple(sorted(a["labels"].items()))) for s, a in _notifications(receiver)]
     for alert in scenario_alerts:
-        key = tuple(sorted(_expected_labels(alert).items()))
+        key = tuple(sorted(_expected_labels(alert, TEAM).items()))
         assert order.index(("firing", key)) < order.index(("resolved", key))
     assert read_to_end(kafka_settings, DEADLETTER.name(topic_prefix)) == []
 

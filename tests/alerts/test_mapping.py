@@ -9,14 +9,16 @@ from typing import Any
 
 import pytest
 
+from common.kafka import ReadRecord
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings, ConfigError, load_settings
 from schemas.codec import encode
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, AlertSubject
+from schemas.messages import KNOWN_ALERT_TYPES, Alert, AlertSubject, PodState
 from sinks.alerts_forward import (
     AlertForwarder,
     DeliveryFailed,
     ForwardMetrics,
+    PodTeams,
     alert_labels,
     alertmanager_alert,
     runbook_url,
@@ -141,3 +143,37 @@ def test_an_undecodable_record_is_dead_lettered_with_the_reason() -> None:
     post = FlakyPoster()
     [reason] = _forwarder(post).deliver(_record(b'{"id": "x"}'))
     assert reason.startswith("undecodable alert:") and post.calls == []
+
+
+class ListFollower:
+    """Hands out prepared pod-state records, as TopicFollower.catch_up does from k8s.pods.v1."""
+
+    def __init__(self) -> None:
+        self.pending: list[ReadRecord] = []
+
+    def catch_up(self, timeout_s: float = 30.0, partial: bool = False) -> list[ReadRecord]:
+        out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+def _pod_record(uid: str, value: bytes | None, offset: int) -> ReadRecord:
+    return ReadRecord("p.k8s.pods.v1", 0, offset, uid.encode(), value, {})
+
+
+def test_pod_alerts_get_the_team_of_the_pods_state_until_it_is_deleted() -> None:
+    follower = ListFollower()
+    teams = PodTeams(follower)  # type: ignore[arg-type]
+    state = PodState(uid="u1", namespace="ml", name="train-0", ts=T0, phase="Running", team="vision", created_at=T0)
+    follower.pending = [_pod_record("u1", encode(state), 0), _pod_record("u2", b"not json", 1)]
+    teams.refresh()
+    assert teams.team(_alert()) == "vision"
+    assert alert_labels(_alert(), "c", teams.team(_alert()))["team"] == "vision"
+    assert alert_labels(_alert(details={"team": "nlp"}), "c", "vision")["team"] == "nlp", "the alert's own wins"
+    gang = _alert(subject=AlertSubject(kind="gang", namespace="ml", name="train-0"))
+    assert teams.team(gang) is None
+    follower.pending = [_pod_record("u1", None, 2)]
+    teams.refresh()
+    assert teams.team(_alert()) is None and "team" not in alert_labels(_alert(), "c", teams.team(_alert()))
