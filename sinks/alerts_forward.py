@@ -221,7 +221,9 @@ class ForwardMetrics:
         self.failed = registry.counter(
             "alerts_forward_failures_total", "Failed delivery attempts", ("destination",))
         self.dead_letters = registry.counter(
-            "alerts_forward_dead_letters_total", "Transitions sent to the dead-letter topic", ("destination",))
+            "alerts_forward_dead_letters_total",
+            "Transitions sent to the dead-letter topic, by the destination that failed (none: undecodable)",
+            ("destination",))
         self.latency = registry.histogram(
             "alerts_forward_latency_seconds", "From the transition's Kafka timestamp to its delivery",
             ("destination",))
@@ -275,6 +277,7 @@ class AlertForwarder:
         try:
             alert = decode(record.value, Alert)
         except MessageError as exc:
+            self.metrics.dead_letters.labels("none").inc()
             return [f"undecodable alert: {exc}"]
         reasons = []
         for destination in self.destinations:
