@@ -6,6 +6,7 @@ a bad or absent exporter is a clear error the agent retries with backoff while i
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from common.metrics import MetricsRegistry
@@ -83,6 +85,8 @@ def test_samples_round_trip_the_schema_and_attribute_pods_in_the_stream_jobs() -
     source = DcgmExporterSource("gpu-node-7", "http://x/metrics", "boot", 10.0, fetch=lambda url, t: FIXTURE)
     sample = source.sample(TS)
     assert decode(encode(sample), GpuSample) == sample and sample.seq == 0 and source.sample(TS).seq == 1
+    schema = json.loads((REPO_ROOT / "schemas" / "json" / "gpu.samples.v1.schema.json").read_text())
+    jsonschema.validate(json.loads(encode(sample)), schema, format_checker=jsonschema.FormatChecker())
     big = _by_uuid(sample.gpus)[f"MIG-{MIG_PARENT}/1"]
     [share] = attribute(big, {("serving", "infer-0"): "uid-infer-0"})
     assert share.pod_uid == "f1a2b3c4-d5e6-4f70-8192-a3b4c5d6e7f8"
