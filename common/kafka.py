@@ -33,6 +33,7 @@ __all__ = [
     "KafkaException",
     "Message",
     "ReadRecord",
+    "TopicFollower",
     "TopicReport",
     "broker_reachable",
     "commit_offsets",
@@ -323,33 +324,41 @@ class ReadRecord:
     """The record's Kafka timestamp (producer create time unless the topic says log-append)."""
 
 
-def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[ReadRecord]:
-    """Every record now in ``topic``, from the beginning to each partition's high watermark (no
-    consumer group, nothing committed). Raises ``TimeoutError`` if they cannot be read in time."""
-    consumer = make_consumer(kafka, group_id=f"gpulens-reader-{topic}", extra={"enable.partition.eof": False})
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s)
-        partitions = sorted(metadata.topics[topic].partitions)
+class TopicFollower:
+    """Reads a topic from its beginning and then, call by call, what was appended since: for state a
+    process rebuilds and keeps current (e.g. the compacted pod states). No consumer group offsets
+    are committed; a topic that does not exist yet reads as empty."""
+
+    def __init__(self, kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> None:
+        self.topic = topic
+        self._consumer = make_consumer(kafka, group_id=f"gpulens-reader-{topic}", extra={"enable.partition.eof": False})
+        metadata = self._consumer.list_topics(topic, timeout=timeout_s)
+        found = metadata.topics.get(topic)
+        self.partitions: list[int] = sorted(found.partitions) if found is not None and found.error is None else []
+        if self.partitions:
+            self._consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self.partitions])
+
+    def catch_up(self, timeout_s: float = 30.0, partial: bool = False) -> list[ReadRecord]:
+        """Every record appended since the last call, up to each partition's high watermark now
+        (in partition, offset order). Raises ``TimeoutError`` if they cannot be read in time, or,
+        with ``partial``, returns what was read (the next call goes on from there)."""
+        topic = self.topic
         ends: dict[int, int] = {}
-        for partition in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
-            if high > low:
-                ends[partition] = high
+        for partition in self.partitions:
+            _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            ends[partition] = high
         records: list[ReadRecord] = []
-        if not ends:
-            return records
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        positions = dict.fromkeys(ends, -1)
         deadline = time.monotonic() + timeout_s
-        while any(positions[p] + 1 < ends[p] for p in ends):
+        while self._behind(ends):
             if time.monotonic() > deadline:
+                if partial:
+                    break
                 raise TimeoutError(f"reading {topic}: got {len(records)} records before the deadline")
-            for msg in consumer.consume(1000, 0.5):
+            for msg in self._consumer.consume(1000, 0.2):
                 if msg.error():
                     continue
                 partition = int(msg.partition() or 0)
                 offset = int(msg.offset() or 0)
-                positions[partition] = max(positions[partition], offset)
                 if offset >= ends.get(partition, 0):
                     continue
                 headers: dict[str, bytes] = {}
@@ -362,5 +371,31 @@ def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> li
                                           msg.value(), headers, stamp if kind != 0 and stamp >= 0 else None))
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
+
+    def _behind(self, ends: dict[int, int]) -> bool:
+        """Whether some partition's position is short of its end (positions skip compacted gaps)."""
+        wanted = [TopicPartition(self.topic, p) for p, end in ends.items() if end > 0]
+        if not wanted:
+            return False
+        for tp in self._consumer.position(wanted):
+            low = 0
+            if tp.offset < 0:  # nothing fetched yet: compare the partition's start with its end
+                low, _high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if low is None or low < 0:
+                    return True
+            if max(tp.offset, low) < ends[tp.partition]:
+                return True
+        return False
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[ReadRecord]:
+    """Every record now in ``topic``, from the beginning to each partition's high watermark (no
+    consumer group, nothing committed). Raises ``TimeoutError`` if they cannot be read in time."""
+    follower = TopicFollower(kafka, topic, timeout_s)
+    try:
+        return follower.catch_up(timeout_s)
     finally:
-        consumer.close()
+        follower.close()

@@ -1,15 +1,74 @@
 """Prometheus self-metrics: each service registers its counters here and serves ``/metrics``.
 
 A service-owned registry (not the global default) keeps tests and the in-process demo, which run
-several components in one process, from colliding on metric names.
+several components in one process, from colliding on metric names. :func:`parse_exposition` reads
+another exporter's text (the agent's dcgm-exporter source).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
 
-__all__ = ["Counter", "Gauge", "Histogram", "MetricsRegistry"]
+__all__ = ["Counter", "ExpositionError", "Gauge", "Histogram", "MetricsRegistry", "Sample", "parse_exposition"]
+
+
+class ExpositionError(ValueError):
+    """The text is not in the Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of an exposition: its name, labels and value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|\}\s*)')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def parse_exposition(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text exposition (version 0.0.4), names as written (the client
+    library's own parser renames counters to ``*_total``); raises :class:`ExpositionError` naming
+    the line."""
+    samples: list[Sample] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _NAME.match(line)
+        if match is None:
+            raise ExpositionError(f"line {number}: no metric name: {line[:120]!r}")
+        name, rest = match.group(), line[match.end():]
+        labels: dict[str, str] = {}
+        if rest.startswith("{"):
+            rest = rest[1:].lstrip()
+            while not rest.startswith("}"):
+                label = _LABEL.match(rest)
+                if label is None:
+                    raise ExpositionError(f"line {number}: malformed labels: {line[:120]!r}")
+                labels[label.group(1)] = re.sub(r"\\[\\\"n]", lambda m: _UNESCAPE[m.group()], label.group(2))
+                rest = rest[label.end():]
+                if label.group(3).startswith("}"):
+                    rest = "}" + rest
+                    break
+            rest = rest[1:]
+        parts = rest.split()
+        if not 1 <= len(parts) <= 2:
+            raise ExpositionError(f"line {number}: expected a value (and a timestamp): {line[:120]!r}")
+        try:
+            value = float(parts[0])
+        except ValueError:
+            raise ExpositionError(f"line {number}: value {parts[0]!r} is not a number") from None
+        samples.append(Sample(name, labels, value))
+    return samples
 
 
 class MetricsRegistry:

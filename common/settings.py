@@ -25,6 +25,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -213,6 +214,19 @@ class AgentSettings(CommonSettings):
     buffer_max_messages: int = Field(default=10_000, ge=10)
     nvml_backoff_max_s: float = Field(default=60.0, ge=1.0)
     """Longest wait between NVML (re-)initialisation attempts (exponential backoff from 1 s)."""
+    source: Literal["nvml", "dcgm-exporter"] = "nvml"
+    """Where GPU readings come from: NVML (default) or the node's dcgm-exporter (no second poller)."""
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    """The node's dcgm-exporter ``/metrics`` (``source = dcgm-exporter``)."""
+    dcgm_timeout_s: float = Field(default=5.0, gt=0, le=60.0)
+    """Deadline of one scrape of dcgm-exporter."""
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_url_is_http(cls, value: str) -> str:
+        if urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc:
+            raise ValueError(f"expected http(s)://host:port/metrics, got {value!r}")
+        return value
 
 
 class WatcherSettings(CommonSettings):
@@ -321,6 +335,46 @@ class AdvisorSettings(CommonSettings):
     ``__IDLE_STRETCH_S``, ``__BUCKET_S``, ``__IDLE_UTIL_PCT``."""
 
 
+class AlertForwardSettings(CommonSettings):
+    """``gpulens alerts forward``: alerts.v1 -> Alertmanager's v2 API and/or a JSON webhook."""
+
+    alertmanager_url: str | None = None
+    """Alertmanager base URL (``http://alertmanager:9093``); transitions go to ``<url>/api/v2/alerts``."""
+    webhook_url: str | None = None
+    """A generic webhook: one POST per transition."""
+    webhook_format: Literal["json", "slack"] = "json"
+    """``json``: the alert as gpulens publishes it, plus ``labels``, ``annotations``; ``slack``: a
+    Slack-compatible body (``text`` and ``blocks``) for incoming webhooks."""
+    cluster: str = Field(default="default", min_length=1)
+    """Value of the ``cluster`` label on every forwarded alert."""
+    runbook_base_url: str = Field(default="docs/alerts.md", min_length=1)
+    """Where docs/alerts.md is published; ``runbook_url`` is this plus ``#<alert type>``."""
+    group_id: str = "gpulens-alerts-forward"
+    max_attempts: int = Field(default=20, ge=1, le=1000)
+    """Failed deliveries of one transition to one destination before it is dead-lettered."""
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    firing_hold_s: float = Field(default=7 * 86400.0, ge=60)
+    """A firing alert is sent with ``endsAt`` this far ahead, so Alertmanager keeps it firing until
+    its resolved transition arrives (without it, Alertmanager resolves it after its resolve_timeout)."""
+    batch_max_records: int = Field(default=500, ge=1, le=100_000)
+    """Records consumed, delivered and then committed together."""
+
+    @model_validator(mode="after")
+    def _has_a_destination(self) -> AlertForwardSettings:
+        if not self.alertmanager_url and not self.webhook_url:
+            raise ValueError("set GPULENS_ALERTMANAGER_URL and/or GPULENS_WEBHOOK_URL (where to deliver alerts)")
+        return self
+
+    @field_validator("alertmanager_url", "webhook_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc):
+            raise ValueError(f"expected http(s)://host[:port][/path], got {value!r}")
+        return value
+
+
 S = TypeVar("S", bound=CommonSettings)
 
 
@@ -340,6 +394,9 @@ def load_settings(settings_type: type[S], **overrides: Any) -> S:
         problems = []
         for error in exc.errors():
             loc = tuple(error["loc"])
+            if not loc:  # a check across fields: its message names the variables
+                problems.append(str(error["msg"]).removeprefix("Value error, "))
+                continue
             problems.append(f"{_env_name(loc)}: {error['msg']} (got {error.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except SettingsError as exc:

@@ -191,13 +191,15 @@ def config() -> None:
 
 
 @config.command("show")
-@click.option("--service", type=click.Choice(["common", "agent", "watcher", "worker", "sink"]), default="common")
+@click.option("--service", type=click.Choice(["common", "agent", "watcher", "worker", "sink", "alerts"]),
+              default="common")
 def config_show(service: str) -> None:
     """Print the effective configuration (secrets masked)."""
     import orjson
 
     from common.settings import (
         AgentSettings,
+        AlertForwardSettings,
         CommonSettings,
         SinkSettings,
         WatcherSettings,
@@ -207,7 +209,7 @@ def config_show(service: str) -> None:
     )
 
     settings_type = {"common": CommonSettings, "agent": AgentSettings, "watcher": WatcherSettings,
-                     "worker": WorkerSettings, "sink": SinkSettings}[service]
+                     "worker": WorkerSettings, "sink": SinkSettings, "alerts": AlertForwardSettings}[service]
     click.echo(orjson.dumps(redacted(load_settings(settings_type)), option=orjson.OPT_INDENT_2).decode())
 
 

@@ -121,6 +121,26 @@ class GpuReading(Part):
     assigned_to: list[PodRef] = Field(default_factory=list)
     processes: list[GpuProcess] = Field(default_factory=list)
     shared: bool = False
+    # profiling and error counters (from dcgm-exporter; added within v1, absent from NVML samples)
+    sm_active_pct: Percent | None = Field(
+        default=None, description="Share of cycles an SM had at least one warp assigned (DCGM_FI_PROF_SM_ACTIVE), %")
+    sm_occupancy_pct: Percent | None = Field(
+        default=None, description="Resident warps per SM over the maximum (DCGM_FI_PROF_SM_OCCUPANCY), %")
+    tensor_active_pct: Percent | None = Field(
+        default=None, description="Share of cycles the tensor pipe was active (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE), %")
+    gr_engine_active_pct: Percent | None = Field(
+        default=None, description="Share of time the graphics/compute engine was active "
+        "(DCGM_FI_PROF_GR_ENGINE_ACTIVE), %; reported per MIG device too")
+    dram_active_pct: Percent | None = Field(
+        default=None, description="Share of cycles the memory interface was busy (DCGM_FI_PROF_DRAM_ACTIVE), %")
+    ecc_sbe_volatile_total: NonNegInt | None = Field(
+        default=None, description="Single-bit ECC errors since the last driver load (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL)")
+    ecc_dbe_volatile_total: NonNegInt | None = Field(
+        default=None, description="Double-bit ECC errors since the last driver load (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL)")
+    clock_event_reasons: list[str] | None = Field(
+        default=None, description="Why the clocks are held below their maximum now (NVML clock event / throttle "
+        "reason bits, DCGM_FI_DEV_CLOCKS_EVENT_REASONS), e.g. sw_power_cap, hw_thermal_slowdown; [] = none; "
+        "absent when unknown")
 
 
 class GpuSample(Message):

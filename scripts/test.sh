@@ -42,6 +42,9 @@ echo "== etcd and kube-apiserver for the real-server watcher tests (built once, 
 # A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
 bash scripts/kube-build.sh
 
+echo "== Alertmanager for the alert-forwarding tests (built once, then cached)"
+bash scripts/alertmanager-build.sh
+
 echo "== starting the local Kafka broker"
 gpulens kafka up
 trap 'echo "== stopping the local Kafka broker"; gpulens kafka down || true' EXIT

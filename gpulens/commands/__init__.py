@@ -12,6 +12,7 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
     "watch": ("watch", "Follow pods, nodes and scheduling events; produce k8s.pods/nodes/events."),
     "worker": ("worker", "Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."),
     "replay": ("replay", "Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."),
+    "alerts": ("alerts", "Alert routing: forward alerts.v1 to Alertmanager and webhooks."),
     "sink": ("sink", "Consume every gpulens topic into ClickHouse (embedded chDB by default)."),
     "sql": ("analysis", "Run one read-only SQL query (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN) against ClickHouse."),
     "report": ("analysis", "Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."),

@@ -1,7 +1,8 @@
 """``gpulens agent``: run the node agent (NVML + kubelet + cgroups -> gpu.samples topic).
 
 On a GPU node (the DaemonSet) it reads the real NVML, the kubelet's PodResources socket and the
-host's ``/proc``. ``--simulate`` runs the same code over a simulated 8-GPU node (fake NVML, a fake
+host's ``/proc`` — or, with ``--source dcgm-exporter``, the node's dcgm-exporter instead.
+``--simulate`` runs the same code over a simulated 8-GPU node (fake NVML, a fake
 kubelet gRPC server on a temporary socket, a temporary ``/proc`` tree), so the whole path can be
 tried on any machine. ``--stdout`` prints each sample as one JSON line instead of producing it.
 The wiring lives in :mod:`producers.agent.main` (also ``python -m producers.agent``).
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
               help="a simulated 8-GPU node (fake NVML and kubelet) instead of the real ones [env GPULENS_SIMULATE]")
 @click.option("--metrics-port", type=int, default=None,
               help="serve Prometheus /metrics on this port; 0 = off [env GPULENS_METRICS_PORT]")
+@click.option("--source", type=click.Choice(["nvml", "dcgm-exporter"]), default=None,
+              help="GPU readings from NVML (default) or the node's dcgm-exporter [env GPULENS_SOURCE]")
+@click.option("--dcgm-url", default=None,
+              help="dcgm-exporter's /metrics, default http://127.0.0.1:9400/metrics [env GPULENS_DCGM_URL]")
 @with_common_options
 def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     """Sample every GPU of this node and produce to the gpu.samples topic."""

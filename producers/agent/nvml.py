@@ -33,6 +33,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import pynvml
 
 from common.logs import get_logger
+from producers.agent.source import SourceError, SourceUnavailable
 
 log = get_logger(__name__)
 
@@ -45,15 +46,8 @@ Clock = Literal["sm", "mem"]
 # --------------------------------------------------------------------------- errors
 
 
-class NvmlError(Exception):
+class NvmlError(SourceError):
     """An NVML call failed; ``kind`` is a short stable label (metrics, logs)."""
-
-    kind = "unknown"
-
-    def __init__(self, message: str = "", kind: str | None = None) -> None:
-        super().__init__(message or self.kind)
-        if kind is not None:
-            self.kind = kind
 
 
 class NvmlNotSupported(NvmlError):
@@ -78,7 +72,7 @@ class NvmlNoPermission(NvmlError):
     kind = "no_permission"
 
 
-class NvmlUnavailable(NvmlError):
+class NvmlUnavailable(NvmlError, SourceUnavailable):
     """NVML as a whole is unusable (library missing, driver not loaded, not initialised)."""
 
     kind = "unavailable"

@@ -123,7 +123,11 @@ class _Device:
 
 
 class NodeSampler:
-    """Builds one :class:`GpuSample` per call; ``seq`` increments with every sample produced."""
+    """Builds one :class:`GpuSample` per call; ``seq`` increments with every sample produced.
+
+    The default :class:`producers.agent.source.SampleSource`: NVML, the kubelet and ``/proc``."""
+
+    name = "nvml"
 
     def __init__(
         self,
@@ -153,6 +157,12 @@ class NodeSampler:
         self._nvlink_prev: dict[str, tuple[datetime, int, int]] = {}
         self._util_since_us: dict[str, int] = {}
         self._last_assignments: tuple[int, dict[str, list[PodRef]]] | None = None
+
+    def init(self) -> None:
+        self.nvml.init()
+
+    def shutdown(self) -> None:
+        self.nvml.shutdown()
 
     def reset(self) -> None:
         """Forget what belongs to one NVML session (call after re-initialising NVML)."""

@@ -3,10 +3,12 @@
 - Samples are taken on the wall-clock grid of ``sample_interval_s`` (10:00:00, 10:00:10, ...), so
   every node's samples line up; a sample that overruns skips the ticks it missed (counted) instead
   of bunching up.
-- NVML initialisation is retried with exponential backoff (1 s doubling to ``backoff_max_s``) and
-  reported (log + ``nvml_up`` gauge + init-failure counter). When NVML fails as a whole mid-run
-  (driver reload), it is shut down and re-initialised in-process. A missing NVML library is fatal
-  (:class:`NvmlLibraryNotFound`): no retry inside this container can make it appear.
+- The GPU source (:class:`producers.agent.source.SampleSource`: NVML by default, or the node's
+  dcgm-exporter) is initialised with exponential backoff (1 s doubling to ``backoff_max_s``) and
+  reported (log + ``source_up`` gauge + failure counter; for NVML also the ``nvml_*`` ones). When
+  it fails as a whole mid-run (driver reload, exporter restart), it is shut down and
+  re-initialised in-process. A missing NVML library is fatal (:class:`NvmlLibraryNotFound`): no
+  retry inside this container can make it appear.
 - Samples go to a :class:`SampleSink`: Kafka through :class:`common.kafka.BoundedProducer`
   (bounded local queue: when the broker is away, the overflow is dropped and counted, memory
   stays bounded) or stdout (one JSON document per line).
@@ -27,8 +29,8 @@ from typing import IO, Protocol
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ProducerSettings
-from producers.agent.nvml import NvmlError, NvmlLibraryNotFound, NvmlUnavailable
-from producers.agent.sampler import NodeSampler
+from producers.agent.nvml import NvmlLibraryNotFound
+from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
 from schemas.messages import GpuSample
 from schemas.topics import GPU_SAMPLES
@@ -65,6 +67,12 @@ class AgentMetrics:
             "agent_pod_resources_errors_total", "Failed kubelet PodResources calls"
         )
         self.gpus = r.gauge("agent_gpus", "GPU and MIG devices in the last sample by health", ("health",))
+        self.source_up = r.gauge(
+            "agent_source_up", "1 when the GPU source (nvml or dcgm-exporter) is initialised and answering",
+            ("source",))
+        self.source_failures = r.counter(
+            "agent_source_failures_total", "Failed (re-)initialisations and whole-source failures by kind",
+            ("source", "kind"))
 
 
 class SampleSink(Protocol):
@@ -143,11 +151,11 @@ def next_tick(now_s: float, interval_s: float) -> float:
 
 
 class AgentService:
-    """Owns NVML's lifecycle and the sampling loop around a :class:`NodeSampler`."""
+    """Owns the source's lifecycle and the sampling loop around it."""
 
     def __init__(
         self,
-        sampler: NodeSampler,
+        sampler: SampleSource,
         sink: SampleSink,
         metrics: AgentMetrics,
         *,
@@ -156,7 +164,7 @@ class AgentService:
         before_sample: Callable[[datetime], None] | None = None,
     ) -> None:
         self.sampler = sampler
-        self.nvml = sampler.nvml
+        self.is_nvml = sampler.name == "nvml"
         self.sink = sink
         self.metrics = metrics
         self.backoff_max_s = backoff_max_s
@@ -166,7 +174,16 @@ class AgentService:
         self._init_failures = 0
         self._next_init_at = 0.0
         self.last_sample: GpuSample | None = None
-        metrics.nvml_up.set(0)
+        self._set_up(0)
+
+    @property
+    def _display_name(self) -> str:
+        return "NVML" if self.is_nvml else self.sampler.name
+
+    def _set_up(self, value: int) -> None:
+        self.metrics.source_up.labels(self.sampler.name).set(value)
+        if self.is_nvml:
+            self.metrics.nvml_up.set(value)
 
     @property
     def interval_s(self) -> float:
@@ -175,40 +192,46 @@ class AgentService:
     # ------------------------------------------------------------------ NVML lifecycle
 
     def ensure_nvml(self, now_s: float) -> bool:
-        """Initialise NVML if needed and due; False while it is down (retried with backoff)."""
+        """Initialise the source if needed and due; False while it is down (retried with backoff)."""
         if self.nvml_ready:
             return True
         if now_s < self._next_init_at:
             return False
+        source = self.sampler.name
         try:
-            self.nvml.init()
+            self.sampler.init()
         except NvmlLibraryNotFound:
             self.metrics.nvml_init_failures.labels("library_not_found").inc()
             raise
-        except NvmlError as exc:
+        except SourceError as exc:
             self._init_failures += 1
             delay = min(self.backoff_max_s, 2.0 ** (self._init_failures - 1))
             self._next_init_at = now_s + delay
-            self.metrics.nvml_init_failures.labels(exc.kind).inc()
-            log.warning("nvml init failed", kind=exc.kind, error=str(exc), attempt=self._init_failures,
-                        retry_in_s=delay)
+            self.metrics.source_failures.labels(source, exc.kind).inc()
+            if self.is_nvml:
+                self.metrics.nvml_init_failures.labels(exc.kind).inc()
+            log.warning(f"{source} init failed", source=source, kind=exc.kind, error=str(exc),
+                        attempt=self._init_failures, retry_in_s=delay)
             return False
         if self._init_failures:
-            log.info("nvml initialised", after_attempts=self._init_failures + 1)
+            log.info(f"{source} initialised", source=source, after_attempts=self._init_failures + 1)
         self._init_failures = 0
         self.nvml_ready = True
         self.sampler.reset()
-        self.metrics.nvml_up.set(1)
+        self._set_up(1)
         return True
 
-    def _nvml_lost(self, exc: NvmlError, now_s: float) -> None:
-        log.error("nvml unavailable; re-initialising", kind=exc.kind, error=str(exc))
-        self.metrics.nvml_errors.labels(exc.kind).inc()
-        self.metrics.nvml_up.set(0)
+    def _nvml_lost(self, exc: SourceError, now_s: float) -> None:
+        source = self.sampler.name
+        log.error(f"{source} unavailable; re-initialising", source=source, kind=exc.kind, error=str(exc))
+        self.metrics.source_failures.labels(source, exc.kind).inc()
+        if self.is_nvml:
+            self.metrics.nvml_errors.labels(exc.kind).inc()
+        self._set_up(0)
         try:
-            self.nvml.shutdown()
+            self.sampler.shutdown()
         except Exception as shutdown_exc:  # the library is already broken: report, carry on
-            log.warning("nvml shutdown failed", error=str(shutdown_exc))
+            log.warning(f"{source} shutdown failed", error=str(shutdown_exc))
         self.nvml_ready = False
         self._next_init_at = now_s  # first retry right away, then backoff
 
@@ -225,7 +248,7 @@ class AgentService:
             self.before_sample(ts)
         try:
             sample = self.sampler.sample(ts)
-        except NvmlUnavailable as exc:
+        except SourceUnavailable as exc:
             self._nvml_lost(exc, now_s)
             return None
         payload = encode(sample)
@@ -253,10 +276,10 @@ class AgentService:
         try:
             if once:
                 if not self.ensure_nvml(self.clock()):
-                    raise AgentError("NVML is not available (see the log above); no sample taken")
+                    raise AgentError(f"{self._display_name} is not available (see the log above); no sample taken")
                 sample = self.step()
                 if sample is None:
-                    raise AgentError("NVML failed while sampling (see the log above); no sample taken")
+                    raise AgentError(f"{self._display_name} failed while sampling (see the log above); no sample taken")
                 return 1
             log.info("agent started", node=self.sampler.node_name, interval_s=self.interval_s,
                      boot_id=self.sampler.boot_id)
@@ -278,4 +301,4 @@ class AgentService:
             remaining = self.sink.close(10.0)
             if remaining:
                 log.warning("samples not delivered at shutdown", count=remaining)
-            self.nvml.shutdown()
+            self.sampler.shutdown()

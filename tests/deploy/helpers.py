@@ -22,6 +22,7 @@ from pydantic import AliasChoices, BaseModel
 from common.settings import (
     ENV_PREFIX,
     AgentSettings,
+    AlertForwardSettings,
     CommonSettings,
     SinkSettings,
     WatcherSettings,
@@ -45,6 +46,7 @@ SETTINGS_BY_COMMAND: dict[str, type[CommonSettings]] = {
     "worker": WorkerSettings,
     "sink": SinkSettings,
     "topics": CommonSettings,
+    "alerts": AlertForwardSettings,
 }
 
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob"}

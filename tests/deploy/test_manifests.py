@@ -7,6 +7,7 @@ nothing, an env name that is silently ignored, a capability left in) and an oper
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -127,7 +128,7 @@ def test_every_component_has_a_workload(docs: list[dict[str, Any]]) -> None:
     commands = {
         component_args(pod_template(w)["spec"]["containers"][0])[0] for w in workloads(docs)
     }
-    assert {"agent", "watch", "worker", "sink", "topics"} <= commands
+    assert {"agent", "watch", "worker", "sink", "topics", "alerts"} <= commands
     assert by_name(docs, *WATCHER)["spec"]["replicas"] == 1, "two watchers would emit every change twice"
 
 
@@ -416,7 +417,7 @@ def test_network_is_default_deny_and_each_pod_opens_only_its_metrics_port(docs: 
         egress_ports = {port["port"] for rule in own[0]["spec"]["egress"] for port in rule["ports"]}
         assert 9092 in egress_ports, f"{_name(workload)} cannot reach Kafka"
         command = component_args(pod_template(workload)["spec"]["containers"][0])[0]
-        assert (443 in egress_ports) == (command == "watch"), f"{_name(workload)}: API server egress"
+        assert (443 in egress_ports) == (command in ("watch", "alerts")), f"{_name(workload)}: HTTPS egress"
         assert (8123 in egress_ports) == (command == "sink"), f"{_name(workload)}: ClickHouse egress"
 
 
@@ -434,3 +435,49 @@ def test_agent_has_its_priority_class_and_optional_extra_tolerations(
     assert patch["target"] == {"kind": "DaemonSet", "name": agent["metadata"]["name"]}
     operations = yaml.safe_load((component_dir / patch["path"]).read_text())
     assert operations == [{"op": "add", "path": "/spec/template/spec/tolerations/-", "value": {"operator": "Exists"}}]
+
+
+def _json_patch_add(doc: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """Apply kustomize's JSON-patch ``add`` operations (the only ones the components use)."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for operation in operations:
+        assert operation["op"] == "add"
+        *parents, last = operation["path"].strip("/").split("/")
+        node: Any = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if last == "-":
+            node.append(operation["value"])
+        else:
+            node[last] = operation["value"]
+    return doc
+
+
+def test_the_dcgm_exporter_component_switches_the_agents_source(
+    docs: list[dict[str, Any]], agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common.settings import AgentSettings
+
+    component_dir = K8S_DIR / "components" / "agent-dcgm-exporter"
+    component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    patched: dict[str, dict[str, Any]] = {}
+    for patch in component["patches"]:
+        target = patch["target"]
+        doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
+        patched[target["kind"]] = _json_patch_add(doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
+    container = _pod_spec(patched["DaemonSet"])["containers"][0]
+    assert container["name"] == "agent"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    for name in list(os.environ):
+        if name.startswith("GPULENS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GPULENS_SOURCE", env["GPULENS_SOURCE"]["value"])
+    monkeypatch.setenv("GPULENS_DCGM_URL", env["GPULENS_DCGM_URL"]["value"].replace("$(HOST_IP)", "10.0.3.7"))
+    settings = load_settings(AgentSettings)
+    assert (settings.source, settings.dcgm_url) == ("dcgm-exporter", "http://10.0.3.7:9400/metrics")
+    ports = {p["port"] for rule in patched["NetworkPolicy"]["spec"]["egress"] for p in rule["ports"]}
+    assert {9092, 9400} <= ports
