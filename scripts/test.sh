@@ -41,6 +41,8 @@ mypy .
 echo "== etcd and kube-apiserver for the real-server watcher tests (built once, then cached)"
 # A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
 bash scripts/kube-build.sh
+echo "== prometheus and promtool for the Prometheus scrape tests (built once, then cached)"
+bash scripts/prometheus-build.sh
 
 echo "== starting the local Kafka broker"
 gpulens kafka up
