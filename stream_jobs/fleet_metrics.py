@@ -20,6 +20,7 @@ series is capped (``max_series``); series beyond the cap are not created and are
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -145,12 +146,18 @@ class FleetSeries:
         self.max_series = max_series
         self._lock = threading.Lock()
         self._pod_gpus: dict[tuple[str, str], _PodGpu] = {}
+        """(pod uid, GPU uuid) -> its latest window"""
+        self._gpus_of: dict[str, set[str]] = {}
+        self._by_name: dict[tuple[str, str, str], tuple[str, str]] = {}
+        """(namespace, pod, GPU uuid) -> (pod uid, GPU uuid): what an alert's subject names"""
+        self._teams: Counter[str] = Counter()
         self._idle: dict[str, tuple[str, tuple[str, ...]]] = {}
         """alert id -> (pod uid, labels incl. idle_class)"""
         self._pending: dict[str, tuple[str, str, tuple[str, ...], float, float]] = {}
         """alert id -> (namespace, pod, labels, created (Unix s), GPUs)"""
         self._capacity: ClusterCapacity | None = None
         self._newest_end = 0.0
+        self._expired_at = 0.0
         self.dropped = registry.counter("fleet_series_dropped_total",
                                         "fleet series not exported because of the series cap (one per refused "
                                         "series, each time its record comes)")
@@ -175,14 +182,14 @@ class FleetSeries:
                     self._forget_pod(message.pod_uid, None)
                 elif isinstance(message, PodLifecycle) and message.end_reason not in ("Running", "Pending"):
                     self._forget_pod(message.pod_uid, (message.namespace, message.name))
-            self._expire()
+            if self._newest_end > self._expired_at:
+                self._expire()
             self.series.set(self._count())
 
     def _count(self) -> int:
-        teams = {p.window.team or "" for p in self._pod_gpus.values()}
         capacity = 0 if self._capacity is None else len(GPU_STATES) + 4
-        return (len(self._pod_gpus) * len(WINDOW_METRICS) + len(teams) + len(self._idle) + 2 * len(self._pending)
-                + capacity)
+        return (len(self._pod_gpus) * len(WINDOW_METRICS) + len(self._teams) + len(self._idle)
+                + 2 * len(self._pending) + capacity)
 
     def _admit(self, cost: int) -> bool:
         if self._count() + cost <= self.max_series:
@@ -196,10 +203,28 @@ class FleetSeries:
         self._newest_end = max(self._newest_end, w.window_end.timestamp())
         if current is not None:
             if w.window_start >= current.window.window_start:
-                self._pod_gpus[key] = _PodGpu(w, _pod_gpu_labels(w))
-            return
-        if self._admit(len(WINDOW_METRICS) + 1):
-            self._pod_gpus[key] = _PodGpu(w, _pod_gpu_labels(w))
+                self._drop(key)
+                self._put(key, w)
+        elif self._admit(len(WINDOW_METRICS) + (0 if (w.team or "") in self._teams else 1)):
+            self._put(key, w)
+
+    def _put(self, key: tuple[str, str], w: PodWindow) -> None:
+        self._pod_gpus[key] = _PodGpu(w, _pod_gpu_labels(w))
+        self._gpus_of.setdefault(key[0], set()).add(key[1])
+        self._by_name[(w.namespace, w.pod, w.gpu_uuid)] = key
+        self._teams[w.team or ""] += 1
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        w = self._pod_gpus.pop(key).window
+        gpus = self._gpus_of[key[0]]
+        gpus.discard(key[1])
+        if not gpus:
+            del self._gpus_of[key[0]]
+        if self._by_name.get((w.namespace, w.pod, w.gpu_uuid)) == key:
+            del self._by_name[(w.namespace, w.pod, w.gpu_uuid)]
+        self._teams[w.team or ""] -= 1
+        if self._teams[w.team or ""] <= 0:
+            del self._teams[w.team or ""]
 
     def _alert(self, alert: Alert) -> None:
         subject = alert.subject
@@ -208,30 +233,28 @@ class FleetSeries:
             self._pending.pop(alert.id, None)
             return
         if alert.type == "idle_gpu" and subject.gpu_uuid and alert.id not in self._idle:
-            pod = self._find_pod(subject.namespace, subject.name, subject.gpu_uuid)
-            if pod is not None and self._admit(1):
-                self._idle[alert.id] = (pod.window.pod_uid,
-                                        (*pod.labels, str(alert.details.get("idle_class", ""))))
+            key = self._by_name.get((subject.namespace or "", subject.name or "", subject.gpu_uuid))
+            if key is not None and self._admit(1):
+                self._idle[alert.id] = (key[0], (*self._pod_gpus[key].labels,
+                                                 str(alert.details.get("idle_class", ""))))
         elif alert.type == "pending_gpu" and alert.id not in self._pending and self._admit(2):
             created = alert.at.timestamp() - float(alert.details.get("pending_s", 0.0))
             namespace, name = subject.namespace or "", subject.name or ""
             self._pending[alert.id] = (namespace, name, (namespace, name), created,
                                        float(alert.details.get("gpus", 0)))
 
-    def _find_pod(self, namespace: str | None, name: str | None, gpu_uuid: str) -> _PodGpu | None:
-        return next((p for (_uid, gpu), p in self._pod_gpus.items()
-                     if gpu == gpu_uuid and (p.window.namespace, p.window.pod) == (namespace, name)), None)
-
     def _forget_pod(self, uid: str, name: tuple[str, str] | None) -> None:
-        for key in [k for k in self._pod_gpus if k[0] == uid]:
-            del self._pod_gpus[key]
-        for alert_id in [a for a, (pod_uid, _labels) in self._idle.items() if pod_uid == uid]:
-            del self._idle[alert_id]
-        if name is not None:
+        for gpu in list(self._gpus_of.get(uid, ())):
+            self._drop((uid, gpu))
+        if self._idle:
+            for alert_id in [a for a, (pod_uid, _labels) in self._idle.items() if pod_uid == uid]:
+                del self._idle[alert_id]
+        if name is not None and self._pending:
             for alert_id in [a for a, entry in self._pending.items() if (entry[0], entry[1]) == name]:
                 del self._pending[alert_id]
 
     def _expire(self) -> None:
+        self._expired_at = self._newest_end
         stale = [key for key, p in self._pod_gpus.items()
                  if p.window.window_end.timestamp() + STALE_WINDOWS * _length(p.window) < self._newest_end]
         for key in stale:

@@ -88,3 +88,9 @@ def test_servicemonitor_selects_the_worker_metrics_ports() -> None:
     assert endpoint["honorLabels"] is True
     for service in selected:
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_docs_show_the_files_as_they_are() -> None:
+    docs = (K8S_DIR.parent.parent / "docs" / "prometheus.md").read_text()
+    for path in (PROMETHEUS_DIR / "scrape-config.yml", PROMETHEUS_DIR / "gpulens-rules.yml"):
+        assert path.read_text().strip() in docs, f"docs/prometheus.md shows an old {path.name}"

@@ -179,12 +179,15 @@ def test_pods_whose_windows_stopped_coming_expire_in_event_time() -> None:
 
 def test_series_cap_drops_new_series_and_counts_them() -> None:
     per_pod = sum(1 for m in METRICS if m.source == "window")
-    registry, fleet = _fleet(max_series=2 * (per_pod + 1))
+    registry, fleet = _fleet(max_series=2 * per_pod + 1)  # two pods of one team
     fleet.observe([_window(f"p{i}") for i in range(5)])
     series = _scrape(registry)
     assert _pods_with_series(registry) == {"p0", "p1"}
-    assert series[("gpulens_fleet_series_dropped_total", frozenset())] == 3 * (per_pod + 1)
-    assert series[("gpulens_fleet_series", frozenset())] == 2 * per_pod + 1  # + one team
+    assert series[("gpulens_fleet_series_dropped_total", frozenset())] == 3 * per_pod
+    assert series[("gpulens_fleet_series", frozenset())] == 2 * per_pod + 1  # + the team's cost rate
+    fleet.observe([_window("other-team", team="nlp")])  # a new team costs its team series too
+    assert _pods_with_series(registry) == {"p0", "p1"}
+    assert _scrape(registry)[("gpulens_fleet_series_dropped_total", frozenset())] == 4 * per_pod + 1
     # figures of admitted pods still update at the cap; an ended pod frees room
     fleet.observe([_window("p0", start_s=60, util=99.0), PodUsage(pod_uid="uid-p1", node="gpu-node-7", ts=at(60))])
     fleet.observe([_window("p4", start_s=60)])
