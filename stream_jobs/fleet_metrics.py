@@ -153,6 +153,8 @@ class FleetSeries:
         self._teams: Counter[str] = Counter()
         self._idle: dict[str, tuple[str, tuple[str, ...]]] = {}
         """alert id -> (pod uid, labels incl. idle_class)"""
+        self._idle_unplaced: dict[tuple[str, str, str], Alert] = {}
+        """Open idle alerts of pod-GPUs without an exported window yet (by namespace, pod, GPU)."""
         self._pending: dict[str, tuple[str, str, tuple[str, ...], float, float]] = {}
         """alert id -> (namespace, pod, labels, created (Unix s), GPUs)"""
         self._capacity: ClusterCapacity | None = None
@@ -170,10 +172,11 @@ class FleetSeries:
         if self.max_series <= 0:
             return
         with self._lock:
-            for message in messages:
+            for message in messages:  # windows first: an alert or an end in the batch may be about them
                 if isinstance(message, PodWindow):
                     self._window(message)
-                elif isinstance(message, ClusterCapacity):
+            for message in messages:
+                if isinstance(message, ClusterCapacity):
                     if self._capacity is None or message.window_start >= self._capacity.window_start:
                         self._capacity = message
                 elif isinstance(message, Alert):
@@ -213,6 +216,10 @@ class FleetSeries:
         self._gpus_of.setdefault(key[0], set()).add(key[1])
         self._by_name[(w.namespace, w.pod, w.gpu_uuid)] = key
         self._teams[w.team or ""] += 1
+        if self._idle_unplaced:
+            alert = self._idle_unplaced.pop((w.namespace, w.pod, w.gpu_uuid), None)
+            if alert is not None:
+                self._alert(alert)
 
     def _drop(self, key: tuple[str, str]) -> None:
         w = self._pod_gpus.pop(key).window
@@ -228,19 +235,24 @@ class FleetSeries:
 
     def _alert(self, alert: Alert) -> None:
         subject = alert.subject
+        name = (subject.namespace or "", subject.name or "", subject.gpu_uuid or "")
         if alert.state == "resolved":
             self._idle.pop(alert.id, None)
             self._pending.pop(alert.id, None)
+            if self._idle_unplaced.get(name) is not None and self._idle_unplaced[name].id == alert.id:
+                del self._idle_unplaced[name]
             return
         if alert.type == "idle_gpu" and subject.gpu_uuid and alert.id not in self._idle:
-            key = self._by_name.get((subject.namespace or "", subject.name or "", subject.gpu_uuid))
-            if key is not None and self._admit(1):
+            key = self._by_name.get(name)
+            if key is None:
+                self._idle_unplaced[name] = alert
+            elif self._admit(1):
                 self._idle[alert.id] = (key[0], (*self._pod_gpus[key].labels,
                                                  str(alert.details.get("idle_class", ""))))
         elif alert.type == "pending_gpu" and alert.id not in self._pending and self._admit(2):
             created = alert.at.timestamp() - float(alert.details.get("pending_s", 0.0))
-            namespace, name = subject.namespace or "", subject.name or ""
-            self._pending[alert.id] = (namespace, name, (namespace, name), created,
+            namespace, pod = subject.namespace or "", subject.name or ""
+            self._pending[alert.id] = (namespace, pod, (namespace, pod), created,
                                        float(alert.details.get("gpus", 0)))
 
     def _forget_pod(self, uid: str, name: tuple[str, str] | None) -> None:

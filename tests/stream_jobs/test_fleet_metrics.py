@@ -129,6 +129,15 @@ def test_idle_class_while_the_idle_alert_is_open() -> None:
     assert _named(_scrape(registry), "gpulens_pod_gpu_idle") == {}
 
 
+def test_idle_alert_before_its_pods_first_window_is_shown_with_it() -> None:
+    registry, fleet = _fleet()
+    fleet.observe([_alert("idle_gpu", "firing", idle_class="no_process"), _window()])  # one batch, alert first
+    fleet.observe([_alert("idle_gpu", "firing", name="later", idle_class="vram_held")])
+    assert _named(_scrape(registry), "gpulens_pod_gpu_idle") == {DCGM_LABELS | {("idle_class", "no_process")}: 1.0}
+    fleet.observe([_window("later")])
+    assert {dict(labels)["pod"] for labels in _named(_scrape(registry), "gpulens_pod_gpu_idle")} == {"train-0", "later"}
+
+
 def test_pending_pod_and_its_wait() -> None:
     registry, fleet = _fleet()
     fleet.observe([_alert("pending_gpu", "firing", name="big-job", gpu=None, pending_s=420.0, gpus=8)])
