@@ -229,3 +229,15 @@ def test_node_stage_windows_carry_index_container_memory_total_and_power() -> No
 
 def test_docs_list_every_metric() -> None:
     assert metric_table() in (REPO_ROOT / "docs" / "prometheus.md").read_text()
+
+
+def test_a_pod_whose_team_changes_moves_its_cost_to_the_new_team() -> None:
+    registry, fleet = _fleet()
+    fleet.observe([_window("a", start_s=0), _window("b", start_s=0)])
+    fleet.observe([_window("a", start_s=60, team="nlp")])
+    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {
+        frozenset({("team", "vision")}): 3.0, frozenset({("team", "nlp")}): 3.0}
+    fleet.observe([PodUsage(pod_uid="uid-b", node="gpu-node-7", ts=at(120))])
+    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {frozenset({("team", "nlp")}): 3.0}
+    assert _scrape(registry)[("gpulens_fleet_series", frozenset())] == sum(
+        1 for m in METRICS if m.source == "window") + 1
