@@ -8,12 +8,24 @@ another exporter's text (the agent's dcgm-exporter source).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
 
-__all__ = ["Counter", "ExpositionError", "Gauge", "Histogram", "MetricsRegistry", "Sample", "parse_exposition"]
+__all__ = [
+    "Counter",
+    "ExpositionError",
+    "Gauge",
+    "GaugeFamily",
+    "Histogram",
+    "MetricsRegistry",
+    "Sample",
+    "parse_exposition",
+]
 
 
 class ExpositionError(ValueError):
@@ -71,6 +83,26 @@ def parse_exposition(text: str) -> list[Sample]:
     return samples
 
 
+class GaugeFamily:
+    """A gauge family computed at scrape time (its full name, no namespace added): what a
+    ``MetricsRegistry.add_collector`` function yields, so callers need no prometheus_client."""
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
+        self.family = GaugeMetricFamily(name, doc, labels=list(labels))
+
+    def add(self, label_values: tuple[str, ...], value: float) -> None:
+        self.family.add_metric(label_values, value)
+
+
+class _FunctionCollector(Collector):
+    def __init__(self, collect: Callable[[], Iterable[GaugeFamily]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._collect():
+            yield family.family
+
+
 class MetricsRegistry:
     """A named registry; ``serve(port)`` exposes it over HTTP, ``render()`` returns the text."""
 
@@ -86,6 +118,10 @@ class MetricsRegistry:
 
     def histogram(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
         return Histogram(name, doc, labels, namespace=self.namespace, registry=self.registry)
+
+    def add_collector(self, collect: Callable[[], Iterable[GaugeFamily]]) -> None:
+        """Serve the families ``collect()`` yields at each scrape (series that come and go)."""
+        self.registry.register(_FunctionCollector(collect))
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Start the ``/metrics`` endpoint on a daemon thread; returns the bound port."""

@@ -285,6 +285,10 @@ class WorkerSettings(CommonSettings):
     group_instance_id: str | None = None
     """Kafka static membership: a restarted worker with the same id takes its partitions back at
     once, without a rebalance (one id per worker process, e.g. the pod name)."""
+    fleet_metrics_max_series: int = Field(default=100_000, ge=0, le=10_000_000)
+    """Most fleet series (per-pod ``DCGM_FI_*`` / ``gpulens_pod_*``, cluster and team gauges) one
+    worker's ``/metrics`` exports; series beyond it are dropped and counted
+    (``gpulens_fleet_series_dropped_total``). 0 = no fleet series."""
 
 
 class SinkSettings(CommonSettings):

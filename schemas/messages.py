@@ -317,6 +317,15 @@ class PodWindow(Message):
     cost_usd: NonNegFloat = 0.0
     steps: NonNegFloat | None = None
     tokens: NonNegFloat | None = None
+    gpu_index: NonNegInt | None = None
+    """The GPU's NVML index on its node (a MIG device: its parent's index)."""
+    container: str | None = None
+    """The pod's container the kubelet assigned the GPU to."""
+    mem_total_bytes: NonNegInt | None = None
+    """The GPU's (or MIG device's) memory, as last sampled in the window."""
+    avg_power_w: NonNegFloat | None = None
+    """Mean power draw of the whole device over the seconds with a power figure (not the pod's share:
+    ``energy_j`` is)."""
 
 
 # --------------------------------------------------------------------------- cluster.capacity.v1

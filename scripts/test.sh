@@ -41,7 +41,8 @@ mypy .
 echo "== etcd and kube-apiserver for the real-server watcher tests (built once, then cached)"
 # A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
 bash scripts/kube-build.sh
-
+echo "== prometheus and promtool for the Prometheus scrape tests (built once, then cached)"
+bash scripts/prometheus-build.sh
 echo "== Alertmanager for the alert-forwarding tests (built once, then cached)"
 bash scripts/alertmanager-build.sh
 

@@ -57,6 +57,7 @@ from schemas.topics import (
 )
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
+from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.offsets import AckOrder, Positions
@@ -282,8 +283,11 @@ class _NodePartition:
 class StreamJobs:
     """Builds the faust app for one worker process (``settings.stage`` picks the agents)."""
 
-    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, metrics: WorkerMetrics | None = None,
+                 observer: OutputObserver | None = None) -> None:
         self.settings = settings
+        self.observer = observer
+        """Shown every batch of stage outputs (the fleet's Prometheus series)."""
         self.config = engine_config(settings)
         self.metrics = metrics or WorkerMetrics()
         self.prefix = settings.topic_prefix
@@ -591,6 +595,8 @@ class StreamJobs:
         for node in sorted(part.stages):  # the in-process pipeline's order
             stage = part.stages[node]
             outputs.extend(stage.flush(mark.ts) if mark.end else stage.advance(wm))
+        if self.observer is not None:
+            self.observer.observe(outputs)
         public: list[Any] = []
         internal: list[tuple[str, bytes]] = []
         for message in outputs:
@@ -687,6 +693,8 @@ class StreamJobs:
             stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
+        if self.observer is not None:
+            self.observer.observe(outputs)
         for m in outputs:
             self._cluster_futures.append(await self._send(self.out_topics[type(m)], _output_key(m), encode(m),
                                                           headers=list(WIRE_HEADERS)))
@@ -715,9 +723,10 @@ class StreamJobs:
     _cluster_checkpointed_at: float = 0.0
 
 
-def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None) -> None:
+def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None,
+               observer: OutputObserver | None = None) -> None:
     """Run a faust worker for ``settings`` until SIGTERM/SIGINT (blocks; exits the process)."""
-    jobs = StreamJobs(settings, metrics)
+    jobs = StreamJobs(settings, metrics, observer)
     for name in ("faust", "mode", "aiokafka", "kafka"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
     worker = faust.Worker(jobs.app, loglevel=settings.log_level.lower(), override_logging=False, quiet=True)

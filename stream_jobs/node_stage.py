@@ -441,7 +441,9 @@ class NodeStage:
                 "project": pod.get("project"), "gpu": reading.uuid, "model": reading.model, "ws": ws,
                 "alloc": 0.0, "busy": 0.0, "idle": 0.0, "gap": 0.0, "samples": 0, "util_s": 0.0, "data_s": 0.0,
                 "util_max": None, "mem_s": 0.0, "mem_data_s": 0.0, "mem_max": None, "energy": None,
-                "share_s": 0.0, "estimated": False, "cost": 0.0,
+                "share_s": 0.0, "estimated": False, "cost": 0.0, "index": reading.index,
+                "container": next((ref.container for ref in reading.assigned_to if ref.pod_uid == pod["uid"]
+                                   or (ref.namespace, ref.pod) == (pod["ns"], pod["name"])), None),
             }
         return w
 
@@ -471,6 +473,10 @@ class NodeStage:
                 w["mem_max"] = mem if w["mem_max"] is None else max(w["mem_max"], mem)
             if reading.power_w is not None:
                 w["energy"] = (w["energy"] or 0.0) + reading.power_w * seg * share.share
+                w["power_s"] = w.get("power_s", 0.0) + reading.power_w * seg
+                w["power_data_s"] = w.get("power_data_s", 0.0) + seg
+            if reading.mem_total_bytes is not None:
+                w["mem_total"] = reading.mem_total_bytes
             w["share_s"] += share.share * seg
             w["estimated"] = w["estimated"] or share.estimated
             w["cost"] += seg * unit * share.share * price / 3600.0
@@ -509,6 +515,8 @@ class NodeStage:
                 avg_mem_used_bytes=w["mem_s"] / w["mem_data_s"] if w["mem_data_s"] > 0 else None,
                 max_mem_used_bytes=w["mem_max"], energy_j=w["energy"],
                 share_fraction=min(1.0, max(0.0, share)), share_estimated=w["estimated"], cost_usd=w["cost"],
+                gpu_index=w.get("index"), container=w.get("container"), mem_total_bytes=w.get("mem_total"),
+                avg_power_w=w["power_s"] / w["power_data_s"] if w.get("power_data_s") else None,
             ))
 
     # ------------------------------------------------------------------ checkpoint

@@ -4,6 +4,7 @@ cannot start, the tests fail loudly — they are never skipped."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,3 +33,14 @@ def kafka_settings(local_kafka: LocalKafka) -> KafkaSettings:
 def topic_prefix() -> Iterator[str]:
     """A fresh topic prefix per test, so tests sharing the broker never see each other's data."""
     yield f"test{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def prometheus_dir() -> Path:
+    """The directory holding ``prometheus`` and ``promtool`` (scripts/prometheus-build.sh: cached
+    after the first build, which scripts/test.sh does before the tests). A failed build fails the
+    tests that need them."""
+    build = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "prometheus-build.sh")], capture_output=True,
+                           text=True, timeout=3600, check=False)
+    assert build.returncode == 0, f"scripts/prometheus-build.sh failed:\n{build.stderr[-4000:]}"
+    return Path(build.stdout.strip().splitlines()[-1])

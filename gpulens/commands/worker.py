@@ -50,6 +50,7 @@ def worker(**flags: Any) -> None:
     from common.logs import get_logger
     from common.settings import WorkerSettings
     from stream_jobs.faust_app import WorkerMetrics, app_id, changelog_topics, run_worker
+    from stream_jobs.fleet_metrics import FleetSeries
 
     log = get_logger(__name__)
     settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
@@ -70,10 +71,11 @@ def worker(**flags: Any) -> None:
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 30.0)
     metrics = WorkerMetrics()
+    fleet = FleetSeries(metrics.registry, settings.fleet_metrics_max_series)
     if settings.metrics_port:
         port = metrics.registry.serve(settings.metrics_port)
         log.info("metrics served", port=port)
-    run_worker(settings, metrics)
+    run_worker(settings, metrics, fleet)
 
 
 COMMANDS = [worker]

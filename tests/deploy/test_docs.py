@@ -14,7 +14,7 @@ from schemas.messages import AlertType
 from tests.deploy.helpers import REPO_ROOT, SETTINGS_BY_COMMAND, is_setting
 
 DOCS = REPO_ROOT / "docs"
-OPERATOR_DOCS = ("quickstart.md", "operations.md", "alerts.md")
+OPERATOR_DOCS = ("quickstart.md", "operations.md", "alerts.md", "prometheus.md")
 
 
 @pytest.mark.parametrize("name", OPERATOR_DOCS)
