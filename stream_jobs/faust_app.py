@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -103,6 +105,9 @@ def app_id(settings: WorkerSettings) -> str:
     return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
 
 
+EXIT_STALLED = 70
+"""Exit status of a worker that gave up on a stalled partition (it restarts from its checkpoints)."""
+
 NODE_TABLE = "node-stages"
 CLUSTER_TABLE = "cluster-stage"
 
@@ -163,8 +168,15 @@ class ConsumerPort(Protocol):
 
     async def log_start(self, tp: Any) -> int: ...
 
+    async def log_end(self, tp: Any) -> int:
+        """The offset the next record written to ``tp`` will get (the high watermark)."""
+
     def assignment(self) -> set[Any]:
         """The partitions the consumer owns now."""
+
+    def settled(self) -> bool:
+        """False while the group rebalances or the consumer's flow is stopped (no records come
+        then, by design: not a stall)."""
 
     async def seek(self, tp: Any, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
@@ -183,8 +195,14 @@ class _FaustConsumerPort:
     async def log_start(self, tp: Any) -> int:
         return int((await self.app.consumer.earliest_offsets(tp))[tp])
 
+    async def log_end(self, tp: Any) -> int:
+        return int((await self.app.consumer.highwaters(tp))[tp])
+
     def assignment(self) -> set[Any]:
         return set(self.app.consumer.assignment())
+
+    def settled(self) -> bool:
+        return not self.app.rebalancing and bool(self.app.consumer.flow_active)
 
     async def seek(self, tp: Any, offset: int) -> None:
         consumer = self.app.consumer
@@ -192,16 +210,39 @@ class _FaustConsumerPort:
         await consumer.seek(tp, offset)
 
 
+class PartitionStalled(RuntimeError):
+    """A partition's records did not come although the log holds them, and seeking back did not
+    help: the worker must restart (what it applied is checkpointed; nothing is lost)."""
+
+
 class OffsetGuard:
     """Admits consumed records and releases their acknowledgements (:mod:`stream_jobs.offsets`),
-    seeking the consumer back when it skipped records."""
+    seeking the consumer back when it skipped records.
 
-    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None) -> None:
+    :meth:`watch` (every second) guarantees progress. faust 0.15 can drop fetched records without
+    a trace after an assignment (its stream buffers are cleared when the flow resumes, while the
+    fetch position is already past them) and a seek back can be undone by a batch fetched before
+    it (faust's read offset moves past the re-read). A skip is noticed when a later record
+    arrives, but at the tail of a partition no later record comes. So a watched partition whose
+    next offset is below the log end and which admitted nothing for ``stall_s`` is sought back
+    to that offset; one that still admits nothing after ``give_up_s`` raises
+    :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang.
+    """
+
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None, watched: Any = None,
+                 stall_s: float = 5.0, give_up_s: float = 60.0, clock: Any = time.monotonic) -> None:
         self.port = port
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions()
         self.acks: AckOrder[Any] = AckOrder()
         self._revoked: set[Any] = set()
+        self.watched: set[str] | None = None if watched is None else set(watched)
+        """Topics whose partitions :meth:`watch` checks (None: all owned)."""
+        self.stall_s, self.give_up_s, self.clock = stall_s, give_up_s, clock
+        self._progress: dict[Any, float] = {}
+        """Per owned partition: when it last admitted a record (or was assigned, or checked)."""
+        self._stalled: dict[Any, float] = {}
+        """Per stalled partition: since when it has admitted nothing though the log has more."""
 
     def assign(self, assignment: set[Any]) -> None:
         """The assignment signal (the worker's whole assignment)."""
@@ -209,12 +250,19 @@ class OffsetGuard:
             self.acks.forget(tp)
         self.positions.assign(assignment)
         self._revoked.clear()
+        self._reset_watch()
 
     def revoke(self, revoked: set[Any]) -> None:
         self.positions.revoke(revoked)
         self._revoked |= set(revoked)
         for tp in revoked:
             self.acks.forget(tp)
+        self._reset_watch()
+
+    def _reset_watch(self) -> None:
+        now = self.clock()
+        self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
+        self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
 
     async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
         if tp not in self.positions.owned:
@@ -224,10 +272,9 @@ class OffsetGuard:
             if tp in self._revoked or tp not in self.port.assignment():
                 return False
             self.positions.assign(self.positions.owned | self.port.assignment())
+            self._reset_watch()
         if self.positions.needs_start(tp):
-            committed = await self.port.committed(tp)
-            self.positions.start(tp, committed)
-            log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+            await self._start(tp)
         verdict = self.positions.admit(tp, offset, compacted)
         if verdict.seek is not None:
             log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
@@ -236,7 +283,15 @@ class OffsetGuard:
             await self.port.seek(tp, verdict.seek)
         if not verdict.accept:
             return False
+        self._progress[tp] = self.clock()
+        self._stalled.pop(tp, None)
         return self.acks.track(tp, offset, token)
+
+    async def _start(self, tp: Any) -> int:
+        committed = await self.port.committed(tp)
+        self.positions.start(tp, committed)
+        log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+        return committed
 
     def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
         return self.acks.done(tp, offset, token)
@@ -246,17 +301,60 @@ class OffsetGuard:
         the log no longer holds them: then say so, and go on from the log start)."""
         for tp, target in self.positions.rewinding().items():
             try:
-                start = await self.port.log_start(tp)
-                if tp not in self.positions.rewinding():
-                    continue  # revoked meanwhile
-                if start > target:
-                    log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
-                              first_missing=target, log_start=start)
-                    self.positions.restart(tp, start)
-                    target = start
-                await self.port.seek(tp, target)
+                await self._seek_back(tp, target)
             except Exception as exc:  # a rebalance can take the partition away: the next round decides
                 log.warning("seek back failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    async def _seek_back(self, tp: Any, target: int) -> None:
+        start = await self.port.log_start(tp)
+        if tp not in self.positions.owned:
+            return  # revoked meanwhile
+        if start > target:
+            log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                      first_missing=target, log_start=start)
+            self.positions.restart(tp, start)
+            target = start
+        await self.port.seek(tp, target)
+
+    async def watch(self) -> None:
+        """The liveness check (see the class docstring); raises :class:`PartitionStalled`."""
+        now = self.clock()
+        if not self.port.settled():
+            self._progress = {tp: now for tp in self._progress}  # waiting by design: not a stall
+            return
+        idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
+                and (self.watched is None or tp.topic in self.watched)]
+        for tp in idle:
+            try:
+                await self._check_stall(tp, now)
+            except PartitionStalled:
+                raise
+            except Exception as exc:  # a rebalance can take the partition away: the next round decides
+                log.warning("stall check failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    async def _check_stall(self, tp: Any, now: float) -> None:
+        end = await self.port.log_end(tp)
+        if tp not in self.positions.owned:
+            return
+        wanted = self.positions.next_offset(tp)
+        if wanted is None:
+            wanted = await self._start(tp)
+        self._progress[tp] = now
+        if wanted >= end:
+            self._stalled.pop(tp, None)  # caught up: nothing to wait for
+            return
+        since = self._stalled.setdefault(tp, now - self.stall_s)
+        if now - since >= self.give_up_s:
+            log.error("partition stalled: its records do not come although the log holds them; restarting",
+                      topic=tp.topic, partition=tp.partition, expected=wanted, log_end=end,
+                      stalled_s=round(now - since, 1))
+            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
+                                   f"(expected offset {wanted}, log end {end})")
+        log.warning("partition stalled; reading it again", topic=tp.topic, partition=tp.partition,
+                    expected=wanted, log_end=end, stalled_s=round(now - since, 1))
+        self.metrics.skips.inc()
+        self.positions.reverify(tp)
+        await self._seek_back(tp, wanted)
 
 
 @dataclass
@@ -361,7 +459,9 @@ class StreamJobs:
                                                  **raw), limit)
         self.cluster_table = ChunkedStore(app.Table(CLUSTER_TABLE, default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
-        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
+        watched = {*self.input_names, self.control_name, self.node_name, self.cluster_name}
+        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics, watched=watched,
+                                   stall_s=self.settings.stall_s, give_up_s=self.settings.stall_give_up_s)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
         self._cluster_unacked: list[Any] = []
@@ -382,7 +482,18 @@ class StreamJobs:
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
-        app.timer(1.0)(self.offsets.retry_rewinds)
+        app.timer(1.0)(self._watch_partitions)
+
+    async def _watch_partitions(self) -> None:
+        """:meth:`OffsetGuard.watch`: a partition that stays stalled ends the process (exit 70)
+        so that it restarts from its checkpoints, rather than hang."""
+        try:
+            await self.offsets.watch()
+        except PartitionStalled as exc:
+            log.error("stream jobs exiting", reason=str(exc))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_STALLED)
 
     async def _report_waiting(self) -> None:
         """Say what a stage waits for when it waits (a mark held for inputs or partitions)."""

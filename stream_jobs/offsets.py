@@ -86,6 +86,18 @@ class Positions:
             return
         self._at[tp] = _Position(next=committed, verified=False)
 
+    def next_offset(self, tp: Any) -> int | None:
+        """The offset the next admitted record of ``tp`` must have (None: no position yet)."""
+        pos = self._at.get(tp)
+        return None if pos is None else pos.next
+
+    def reverify(self, tp: Any) -> None:
+        """The consumer is being sought back to :meth:`next_offset` (records went missing): a
+        jump is verified by a seek again, also inside a compacted topic's run."""
+        pos = self._at.get(tp)
+        if pos is not None and pos.rewind_from is None:
+            pos.verified = False
+
     def rewinding(self) -> dict[Any, int]:
         """Partitions with a seek back in progress: ``{tp: offset to seek to}`` (a seek made during
         a rebalance can be overridden; the caller repeats these)."""
