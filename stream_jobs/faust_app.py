@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import faust
 import orjson
+from faust.types import TP
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -197,6 +198,15 @@ class _FaustConsumerPort:
 
     async def log_end(self, tp: Any) -> int:
         return int((await self.app.consumer.highwaters(tp))[tp])
+
+    async def group_committed(self, keys: list[str]) -> dict[str, int]:
+        """The group's committed offsets of ``topic:partition`` keys, owned by this consumer or not
+        (keys with no commit are left out)."""
+        thread = self.app.consumer._thread
+        coordinator = thread._ensure_consumer()._coordinator
+        tps = [TP(topic, int(partition)) for topic, partition in (key.rsplit(":", 1) for key in keys)]
+        found = await thread.call_thread(coordinator.fetch_committed_offsets, tps)
+        return {tp_key(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
 
     def assignment(self) -> set[Any]:
         return set(self.app.consumer.assignment())
@@ -460,10 +470,13 @@ class StreamJobs:
         self.cluster_table = ChunkedStore(app.Table(CLUSTER_TABLE, default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
         watched = {*self.input_names, self.control_name, self.node_name, self.cluster_name}
-        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics, watched=watched,
+        self.consumer_port = _FaustConsumerPort(app)
+        self.offsets = OffsetGuard(self.consumer_port, self.metrics, watched=watched,
                                    stall_s=self.settings.stall_s, give_up_s=self.settings.stall_give_up_s)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
+        self._group_committed: dict[str, int] = {}
+        """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
         self._cluster_unacked: list[Any] = []
         self._cluster_futures: list[Any] = []
         self._compacted = {spec.name(self.prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"}
@@ -474,7 +487,7 @@ class StreamJobs:
         if stage in ("node", "all"):
             app.agent(self.inputs, name="route")(self._route_agent)
             app.agent(self.node_topic, name="node")(self._node_agent)
-            app.timer(0.5)(self._release_marks)
+            app.timer(0.5)(self._refresh_and_release)
             if self.settings.watermark_source == "clock":
                 app.timer(self.settings.clock_interval_s, on_leader=True)(self._clock)
         if stage in ("cluster", "all"):
@@ -522,8 +535,8 @@ class StreamJobs:
                 self.cluster_stage = None
                 self._cluster_unacked = []
                 self._cluster_futures = []
-            elif tp.topic in self.input_names or tp.topic == self.control_name:
-                self.hold = MarkHold()
+            elif tp.topic == self.control_name:
+                self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         self.offsets.assign(assigned)
@@ -555,7 +568,28 @@ class StreamJobs:
 
     def _committed(self) -> dict[str, int]:
         committed = getattr(self.app.consumer, "_committed_offset", {}) or {}
-        return {tp_key(tp.topic, tp.partition): int(off) for tp, off in list(committed.items()) if off is not None}
+        out = dict(self._group_committed)
+        for tp, off in list(committed.items()):
+            if off is not None:
+                key = tp_key(tp.topic, tp.partition)
+                out[key] = max(out.get(key, 0), int(off))
+        return out
+
+    async def _refresh_and_release(self) -> None:
+        """The timer of the route: read the group's committed offsets of the input partitions the
+        first held mark still misses (other worker processes consume them: their commits come
+        after the records they forwarded are delivered), then forward what is ready."""
+        if self.hold.held:
+            missing = self.hold.missing(self.hold.held[-1][0], self._committed())
+            if missing:
+                try:
+                    found = await asyncio.wait_for(self.consumer_port.group_committed(sorted(missing)), 10.0)
+                except Exception as exc:  # the broker may be away: the next round asks again
+                    log.warning("committed offsets not read", error=str(exc))
+                else:
+                    for key, off in found.items():
+                        self._group_committed[key] = max(self._group_committed.get(key, 0), off)
+        await self._release_marks()
 
     async def _route_agent(self, stream: Any) -> None:
         events = self._route_events = stream.noack()
