@@ -273,6 +273,8 @@ class KafkaReplay:
         self.driver: KafkaFleetDriver | None = None
         self.end_mark: dict[str, Any] | None = None
         self.unplanned_restarts = 0
+        self.outputs: KafkaOutputs | None = None
+        """What :meth:`run` read back."""
 
     @property
     def worker(self) -> WorkerProcess:
@@ -407,7 +409,7 @@ class KafkaReplay:
                 self._send_with_chaos(ticks, chaos, say, broker)
             self.finish()
             done = self.wait_done(timeout_s, restart=say if chaos is not None else None)
-            outputs = self.read_outputs(done)
+            outputs = self.outputs = self.read_outputs(done)
             if chaos is not None:
                 say(f"chaos: done; {sum(w.starts for w in self.workers)} worker starts, "
                     f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped")

@@ -121,20 +121,8 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
         _check_expected(report, expected_path, parsed.sample_interval_s)
 
 
-class _LocalBroker:
-    """The broker ``gpulens kafka up`` runs, stopped and started by a chaos replay."""
-
-    def __init__(self, local: Any) -> None:
-        self.local = local
-
-    def stop(self) -> None:
-        self.local.down()
-
-    def start(self) -> None:
-        self.local.up(progress=False)
-
-
-def _local_broker(bootstrap: str) -> _LocalBroker:
+def _local_broker(bootstrap: str) -> Any:
+    """The broker ``gpulens kafka up`` runs on ``bootstrap`` (a chaos replay's outage stops it)."""
     from common.settings import CommonSettings, load_settings
     from gpulens.kafka_local import LocalKafka
 
@@ -142,7 +130,7 @@ def _local_broker(bootstrap: str) -> _LocalBroker:
     if local.running_pid() is None or bootstrap.rsplit(":", 1)[-1] != str(local.port):
         raise UserError(f"--outage stops and starts the broker `gpulens kafka up` runs (port {local.port}, "
                         f"GPULENS_LOCAL_KAFKA__PORT); none runs there for {bootstrap}")
-    return _LocalBroker(local)
+    return local
 
 
 def _check_expected(report: dict[str, Any], path: Path, sample_interval_s: float) -> None:
