@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -239,8 +240,9 @@ class OffsetGuard:
     :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang.
     """
 
-    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None, watched: Any = None,
-                 stall_s: float = 5.0, give_up_s: float = 60.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None,
+                 watched: Iterable[str] | None = None, stall_s: float = 5.0, give_up_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.port = port
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions()
@@ -306,16 +308,9 @@ class OffsetGuard:
     def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
         return self.acks.done(tp, offset, token)
 
-    async def retry_rewinds(self) -> None:
-        """A seek made during a rebalance can be overridden: repeat it until the records come (or
-        the log no longer holds them: then say so, and go on from the log start)."""
-        for tp, target in self.positions.rewinding().items():
-            try:
-                await self._seek_back(tp, target)
-            except Exception as exc:  # a rebalance can take the partition away: the next round decides
-                log.warning("seek back failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
-
     async def _seek_back(self, tp: Any, target: int) -> None:
+        """Seek ``tp`` back to ``target``, or to the log start when retention deleted ``target``
+        before it was read (said as an error: loss the worker cannot prevent)."""
         start = await self.port.log_start(tp)
         if tp not in self.positions.owned:
             return  # revoked meanwhile

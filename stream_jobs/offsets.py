@@ -19,6 +19,9 @@ records no stage applied. Two rules keep every input record applied exactly once
   seek per compaction hole would make reading a compacted topic cost one fetch per record).
 - :class:`AckOrder`: acknowledgements are released strictly in offset order per partition.
 
+A skip at the tail of a partition (no later record arrives to reveal it) and a seek back the
+consumer undoes are caught by time, not by offsets: ``OffsetGuard.watch`` in the faust adapter.
+
 Both are plain code (no Kafka): the faust adapter calls them for every consumed record.
 """
 
@@ -99,8 +102,8 @@ class Positions:
             pos.verified = False
 
     def rewinding(self) -> dict[Any, int]:
-        """Partitions with a seek back in progress: ``{tp: offset to seek to}`` (a seek made during
-        a rebalance can be overridden; the caller repeats these)."""
+        """Partitions with a seek back in progress: ``{tp: offset sought}`` (a seek can be undone;
+        the faust adapter's watch repeats it when the partition stalls)."""
         return {tp: pos.next for tp, pos in self._at.items() if pos.rewind_from is not None}
 
     def admit(self, tp: Any, offset: int, compacted: bool) -> Admission:
