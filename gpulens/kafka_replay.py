@@ -54,6 +54,7 @@ from schemas.topics import (
     POD_WINDOWS,
     TopicSpec,
 )
+from stream_jobs.offsets import EXIT_STALLED
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
 DEFAULT_NODE_PARTITIONS = 4
@@ -320,10 +321,10 @@ class KafkaReplay:
         end = self.scenario.start + timedelta(seconds=self.scenario.end_offset_s)
         self.end_mark = self.driver.finish(end)
 
-    def wait_done(self, timeout_s: float = 300.0, restart: Callable[[str], None] | None = None) -> dict[str, Any]:
-        """Wait for the workers' ``done`` marker of the end mark; returns its counters. A worker
-        that exits on its own fails the replay, or, with ``restart`` (chaos), is restarted as a
-        process supervisor would (at most ``MAX_UNPLANNED_RESTARTS`` times; ``restart`` says it)."""
+    def wait_done(self, timeout_s: float = 300.0, say: Callable[[str], None] = lambda line: None,
+                  chaos: bool = False) -> dict[str, Any]:
+        """Wait for the workers' ``done`` marker of the end mark; returns its counters. Workers
+        that exit on their own meanwhile are handled by :meth:`supervise`."""
         assert self.end_mark is not None
         deadline = time.monotonic() + timeout_s
         control = INTERNAL_CONTROL.name(self.prefix)
@@ -332,24 +333,26 @@ class KafkaReplay:
                 data = orjson.loads(record.value or b"{}")
                 if data.get("k") == "done" and data.get("seq") == self.end_mark["seq"]:
                     return dict(data.get("stats") or {})
-            self.supervise(restart)
+            self.supervise(say, chaos)
             time.sleep(0.5)
         raise UserError(f"the stream workers did not finish within {timeout_s:.0f}s; last lines of "
                         f"{self.worker.log_path}:\n{self.worker.tail()}")
 
-    def supervise(self, restart: Callable[[str], None] | None) -> None:
-        """Fail on (or, with ``restart``, restart) a worker that exited on its own."""
+    def supervise(self, say: Callable[[str], None], chaos: bool = False) -> None:
+        """What a process supervisor does with a worker that exited on its own: restart it when it
+        asked to be (exit ``EXIT_STALLED``: a partition stalled), or, in a chaos run, whatever the
+        exit (at most ``MAX_UNPLANNED_RESTARTS`` times); else fail the replay with its log."""
         for index, worker in self.active():
             if worker.alive():
                 continue
-            code = worker.process.returncode if worker.process else "?"
-            if restart is None or self.unplanned_restarts >= MAX_UNPLANNED_RESTARTS:
+            code = worker.process.returncode if worker.process else None
+            if (not chaos and code != EXIT_STALLED) or self.unplanned_restarts >= MAX_UNPLANNED_RESTARTS:
                 raise UserError(f"the stream worker stopped (exit {code}); "
                                 f"last lines of {worker.log_path}:\n{worker.tail()}")
             self.unplanned_restarts += 1
             worker.start()
             pid = worker.process.pid if worker.process else None
-            restart(f"chaos: worker {index} exited by itself (exit {code}); restarted (pid {pid})")
+            say(f"worker {index} exited by itself (exit {code}); restarted (pid {pid})")
 
     def read_outputs(self, done: dict[str, Any]) -> KafkaOutputs:
         outputs: list[Message] = []
@@ -408,7 +411,7 @@ class KafkaReplay:
             else:
                 self._send_with_chaos(ticks, chaos, say, broker)
             self.finish()
-            done = self.wait_done(timeout_s, restart=say if chaos is not None else None)
+            done = self.wait_done(timeout_s, say, chaos=chaos is not None)
             outputs = self.outputs = self.read_outputs(done)
             if chaos is not None:
                 say(f"chaos: done; {sum(w.starts for w in self.workers)} worker starts, "
@@ -423,7 +426,7 @@ class KafkaReplay:
         for action in chaos.actions:
             self.send(ticks[sent:action.tick])
             sent = action.tick
-            self.supervise(say)
+            self.supervise(say, chaos=True)
             where = f"chaos: tick {action.tick}/{len(ticks)} sent, +{action.delay_s:.2f}s:"
             if action.kind == "kill":
                 worker = self.workers[action.worker]
@@ -473,7 +476,7 @@ class KafkaReplay:
 
 
 MAX_UNPLANNED_RESTARTS = 10
-"""How often a chaos replay restarts workers that exited on their own before it gives up."""
+"""How often a replay restarts workers that exited on their own before it gives up."""
 
 CONSUMING_LOG_LINE = "partition position"
 """What a worker logs when it takes up an assigned partition (stream_jobs.faust_app.OffsetGuard)."""

@@ -63,7 +63,7 @@ from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
-from stream_jobs.offsets import AckOrder, Positions
+from stream_jobs.offsets import EXIT_STALLED, AckOrder, PartitionStalled, Positions
 from stream_jobs.pipeline import (
     INPUT_TOPICS,
     Tombstone,
@@ -106,9 +106,6 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
 def app_id(settings: WorkerSettings) -> str:
     return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
 
-
-EXIT_STALLED = 70
-"""Exit status of a worker that gave up on a stalled partition (it restarts from its checkpoints)."""
 
 NODE_TABLE = "node-stages"
 CLUSTER_TABLE = "cluster-stage"
@@ -219,11 +216,6 @@ class _FaustConsumerPort:
         consumer = self.app.consumer
         consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged
         await consumer.seek(tp, offset)
-
-
-class PartitionStalled(RuntimeError):
-    """A partition's records did not come although the log holds them, and seeking back did not
-    help: the worker must restart (what it applied is checkpointed; nothing is lost)."""
 
 
 class OffsetGuard:

@@ -32,6 +32,15 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+EXIT_STALLED = 70
+"""Exit status of a worker that gave up on a stalled partition: restart it (it resumes from its
+checkpoints; nothing is lost)."""
+
+
+class PartitionStalled(RuntimeError):
+    """A partition's records did not come although the log holds them, and seeking back did not
+    help: the worker must restart."""
+
 
 @dataclass(frozen=True)
 class Admission:

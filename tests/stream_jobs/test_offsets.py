@@ -13,8 +13,8 @@ import pytest
 from faust.transport.consumer import Consumer as FaustConsumer
 from intervaltree import IntervalTree
 
-from stream_jobs.faust_app import OffsetGuard, PartitionStalled
-from stream_jobs.offsets import AckOrder, Positions
+from stream_jobs.faust_app import OffsetGuard
+from stream_jobs.offsets import AckOrder, PartitionStalled, Positions
 
 
 class TP(NamedTuple):
