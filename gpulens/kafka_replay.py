@@ -7,11 +7,13 @@ covers, then advance event time to the mark (minus the allowed lateness) — so 
 wall-clock demo and the in-process replay all give the same results (docs/stream_jobs.md). The
 driver knows nothing about replays: the demo uses it at wall-clock pace.
 
-:class:`KafkaReplay` runs a whole scenario: fresh topics under a fresh prefix, a ``gpulens worker``
-child process (``watermark_source=control``, its own data dir), the driver, a wait for the
-workers' ``done`` marker, then the output topics are read back and turned into FORMAT.md's report
-by the same :func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by
-their deterministic ids (at-least-once transport may deliver one twice after a worker restart).
+:class:`KafkaReplay` runs a whole scenario: fresh topics under a fresh prefix, one or more
+``gpulens worker`` child processes of one consumer group (``watermark_source=control``, each with
+its own data dir, log and static member id), the driver, a wait for the workers' ``done`` marker,
+then the output topics are read back and turned into FORMAT.md's report by the same
+:func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by their
+deterministic ids (at-least-once transport may deliver one twice after a worker restart). A
+:class:`ChaosPlan` kills, adds and removes workers and stops the broker while the driver sends.
 """
 
 from __future__ import annotations
