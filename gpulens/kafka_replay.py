@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -501,7 +501,7 @@ class ChaosAction:
 
     tick: int
     delay_s: float
-    kind: str
+    kind: Literal["kill", "add", "remove", "outage"]
     worker: int = 0
 
 
