@@ -33,8 +33,8 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 
 EXIT_STALLED = 70
-"""Exit status of a worker that gave up on a stalled partition: restart it (it resumes from its
-checkpoints; nothing is lost)."""
+"""Exit status of a worker that stopped itself to be restarted (a partition stalled, or an agent
+failed mid-mark): it resumes from its checkpoints; nothing is lost."""
 
 
 class PartitionStalled(RuntimeError):
