@@ -107,6 +107,10 @@ def app_id(settings: WorkerSettings) -> str:
     return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
 
 
+ROUTE_BATCH = 256
+"""Routed records whose deliveries the route awaits together (also at each control record and
+every 0.5 s)."""
+
 NODE_TABLE = "node-stages"
 CLUSTER_TABLE = "cluster-stage"
 
@@ -462,6 +466,8 @@ class StreamJobs:
                                    stall_s=self.settings.stall_s, give_up_s=self.settings.stall_give_up_s)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
+        self._route_pending: list[tuple[list[Any], Any, str, int, int]] = []
+        """Routed input records whose forwarded copies are not yet known to be delivered."""
         self._group_committed: dict[str, int] = {}
         """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
         self._cluster_unacked: list[Any] = []
@@ -584,6 +590,7 @@ class StreamJobs:
         """The timer of the route: read the group's committed offsets of the input partitions the
         first held mark still misses (other worker processes consume them: their commits come
         after the records they forwarded are delivered), then forward what is ready."""
+        await self._settle_route()
         if self.hold.held:
             missing = self.hold.missing(self.hold.held[-1][0], self._committed())
             if missing:
@@ -615,10 +622,28 @@ class StreamJobs:
                     log.warning("bad control record ignored", offset=offset, error=str(exc))
                     await self._ack(events, event)
             else:
-                await self._route_record(topic, partition, offset, message.key, event.value)
-                self.hold.consume(topic, partition, offset)
-                await self._ack(events, event)
+                futures = await self._route_record(topic, partition, offset, message.key, event.value)
+                self._route_pending.append((futures, event, topic, partition, offset))
+                if len(self._route_pending) < ROUTE_BATCH:
+                    continue
+            await self._settle_route()
             await self._release_marks()
+
+    async def _settle_route(self) -> None:
+        """Once the forwarded copies of routed records are delivered, count those records consumed
+        and acknowledge them (so committed). faust's flush before a commit does not fail on a send
+        that failed (the broker away too long): acknowledging at hand-over could commit an input
+        whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
+        pending, self._route_pending = self._route_pending, []
+        if not pending or self._route_events is None:
+            return
+        try:
+            await asyncio.gather(*(future for futures, *_rest in pending for future in futures))
+        except Exception as exc:
+            self._exit_for_restart(f"a forwarded input record was not delivered: {exc!r}")
+        for _futures, event, topic, partition, offset in pending:
+            self.hold.consume(topic, partition, offset)
+            await self._ack(self._route_events, event)
 
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
@@ -631,21 +656,25 @@ class StreamJobs:
                 await self._ack(self._route_events, token)
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
-                            value: bytes | None) -> None:
+                            value: bytes | None) -> list[Any]:
+        """Forward a decoded input record to its stages; the deliveries to await (none for a
+        tombstone or a dead letter, which is delivered already)."""
         suffix = self.input_names[topic]
         try:
             decoded = decode_record(suffix, value)
         except Tombstone:
-            return
+            return []
         except MessageError as exc:
             await self._dead_letter(topic, partition, offset, key, value, str(exc))
-            return
+            return []
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
+        futures = []
         for stage, node in route(decoded):
             if stage == "node":
-                await self._send(self.node_topic, node, envelope)
+                futures.append(await self._send(self.node_topic, node, envelope))
             else:
-                await self._send(self.cluster_topic, "cluster", envelope)
+                futures.append(await self._send(self.cluster_topic, "cluster", envelope))
+        return futures
 
     async def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                            value: bytes | None, error: str) -> None:
