@@ -282,6 +282,12 @@ class WorkerSettings(CommonSettings):
     checkpoint_interval_s: float = Field(default=1.0, ge=0)
     """How often a stage writes its state to its changelog-backed table (and acknowledges what the
     state covers); a crash replays at most this much input. 0 = after every watermark mark."""
+    stall_s: float = Field(default=5.0, gt=0)
+    """A consumed partition whose next record has not come for this long although the log holds
+    it is sought back to it (faust can drop fetched records after a rebalance)."""
+    stall_give_up_s: float = Field(default=60.0, gt=0)
+    """A partition still stalled after this long ends the worker (exit 70) so that it restarts
+    from its checkpoints instead of hanging."""
     group_instance_id: str | None = None
     """Kafka static membership: a restarted worker with the same id takes its partitions back at
     once, without a rebalance (one id per worker process, e.g. the pod name)."""
@@ -299,6 +305,12 @@ class SinkSettings(CommonSettings):
     rollup_ttl_days: int = Field(default=730, ge=1)
     state_ttl_days: int = Field(default=400, ge=1)
     """TTL of pods, nodes, events, progress, windows, capacity, lifecycle and alerts."""
+    stall_s: float = Field(default=5.0, gt=0)
+    """A consumed partition whose next record has not come for this long although the log holds
+    it is sought back to it (faust can drop fetched records after a rebalance)."""
+    stall_give_up_s: float = Field(default=60.0, gt=0)
+    """A partition still stalled after this long ends the worker (exit 70) so that it restarts
+    from its checkpoints instead of hanging."""
     group_instance_id: str | None = None
     """Kafka static membership: a restarted sink with the same id resumes its partitions at once."""
     session_timeout_ms: int = Field(default=45_000, ge=6_000)

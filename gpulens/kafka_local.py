@@ -153,6 +153,17 @@ class LocalKafka:
         self.pid_file.unlink(missing_ok=True)
         return f"Kafka stopped (pid {pid})"
 
+    def stop(self) -> None:
+        """Stop the broker (a chaos replay's outage: ``gpulens.kafka_replay.BrokerControl``);
+        refuses when no broker started by gpulens runs (an outage that stops nothing tests nothing)."""
+        if self.running_pid() is None:
+            raise UserError(f"no broker started by gpulens runs from {self.home}: nothing to stop")
+        self.down()
+
+    def start(self) -> None:
+        """Start it again, on the same data."""
+        self.up(progress=False)
+
     def status(self) -> str:
         pid = self.running_pid()
         if pid is not None:

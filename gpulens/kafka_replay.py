@@ -7,11 +7,13 @@ covers, then advance event time to the mark (minus the allowed lateness) — so 
 wall-clock demo and the in-process replay all give the same results (docs/stream_jobs.md). The
 driver knows nothing about replays: the demo uses it at wall-clock pace.
 
-:class:`KafkaReplay` runs a whole scenario: fresh topics under a fresh prefix, a ``gpulens worker``
-child process (``watermark_source=control``, its own data dir), the driver, a wait for the
-workers' ``done`` marker, then the output topics are read back and turned into FORMAT.md's report
-by the same :func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by
-their deterministic ids (at-least-once transport may deliver one twice after a worker restart).
+:class:`KafkaReplay` runs a whole scenario: fresh topics under a fresh prefix, one or more
+``gpulens worker`` child processes of one consumer group (``watermark_source=control``, each with
+its own data dir, log and static member id), the driver, a wait for the workers' ``done`` marker,
+then the output topics are read back and turned into FORMAT.md's report by the same
+:func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by their
+deterministic ids (at-least-once transport may deliver one twice after a worker restart). A
+:class:`ChaosPlan` kills, adds and removes workers and stops the broker while the driver sends.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -54,6 +56,7 @@ from schemas.topics import (
     POD_WINDOWS,
     TopicSpec,
 )
+from stream_jobs.offsets import EXIT_STALLED
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
 DEFAULT_NODE_PARTITIONS = 4
@@ -159,13 +162,13 @@ def child_env(settings: CommonSettings, prefix: str, data_dir: Path, extra: dict
 
 
 def _worker_env(settings: CommonSettings, prefix: str, data_dir: Path, scenario: Scenario, lateness_s: float,
-                node_partitions: int, app_id: str) -> dict[str, str]:
+                node_partitions: int, app_id: str, index: int = 0) -> dict[str, str]:
     config = engine_config(scenario)
     return child_env(settings, prefix, data_dir, {
         "GPULENS_WATERMARK_SOURCE": "control",
         "GPULENS_LATENESS_S": repr(lateness_s),
         "GPULENS_APP_ID": app_id,
-        "GPULENS_GROUP_INSTANCE_ID": f"{app_id}-0",
+        "GPULENS_GROUP_INSTANCE_ID": f"{app_id}-{index}",
         "GPULENS_WEB_PORT": "0",
         "GPULENS_METRICS_PORT": "0",
         "GPULENS_NODE_INPUT_PARTITIONS": str(node_partitions),
@@ -254,7 +257,7 @@ class KafkaReplay:
 
     def __init__(self, scenario: Scenario, settings: CommonSettings, lateness_s: float = DEFAULT_LATENESS_S,
                  topic_prefix: str | None = None, node_partitions: int = DEFAULT_NODE_PARTITIONS,
-                 work_dir: Path | None = None) -> None:
+                 work_dir: Path | None = None, workers: int = 1) -> None:
         self.scenario = scenario
         self.settings = settings
         self.kafka = settings.kafka
@@ -265,12 +268,40 @@ class KafkaReplay:
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="gpulens-replay-"))
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.simulator = FleetSimulator(scenario)
-        self.worker = WorkerProcess(
-            _worker_env(settings, self.prefix, self.work_dir / "worker", scenario, lateness_s, node_partitions,
-                        f"{self.prefix}-stream-jobs"),
-            self.work_dir / "worker.log")
+        self.workers: list[WorkerProcess] = []
+        """The worker processes of the group (one consumer group; a removed one stays listed)."""
+        self.removed: set[int] = set()
+        for _ in range(workers):
+            self.add_worker()
         self.driver: KafkaFleetDriver | None = None
         self.end_mark: dict[str, Any] | None = None
+        self.unplanned_restarts = 0
+        self.outputs: KafkaOutputs | None = None
+        """What :meth:`run` read back."""
+
+    @property
+    def worker(self) -> WorkerProcess:
+        """The first worker process (the only one unless ``workers`` > 1)."""
+        return self.workers[0]
+
+    def add_worker(self) -> WorkerProcess:
+        """A new worker process of the group (not started): its own data dir, log and instance id."""
+        index = len(self.workers)
+        name = "worker" if index == 0 else f"worker-{index}"
+        worker = WorkerProcess(
+            _worker_env(self.settings, self.prefix, self.work_dir / name, self.scenario, self.lateness_s,
+                        self.node_partitions, f"{self.prefix}-stream-jobs", index),
+            self.work_dir / f"{name}.log")
+        self.workers.append(worker)
+        return worker
+
+    def active(self) -> list[tuple[int, WorkerProcess]]:
+        """The workers meant to run (started and not removed)."""
+        return [(i, w) for i, w in enumerate(self.workers) if i not in self.removed and w.starts]
+
+    def start_workers(self) -> None:
+        for worker in self.workers:
+            worker.start()
 
     def create_topics(self) -> None:
         internal = [spec if spec.suffix != INTERNAL_NODE_INPUTS.suffix else
@@ -292,8 +323,10 @@ class KafkaReplay:
         end = self.scenario.start + timedelta(seconds=self.scenario.end_offset_s)
         self.end_mark = self.driver.finish(end)
 
-    def wait_done(self, timeout_s: float = 300.0) -> dict[str, Any]:
-        """Wait for the workers' ``done`` marker of the end mark; returns its counters."""
+    def wait_done(self, timeout_s: float = 300.0, say: Callable[[str], None] = lambda line: None,
+                  chaos: bool = False) -> dict[str, Any]:
+        """Wait for the workers' ``done`` marker of the end mark; returns its counters. Workers
+        that exit on their own meanwhile are handled by :meth:`supervise`."""
         assert self.end_mark is not None
         deadline = time.monotonic() + timeout_s
         control = INTERNAL_CONTROL.name(self.prefix)
@@ -302,13 +335,26 @@ class KafkaReplay:
                 data = orjson.loads(record.value or b"{}")
                 if data.get("k") == "done" and data.get("seq") == self.end_mark["seq"]:
                     return dict(data.get("stats") or {})
-            if not self.worker.alive():
-                code = self.worker.process.returncode if self.worker.process else "?"
-                raise UserError(f"the stream worker stopped (exit {code}); "
-                                f"last lines of {self.worker.log_path}:\n{self.worker.tail()}")
+            self.supervise(say, chaos)
             time.sleep(0.5)
-        raise UserError(f"the stream worker did not finish within {timeout_s:.0f}s; last lines of "
+        raise UserError(f"the stream workers did not finish within {timeout_s:.0f}s; last lines of "
                         f"{self.worker.log_path}:\n{self.worker.tail()}")
+
+    def supervise(self, say: Callable[[str], None], chaos: bool = False) -> None:
+        """What a process supervisor does with a worker that exited on its own: restart it when it
+        asked to be (exit ``EXIT_STALLED``: a partition stalled), or, in a chaos run, whatever the
+        exit (at most ``MAX_UNPLANNED_RESTARTS`` times); else fail the replay with its log."""
+        for index, worker in self.active():
+            if worker.alive():
+                continue
+            code = worker.process.returncode if worker.process else None
+            if (not chaos and code != EXIT_STALLED) or self.unplanned_restarts >= MAX_UNPLANNED_RESTARTS:
+                raise UserError(f"the stream worker stopped (exit {code}); "
+                                f"last lines of {worker.log_path}:\n{worker.tail()}")
+            self.unplanned_restarts += 1
+            worker.start()
+            pid = worker.process.pid if worker.process else None
+            say(f"worker {index} exited by itself (exit {code}); restarted (pid {pid})")
 
     def read_outputs(self, done: dict[str, Any]) -> KafkaOutputs:
         outputs: list[Message] = []
@@ -346,75 +392,156 @@ class KafkaReplay:
                             stats)
 
     def close(self) -> None:
-        self.worker.stop()
+        for worker in self.workers:
+            worker.stop()
         if self.driver is not None:
             self.driver.close()
         if self._own_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     def run(self, timeout_s: float = 300.0, chaos: ChaosPlan | None = None,
-            say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-        """The whole replay; with ``chaos``, the worker is SIGKILLed and restarted on its schedule
-        (each action is reported through ``say``)."""
+            say: Callable[[str], None] = lambda line: None, broker: BrokerControl | None = None) -> dict[str, Any]:
+        """The whole replay; with ``chaos``, its actions (SIGKILL and restart a worker, add and
+        remove one, stop the broker: ``broker``) happen on its schedule, each reported through
+        ``say``; a worker that exits on its own is then restarted too."""
         try:
             self.create_topics()
-            self.worker.start()
+            self.start_workers()
             ticks = self.ticks()
             if chaos is None:
                 self.send(ticks)
             else:
-                self._send_with_kills(ticks, chaos, say)
+                self._send_with_chaos(ticks, chaos, say, broker)
             self.finish()
-            done = self.wait_done(timeout_s)
-            return self.report(self.read_outputs(done))
+            done = self.wait_done(timeout_s, say, chaos=chaos is not None)
+            outputs = self.outputs = self.read_outputs(done)
+            if chaos is not None:
+                say(f"chaos: done; {sum(w.starts for w in self.workers)} worker starts, "
+                    f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped")
+            return self.report(outputs)
         finally:
             self.close()
 
-    def _send_with_kills(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None]) -> None:
+    def _send_with_chaos(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None],
+                         broker: BrokerControl | None) -> None:
         sent = 0
-        for index, delay_s in chaos.kills:
-            self.send(ticks[sent:index])
-            sent = index
-            self._wait_consuming()
-            time.sleep(delay_s)  # the worker is in the middle of what was just sent
-            pid = self.worker.process.pid if self.worker.process else None
-            self.worker.kill()
-            say(f"chaos: tick {index}/{len(ticks)} sent, +{delay_s:.2f}s: SIGKILL worker (pid {pid})")
-            self.worker.start()
-            pid = self.worker.process.pid if self.worker.process else None
-            say(f"chaos: worker restarted (pid {pid})")
+        for action in chaos.actions:
+            self.send(ticks[sent:action.tick])
+            sent = action.tick
+            self.supervise(say, chaos=True)
+            where = f"chaos: tick {action.tick}/{len(ticks)} sent, +{action.delay_s:.2f}s:"
+            if action.kind == "kill":
+                worker = self.workers[action.worker]
+                self._wait_consuming(worker)
+                time.sleep(action.delay_s)  # the worker is in the middle of what was just sent
+                pid = worker.process.pid if worker.process else None
+                worker.kill()
+                say(f"{where} SIGKILL worker {action.worker} (pid {pid})")
+                worker.start()
+                say(f"chaos: worker {action.worker} restarted (pid {worker.process.pid if worker.process else None})")
+            elif action.kind == "add":
+                time.sleep(action.delay_s)
+                worker = self.add_worker()
+                worker.start()
+                pid = worker.process.pid if worker.process else None
+                say(f"{where} worker {len(self.workers) - 1} added (pid {pid}): the group rebalances")
+            elif action.kind == "remove":
+                time.sleep(action.delay_s)
+                index = max(i for i, _w in self.active())
+                self.removed.add(index)
+                self.workers[index].stop()
+                say(f"{where} worker {index} stopped (SIGTERM) and removed: the group rebalances")
+            elif action.kind == "outage":
+                if broker is None:
+                    raise UserError("a broker outage needs the local broker (`gpulens kafka up`)")
+                time.sleep(action.delay_s)
+                started = time.monotonic()
+                broker.stop()
+                say(f"{where} broker stopped")
+                time.sleep(chaos.outage_s)
+                broker.start()
+                say(f"chaos: broker started again after {time.monotonic() - started:.1f}s")
         self.send(ticks[sent:])
 
-
-    def _wait_consuming(self, timeout_s: float = 120.0) -> None:
-        """Until the worker started last has begun consuming (so a kill lands in its work, not in
-        its start-up)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.worker.logged_since_start(CONSUMING_LOG_LINE):
-            if not self.worker.alive():
-                raise UserError(f"the stream worker stopped; last lines of {self.worker.log_path}:\n"
-                                f"{self.worker.tail()}")
+    def _wait_consuming(self, worker: WorkerProcess, timeout_s: float = 120.0) -> None:
+        """Until ``worker`` (started last) has taken up a partition (so a kill lands in its work,
+        not in its start-up); a worker of a group may own no partition: then give up after 20 s."""
+        deadline = time.monotonic() + (timeout_s if len(self.active()) == 1 else 20.0)
+        while not worker.logged_since_start(CONSUMING_LOG_LINE):
+            if not worker.alive():
+                raise UserError(f"the stream worker stopped; last lines of {worker.log_path}:\n{worker.tail()}")
             if time.monotonic() > deadline:
+                if len(self.active()) > 1:
+                    return
                 raise UserError(f"the stream worker did not start consuming within {timeout_s:.0f}s")
             time.sleep(0.2)
 
+
+MAX_UNPLANNED_RESTARTS = 10
+"""How often a replay restarts workers that exited on their own before it gives up."""
 
 CONSUMING_LOG_LINE = "partition position"
 """What a worker logs when it takes up an assigned partition (stream_jobs.faust_app.OffsetGuard)."""
 
 
+class BrokerControl(Protocol):
+    """Stops and starts the broker a chaos replay runs on (:class:`gpulens.kafka_local.LocalKafka`)."""
+
+    def stop(self) -> None: ...
+
+    def start(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChaosAction:
+    """One chaos step, taken after the ticks before ``tick`` are sent and ``delay_s`` more:
+    ``kill`` (SIGKILL worker ``worker``, restart it), ``add`` (start one more worker), ``remove``
+    (stop the newest running worker for good: SIGTERM), ``outage`` (stop the broker for the plan's
+    ``outage_s``, start it again)."""
+
+    tick: int
+    delay_s: float
+    kind: Literal["kill", "add", "remove", "outage"]
+    worker: int = 0
+
+
 @dataclass(frozen=True)
 class ChaosPlan:
-    """Where a chaos replay kills its worker: ``(tick index, seconds after sending up to it)``."""
+    """What a chaos replay does, when: the actions in tick order."""
 
-    kills: tuple[tuple[int, float], ...]
+    actions: tuple[ChaosAction, ...]
+    outage_s: float = 0.0
+
+    @property
+    def kills(self) -> tuple[ChaosAction, ...]:
+        return tuple(a for a in self.actions if a.kind == "kill")
 
     @classmethod
-    def seeded(cls, seed: int, ticks: int, kills: int, max_delay_s: float = 3.0) -> ChaosPlan:
-        """``kills`` distinct tick indexes in ``[1, ticks)``, each with a delay, from ``seed`` alone."""
+    def seeded(cls, seed: int, ticks: int, kills: int, workers: int = 1, outage_s: float = 0.0,
+               max_delay_s: float = 3.0) -> ChaosPlan:
+        """From ``seed`` alone: ``kills`` SIGKILLs at distinct ticks in ``[1, ticks)`` of seeded
+        workers, one worker added and later removed (a rebalance each), and with ``outage_s`` one
+        broker stop of that long; each with a delay of up to ``max_delay_s``."""
         rng = random.Random(seed)
-        points = sorted(rng.sample(range(1, ticks), min(kills, max(ticks - 1, 0))))
-        return cls(tuple((point, round(rng.uniform(0.0, max_delay_s), 2)) for point in points))
+        points = sorted(rng.sample(range(1, ticks), min(kills + 3, max(ticks - 1, 0))))
+        actions = []
+        special = rng.sample(range(len(points)), min(3, len(points)))
+        add, remove, outage = (sorted(special[:2]) + special[2:] + [-1, -1, -1])[:3]
+        for index, point in enumerate(points):
+            delay = round(rng.uniform(0.0, max_delay_s), 2)
+            if index == add:
+                actions.append(ChaosAction(point, delay, "add"))
+            elif index == remove:
+                actions.append(ChaosAction(point, delay, "remove"))
+            elif index == outage:
+                if outage_s > 0:
+                    actions.append(ChaosAction(point, delay, "outage"))
+            else:
+                actions.append(ChaosAction(point, delay, "kill", rng.randrange(workers)))
+        return cls(tuple(actions), outage_s)
+
+    def describe(self) -> str:
+        return ", ".join(f"{a.kind}{'' if a.kind != 'kill' else f' {a.worker}'}@{a.tick}" for a in self.actions)
 
 
 def _identity(message: Message) -> tuple[str, ...]:
@@ -435,16 +562,20 @@ def _canonical_order(message: Message) -> tuple[Any, ...]:
 
 def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DEFAULT_LATENESS_S,
                       topic_prefix: str | None = None, chaos_seed: int | None = None, kills: int = 8,
-                      say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """``gpulens replay --kafka BOOTSTRAP [--chaos]``: the report of ``scenario`` through Kafka and
-    a worker (with ``chaos_seed``: SIGKILLed and restarted ``kills`` times on a seeded schedule)."""
+                      say: Callable[[str], None] = lambda line: None, workers: int = 1, outage_s: float = 0.0,
+                      broker: BrokerControl | None = None) -> dict[str, Any]:
+    """``gpulens replay --kafka BOOTSTRAP [--workers N] [--chaos]``: the report of ``scenario``
+    through Kafka and ``workers`` worker processes of one group (with ``chaos_seed``: ``kills``
+    SIGKILLs and restarts, one worker added and one removed, and with ``outage_s`` a broker
+    stop/start through ``broker``, on a seeded schedule)."""
     settings = load_settings(CommonSettings)
     kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     settings = settings.model_copy(update={"kafka": kafka})
-    replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix)
+    replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix, workers=workers)
     chaos = None
     if chaos_seed is not None:
-        chaos = ChaosPlan.seeded(chaos_seed, sum(1 for _ in FleetSimulator(scenario).run()), kills)
-        say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs at ticks "
-            + ", ".join(str(index) for index, _delay in chaos.kills))
-    return replay.run(chaos=chaos, say=say)
+        chaos = ChaosPlan.seeded(chaos_seed, sum(1 for _ in FleetSimulator(scenario).run()), kills, workers,
+                                 outage_s)
+        say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs, {workers} workers"
+            f"{f', a {outage_s:.0f}s broker outage' if outage_s else ''}: {chaos.describe()}")
+    return replay.run(chaos=chaos, say=say, broker=broker)

@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import faust
 import orjson
+from faust.types import TP
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -60,7 +64,7 @@ from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
-from stream_jobs.offsets import AckOrder, Positions
+from stream_jobs.offsets import EXIT_STALLED, AckOrder, PartitionStalled, Positions
 from stream_jobs.pipeline import (
     INPUT_TOPICS,
     Tombstone,
@@ -103,6 +107,10 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
 def app_id(settings: WorkerSettings) -> str:
     return settings.app_id or f"{settings.topic_prefix}-stream-jobs"
 
+
+ROUTE_BATCH = 256
+"""Routed records whose deliveries the route awaits together (also at each control record and
+every 0.5 s)."""
 
 NODE_TABLE = "node-stages"
 CLUSTER_TABLE = "cluster-stage"
@@ -164,8 +172,15 @@ class ConsumerPort(Protocol):
 
     async def log_start(self, tp: Any) -> int: ...
 
+    async def log_end(self, tp: Any) -> int:
+        """The offset the next record written to ``tp`` will get (the high watermark)."""
+
     def assignment(self) -> set[Any]:
         """The partitions the consumer owns now."""
+
+    def settled(self) -> bool:
+        """False while the group rebalances or the consumer's flow is stopped (no records come
+        then, by design: not a stall)."""
 
     async def seek(self, tp: Any, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
@@ -184,8 +199,23 @@ class _FaustConsumerPort:
     async def log_start(self, tp: Any) -> int:
         return int((await self.app.consumer.earliest_offsets(tp))[tp])
 
+    async def log_end(self, tp: Any) -> int:
+        return int((await self.app.consumer.highwaters(tp))[tp])
+
+    async def group_committed(self, keys: list[str]) -> dict[str, int]:
+        """The group's committed offsets of ``topic:partition`` keys, owned by this consumer or not
+        (keys with no commit are left out)."""
+        thread = self.app.consumer._thread
+        coordinator = thread._ensure_consumer()._coordinator
+        tps = [TP(topic, int(partition)) for topic, partition in (key.rsplit(":", 1) for key in keys)]
+        found = await thread.call_thread(coordinator.fetch_committed_offsets, tps)
+        return {tp_key(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+
     def assignment(self) -> set[Any]:
         return set(self.app.consumer.assignment())
+
+    def settled(self) -> bool:
+        return not self.app.rebalancing and bool(self.app.consumer.flow_active)
 
     async def seek(self, tp: Any, offset: int) -> None:
         consumer = self.app.consumer
@@ -195,14 +225,33 @@ class _FaustConsumerPort:
 
 class OffsetGuard:
     """Admits consumed records and releases their acknowledgements (:mod:`stream_jobs.offsets`),
-    seeking the consumer back when it skipped records."""
+    seeking the consumer back when it skipped records.
 
-    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None) -> None:
+    :meth:`watch` (every second) guarantees progress. faust 0.15 can drop fetched records without
+    a trace after an assignment (its stream buffers are cleared when the flow resumes, while the
+    fetch position is already past them) and a seek back can be undone by a batch fetched before
+    it (faust's read offset moves past the re-read). A skip is noticed when a later record
+    arrives, but at the tail of a partition no later record comes. So a watched partition whose
+    next offset is below the log end and which admitted nothing for ``stall_s`` is sought back
+    to that offset; one that still admits nothing after ``give_up_s`` raises
+    :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang.
+    """
+
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None,
+                 watched: Iterable[str] | None = None, stall_s: float = 5.0, give_up_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.port = port
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions()
         self.acks: AckOrder[Any] = AckOrder()
         self._revoked: set[Any] = set()
+        self.watched: set[str] | None = None if watched is None else set(watched)
+        """Topics whose partitions :meth:`watch` checks (None: all owned)."""
+        self.stall_s, self.give_up_s, self.clock = stall_s, give_up_s, clock
+        self._progress: dict[Any, float] = {}
+        """Per owned partition: when it last admitted a record (or was assigned, or checked)."""
+        self._stalled: dict[Any, float] = {}
+        """Per stalled partition: since when it has admitted nothing though the log has more."""
 
     def assign(self, assignment: set[Any]) -> None:
         """The assignment signal (the worker's whole assignment)."""
@@ -210,12 +259,19 @@ class OffsetGuard:
             self.acks.forget(tp)
         self.positions.assign(assignment)
         self._revoked.clear()
+        self._reset_watch()
 
     def revoke(self, revoked: set[Any]) -> None:
         self.positions.revoke(revoked)
         self._revoked |= set(revoked)
         for tp in revoked:
             self.acks.forget(tp)
+        self._reset_watch()
+
+    def _reset_watch(self) -> None:
+        now = self.clock()
+        self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
+        self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
 
     async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
         if tp not in self.positions.owned:
@@ -225,10 +281,9 @@ class OffsetGuard:
             if tp in self._revoked or tp not in self.port.assignment():
                 return False
             self.positions.assign(self.positions.owned | self.port.assignment())
+            self._reset_watch()
         if self.positions.needs_start(tp):
-            committed = await self.port.committed(tp)
-            self.positions.start(tp, committed)
-            log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+            await self._start(tp)
         verdict = self.positions.admit(tp, offset, compacted)
         if verdict.seek is not None:
             log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
@@ -237,27 +292,71 @@ class OffsetGuard:
             await self.port.seek(tp, verdict.seek)
         if not verdict.accept:
             return False
+        self._progress[tp] = self.clock()
+        self._stalled.pop(tp, None)
         return self.acks.track(tp, offset, token)
+
+    async def _start(self, tp: Any) -> int:
+        committed = await self.port.committed(tp)
+        self.positions.start(tp, committed)
+        log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+        return committed
 
     def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
         return self.acks.done(tp, offset, token)
 
-    async def retry_rewinds(self) -> None:
-        """A seek made during a rebalance can be overridden: repeat it until the records come (or
-        the log no longer holds them: then say so, and go on from the log start)."""
-        for tp, target in self.positions.rewinding().items():
+    async def _seek_back(self, tp: Any, target: int) -> None:
+        """Seek ``tp`` back to ``target``, or to the log start when retention deleted ``target``
+        before it was read (said as an error: loss the worker cannot prevent)."""
+        start = await self.port.log_start(tp)
+        if tp not in self.positions.owned:
+            return  # revoked meanwhile
+        if start > target:
+            log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                      first_missing=target, log_start=start)
+            self.positions.restart(tp, start)
+            target = start
+        await self.port.seek(tp, target)
+
+    async def watch(self) -> None:
+        """The liveness check (see the class docstring); raises :class:`PartitionStalled`."""
+        now = self.clock()
+        if not self.port.settled():
+            self._progress = {tp: now for tp in self._progress}  # waiting by design: not a stall
+            return
+        idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
+                and (self.watched is None or tp.topic in self.watched)]
+        for tp in idle:
             try:
-                start = await self.port.log_start(tp)
-                if tp not in self.positions.rewinding():
-                    continue  # revoked meanwhile
-                if start > target:
-                    log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
-                              first_missing=target, log_start=start)
-                    self.positions.restart(tp, start)
-                    target = start
-                await self.port.seek(tp, target)
+                await self._check_stall(tp, now)
+            except PartitionStalled:
+                raise
             except Exception as exc:  # a rebalance can take the partition away: the next round decides
-                log.warning("seek back failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+                log.warning("stall check failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    async def _check_stall(self, tp: Any, now: float) -> None:
+        end = await self.port.log_end(tp)
+        if tp not in self.positions.owned:
+            return
+        wanted = self.positions.next_offset(tp)
+        if wanted is None:
+            wanted = await self._start(tp)
+        self._progress[tp] = now
+        if wanted >= end:
+            self._stalled.pop(tp, None)  # caught up: nothing to wait for
+            return
+        since = self._stalled.setdefault(tp, now - self.stall_s)
+        if now - since >= self.give_up_s:
+            log.error("partition stalled: its records do not come although the log holds them; restarting",
+                      topic=tp.topic, partition=tp.partition, expected=wanted, log_end=end,
+                      stalled_s=round(now - since, 1))
+            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
+                                   f"(expected offset {wanted}, log end {end})")
+        log.warning("partition stalled; reading it again", topic=tp.topic, partition=tp.partition,
+                    expected=wanted, log_end=end, stalled_s=round(now - since, 1))
+        self.metrics.skips.inc()
+        self.positions.reverify(tp)
+        await self._seek_back(tp, wanted)
 
 
 @dataclass
@@ -365,9 +464,16 @@ class StreamJobs:
                                                  **raw), limit)
         self.cluster_table = ChunkedStore(app.Table(CLUSTER_TABLE, default=None, partitions=1, **raw), limit)
         self.hold = MarkHold()
-        self.offsets = OffsetGuard(_FaustConsumerPort(app), self.metrics)
+        watched = {*self.input_names, self.control_name, self.node_name, self.cluster_name}
+        self.consumer_port = _FaustConsumerPort(app)
+        self.offsets = OffsetGuard(self.consumer_port, self.metrics, watched=watched,
+                                   stall_s=self.settings.stall_s, give_up_s=self.settings.stall_give_up_s)
         self._route_events: Any = None
         self._forward_lock = asyncio.Lock()
+        self._route_pending: list[tuple[list[Any], Any, str, int, int]] = []
+        """Routed input records whose forwarded copies are not yet known to be delivered."""
+        self._group_committed: dict[str, int] = {}
+        """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
         self._cluster_unacked: list[Any] = []
         self._cluster_futures: list[Any] = []
         self._compacted = {spec.name(self.prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"}
@@ -376,17 +482,46 @@ class StreamJobs:
         self.cluster_stage: ClusterStage | None = None
         stage = self.settings.stage
         if stage in ("node", "all"):
-            app.agent(self.inputs, name="route")(self._route_agent)
-            app.agent(self.node_topic, name="node")(self._node_agent)
-            app.timer(0.5)(self._release_marks)
+            app.agent(self.inputs, name="route")(self._exit_on_error("route", self._route_agent))
+            app.agent(self.node_topic, name="node")(self._exit_on_error("node", self._node_agent))
+            app.timer(0.5)(self._refresh_and_release)
             if self.settings.watermark_source == "clock":
                 app.timer(self.settings.clock_interval_s, on_leader=True)(self._clock)
         if stage in ("cluster", "all"):
-            app.agent(self.cluster_topic, name="cluster")(self._cluster_agent)
+            app.agent(self.cluster_topic, name="cluster")(self._exit_on_error("cluster", self._cluster_agent))
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
-        app.timer(1.0)(self.offsets.retry_rewinds)
+        app.timer(1.0)(self._watch_partitions)
+
+    async def _watch_partitions(self) -> None:
+        """:meth:`OffsetGuard.watch`: a partition that stays stalled ends the process (exit 70)
+        so that it restarts from its checkpoints, rather than hang."""
+        try:
+            await self.offsets.watch()
+        except PartitionStalled as exc:
+            self._exit_for_restart(str(exc))
+
+    def _exit_on_error(self, name: str, fun: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """An agent that raises (e.g. a send that failed while the broker was away) ends the process
+        (exit 70). faust would restart the agent in this process with the stages' in-memory state
+        half-way through a mark (the gate advanced, the outputs lost) and a later checkpoint would
+        store that state: a silent loss, seen in a chaos run. The restarted worker resumes from
+        its checkpoints instead."""
+        async def agent(stream: Any) -> None:
+            try:
+                await fun(stream)
+            except Exception as exc:
+                log.error("stream agent failed", exc_info=True, agent=name)
+                self._exit_for_restart(f"agent {name} failed: {exc!r}")
+
+        return agent
+
+    def _exit_for_restart(self, reason: str) -> None:
+        log.error("stream jobs exiting to restart from their checkpoints", reason=reason)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STALLED)
 
     async def _report_waiting(self) -> None:
         """Say what a stage waits for when it waits (a mark held for inputs or partitions)."""
@@ -415,8 +550,8 @@ class StreamJobs:
                 self.cluster_stage = None
                 self._cluster_unacked = []
                 self._cluster_futures = []
-            elif tp.topic in self.input_names or tp.topic == self.control_name:
-                self.hold = MarkHold()
+            elif tp.topic == self.control_name:
+                self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         self.offsets.assign(assigned)
@@ -448,7 +583,29 @@ class StreamJobs:
 
     def _committed(self) -> dict[str, int]:
         committed = getattr(self.app.consumer, "_committed_offset", {}) or {}
-        return {tp_key(tp.topic, tp.partition): int(off) for tp, off in list(committed.items()) if off is not None}
+        out = dict(self._group_committed)
+        for tp, off in list(committed.items()):
+            if off is not None:
+                key = tp_key(tp.topic, tp.partition)
+                out[key] = max(out.get(key, 0), int(off))
+        return out
+
+    async def _refresh_and_release(self) -> None:
+        """The timer of the route: read the group's committed offsets of the input partitions the
+        first held mark still misses (other worker processes consume them: their commits come
+        after the records they forwarded are delivered), then forward what is ready."""
+        await self._settle_route()
+        if self.hold.held:
+            missing = self.hold.missing(self.hold.held[-1][0], self._committed())
+            if missing:
+                try:
+                    found = await asyncio.wait_for(self.consumer_port.group_committed(sorted(missing)), 10.0)
+                except Exception as exc:  # the broker may be away: the next round asks again
+                    log.warning("committed offsets not read", error=str(exc))
+                else:
+                    for key, off in found.items():
+                        self._group_committed[key] = max(self._group_committed.get(key, 0), off)
+        await self._release_marks()
 
     async def _route_agent(self, stream: Any) -> None:
         events = self._route_events = stream.noack()
@@ -469,10 +626,28 @@ class StreamJobs:
                     log.warning("bad control record ignored", offset=offset, error=str(exc))
                     await self._ack(events, event)
             else:
-                await self._route_record(topic, partition, offset, message.key, event.value)
-                self.hold.consume(topic, partition, offset)
-                await self._ack(events, event)
+                futures = await self._route_record(topic, partition, offset, message.key, event.value)
+                self._route_pending.append((futures, event, topic, partition, offset))
+                if len(self._route_pending) < ROUTE_BATCH:
+                    continue
+            await self._settle_route()
             await self._release_marks()
+
+    async def _settle_route(self) -> None:
+        """Once the forwarded copies of routed records are delivered, count those records consumed
+        and acknowledge them (so committed). faust's flush before a commit does not fail on a send
+        that failed (the broker away too long): acknowledging at hand-over could commit an input
+        whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
+        pending, self._route_pending = self._route_pending, []
+        if not pending or self._route_events is None:
+            return
+        try:
+            await asyncio.gather(*(future for futures, *_rest in pending for future in futures))
+        except Exception as exc:
+            self._exit_for_restart(f"a forwarded input record was not delivered: {exc!r}")
+        for _futures, event, topic, partition, offset in pending:
+            self.hold.consume(topic, partition, offset)
+            await self._ack(self._route_events, event)
 
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
@@ -485,21 +660,25 @@ class StreamJobs:
                 await self._ack(self._route_events, token)
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
-                            value: bytes | None) -> None:
+                            value: bytes | None) -> list[Any]:
+        """Forward a decoded input record to its stages; the deliveries to await (none for a
+        tombstone or a dead letter, which is delivered already)."""
         suffix = self.input_names[topic]
         try:
             decoded = decode_record(suffix, value)
         except Tombstone:
-            return
+            return []
         except MessageError as exc:
             await self._dead_letter(topic, partition, offset, key, value, str(exc))
-            return
+            return []
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
+        futures = []
         for stage, node in route(decoded):
             if stage == "node":
-                await self._send(self.node_topic, node, envelope)
+                futures.append(await self._send(self.node_topic, node, envelope))
             else:
-                await self._send(self.cluster_topic, "cluster", envelope)
+                futures.append(await self._send(self.cluster_topic, "cluster", envelope))
+        return futures
 
     async def _dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
                            value: bytes | None, error: str) -> None:

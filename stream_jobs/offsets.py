@@ -19,6 +19,9 @@ records no stage applied. Two rules keep every input record applied exactly once
   seek per compaction hole would make reading a compacted topic cost one fetch per record).
 - :class:`AckOrder`: acknowledgements are released strictly in offset order per partition.
 
+A skip at the tail of a partition (no later record arrives to reveal it) and a seek back the
+consumer undoes are caught by time, not by offsets: ``OffsetGuard.watch`` in the faust adapter.
+
 Both are plain code (no Kafka): the faust adapter calls them for every consumed record.
 """
 
@@ -28,6 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+EXIT_STALLED = 70
+"""Exit status of a worker that stopped itself to be restarted (a partition stalled, or an agent
+failed mid-mark): it resumes from its checkpoints; nothing is lost."""
+
+
+class PartitionStalled(RuntimeError):
+    """A partition's records did not come although the log holds them, and seeking back did not
+    help: the worker must restart."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +98,21 @@ class Positions:
             return
         self._at[tp] = _Position(next=committed, verified=False)
 
+    def next_offset(self, tp: Any) -> int | None:
+        """The offset the next admitted record of ``tp`` must have (None: no position yet)."""
+        pos = self._at.get(tp)
+        return None if pos is None else pos.next
+
+    def reverify(self, tp: Any) -> None:
+        """The consumer is being sought back to :meth:`next_offset` (records went missing): a
+        jump is verified by a seek again, also inside a compacted topic's run."""
+        pos = self._at.get(tp)
+        if pos is not None and pos.rewind_from is None:
+            pos.verified = False
+
     def rewinding(self) -> dict[Any, int]:
-        """Partitions with a seek back in progress: ``{tp: offset to seek to}`` (a seek made during
-        a rebalance can be overridden; the caller repeats these)."""
+        """Partitions with a seek back in progress: ``{tp: offset sought}`` (a seek can be undone;
+        the faust adapter's watch repeats it when the partition stalls)."""
         return {tp: pos.next for tp, pos in self._at.items() if pos.rewind_from is not None}
 
     def admit(self, tp: Any, offset: int, compacted: bool) -> Admission:

@@ -74,9 +74,13 @@ def _print_summary(report: dict[str, Any]) -> None:
 @click.option("--chaos", is_flag=True, help="with --kafka: SIGKILL and restart the worker on a seeded schedule")
 @click.option("--seed", type=int, default=None, help="seed of the --chaos schedule (default: random, printed)")
 @click.option("--kills", type=click.IntRange(min=1), default=8, show_default=True, help="SIGKILLs of --chaos")
+@click.option("--workers", type=click.IntRange(min=1, max=16), default=1, show_default=True,
+              help="with --kafka: worker processes in the group")
+@click.option("--outage", "outage_s", type=click.FloatRange(min=0), default=0.0,
+              help="with --chaos: stop the local broker (`gpulens kafka up`) once for this many seconds")
 def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: float | None,
            topic_prefix: str | None, expected_path: Path | None, chaos: bool, seed: int | None,
-           kills: int) -> None:
+           kills: int, workers: int, outage_s: float) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
     from gpulens.replay import DEFAULT_LATENESS_S, run_in_process
     from gpulens.scenario import load_scenario
@@ -89,6 +93,10 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
         raise UserError("--chaos and --seed need --kafka BOOTSTRAP (they kill worker processes)")
     if seed is not None and not chaos:
         raise UserError("--seed is the seed of --chaos; add --chaos")
+    if workers > 1 and not bootstrap:
+        raise UserError("--workers needs --kafka BOOTSTRAP (the in-process replay has no worker processes)")
+    if outage_s and not chaos:
+        raise UserError("--outage is a step of --chaos; add --chaos")
     if bootstrap:
         import random
 
@@ -96,10 +104,11 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
         from gpulens.kafka_replay import run_through_kafka
 
         chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None
+        broker = _local_broker(bootstrap) if outage_s else None
         try:
             report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix,
-                                       chaos_seed=chaos_seed, kills=kills,
-                                       say=lambda line: click.echo(line, err=True))
+                                       chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
+                                       broker=broker, say=lambda line: click.echo(line, err=True))
         except BrokerUnavailable as exc:
             raise UserError(f"{exc}. Start one with `gpulens kafka up`.") from None
     else:
@@ -110,6 +119,18 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
         _print_summary(report)
     if expected_path is not None:
         _check_expected(report, expected_path, parsed.sample_interval_s)
+
+
+def _local_broker(bootstrap: str) -> Any:
+    """The broker ``gpulens kafka up`` runs on ``bootstrap`` (a chaos replay's outage stops it)."""
+    from common.settings import CommonSettings, load_settings
+    from gpulens.kafka_local import LocalKafka
+
+    local = LocalKafka.from_settings(load_settings(CommonSettings))
+    if local.running_pid() is None or bootstrap.rsplit(":", 1)[-1] != str(local.port):
+        raise UserError(f"--outage stops and starts the broker `gpulens kafka up` runs (port {local.port}, "
+                        f"GPULENS_LOCAL_KAFKA__PORT); none runs there for {bootstrap}")
+    return local
 
 
 def _check_expected(report: dict[str, Any], path: Path, sample_interval_s: float) -> None:
