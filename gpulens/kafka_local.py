@@ -257,7 +257,7 @@ class LocalKafka:
     def _format_storage(self) -> None:
         if (self.home / "data" / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = _cluster_id()
         result = subprocess.run(
             self._java_command("kafka.tools.StorageTool", "format", "-t", cluster_id,
                                "-c", str(self.home / "server.properties")),
@@ -288,3 +288,15 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def _cluster_id() -> str:
+    """A random KRaft cluster id (base64url of a UUID, as ``kafka-storage random-uuid`` prints).
+
+    One in 64 such ids starts with ``-``, which the storage tool's argument parser takes for an
+    option ("expected one argument"); Kafka's own generator skips those, and so does this.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id

@@ -13,6 +13,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from common.kafka import BoundedProducer, broker_reachable, ensure_topics, make_consumer, read_to_end
 from common.settings import KafkaSettings, ProducerSettings
+from gpulens import kafka_local
 from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
 from schemas import codec
@@ -120,3 +121,12 @@ def test_up_refuses_to_start_a_second_broker_on_the_same_data_dir(local_kafka: L
         other_port.up(progress=False)
     assert "already running" in local_kafka.up(progress=False)
     assert broker_reachable(kafka_settings)
+
+
+def test_cluster_ids_never_look_like_an_option_to_the_storage_tool() -> None:
+    # One base64url id in 64 starts with "-"; kafka-storage then fails with "expected one
+    # argument" and the broker never starts. 2,000 draws hit that ~everywhere but never here.
+    ids = [kafka_local._cluster_id() for _ in range(2000)]
+    assert not [cluster_id for cluster_id in ids if cluster_id.startswith("-")]
+    assert all(len(cluster_id) == 22 for cluster_id in ids)
+    assert len(set(ids)) == len(ids)
