@@ -150,6 +150,9 @@ class Backoff:
 
 
 TTL_MARGIN = timedelta(minutes=1)
+NO_ASSIGNMENT_S = 30.0
+"""How long ``Sink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
+counts the time as idle anyway."""
 """Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
 
 
@@ -444,6 +447,8 @@ class Sink:
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
         self.dlq_topic = DEADLETTER.name(settings.topic_prefix)
         self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
+        self._quiet_since = clock()
+        self._assigned = False
         self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
         self.stopping = threading.Event()
         self.totals = FlushOutcome()
@@ -469,7 +474,17 @@ class Sink:
                                  on_lost=self._on_revoke)
         self._producer = BoundedProducer(self.settings.kafka, self.settings.producer)
 
+    def _idle_for(self, idle_s: float, now: float) -> bool:
+        """Nothing buffered and quiet for ``idle_s`` since the group assigned partitions (a slow
+        first join is not idleness: the data has not been read yet), or for ``NO_ASSIGNMENT_S``
+        when no assignment ever came."""
+        if any(b.records for b in self.buffers.values()):
+            return False
+        return now - self._quiet_since >= (idle_s if self._assigned else max(idle_s, NO_ASSIGNMENT_S))
+
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assigned = True
+        self._quiet_since = self.clock()
         for tp in partitions:
             self.buffers.pop((tp.topic, tp.partition), None)
         log.info("partitions assigned", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
@@ -493,7 +508,8 @@ class Sink:
     def run(self, exit_when_idle_s: float | None = None) -> FlushOutcome:
         """Consume until :meth:`stop` (or, with ``exit_when_idle_s``, until caught up and idle)."""
         self._open()
-        last_record_at = self.clock()
+        self._quiet_since = self.clock()
+        self._assigned = False
         log.info("sink started", topics=self.topics, group=self.settings.group_id)
         try:
             while not self.stopping.is_set():
@@ -504,13 +520,14 @@ class Sink:
                         self.metrics.errors.labels(kind="kafka").inc()
                         log.warning("consume error", error=str(msg.error()))
                         continue
-                    last_record_at = now
                     self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                         msg.timestamp()[1]))
-                self._flush_due(now)
+                if self._flush_due(now) or messages:
+                    # A flush that waited out an outage paused consumption (and librdkafka dropped
+                    # what it had prefetched): quiet time counts only from its end.
+                    self._quiet_since = self.clock()
                 self._report_lag(now)
-                if (exit_when_idle_s is not None and not any(b.records for b in self.buffers.values())
-                        and now - last_record_at >= exit_when_idle_s):
+                if exit_when_idle_s is not None and self._idle_for(exit_when_idle_s, now):
                     break
             self._flush_due(self.clock(), force=True)
         except SinkStopped as exc:
@@ -559,15 +576,19 @@ class Sink:
             buffer.opened_at = now
         return batches
 
-    def _flush_due(self, now: float, force: bool = False) -> None:
+    def _flush_due(self, now: float, force: bool = False) -> bool:
+        """Write the batches that are due; whether any was written."""
+        flushed = False
         for key in list(self.buffers):
             buffer = self.buffers.get(key)
             if buffer is None:
                 continue
             for batch in self._due_batches(key, buffer, now, force):
                 if self.stopping.is_set() and not force:
-                    return
+                    return flushed
                 self._flush(batch)
+                flushed = True
+        return flushed
 
     # ---------------------------------------------------------------- one batch
 
