@@ -33,6 +33,7 @@ from gpulens.replay import run_in_process
 from gpulens.scenario import parse_scenario
 from gpulens.simulator import FleetSimulator, Record, Tick
 from producers.agent.cgroup import ContainerRef, ProcFsResolver, StaticProcessResolver
+from producers.agent.fake_kubelet import FakePodResourcesServer
 from producers.agent.main import start_progress
 from producers.agent.progress import (
     MalformedLine,
@@ -49,6 +50,8 @@ from producers.agent.service import AgentMetrics, KafkaSink
 from schemas.codec import decode, encode
 from schemas.messages import WorkloadProgress
 from schemas.topics import WORKLOAD_PROGRESS
+from tests.agent.fakenvml import VARIANTS, standard_node
+from tests.agent.test_agent_process import assignments, pod_name, pod_uid, write_proc
 from tests.agent.test_kafka_integration import read
 from tests.conftest import REPO_ROOT
 
@@ -292,6 +295,51 @@ def test_bad_input_is_counted_logged_once_per_sender_and_bounded(caplog: pytest.
     assert counter(registry, "agent_progress_lines_total", path="unix", outcome="rate_limited") == 14 + 15
     rejected = [r for r in caplog.records if r.getMessage() == "progress line rejected"]
     assert len(rejected) == 4  # bad_number and not_utf8 for pid 10, too_large for 20, rate_limited for 10
+
+
+# --------------------------------------------------------------------------- the DaemonSet's command
+
+
+def test_the_daemonset_command_reports_a_training_pods_progress_under_its_name(
+        tmp_path: Path, short_dir: Path) -> None:
+    """``python -m producers.agent`` on the fake NVML library: a training process in the pod that
+    holds GPU 0 reports; the agent prints its progress, named from the pod's GPU processes."""
+    node = standard_node(VARIANTS["r470"])
+    proc_root = tmp_path / "proc"
+    write_proc(proc_root, node)
+    device = node.processes[0].device
+    kubelet = tmp_path / "kubelet" / "kubelet.sock"
+    socket_path = short_dir / "progress.sock"
+    with FakePodResourcesServer(kubelet, assignments(node)):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_") and k != "NODE_NAME"}
+        env |= node.environment(tmp_path / "node.conf") | {
+            "GPULENS_KUBELET_SOCKET": str(kubelet), "GPULENS_PROC_ROOT": str(proc_root),
+            "GPULENS_LOG_FORMAT": "text", "GPULENS_PROGRESS_SOCKET": str(socket_path),
+            "GPULENS_PROGRESS_INTERVAL_S": "1"}
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "producers.agent", "--stdout", "--interval", "1", "--node-name", "gpu-node-1"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        progress: list[WorkloadProgress] = []
+        try:
+            assert agent.stdout is not None
+            assert agent.stdout.readline(), "the agent printed no sample"
+            job = start_job("plain", 30, {"GPULENS_PROGRESS_SOCKET": str(socket_path)})
+            FakeProc(proc_root).put(job.pid, pod_uid(device))
+            trained = finish(job)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (progress and progress[-1].steps_total == trained["steps"]):
+                line = agent.stdout.readline()
+                if not line:
+                    break
+                if '"steps_total"' in line:
+                    progress.append(decode(line, WorkloadProgress))
+        finally:
+            agent.terminate()
+            agent.wait(30)
+    assert progress, agent.stderr.read() if agent.stderr else ""
+    last = progress[-1]
+    assert (last.pod_uid, last.namespace, last.pod) == (pod_uid(device), "ml", pod_name(device))
+    assert (last.steps_total, last.tokens_total) == (trained["steps"], trained["tokens"])
 
 
 # --------------------------------------------------------------------------- Kafka and the report
