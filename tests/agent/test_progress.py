@@ -11,6 +11,7 @@ torch) is installed here.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -157,6 +159,60 @@ def test_a_bad_line_names_its_reason(line: str, reason: str) -> None:
     with pytest.raises(MalformedLine) as info:
         parse_progress_line(line)
     assert info.value.reason == reason
+
+
+# --------------------------------------------------------------------------- the client
+
+
+def load_client() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpulens_progress", REPO_ROOT / "clients" / "gpulens_progress.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_client_is_silent_without_an_agent_and_delivers_once_one_appears(short_dir: Path) -> None:
+    client = load_client()
+    path = short_dir / "p.sock"
+    reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=0)
+    reporter.report(steps=3, tokens=4096)
+    reporter.report(steps=float("nan"), tokens=-5, samples="many")  # ignored, not raised
+    assert reporter.sent_lines == 0
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(path))
+    try:
+        reporter.report(steps=2, samples=8)
+        assert parse_progress_line(agent.recv(1024).decode()) == ProgressDelta(steps=5, tokens=4096, samples=8)
+    finally:
+        agent.close()
+
+
+def test_the_client_never_blocks_and_loses_nothing_when_the_agent_stops_reading(short_dir: Path) -> None:
+    client = load_client()
+    path = short_dir / "p.sock"
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(path))
+    agent.setblocking(False)
+    reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=0)
+    try:
+        started = time.monotonic()
+        for _ in range(5000):
+            reporter.report(steps=1)
+        elapsed = time.monotonic() - started
+        assert reporter.failed_sends > 0  # the agent's queue filled up
+        received = 0.0
+        while True:
+            try:
+                received += parse_progress_line(agent.recv(1024).decode()).steps or 0
+            except BlockingIOError:
+                break
+        reporter.flush()
+        received += parse_progress_line(agent.recv(1024).decode()).steps or 0
+    finally:
+        agent.close()
+    assert received == 5000
+    assert elapsed < 30  # 5000 calls; a blocking send would have hung at the first full queue
 
 
 # --------------------------------------------------------------------------- the done-when test
