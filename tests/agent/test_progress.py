@@ -30,7 +30,7 @@ import pytest
 
 from common.kafka import ensure_topics
 from common.metrics import MetricsRegistry
-from common.settings import AgentSettings, KafkaSettings, load_settings
+from common.settings import AgentSettings, ConfigError, KafkaSettings, load_settings
 from gpulens.replay import run_in_process
 from gpulens.scenario import parse_scenario
 from gpulens.simulator import FleetSimulator, Record, Tick
@@ -159,6 +159,39 @@ def test_a_bad_line_names_its_reason(line: str, reason: str) -> None:
     with pytest.raises(MalformedLine) as info:
         parse_progress_line(line)
     assert info.value.reason == reason
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("GPULENS_PROGRESS_SOCKET", "run/progress.sock"),
+    ("GPULENS_PROGRESS_SOCKET", "/" + "x" * 120),
+    ("GPULENS_PROGRESS_UDP_PORT", "70000"),
+    ("GPULENS_PROGRESS_UDP_BIND", "node-ip"),
+    ("GPULENS_PROGRESS_RATE_PER_S", "0"),
+])
+def test_invalid_progress_settings_name_the_variable(monkeypatch: pytest.MonkeyPatch, variable: str,
+                                                     value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings(AgentSettings)
+    assert variable in str(info.value)
+
+
+def test_both_paths_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULENS_PROGRESS_SOCKET", "")
+    monkeypatch.setenv("GPULENS_PROGRESS_UDP_PORT", "0")
+    settings = load_settings(AgentSettings)
+    assert start_progress(settings, StaticProcessResolver({}), AgentMetrics(), KafkaSinkStandIn(), lambda: None) is None
+
+
+class KafkaSinkStandIn:
+    def send_progress(self, key: str, payload: bytes) -> bool:
+        raise AssertionError("nothing may be sent with both paths off")
+
+    def poll(self) -> None:
+        return None
 
 
 # --------------------------------------------------------------------------- the client
