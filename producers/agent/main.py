@@ -124,7 +124,9 @@ def _run(settings: AgentSettings, source: SampleSource, metrics: AgentMetrics, s
     finally:
         if listener is not None:
             listener.close()
-            sink.poll()
+            remaining = sink.close(10.0)
+            if remaining:
+                log.warning("progress messages not delivered at shutdown", count=remaining)
 
 
 def start_progress(settings: AgentSettings, resolver: ProcessResolver, metrics: AgentMetrics, sink: ProgressSink,

@@ -557,10 +557,14 @@ class ProgressListener:
             log.error("progress flush failed", error=str(exc))
 
     def close(self) -> None:
-        """Stop the thread, emit what is pending, close the sockets and remove the socket file."""
+        """Stop the thread, read what is queued, emit the totals, close the sockets, remove the socket file."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        for sock, read in ((self.unix_sock, self._read_unix), (self.udp_sock, self._read_udp)):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    read(sock)
         self._safe_flush()
         if self.unix_sock is not None:
             self.unix_sock.close()

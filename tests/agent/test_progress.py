@@ -287,6 +287,20 @@ def test_real_training_loops_are_credited_to_their_own_pods(short_dir: Path) -> 
     assert not socket_path.exists()  # removed on close
 
 
+def test_what_is_queued_at_shutdown_is_read_and_emitted(short_dir: Path) -> None:
+    emitted: list[WorkloadProgress] = []
+    collector = ProgressCollector(ProcFsResolver(short_dir / "proc"), StaticPodAddresses({}),
+                                  ProgressMetrics(MetricsRegistry()))
+    listener = ProgressListener(collector, keep(emitted), interval_s=3600, socket_path=short_dir / "p.sock")
+    FakeProc(short_dir / "proc").put(os.getpid(), POD_A)
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for _ in range(3):
+        sender.sendto(b"steps=+2 tokens=+10", str(short_dir / "p.sock"))
+    sender.close()
+    listener.close()  # never started: only the shutdown drain reads them
+    assert [(m.pod_uid, m.steps_total, m.tokens_total) for m in emitted] == [(POD_A, 6, 30)]
+
+
 def test_a_process_outside_any_pod_is_credited_to_nobody(short_dir: Path) -> None:
     registry = MetricsRegistry()
     collector = ProgressCollector(ProcFsResolver(short_dir / "empty-proc"), StaticPodAddresses({}),
