@@ -263,7 +263,7 @@ def test_real_training_loops_are_credited_to_their_own_pods(short_dir: Path) -> 
                                 socket_path=socket_path)
     listener.start()
     try:
-        env = {"GPULENS_PROGRESS_SOCKET": str(socket_path), "GPULENS_PROGRESS_MIN_INTERVAL_S": "0.05"}
+        env = {"GPULENS_PROGRESS_SOCKET": str(socket_path), "GPULENS_PROGRESS_MIN_INTERVAL_S": "0.1"}
         plain = start_job("plain", 40, env)
         hf = start_job("transformers", 30, env)
         lightning = start_job("lightning", 20, env, forged=POD_A)  # also claims pod A in a line
