@@ -20,6 +20,7 @@ at 135-512 MiB), ``gpulens --help`` and ``gpulens <command> --help`` <= 0.3 s.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -79,11 +80,14 @@ def _peak_rss_mib(pid: int) -> float:
 def _run_agent(
     ctx: Context, command: list[str], seconds: float, env: dict[str, str] | None = None
 ) -> tuple[float, float]:
-    """(peak RSS MiB, CPU % of one core in steady state) of an agent producing at 1 Hz."""
+    """(peak RSS MiB, CPU % of one core in steady state) of an agent producing at 1 Hz, its progress
+    socket listening (in a temporary directory, not the node's /var/run)."""
+    sockets = tempfile.mkdtemp(prefix="gpl-bench-")
     env = os.environ | {
         "GPULENS_KAFKA__BOOTSTRAP_SERVERS": ctx.kafka.bootstrap_servers,
         "GPULENS_TOPIC_PREFIX": ctx.topic_prefix,
         "GPULENS_LOG_LEVEL": "WARNING",
+        "GPULENS_PROGRESS_SOCKET": f"{sockets}/progress.sock",
     } | (env or {})
     proc = subprocess.Popen([*command, "--interval", "1", "--node-name", "bench-node"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -98,6 +102,7 @@ def _run_agent(
     finally:
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(sockets, ignore_errors=True)
     return rss, 100.0 * (cpu1 - cpu0) / (wall1 - wall0)
 
 

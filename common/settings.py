@@ -220,6 +220,25 @@ class AgentSettings(CommonSettings):
     """The node's dcgm-exporter ``/metrics`` (``source = dcgm-exporter``)."""
     dcgm_timeout_s: float = Field(default=5.0, gt=0, le=60.0)
     """Deadline of one scrape of dcgm-exporter."""
+    progress_socket: str = "/var/run/gpulens/progress.sock"
+    """Unix datagram socket where pods report training progress (docs/progress.md); empty = off."""
+    progress_udp_port: int = Field(default=0, ge=0, le=65535)
+    """UDP port for progress from pods that cannot mount the socket (attributed by source pod IP); 0 = off."""
+    progress_udp_bind: IPvAnyAddress = IPv4Address("0.0.0.0")
+    """Address the progress UDP port listens on."""
+    progress_interval_s: float = Field(default=10.0, ge=1.0, le=3600.0)
+    """Seconds between two ``workload.progress.v1`` messages of one pod (its totals so far)."""
+    progress_max_datagram_bytes: int = Field(default=1024, ge=64, le=65507)
+    """Larger progress datagrams are rejected (counted, logged once per sender)."""
+    progress_rate_per_s: float = Field(default=20.0, gt=0, le=10_000)
+    """Progress datagrams accepted per second per sender (PID or source address), bursts of twice that."""
+
+    @field_validator("progress_socket")
+    @classmethod
+    def _socket_path(cls, value: str) -> str:
+        if value and (not value.startswith("/") or len(value.encode()) > 107):
+            raise ValueError(f"expected an absolute path of at most 107 bytes (or empty: off), got {value!r}")
+        return value
 
     @field_validator("dcgm_url")
     @classmethod

@@ -3,7 +3,8 @@
 Real node: :class:`PynvmlBackend`, the kubelet PodResources client on its socket, the host's
 ``/proc``; or, with ``source = dcgm-exporter``, the node's dcgm-exporter
 (:class:`producers.agent.dcgm.DcgmExporterSource`). ``simulate``: the NVML path over
-:func:`producers.agent.simulate.build_simulated_node`.
+:func:`producers.agent.simulate.build_simulated_node`. Outside ``--once``, the progress paths of
+:mod:`producers.agent.progress` run beside the sampling loop and share its sink.
 The lean entry point exists because the full ``gpulens`` CLI imports every part's commands (and
 their ClickHouse / Kubernetes clients); the DaemonSet only needs the agent's own imports.
 """
@@ -18,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 
 from common import logs
 from common.metrics import MetricsRegistry
@@ -26,9 +28,18 @@ from producers.agent.cgroup import ProcessResolver, ProcFsResolver
 from producers.agent.dcgm import DcgmExporterSource
 from producers.agent.nvml import NvmlBackend, NvmlLibraryNotFound, PynvmlBackend
 from producers.agent.podresources import KubeletPodResources, PodResourcesSource
+from producers.agent.progress import (
+    ProcNetPodAddresses,
+    ProgressCollector,
+    ProgressLimits,
+    ProgressListener,
+    ProgressMetrics,
+)
 from producers.agent.sampler import NodeSampler
-from producers.agent.service import AgentError, AgentMetrics, AgentService, KafkaSink, SampleSink, StdoutSink
+from producers.agent.service import AgentError, AgentMetrics, AgentService, KafkaSink, ProgressSink, StdoutSink
 from producers.agent.source import SampleSource
+from schemas.codec import encode
+from schemas.messages import GpuSample
 
 log = logs.get_logger(__name__)
 
@@ -53,7 +64,8 @@ def run_agent(
         metrics = _serve_metrics(settings)
         source = DcgmExporterSource(node_name, settings.dcgm_url, str(uuid.uuid4()), settings.sample_interval_s,
                                     settings.dcgm_timeout_s)
-        return _run(settings, source, metrics, stop, once=once, to_stdout=to_stdout)
+        return _run(settings, source, metrics, stop, once=once, to_stdout=to_stdout,
+                    resolver=ProcFsResolver(settings.proc_root))
     with contextlib.ExitStack() as stack:
         nvml: NvmlBackend
         pod_resources: PodResourcesSource
@@ -84,7 +96,8 @@ def run_agent(
             on_nvml_error=lambda kind: metrics.nvml_errors.labels(kind).inc(),
             on_pod_resources_error=metrics.pod_resources_errors.inc,
         )
-        return _run(settings, sampler, metrics, stop, once=once, to_stdout=to_stdout, before_sample=before_sample)
+        return _run(settings, sampler, metrics, stop, once=once, to_stdout=to_stdout, before_sample=before_sample,
+                    resolver=resolver)
     raise AssertionError("unreachable")
 
 
@@ -97,14 +110,53 @@ def _serve_metrics(settings: AgentSettings) -> AgentMetrics:
 
 
 def _run(settings: AgentSettings, source: SampleSource, metrics: AgentMetrics, stop: threading.Event, *,
-         once: bool, to_stdout: bool, before_sample: Callable[[datetime], None] | None = None) -> int:
-    sink: SampleSink = StdoutSink() if to_stdout else KafkaSink(settings, metrics)
+         once: bool, to_stdout: bool, resolver: ProcessResolver,
+         before_sample: Callable[[datetime], None] | None = None) -> int:
+    sink: StdoutSink | KafkaSink = StdoutSink() if to_stdout else KafkaSink(settings, metrics)
     service = AgentService(source, sink, metrics, backoff_max_s=settings.nvml_backoff_max_s,
                            before_sample=before_sample)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
-    return service.run(stop, once=once)
+    listener = None if once else start_progress(settings, resolver, metrics, sink, lambda: service.last_sample)
+    try:
+        return service.run(stop, once=once)
+    finally:
+        if listener is not None:
+            listener.close()
+            remaining = sink.close(10.0)
+            if remaining:
+                log.warning("progress messages not delivered at shutdown", count=remaining)
+
+
+def start_progress(settings: AgentSettings, resolver: ProcessResolver, metrics: AgentMetrics, sink: ProgressSink,
+                   last_sample: Callable[[], GpuSample | None]) -> ProgressListener | None:
+    """The progress paths (docs/progress.md) the settings enable, on their own thread; None if none is."""
+    socket_path = Path(settings.progress_socket) if settings.progress_socket else None
+    udp = (str(settings.progress_udp_bind), settings.progress_udp_port) if settings.progress_udp_port else None
+    if socket_path is None and udp is None:
+        return None
+
+    def pod_names(pod_uid: str) -> tuple[str, str] | None:
+        sample = last_sample()
+        for gpu in sample.gpus if sample is not None else ():
+            for process in gpu.processes:
+                if process.pod_uid == pod_uid and process.pod_namespace and process.pod_name:
+                    return process.pod_namespace, process.pod_name
+        return None
+
+    collector = ProgressCollector(
+        resolver, ProcNetPodAddresses(settings.proc_root, resolver), ProgressMetrics(metrics.registry),
+        limits=ProgressLimits(max_datagram_bytes=settings.progress_max_datagram_bytes,
+                              rate_per_s=settings.progress_rate_per_s),
+        pod_names=pod_names)
+    listener = ProgressListener(collector, lambda m: sink.send_progress(m.pod_uid, encode(m)),
+                                interval_s=settings.progress_interval_s, socket_path=socket_path, udp=udp)
+    if not listener.listening:
+        listener.close()
+        return None
+    listener.start()
+    return listener
 
 
 def build_parser() -> argparse.ArgumentParser:

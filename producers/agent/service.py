@@ -11,7 +11,8 @@
   retry inside this container can make it appear.
 - Samples go to a :class:`SampleSink`: Kafka through :class:`common.kafka.BoundedProducer`
   (bounded local queue: when the broker is away, the overflow is dropped and counted, memory
-  stays bounded) or stdout (one JSON document per line).
+  stays bounded) or stdout (one JSON document per line). The same sink carries the
+  ``workload.progress.v1`` messages of :mod:`producers.agent.progress` (from its own thread).
 - Self-metrics (Prometheus): samples produced / dropped, NVML errors by kind, delivery failures,
   queue depth, sampling duration, missed ticks, GPUs by health.
 """
@@ -33,7 +34,7 @@ from producers.agent.nvml import NvmlLibraryNotFound
 from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
 from schemas.messages import GpuSample
-from schemas.topics import GPU_SAMPLES
+from schemas.topics import GPU_SAMPLES, WORKLOAD_PROGRESS
 
 log = get_logger(__name__)
 
@@ -87,16 +88,28 @@ class SampleSink(Protocol):
         """Flush; returns how many samples are still undelivered."""
 
 
+class ProgressSink(Protocol):
+    def send_progress(self, key: str, payload: bytes) -> bool:
+        """Queue one encoded ``workload.progress.v1`` message (key = pod uid); may run on another thread."""
+
+    def poll(self) -> None: ...
+
+
 class StdoutSink:
     """One JSON document per line on stdout (``--stdout``)."""
 
     def __init__(self, stream: IO[bytes] | None = None) -> None:
         self.stream = stream or sys.stdout.buffer
+        self._lock = threading.Lock()
 
     def send(self, key: str, payload: bytes) -> bool:
-        self.stream.write(payload + b"\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(payload + b"\n")
+            self.stream.flush()
         return True
+
+    def send_progress(self, key: str, payload: bytes) -> bool:
+        return self.send(key, payload)
 
     def poll(self) -> None:
         return None
@@ -125,6 +138,7 @@ class KafkaSink:
             )
         )
         self.topic = GPU_SAMPLES.name(settings.topic_prefix)
+        self.progress_topic = WORKLOAD_PROGRESS.name(settings.topic_prefix)
         self._metrics = metrics
         self.producer = BoundedProducer(settings.kafka, producer_settings, on_delivery=self._delivered)
 
@@ -134,6 +148,9 @@ class KafkaSink:
 
     def send(self, key: str, payload: bytes) -> bool:
         return self.producer.produce(self.topic, key, payload)
+
+    def send_progress(self, key: str, payload: bytes) -> bool:
+        return self.producer.produce(self.progress_topic, key, payload)
 
     def poll(self) -> None:
         self.producer.poll(0)

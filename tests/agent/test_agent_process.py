@@ -69,6 +69,7 @@ def agent_samples(node: Node, tmp_path: Path, count: int) -> Iterator[GpuSample]
             "GPULENS_KUBELET_SOCKET": str(socket),
             "GPULENS_PROC_ROOT": str(proc_root),
             "GPULENS_LOG_FORMAT": "text",
+            "GPULENS_PROGRESS_SOCKET": "",
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "producers.agent", "--stdout", "--interval", "1", "--node-name", "gpu-node-1"],

@@ -8,6 +8,7 @@ nothing, an env name that is silently ignored, a capability left in) and an oper
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,6 +52,7 @@ CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityCla
 AGENT = ("DaemonSet", "gpulens-agent")
 WATCHER = ("Deployment", "gpulens-watcher")
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+PROGRESS_DIR = "/var/run/gpulens"
 
 # What the watcher may do, and nothing else: read pods, nodes and events (both event APIs).
 ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}}
@@ -223,12 +225,14 @@ def test_agent_daemonset_least_privilege(agent: dict[str, Any]) -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
 
-    # the pod-resources directory, read-only, and no other host path
+    # the pod-resources directory, read-only; the progress socket's directory; no other host path
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert list(host_paths.values()) == [POD_RESOURCES], f"unexpected host paths {host_paths}"
-    mounts = [m for m in container["volumeMounts"] if m["name"] in host_paths]
-    assert mounts and all(m.get("readOnly") is True for m in mounts), "pod-resources must be mounted read-only"
-    assert mounts[0]["mountPath"] == POD_RESOURCES
+    assert sorted(host_paths.values()) == sorted([POD_RESOURCES, PROGRESS_DIR]), f"unexpected host paths {host_paths}"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"] if m["name"] in host_paths}
+    assert mounts[POD_RESOURCES].get("readOnly") is True, "pod-resources must be mounted read-only"
+    assert not mounts[PROGRESS_DIR].get("readOnly"), "the agent creates its progress socket there"
+    from common.settings import AgentSettings
+    assert Path(AgentSettings.model_fields["progress_socket"].default).parent == Path(PROGRESS_DIR)
 
     # node name from the downward API, under both names the agent reads
     for name in ("NODE_NAME", "GPULENS_NODE_NAME"):
@@ -481,3 +485,29 @@ def test_the_dcgm_exporter_component_switches_the_agents_source(
     assert (settings.source, settings.dcgm_url) == ("dcgm-exporter", "http://10.0.3.7:9400/metrics")
     ports = {p["port"] for rule in patched["NetworkPolicy"]["spec"]["egress"] for p in rule["ports"]}
     assert {9092, 9400} <= ports
+
+
+def test_the_progress_udp_component_opens_the_port_on_the_nodes_ip(
+    docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common.settings import AgentSettings
+
+    component_dir = K8S_DIR / "components" / "agent-progress-udp"
+    component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    patched: dict[str, dict[str, Any]] = {}
+    for patch in component["patches"]:
+        target = patch["target"]
+        doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
+        patched[target["kind"]] = _json_patch_add(doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
+    container = _pod_spec(patched["DaemonSet"])["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    for name in list(os.environ):
+        if name.startswith("GPULENS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("GPULENS_PROGRESS_UDP_PORT", env["GPULENS_PROGRESS_UDP_PORT"]["value"])
+    port = load_settings(AgentSettings).progress_udp_port
+    (udp,) = [p for p in container["ports"] if p["name"] == "progress"]
+    assert (udp["containerPort"], udp["hostPort"], udp["protocol"]) == (port, port, "UDP")
+    opened = [(p["protocol"], p["port"]) for rule in patched["NetworkPolicy"]["spec"]["ingress"] for p in rule["ports"]]
+    assert ("UDP", port) in opened
