@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, ValidationError, model_validator
 
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
@@ -192,6 +192,44 @@ def test_plain_decoding_coerces_and_fills_defaults_as_the_models_do(mutate: Call
     mutate(data)
     payload = orjson.dumps(data)
     assert codec.decode_plain(payload, GpuSample) == codec.decode(payload, GpuSample).model_dump()
+
+
+PARSER_EDGES = [
+    b'"gpu_util_pct":NaN', b'"gpu_util_pct":Infinity', b'"gpu_util_pct":-Infinity', b'"gpu_util_pct":1e400',
+    b'"seq":18446744073709551615', b'"seq":18446744073709551616', b'"seq":36893488147419103233', b'"seq":1e3',
+    b'"mem_used_bytes":18446744073709551617', b'"mem_used_bytes":-9223372036854775809',
+    b'"node":"\\ud800"', b'"node":"n\xff"', b'"node":"a","node":"b"', b'"node":"a\x01"',
+]
+
+
+@pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
+def test_plain_decoding_in_one_pass_gives_what_the_two_step_path_gives(edge: bytes) -> None:
+    """pydantic's JSON parser reads some inputs differently from orjson: the one-pass path must not show it."""
+    assert codec.json_validator(GpuSample) is not None
+    data = orjson.loads(codec.encode(gpu_sample(gpus=1)))
+    data["node"], data["seq"] = "node-000", 0
+    data["gpus"][0].update(gpu_util_pct=42.0, mem_used_bytes=1024)
+    field = edge.split(b":")[0]
+    payload = orjson.dumps(data)
+    original = next(part for part in (b'"node":"node-000"', b'"seq":0', b'"gpu_util_pct":42.0',
+                                      b'"mem_used_bytes":1024') if part.startswith(field))
+    edged = payload.replace(original, edge, 1)
+    assert edged != payload
+
+    expected: dict[str, Any] | str
+    try:
+        expected = codec.plain_validator(GpuSample).validate_python(orjson.loads(edged))
+    except orjson.JSONDecodeError as exc:
+        expected = f"not valid JSON: {exc}"
+    except ValidationError as exc:
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        expected = str(exc.errors()[0]["msg"]) + more
+    got: dict[str, Any] | str
+    try:
+        got = codec.decode_plain(edged, GpuSample)
+    except codec.MessageError as exc:
+        got = exc.reason
+    assert got == expected
 
 
 def test_plain_decoding_refuses_models_whose_behaviour_is_not_in_their_fields() -> None:
