@@ -23,6 +23,8 @@ import contextlib
 import datetime as dt
 import decimal
 import ipaddress
+import math
+import re
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -170,6 +172,32 @@ def _load_insert_dependencies() -> None:
         from clickhouse_connect.driver import options
 
         _ = options.pd, options.np
+
+
+_DATETIME64 = re.compile(r"^(?:Nullable\()?DateTime64\((\d+)")
+
+
+def _ticks_once(values: list[Any], type_name: str) -> list[Any]:
+    """A DateTime64 column's aware datetimes as the integer ticks the driver would send, each
+    distinct object converted once; any other column, or one holding anything else, as it is."""
+    precision = _DATETIME64.match(type_name)
+    if precision is None:
+        return values
+    scale = 10 ** int(precision.group(1))
+    memo: dict[int, int] = {}
+    ticks: list[Any] = []
+    for value in values:
+        if value is None:
+            ticks.append(None)
+            continue
+        tick = memo.get(id(value))
+        if tick is None:
+            if type(value) is not dt.datetime or value.tzinfo is None:
+                return values
+            seconds = math.floor(value.timestamp())
+            tick = memo[id(value)] = (seconds * 1_000_000 + value.microsecond) * scale // 1_000_000
+        ticks.append(tick)
+    return ticks
 
 
 def _classify(exc: BaseException, what: str) -> StoreError:
@@ -332,9 +360,13 @@ class ClickHouseStore:
         table: str,
         columns: Mapping[str, Sequence[Any]],
         dedup_token: str | None = None,
+        repeated_timestamps: bool = False,
     ) -> int:
         """Insert column-oriented data; a block whose ``dedup_token`` was already stored is dropped.
 
+        ``repeated_timestamps``: the timestamp columns repeat the same objects (a sample's time on
+        each of its GPU rows), so each distinct object is converted to the column's ticks once,
+        not once per row by the driver (the same ticks: :func:`_ticks_once`).
         Returns the number of rows sent. Raises :class:`StoreUnavailable` or :class:`StoreRejected`.
         """
         names = tuple(columns)
@@ -348,6 +380,8 @@ class ClickHouseStore:
         with self._lock:
             try:
                 types = self._column_types(table, names)
+                if repeated_timestamps:
+                    data = [_ticks_once(values, type_name) for values, type_name in zip(data, types, strict=True)]
                 self._client.insert(
                     table,
                     data,

@@ -58,7 +58,8 @@ log = get_logger(__name__)
 class Store(Protocol):
     """What the sink needs from ClickHouse (``sinks.clickhouse.ClickHouseStore``)."""
 
-    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None) -> int: ...
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
+               repeated_timestamps: bool = False) -> int: ...
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
 
@@ -305,7 +306,7 @@ class BatchWriter:
         written: set[str] = set()
         try:
             for table, columns in tables.items():
-                self.store.insert(table, columns.columns, dedup_token=batch.token)
+                self.store.insert(table, columns.columns, dedup_token=batch.token, repeated_timestamps=True)
                 written.add(table)
                 outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
         except StoreRejected as exc:

@@ -161,13 +161,14 @@ class FlakyStore:
         self.calls = 0
         self.failures = 0
 
-    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None) -> int:
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
+               repeated_timestamps: bool = False) -> int:
         self.calls += 1
         if self.calls > self.start_after and self.down > 0:
             self.down -= 1
             self.failures += 1
             raise StoreUnavailable("HTTPConnectionPool(host='clickhouse', port=8123): connection refused")
-        n = self.store.insert(table, columns, dedup_token)
+        n = self.store.insert(table, columns, dedup_token, repeated_timestamps)
         if self.calls > self.start_after and self.lost_acks > 0 and table in self.LOST_ACK_TABLES:
             self.lost_acks -= 1
             self.failures += 1

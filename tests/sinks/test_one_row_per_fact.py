@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +247,22 @@ def test_writing_a_batch_leaves_garbage_collection_on(store: ClickHouseStore) ->
     _outcome, rejected = writer.write(Batch(topic, 0, records, 0, 1))
     assert [r.offset for r, _ in rejected] == [1]
     assert gc.isenabled()
+
+
+def test_timestamps_converted_once_per_object_store_what_the_driver_stores(store: ClickHouseStore) -> None:
+    store.command("CREATE TABLE by_driver (i UInt32, at DateTime64(3, 'UTC'), maybe Nullable(DateTime64(6, 'UTC')), "
+                  "name String) ENGINE = MergeTree ORDER BY i")
+    store.command("CREATE TABLE once AS by_driver")
+    shared = datetime(2026, 1, 5, 9, 0, 0, 123456, tzinfo=UTC)
+    at = [shared, shared, datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+          datetime(2026, 1, 5, 11, 0, 0, 999, tzinfo=timezone(timedelta(hours=2))), shared]
+    maybe = [None, shared, at[2], None, at[3]]
+    columns: dict[str, list[Any]] = {"i": list(range(5)), "at": at, "maybe": maybe, "name": ["a"] * 5}
+    store.insert("by_driver", columns)
+    store.insert("once", columns, repeated_timestamps=True)
+    assert store.query("SELECT count() FROM (SELECT * FROM by_driver EXCEPT SELECT * FROM once)").rows == [[0]]
+    assert store.query("SELECT count() FROM once WHERE maybe IS NULL").rows == [[2]]
+    naive = {**columns, "at": [datetime(2026, 1, 5, 9)] * 5}  # left to the driver as it is
+    store.insert("by_driver", naive)
+    store.insert("once", naive, repeated_timestamps=True)
+    assert store.query("SELECT count() FROM (SELECT * FROM by_driver EXCEPT SELECT * FROM once)").rows == [[0]]
