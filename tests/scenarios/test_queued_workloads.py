@@ -4,6 +4,7 @@ checks the instants around admission and the rule that the same demand is never 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import pytest
@@ -67,7 +68,7 @@ def test_the_simulator_sends_workload_states_and_creates_pods_at_admission() -> 
     assert created == {"fill-a": 0.0, "fill-b": 0.0, "wl-admitted-0": 180.0, "wl-admitted-1": 180.0}
 
 
-def _window(outputs: list[object], start: str) -> ClusterCapacity:
+def _window(outputs: Sequence[object], start: str) -> ClusterCapacity:
     at = datetime.fromisoformat(start)
     return next(m for m in outputs if isinstance(m, ClusterCapacity) and m.window_start == at)
 
