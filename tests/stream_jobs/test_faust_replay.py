@@ -46,6 +46,17 @@ def test_shared_example_through_kafka_matches_in_process(name: str, kafka_settin
     assert report["alerts"], "the example has alerts: an empty report would match nothing"
 
 
+def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
+                                                         tmp_path: Path) -> None:
+    """Kueue workload states travel on their own compacted topic through the faust workers."""
+    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "queued-workloads.yaml")
+    expected = run_in_process(scenario).report
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert {a["subject"]["kind"] for a in report["alerts"]} == {"workload"}
+    assert report["cluster"]["max_queued_gpu_demand"] == 6
+
+
 def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSettings, topic_prefix: str,
                                                     tmp_path: Path) -> None:
     scenario = load_scenario(SHARED_SCENARIOS / "idle-notebook.yaml")
