@@ -240,6 +240,7 @@ class ClusterStage:
                 if s.gpu_requests_per_pod]
         self.workloads[state.uid] = {
             "uid": state.uid, "ns": state.namespace, "name": state.name, "queue": state.queue_name,
+            "team": state.team,
             "gang": state.gang_id, "owner_uids": sorted(o.uid for o in state.owners if o.uid),
             "requests": dict(state.gpu_requests), "gpus": state.gpus, "pods": pods,
             "created": epoch(state.created_at), "admitted": state.phase == "admitted",
@@ -397,7 +398,7 @@ class ClusterStage:
                            "largest_free_block": largest, "pending_s": t - pod["created"]}
                 reason = pod["last_reason"] or ("no queue reason seen" if workload else "no scheduler reason seen")
                 if workload:
-                    details |= {"queue": pod["queue"], "pods": len(pod["pods"])}
+                    details |= {"queue": pod["queue"], "pods": len(pod["pods"]), "team": pod["team"]}
                     summary = (f"workload {pod['ns']}/{pod['name']} queued for {fmt_duration(t - pod['created'])}: "
                                f"needs {pod['gpus']} GPU(s) in {len(pod['pods'])} pod(s); {reason}")
                 else:
