@@ -20,6 +20,7 @@ import yaml
 
 from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_apiserver import FakeApiServer
+from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
 from producers.watcher.kube import api_client, serves_workloads
 from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherService, kube_sources
@@ -250,6 +251,16 @@ def test_without_kueue_the_watcher_asks_once_and_watches_as_before() -> None:
         with watch(api, "ml") as (service, _sink):
             assert service.workload_informers == []
         assert [p for p in server.requests if "kueue" in p] == ["/apis/kueue.x-k8s.io/v1beta1"]
+
+
+def test_the_simulated_cluster_of_watch_simulate_has_a_queued_workload() -> None:
+    with FakeApiServer(bookmark_interval_s=0.2, kueue=True) as server:
+        SimulatedCluster(server).populate()
+        with watch(api_client(host=server.url), "nlp") as (_service, sink):
+            wait_for("the queued workload", lambda: len(states(sink)) == 1)
+        state = states(sink)[0].message
+        assert isinstance(state, WorkloadState)
+        assert (state.name, state.phase, state.gpus, state.queue_name) == ("nlp-pretrain-queued", "queued", 16, "nlp")
 
 
 @pytest.fixture
