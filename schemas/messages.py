@@ -406,8 +406,8 @@ class ClusterCapacity(Message):
     stranded_gpus_max: NonNegInt | None = None
     """The most stranded GPUs at any instant of the window."""
     queued_workloads: NonNegInt | None = None
-    """Workloads a queue (Kueue) holds that are not admitted, with their own demand in
-    ``queued_gpu_demand``; both are already inside ``pending_pods`` / ``pending_gpu_demand``."""
+    """Workloads a queue (Kueue) holds that are not admitted and have no pods yet; their GPUs are
+    ``queued_gpu_demand``, which ``pending_gpu_demand`` includes (``pending_pods`` counts pods only)."""
     queued_gpu_demand: NonNegInt | None = None
 
 

@@ -4,8 +4,8 @@
 in-process replay and the Kafka workers share every rule: records are decoded and validated
 through ``schemas.codec`` (a record that fails becomes a :class:`DeadLetter` naming the reason
 and the source position, and the stream goes on); pod states go to the cluster stage and, re-keyed
-by their node, to that node's stage; node states to both; samples to their node's stage; events
-and workload progress to the cluster stage. Node-stage outputs that are internal
+by their node, to that node's stage; node states to both; samples to their node's stage; events,
+workload progress and Kueue workload states to the cluster stage. Node-stage outputs that are internal
 (:class:`NodeSummary`, :class:`PodUsage`) feed the cluster stage; the rest are the public outputs.
 """
 
