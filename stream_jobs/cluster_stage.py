@@ -65,15 +65,22 @@ def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
     return all(free.get(res, 0) >= n for res, n in request.items())
 
 
-def _places(free: dict[str, dict[str, int]], pods: list[dict[str, int]]) -> bool:
-    """Whether every pod request finds a node, largest first, first fit over nodes by name."""
+def _places(free: dict[str, dict[str, int]], sets: list[list[Any]]) -> bool:
+    """Whether every pod of ``sets`` (``[count, request per pod]``) finds a node: largest pods first,
+    first fit over nodes by name (a node takes as many pods of a set as fit before the next)."""
     left = {name: dict(f) for name, f in free.items()}
-    for request in sorted(pods, key=lambda r: (-sum(r.values()), sorted(r.items()))):
-        node = next((name for name in sorted(left) if _fits(left[name], request)), None)
-        if node is None:
+    for count, request in sorted(sets, key=lambda s: (-sum(s[1].values()), sorted(s[1].items()))):
+        remaining = count
+        for name in sorted(left):
+            if remaining == 0:
+                break
+            here = min((left[name].get(res, 0) // n for res, n in request.items() if n > 0), default=remaining)
+            placed = min(here, remaining)
+            for res, n in request.items():
+                left[name][res] = left[name].get(res, 0) - n * placed
+            remaining -= placed
+        if remaining:
             return False
-        for res, n in request.items():
-            left[node][res] -= n
     return True
 
 
@@ -236,13 +243,13 @@ class ClusterStage:
             if state.uid in self.workloads:  # kept until the rules resolve its alerts
                 self.workloads[state.uid]["ended"] = "deleted" if state.deleted else state.phase
             return
-        pods = [dict(s.gpu_requests_per_pod) for s in state.pod_sets for _ in range(s.count)
-                if s.gpu_requests_per_pod]
+        sets = [[s.count, dict(s.gpu_requests_per_pod)] for s in state.pod_sets if s.gpu_requests_per_pod and s.count]
         self.workloads[state.uid] = {
             "uid": state.uid, "ns": state.namespace, "name": state.name, "queue": state.queue_name,
             "team": state.team,
             "gang": state.gang_id, "owner_uids": sorted(o.uid for o in state.owners if o.uid),
-            "requests": dict(state.gpu_requests), "gpus": state.gpus, "pods": pods,
+            "requests": dict(state.gpu_requests), "gpus": state.gpus, "sets": sets,
+            "pods": sum(count for count, _ in sets),
             "created": epoch(state.created_at), "admitted": state.phase == "admitted",
             "last_reason": state.pending_reason, "ended": None,
         }
@@ -351,7 +358,7 @@ class ClusterStage:
         free_by_node = {name: sum(f.values()) for name, f in free.items()}
         stranded = 0
         requests = [(p["gpus"], p["created"], p["uid"], p["requests"]) for p in pending]
-        requests += [(sum(r.values()), w["created"], w["uid"], r) for w in queued for r in w["pods"][:1]]
+        requests += [(sum(r.values()), w["created"], w["uid"], r) for w in queued for _, r in w["sets"]]
         if requests:
             smallest = min(requests, key=lambda r: r[:3])[3]
             for f in free.values():
@@ -384,10 +391,10 @@ class ClusterStage:
         waiting = {p["uid"] for p in pending} | {w["uid"] for w in queued}
         for pod in [*pending, *queued]:
             request = pod["requests"]
-            workload = "pods" in pod
+            workload = "sets" in pod
             cluster_free = {res: sum(f.get(res, 0) for f in free.values()) for res in request}
             unfragmented = _fits(cluster_free, request)
-            fits_somewhere = _places(free, pod["pods"]) if workload else any(_fits(f, request) for f in free.values())
+            fits_somewhere = _places(free, pod["sets"]) if workload else any(_fits(f, request) for f in free.values())
             largest = max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0)
             free_sum = sum(cluster_free.values())
             uid = pod["uid"]
@@ -398,9 +405,9 @@ class ClusterStage:
                            "largest_free_block": largest, "pending_s": t - pod["created"]}
                 reason = pod["last_reason"] or ("no queue reason seen" if workload else "no scheduler reason seen")
                 if workload:
-                    details |= {"queue": pod["queue"], "pods": len(pod["pods"]), "team": pod["team"]}
+                    details |= {"queue": pod["queue"], "pods": pod["pods"], "team": pod["team"]}
                     summary = (f"workload {pod['ns']}/{pod['name']} queued for {fmt_duration(t - pod['created'])}: "
-                               f"needs {pod['gpus']} GPU(s) in {len(pod['pods'])} pod(s); {reason}")
+                               f"needs {pod['gpus']} GPU(s) in {pod['pods']} pod(s); {reason}")
                 else:
                     summary = (f"{pod['ns']}/{pod['name']} pending for {fmt_duration(t - pod['created'])}: needs "
                                f"{pod['gpus']} GPU(s); {reason}")
@@ -418,8 +425,8 @@ class ClusterStage:
                     summary = (f"{pod['name']} needs {pod['gpus']} GPUs; {free_sum} are free but at most "
                                f"{largest} on one node")
                     if workload:
-                        details["pods"] = len(pod["pods"])
-                        summary = (f"workload {pod['name']} needs {pod['gpus']} GPUs in {len(pod['pods'])} pod(s); "
+                        details["pods"] = pod["pods"]
+                        summary = (f"workload {pod['name']} needs {pod['gpus']} GPUs in {pod['pods']} pod(s); "
                                    f"{free_sum} are free but its pods do not fit the nodes (at most {largest} on one)")
                     state["alert"], message = alerts.fire("fragmentation", subj, t, summary, details)
                     self._out.append(message)
