@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
@@ -39,6 +40,7 @@ from producers.watcher.informer import (
     Clock,
     Informer,
     RawObject,
+    SourceError,
     SystemClock,
     WatchSource,
     drop_managed_fields,
@@ -482,6 +484,25 @@ def _store_reader(informer: Informer) -> Callable[[], list[RawObject]]:
     return lambda: list(informer.store.values())
 
 
+def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether Kueue's Workloads are served, asked with retries: a server that is briefly unreachable
+    is not taken for "no Kueue"; one that stays so starts the watcher without workloads (pods,
+    nodes and events matter more), with a warning."""
+    backoff = Backoff()
+    for attempt in range(1, attempts + 1):
+        try:
+            served = ask()
+        except SourceError as exc:
+            if attempt == attempts:
+                log.warning("kueue discovery failed; workloads are not followed", error=str(exc))
+                return False
+            sleep(backoff.next_delay_s())
+            continue
+        log.info("kueue workloads", served=served)
+        return served
+    return False
+
+
 def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io",
                  workloads: bool | None = None) -> Sources:
     """Sources over the real client (``producers.watcher.kube``) for all or some namespaces.
@@ -490,8 +511,7 @@ def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "ev
     from producers.watcher.kube import KubeSource, serves_workloads
 
     if workloads is None:
-        workloads = serves_workloads(api)
-        log.info("kueue workloads", served=workloads)
+        workloads = discover_workloads(lambda: serves_workloads(api))
 
     event_resource = "events" if events_api == "events.k8s.io" else "core-events"
     scopes: list[str | None] = list(namespaces) or [None]

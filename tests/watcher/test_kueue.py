@@ -22,8 +22,9 @@ from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
+from producers.watcher.informer import SourceError
 from producers.watcher.kube import api_client, serves_workloads
-from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherService, kube_sources
+from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherService, discover_workloads, kube_sources
 from producers.watcher.translate import TranslateConfig
 from producers.watcher.workloads import workload_to_state
 from schemas.messages import WorkloadState
@@ -261,6 +262,27 @@ def test_the_simulated_cluster_of_watch_simulate_has_a_queued_workload() -> None
         state = states(sink)[0].message
         assert isinstance(state, WorkloadState)
         assert (state.name, state.phase, state.gpus, state.queue_name) == ("nlp-pretrain-queued", "queued", 16, "nlp")
+
+
+def test_discovery_retries_a_failing_server_then_goes_on_without_workloads() -> None:
+    answers: list[bool | Exception] = [SourceError("503", 503), SourceError("refused"), True]
+
+    def ask() -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    sleeps: list[float] = []
+    assert discover_workloads(ask, sleep=sleeps.append) is True and len(sleeps) == 2
+
+    def down() -> bool:
+        raise SourceError("connection refused")
+
+    assert discover_workloads(down, attempts=3, sleep=sleeps.append) is False
+    with FakeApiServer(kueue=True) as server:
+        server.fail_next(1, status=503, path_contains="kueue")
+        assert len(kube_sources(api_client(host=server.url), ("ml",)).workloads) == 1
 
 
 @pytest.fixture
