@@ -24,7 +24,14 @@ from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
 from producers.watcher.informer import SourceError
 from producers.watcher.kube import api_client, serves_workloads
-from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherService, discover_workloads, kube_sources
+from producers.watcher.service import (
+    MemorySink,
+    Record,
+    WatcherConfig,
+    WatcherService,
+    discover_workloads,
+    kube_sources,
+)
 from producers.watcher.translate import TranslateConfig
 from producers.watcher.workloads import workload_to_state
 from schemas.messages import WorkloadState
