@@ -9,8 +9,10 @@ a small table of recognisers tried after the configured keys, in order:
   together, not the whole set);
 - **single labels** the configured keys do not cover by default (Volcano's ``volcano.sh/job-name``,
   Kueue's pod groups ``kueue.x-k8s.io/pod-group-name``, LeaderWorkerSet without an index);
-- **owner references** by API group and kind: JobSet, LeaderWorkerSet, Kubeflow training jobs,
-  Volcano Jobs and PodGroups, and Kueue Workloads (a Kueue pod group's pods).
+- **owner references** by API group and kind: JobSet, LeaderWorkerSet, Volcano Jobs and PodGroups,
+  scheduler-plugins PodGroups and Kueue Workloads (a Kueue pod group's pods). Kubeflow training
+  jobs are not in it: their pods carry ``training.kubeflow.org/job-name``, a configured key, and a
+  pod whose only trace is the owner (e.g. a one-pod notebook-style job) is not treated as a gang.
 
 The result is always ``<namespace>/<group>``: gang names are namespace-scoped. The same function
 serves pods and Kueue ``Workload`` objects, so a workload and its pods share a gang id.
@@ -49,12 +51,6 @@ RECOGNISERS: tuple[GangRecogniser, ...] = (
     LabelGang(("leaderworkerset.sigs.k8s.io/name",)),
     OwnerGang("jobset.x-k8s.io", "JobSet"),
     OwnerGang("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
-    OwnerGang("kubeflow.org", "PyTorchJob"),
-    OwnerGang("kubeflow.org", "TFJob"),
-    OwnerGang("kubeflow.org", "MPIJob"),
-    OwnerGang("kubeflow.org", "JAXJob"),
-    OwnerGang("kubeflow.org", "XGBoostJob"),
-    OwnerGang("kubeflow.org", "PaddleJob"),
     OwnerGang("batch.volcano.sh", "Job"),
     OwnerGang("scheduling.volcano.sh", "PodGroup"),
     OwnerGang("scheduling.x-k8s.io", "PodGroup"),
