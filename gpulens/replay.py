@@ -137,6 +137,12 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
         "gpu_hours_unallocated": _num(max(total - allocated, 0.0) / 3600.0),
         "max_stranded_gpus": max((w.stranded_gpus_max or 0 for w in windows), default=0),
     }
+    if scenario.workloads:  # queued demand: only where the file has Kueue workloads, so other reports keep their shape
+        cluster |= {
+            "max_pending_gpu_demand": max((w.pending_gpu_demand for w in windows), default=0),
+            "max_queued_gpu_demand": max((w.queued_gpu_demand or 0 for w in windows), default=0),
+            "max_queued_workloads": max((w.queued_workloads or 0 for w in windows), default=0),
+        }
     pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
     return {
         "scenario": scenario.name,

@@ -9,6 +9,8 @@ Besides FORMAT.md's fields, optional extensions exercise what the format cannot 
 ``nodes[].mig`` (MIG mode), ``nodes[].time_slicing`` (shared GPUs), ``nodes[].process_stats``,
 ``nodes[].unschedulable``, ``pods[].resource``, and the top-level ``faults`` (XIDs, lost GPUs),
 ``agent_gaps`` (silent agents), ``late_samples`` (delayed delivery) and ``poison`` (bad records).
+``workloads`` are Kueue Workloads: demand a queue holds before any pod exists; ``pods[].workload``
+makes a pod one of a workload's pods, created only once the workload is admitted.
 """
 
 from __future__ import annotations
@@ -104,6 +106,41 @@ class PodSpec:
     active_gpus: int | None = None
     """Extension: only the pod's first ``active_gpus`` devices run its processes; the rest stay allocated
     with nothing on them (None: all of them)."""
+    workload: str | None = None
+    """Extension: the Kueue workload (same namespace) this pod belongs to; ``create`` then counts from
+    the workload's admission, and a workload never admitted never creates it."""
+
+
+@dataclass(frozen=True)
+class PodSetSpec:
+    """One pod set of a queued workload: ``count`` pods of ``gpus`` units of ``resource`` each."""
+
+    name: str = "main"
+    count: int = 1
+    gpus: int = 1
+    resource: str = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Extension: a Kueue Workload (``kueue.x-k8s.io/v1beta1``) from ``create`` until ``delete``."""
+
+    index: int
+    name: str
+    namespace: str = "default"
+    queue: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    pod_sets: tuple[PodSetSpec, ...] = (PodSetSpec(),)
+    create: float = 0.0
+    admit: float | None = None
+    """QuotaReserved and Admitted at this offset (None: it stays queued)."""
+    delete: float | None = None
+    reason: str | None = None
+    """Why it waits (the QuotaReserved=False message); default: Kueue's insufficient-quota text."""
+
+    @property
+    def gpus(self) -> int:
+        return sum(s.count * s.gpus for s in self.pod_sets)
 
 
 @dataclass(frozen=True)
@@ -153,6 +190,7 @@ class Scenario:
     agent_gaps: tuple[GapSpec, ...] = ()
     late_samples: tuple[LateSpec, ...] = ()
     poison: tuple[PoisonSpec, ...] = ()
+    workloads: tuple[WorkloadSpec, ...] = ()
     source: str = ""
 
     @property
@@ -318,9 +356,11 @@ _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels",
               "mig", "time_slicing", "process_stats"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
-             "active_gpus"}
+             "active_gpus", "workload"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
-             "faults", "agent_gaps", "late_samples", "poison", "description"}
+             "faults", "agent_gaps", "late_samples", "poison", "description", "workloads"}
+_WORKLOAD_KEYS = {"name", "namespace", "queue", "labels", "pod_sets", "create", "admit", "delete", "reason"}
+_POD_SET_KEYS = {"name", "count", "gpus", "resource"}
 
 
 def _node(raw: Any, path: str) -> NodeSpec:
@@ -392,6 +432,54 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         resource=resource,
         owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
         active_gpus=active_gpus,
+        workload=None if data.get("workload") is None else _k8s_name(data["workload"], f"{path}.workload"),
+    )
+
+
+def _resource(value: Any, path: str) -> str:
+    resource = _str(value, path)
+    if not (resource == "nvidia.com/gpu" or resource.startswith(("nvidia.com/mig-", "nvidia.com/gpu."))):
+        raise _fail(path, f"expected nvidia.com/gpu or nvidia.com/mig-<profile>, got {resource!r}")
+    return resource
+
+
+def _pod_set(raw: Any, path: str) -> PodSetSpec:
+    data = _mapping(raw, path)
+    _check_keys(data, _POD_SET_KEYS, path)
+    return PodSetSpec(
+        name=_k8s_name(data.get("name", "main"), f"{path}.name"),
+        count=_int(data.get("count", 1), f"{path}.count", 1),
+        gpus=_int(data.get("gpus", 1), f"{path}.gpus", 1),
+        resource=_resource(data.get("resource", "nvidia.com/gpu"), f"{path}.resource"),
+    )
+
+
+def _workload(raw: Any, index: int, path: str) -> WorkloadSpec:
+    data = _mapping(raw, path)
+    _check_keys(data, _WORKLOAD_KEYS, path)
+    if "name" not in data:
+        raise _fail(f"{path}.name", "required")
+    sets = tuple(_pod_set(item, f"{path}.pod_sets[{i}]")
+                 for i, item in enumerate(_list(data.get("pod_sets", [{}]), f"{path}.pod_sets")))
+    if not sets:
+        raise _fail(f"{path}.pod_sets", "at least one pod set")
+    if len({s.name for s in sets}) != len(sets):
+        raise _fail(f"{path}.pod_sets", "pod set names must be unique")
+    create = parse_duration(data.get("create", 0), f"{path}.create")
+    admit = None if data.get("admit") is None else parse_duration(data["admit"], f"{path}.admit")
+    if admit is not None and admit < create:
+        raise _fail(f"{path}.admit", "must not be before create")
+    return WorkloadSpec(
+        index=index,
+        name=_k8s_name(data["name"], f"{path}.name"),
+        namespace=_k8s_name(data.get("namespace", "default"), f"{path}.namespace"),
+        queue=_k8s_name(data.get("queue", "default"), f"{path}.queue"),
+        labels=_labels(data.get("labels"), f"{path}.labels"),
+        pod_sets=sets,
+        create=create,
+        admit=admit,
+        delete=None if data.get("delete") is None else parse_duration(data["delete"], f"{path}.delete"),
+        reason=None if data.get("reason") is None else _str(data["reason"], f"{path}.reason"),
     )
 
 
@@ -456,6 +544,16 @@ def parse_scenario(data: Any, source: str = "", default_name: str = "scenario") 
         if (pod.namespace, pod.name) in names:
             raise _fail(f"pods[{pod.index}].name", f"duplicate pod {pod.namespace}/{pod.name}")
         names.add((pod.namespace, pod.name))
+    workloads = tuple(_workload(raw, i, f"workloads[{i}]")
+                      for i, raw in enumerate(_list(data.get("workloads"), "workloads")))
+    workload_names: set[tuple[str, str]] = set()
+    for workload in workloads:
+        if (workload.namespace, workload.name) in workload_names:
+            raise _fail(f"workloads[{workload.index}].name", f"duplicate workload {workload.namespace}/{workload.name}")
+        workload_names.add((workload.namespace, workload.name))
+    for pod in pods:
+        if pod.workload is not None and (pod.namespace, pod.workload) not in workload_names:
+            raise _fail(f"pods[{pod.index}].workload", f"no workload {pod.namespace}/{pod.workload} in workloads")
     faults = []
     for i, raw in enumerate(_list(data.get("faults"), "faults")):
         path = f"faults[{i}]"
@@ -527,6 +625,7 @@ def parse_scenario(data: Any, source: str = "", default_name: str = "scenario") 
         agent_gaps=tuple(gaps),
         late_samples=tuple(late),
         poison=tuple(poison),
+        workloads=workloads,
         source=source,
     )
 

@@ -2,8 +2,10 @@
 
 Each tick (t = 0, dt, 2dt, ... while t < duration) follows FORMAT.md's order:
 
-1. create pods whose ``create`` <= t, delete pods whose ``delete`` <= t, complete pods whose
-   ``run_for`` has elapsed, remove nodes whose ``ready_until`` <= t (their pods end ``Evicted``);
+1. Kueue workloads are created, admitted and deleted at their offsets (a workload's pods are
+   created ``create`` after its admission); create pods whose ``create`` <= t, delete pods whose
+   ``delete`` <= t, complete pods whose ``run_for`` has elapsed, remove nodes whose
+   ``ready_until`` <= t (their pods end ``Evicted``);
 2. schedule pending pods in creation order (file order within a tick), first fit over Ready nodes
    in file order (a pinned pod only to its node), lowest-indexed free GPUs; a pod that does not
    fit gets a ``FailedScheduling`` event worded like kube-scheduler's;
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, step_value
+from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
@@ -38,12 +40,14 @@ from producers.watcher.translate import (
     node_to_state,
     pod_to_state,
 )
+from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import Message, PodRef, PodState, WorkloadProgress
-from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS
+from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 
 GIB = 2**30
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _NS = uuidlib.UUID("6f1c2a55-0d7e-4c83-9a7e-3b2f5c1d9e40")
 EPS = 1e-6
 
@@ -109,6 +113,15 @@ class _Pod:
         return self.spec.resource or "nvidia.com/gpu"
 
 
+@dataclass
+class _Workload:
+    spec: WorkloadSpec
+    uid: str
+    job_uid: str
+    """The suspended batch Job that owns the workload (and, once admitted, its pods)."""
+    phase: str = "new"  # new | queued | admitted | deleted
+
+
 class FleetSimulator:
     def __init__(self, scenario: Scenario, translate_config: TranslateConfig | None = None) -> None:
         self.scenario = scenario
@@ -122,6 +135,11 @@ class FleetSimulator:
                  hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
             for spec in scenario.pods
         ]
+        self.workloads: dict[tuple[str, str], _Workload] = {
+            (spec.namespace, spec.name): _Workload(spec, _uid(scenario.name, "workload", spec.namespace, spec.name),
+                                                   _uid(scenario.name, "job", spec.namespace, spec.name))
+            for spec in scenario.workloads
+        }
         self._late: list[tuple[float, Record]] = []
         self._fired_xids: set[int] = set()
 
@@ -193,6 +211,11 @@ class FleetSimulator:
             owner_uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpulens-sim/{spec.namespace}/{kind}/{name}")
             meta["ownerReferences"] = [{"apiVersion": OWNER_API_VERSIONS[kind], "kind": kind, "name": name,
                                         "uid": str(owner_uid), "controller": True}]
+        elif spec.workload is not None:
+            workload = self.workloads[(spec.namespace, spec.workload)]
+            labels[QUEUE_LABEL] = workload.spec.queue
+            meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.workload,
+                                        "uid": workload.job_uid, "controller": True}]
         if pod.deleted and pod.ended is not None:
             meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
         amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
@@ -242,6 +265,72 @@ class FleetSimulator:
             status["containerStatuses"] = [cstatus]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec, "status": status}
 
+    def _workload_object(self, workload: _Workload, ts: datetime) -> dict[str, Any]:
+        """The Workload Kueue creates for a suspended Job, as the API server serves it."""
+        spec = workload.spec
+        start = self.scenario.start
+        meta: dict[str, Any] = {
+            "name": spec.name, "namespace": spec.namespace, "uid": workload.uid, "labels": dict(spec.labels),
+            "creationTimestamp": _iso(start + timedelta(seconds=spec.create)),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.name, "uid": workload.job_uid,
+                                 "controller": True, "blockOwnerDeletion": True}],
+        }
+        if workload.phase == "deleted":
+            meta["deletionTimestamp"] = _iso(ts)
+        pod_sets = [{"name": s.name, "count": s.count, "template": {"spec": {"containers": [{
+            "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "resources": {"requests": {s.resource: str(s.gpus)}, "limits": {s.resource: str(s.gpus)}}}]}}}
+            for s in spec.pod_sets]
+        status: dict[str, Any] = {}
+        if spec.admit is not None and workload.phase in ("admitted", "deleted") and ts >= start + timedelta(
+                seconds=spec.admit):
+            admitted = _iso(start + timedelta(seconds=spec.admit))
+            status["admission"] = {"clusterQueue": "cluster-queue", "podSetAssignments": [
+                {"name": s.name, "count": s.count, "flavors": {s.resource: "default-flavor"}} for s in spec.pod_sets]}
+            status["conditions"] = [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": admitted,
+                 "message": "Quota reserved in ClusterQueue cluster-queue"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": admitted,
+                 "message": "The workload is admitted"}]
+        else:
+            first = spec.pod_sets[0]
+            reason = spec.reason or (f"couldn't assign flavors to pod set {first.name}: insufficient unused quota "
+                                     f"for {first.resource} in flavor default-flavor, {spec.gpus} more needed")
+            status["conditions"] = [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                     "message": reason, "lastTransitionTime": meta["creationTimestamp"]}]
+        return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": meta,
+                "spec": {"queueName": spec.queue, "podSets": pod_sets, "active": True}, "status": status}
+
+    def _workload_records(self, t: float, ts: datetime) -> list[Record]:
+        out: list[Record] = []
+        for workload in self.workloads.values():
+            spec = workload.spec
+            before = workload.phase
+            if workload.phase == "new" and spec.create <= t + EPS:
+                workload.phase = "queued"
+            if workload.phase == "queued" and spec.admit is not None and spec.admit <= t + EPS:
+                workload.phase = "admitted"
+            if workload.phase in ("queued", "admitted") and spec.delete is not None and spec.delete <= t + EPS:
+                workload.phase = "deleted"
+            if workload.phase == before or (before == "new" and workload.phase == "deleted"):
+                continue
+            state = workload_to_state(self._workload_object(workload, ts), ts, self.config)
+            if state is None:
+                continue
+            if workload.phase == "deleted":
+                out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, deleted_workload(state, ts)))
+                out.append(Record(K8S_WORKLOADS.suffix, workload.uid, None))
+            else:
+                out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, state))
+        return out
+
+    def _create_at(self, pod: _Pod) -> float | None:
+        """When a pod is created: its ``create``, counted from its workload's admission if it has one."""
+        if pod.spec.workload is None:
+            return pod.spec.create
+        admit = self.workloads[(pod.spec.namespace, pod.spec.workload)].spec.admit
+        return None if admit is None else admit + pod.spec.create
+
     def _event_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
         pod.event_count += 1
         spec = pod.spec
@@ -274,6 +363,7 @@ class FleetSimulator:
                     node.state = node_state
                     if node_state is not None:
                         records.append(self._encode(K8S_NODES.suffix, node.spec.name, node_state))
+            records.extend(self._workload_records(t, ts))
             self._lifecycle(t, ts, changed, records)
             failed = self._schedule(t, changed)
             self._crashloops(t, changed)
@@ -320,7 +410,8 @@ class FleetSimulator:
 
     def _lifecycle(self, t: float, ts: datetime, changed: list[_Pod], records: list[Record]) -> None:
         for pod in self.pods:
-            if pod.phase == "new" and pod.spec.create <= t + EPS:
+            create = self._create_at(pod)
+            if pod.phase == "new" and create is not None and create <= t + EPS:
                 pod.phase, pod.created = "pending", t
                 changed.append(pod)
         for pod in self.pods:

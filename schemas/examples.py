@@ -84,6 +84,15 @@ def all_examples() -> dict[str, m.Message]:
         "alerts.v1": m.Alert(id="a-1", type="idle_gpu", severity="warning", state="firing", at=TS, started_at=TS,
                              subject=subject, summary="notebook-alice holds 1 idle GPU for 10m",
                              details={"idle_class": "vram_held"}),
+        "k8s.workloads.v1": m.WorkloadState(
+            uid="9b2e4c1a-2222-4c3d-8e9f-0123456789ab", namespace="research", name="job-train-llm-5c1f2",
+            ts=TS, phase="queued", queue_name="research", priority_class="batch", priority=100,
+            pod_sets=[m.PodSetDemand(name="workers", count=2, gpu_requests_per_pod={"nvidia.com/gpu": 8})],
+            gpu_requests={"nvidia.com/gpu": 16}, gpus=16,
+            owners=[m.OwnerRef(kind="JobSet", name="train-llm", uid="u-9", api_version="jobset.x-k8s.io/v1alpha2")],
+            team="nlp", project="chat", gang_id="research/train-llm",
+            pending_reason="couldn't assign flavors to pod set workers: insufficient quota for nvidia.com/gpu",
+            created_at=TS),
         "deadletter.v1": m.DeadLetter(error="gpus.0.index: Field required", source_topic="gpulens.gpu.samples.v1",
                                       source_partition=3, source_offset=1042, at=TS, payload_text="{}"),
     }

@@ -270,6 +270,57 @@ class K8sEvent(Message):
     source: str | None = None
 
 
+# --------------------------------------------------------------------------- k8s.workloads.v1
+
+WorkloadPhase = Literal["queued", "quota_reserved", "admitted", "finished", "inactive"]
+
+
+class PodSetDemand(Part):
+    """One pod set of a queued workload: ``count`` pods, each asking ``gpu_requests_per_pod``."""
+
+    name: str
+    count: NonNegInt
+    gpu_requests_per_pod: dict[str, NonNegInt] = Field(default_factory=dict)
+
+
+class WorkloadState(Message):
+    """A Kueue ``Workload`` (kueue.x-k8s.io) on each change: what a job asks for while it waits.
+
+    A queued job is suspended and has no pods, so this is the only record of its demand. Once
+    ``admitted`` its pods exist and carry the demand: consumers count a workload or its pods,
+    never both. ``gpu_requests`` is the total over pod sets (per-pod request x count).
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    ts: UtcDatetime
+    phase: WorkloadPhase
+    queue_name: str | None = None
+    """``spec.queueName``: the LocalQueue in the workload's namespace."""
+    cluster_queue: str | None = None
+    """``status.admission.clusterQueue`` once quota is reserved."""
+    priority_class: str | None = None
+    priority: int | None = None
+    pod_sets: list[PodSetDemand] = Field(default_factory=list)
+    gpu_requests: dict[str, NonNegInt] = Field(default_factory=dict)
+    gpus: NonNegInt = 0
+    owners: list[OwnerRef] = Field(default_factory=list)
+    team: str | None = None
+    project: str | None = None
+    gang_id: str | None = None
+    pending_reason: str | None = None
+    """The message of the latest condition that says why it is not admitted (QuotaReserved False)."""
+    created_at: UtcDatetime
+    quota_reserved_at: UtcDatetime | None = None
+    admitted_at: UtcDatetime | None = None
+    finished_at: UtcDatetime | None = None
+    wait_s: NonNegFloat | None = None
+    """Creation to admission, once admitted (while queued: ``ts`` minus ``created_at``)."""
+    deleted: bool = False
+    deleted_at: UtcDatetime | None = None
+
+
 # --------------------------------------------------------------------------- workload.progress.v1
 
 
@@ -354,6 +405,10 @@ class ClusterCapacity(Message):
     gpu_s_free: NonNegFloat | None = None
     stranded_gpus_max: NonNegInt | None = None
     """The most stranded GPUs at any instant of the window."""
+    queued_workloads: NonNegInt | None = None
+    """Workloads a queue (Kueue) holds that are not admitted and have no pods yet; their GPUs are
+    ``queued_gpu_demand``, which ``pending_gpu_demand`` includes (``pending_pods`` counts pods only)."""
+    queued_gpu_demand: NonNegInt | None = None
 
 
 # --------------------------------------------------------------------------- pod.lifecycle.v1
@@ -420,7 +475,7 @@ Severity = Literal["info", "warning", "critical"]
 
 
 class AlertSubject(Part):
-    kind: Literal["pod", "node", "gang", "cluster"]
+    kind: Literal["pod", "node", "gang", "cluster", "workload"]
     namespace: str | None = None
     name: str | None = None
     node: str | None = None

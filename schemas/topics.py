@@ -21,6 +21,7 @@ from schemas.messages import (
     PodState,
     PodWindow,
     WorkloadProgress,
+    WorkloadState,
 )
 
 DEFAULT_PREFIX = "gpulens"
@@ -68,6 +69,10 @@ K8S_EVENTS = TopicSpec(
     "k8s.events.v1", "involved uid", K8sEvent, 3, "delete", 7 * _DAY_MS,
     "scheduling failures, evictions, preemptions, OOM kills",
 )
+K8S_WORKLOADS = TopicSpec(
+    "k8s.workloads.v1", "workload uid", WorkloadState, 3, "compact", -1,
+    "queued and admitted Kueue workloads with their GPU demand; tombstone on delete",
+)
 WORKLOAD_PROGRESS = TopicSpec(
     "workload.progress.v1", "pod uid", WorkloadProgress, 3, "delete", 7 * _DAY_MS,
     "counters workloads report (steps, tokens, samples)",
@@ -104,6 +109,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     POD_LIFECYCLE,
     ALERTS,
     DEADLETTER,
+    K8S_WORKLOADS,
 )
 
 

@@ -9,10 +9,10 @@ PagerDuty) or a chat webhook; gpulens publishes alerts on Kafka. This consumer b
   its own ``resolve_timeout``); a resolved one with ``endsAt`` = when it resolved. Labels:
   ``alertname``, ``severity``, ``namespace``, ``pod``, ``team`` (the alert's, else the pod's from
   the watcher's pod states on ``k8s.pods.v1``), ``node``, ``cluster`` (plus
-  ``gpu_uuid`` / ``gang`` when the subject has one, so two alerts on two GPUs of one pod stay two
-  alerts); annotations ``summary``, ``description`` and ``runbook_url`` (docs/alerts.md's section
-  of the type). A generic webhook gets the gpulens alert with those labels and annotations, or a
-  Slack-compatible body.
+  ``gpu_uuid`` / ``gang`` / ``workload`` (a queued Kueue workload) when the subject has one, so
+  two alerts on two GPUs of one pod stay two alerts); annotations ``summary``, ``description`` and
+  ``runbook_url`` (docs/alerts.md's section of the type). A generic webhook gets the gpulens alert
+  with those labels and annotations, or a Slack-compatible body.
 - **At least once.** Records are consumed in batches; the offsets of a batch are committed only
   after every record of it was delivered to every destination (or dead-lettered, and the dead
   letter acknowledged by Kafka). A failed delivery is retried with jittered exponential backoff
@@ -72,6 +72,8 @@ def alert_labels(alert: Alert, cluster: str, team: str | None = None) -> dict[st
         labels["pod"] = subject.name
     if subject.kind == "gang" and subject.name:
         labels["gang"] = subject.name
+    if subject.kind == "workload" and subject.name:
+        labels["workload"] = subject.name
     if subject.node:
         labels["node"] = subject.node
     elif subject.kind == "node" and subject.name:
@@ -121,7 +123,8 @@ def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
     state = "FIRING" if alert.state == "firing" else "RESOLVED"
     icon = SLACK_ICONS[alert.severity] if alert.state == "firing" else ":white_check_mark:"
     text = f"{icon} [{state}] {alert.type} ({alert.severity}): {alert.summary}"
-    where = ", ".join(f"{k}={labels[k]}" for k in ("cluster", "namespace", "pod", "gang", "node") if k in labels)
+    where = ", ".join(f"{k}={labels[k]}" for k in ("cluster", "namespace", "pod", "gang", "workload", "node")
+                      if k in labels)
     return {
         "text": text,
         "blocks": [

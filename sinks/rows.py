@@ -37,14 +37,16 @@ from schemas.topics import (
     K8S_EVENTS,
     K8S_NODES,
     K8S_PODS,
+    K8S_WORKLOADS,
     POD_LIFECYCLE,
     POD_WINDOWS,
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
 
-SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS if spec is not DEADLETTER)
-"""The topics the sink stores (every topic except the dead-letter topic it writes to)."""
+SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS if spec not in (DEADLETTER, K8S_WORKLOADS))
+"""The topics the sink stores: every topic except the dead-letter topic it writes to and, for now,
+Kueue workload states (their demand reaches ClickHouse through ``cluster_capacity``)."""
 
 TABLES_BY_TOPIC: dict[str, tuple[str, ...]] = {
     GPU_SAMPLES.suffix: ("gpu_samples", "gpu_processes", "gpu_xids"),

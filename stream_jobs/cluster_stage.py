@@ -9,6 +9,12 @@ per Ready node minus the requests of the pods bound to it):
 - ``pending_gpu``: a GPU pod unscheduled ``pending_after`` after its creation;
 - ``fragmentation``: a pending pod that no schedulable node can fit although the free GPUs sum
   to enough, held for ``fragmentation_after``;
+- queued demand: a Kueue workload not yet admitted has no pods, so it is pending demand of its
+  own (subject kind ``workload``) in both rules and in the capacity figures. Its pods are placed
+  first-fit-decreasing on a copy of the free GPUs: "would fit if defragmented" means the free
+  GPUs add up to its whole demand but that placement fails. An admitted workload is counted
+  through its pods only, and so is a queued one that already has live pods (same owner uid or
+  gang, as with Kueue's pod groups): the same demand is never counted twice;
 - ``gang_partial``: a gang with members holding GPUs while others wait, for ``gang_after``;
 - capacity windows (:class:`ClusterCapacity`): the state at each instant holds until the next
   one, so GPU-seconds integrate exactly; counts are the state at the window's last instant that
@@ -32,6 +38,7 @@ from schemas.messages import (
     PodLifecycle,
     PodState,
     WorkloadProgress,
+    WorkloadState,
 )
 from stream_jobs import alerts
 from stream_jobs.config import EngineConfig
@@ -47,6 +54,7 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "event": (3, K8sEvent),
     "progress": (4, WorkloadProgress),
     "summary": (5, NodeSummary),
+    "workload": (6, WorkloadState),
 }
 _TYPES = {cls: kind for kind, (_rank, cls) in KINDS.items()}
 _MAX_REASONS = 20
@@ -57,6 +65,25 @@ def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
     return all(free.get(res, 0) >= n for res, n in request.items())
 
 
+def _places(free: dict[str, dict[str, int]], sets: list[list[Any]]) -> bool:
+    """Whether every pod of ``sets`` (``[count, request per pod]``) finds a node: largest pods first,
+    first fit over nodes by name (a node takes as many pods of a set as fit before the next)."""
+    left = {name: dict(f) for name, f in free.items()}
+    for count, request in sorted(sets, key=lambda s: (-sum(s[1].values()), sorted(s[1].items()))):
+        remaining = count
+        for name in sorted(left):
+            if remaining == 0:
+                break
+            here = min((left[name].get(res, 0) // n for res, n in request.items() if n > 0), default=remaining)
+            placed = min(here, remaining)
+            for res, n in request.items():
+                left[name][res] = left[name].get(res, 0) - n * placed
+            remaining -= placed
+        if remaining:
+            return False
+    return True
+
+
 class ClusterStage:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -64,6 +91,7 @@ class ClusterStage:
         self.buffer = ReorderBuffer()
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
+        self.workloads: dict[str, dict[str, Any]] = {}
         self.done: dict[str, float] = {}
         self.early: dict[str, dict[str, Any]] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
@@ -161,7 +189,8 @@ class ClusterStage:
                 pod["usage"] = early.get("usage")
                 pod["steps"] = early.get("steps")
         pod.update(ns=state.namespace, name=state.name, team=state.team, project=state.project,
-                   gang=state.gang_id, requests=dict(state.gpu_requests), gpus=sum(state.gpu_requests.values()),
+                   gang=state.gang_id, owner_uids=sorted(o.uid for o in state.owners if o.uid),
+                   requests=dict(state.gpu_requests), gpus=sum(state.gpu_requests.values()),
                    created=epoch(state.created_at))
         if state.node and pod["node"] is None:
             pod["node"] = state.node
@@ -208,6 +237,33 @@ class ClusterStage:
         target = self._target(progress.pod_uid)
         if target is not None and progress.steps_total is not None:
             target["steps"] = max(target["steps"] or 0.0, progress.steps_total)
+
+    def _on_workload(self, ts: float, state: WorkloadState) -> None:
+        if state.deleted or state.phase in ("finished", "inactive"):
+            if state.uid in self.workloads:  # kept until the rules resolve its alerts
+                self.workloads[state.uid]["ended"] = "deleted" if state.deleted else state.phase
+            return
+        sets = [[s.count, dict(s.gpu_requests_per_pod)] for s in state.pod_sets if s.gpu_requests_per_pod and s.count]
+        self.workloads[state.uid] = {
+            "uid": state.uid, "ns": state.namespace, "name": state.name, "queue": state.queue_name,
+            "team": state.team,
+            "gang": state.gang_id, "owner_uids": sorted(o.uid for o in state.owners if o.uid),
+            "requests": dict(state.gpu_requests), "gpus": state.gpus, "sets": sets,
+            "pods": sum(count for count, _ in sets),
+            "created": epoch(state.created_at), "admitted": state.phase == "admitted",
+            "last_reason": state.pending_reason, "ended": None,
+        }
+
+    def _queued(self, t: float) -> list[dict[str, Any]]:
+        """Workloads waiting for admission at ``t`` whose demand no live pod carries yet."""
+        if not self.workloads:
+            return []
+        gangs = {p["gang"] for p in self.pods.values() if p["end"] is None and p["gang"]}
+        owners = {uid for p in self.pods.values() if p["end"] is None for uid in p.get("owner_uids", [])}
+        return sorted((w for w in self.workloads.values()
+                       if not w["admitted"] and not w["ended"] and w["gpus"] > 0 and w["created"] <= t + EPS
+                       and w["gang"] not in gangs and not owners.intersection(w["owner_uids"])),
+                      key=lambda w: (w["created"], w["uid"]))
 
     def _on_summary(self, ts: float, summary: NodeSummary) -> None:
         self.summaries[summary.node] = {"ts": ts, "dt": summary.sample_interval_s, "busy": summary.busy,
@@ -298,20 +354,24 @@ class ClusterStage:
         pending = sorted((p for p in self.pods.values()
                           if p["end"] is None and p["node"] is None and p["gpus"] > 0 and p["created"] <= t + EPS),
                          key=lambda p: (p["created"], p["uid"]))
+        queued = self._queued(t)
         free_by_node = {name: sum(f.values()) for name, f in free.items()}
         stranded = 0
-        if pending:
-            smallest = min(pending, key=lambda p: (p["gpus"], p["created"], p["uid"]))
+        requests = [(p["gpus"], p["created"], p["uid"], p["requests"]) for p in pending]
+        requests += [(sum(r.values()), w["created"], w["uid"], r) for w in queued for _, r in w["sets"]]
+        if requests:
+            smallest = min(requests, key=lambda r: r[:3])[3]
             for f in free.values():
-                if not _fits(f, smallest["requests"]):
-                    stranded += sum(f.get(res, 0) for res in smallest["requests"])
+                if not _fits(f, smallest):
+                    stranded += sum(f.get(res, 0) for res in smallest)
         busy = int(sum(p[0] for p in parts))
         idle = int(sum(p[1] for p in parts))
         snap = {
             "total": total, "allocated": allocated, "busy": min(busy, allocated), "parts": parts,
             "idle": min(idle, allocated), "free": max(total - allocated, 0), "free_by_node": free_by_node,
             "largest": max(free_by_node.values(), default=0), "stranded": stranded,
-            "pending": len(pending), "demand": sum(p["gpus"] for p in pending),
+            "pending": len(pending), "demand": sum(p["gpus"] for p in pending) + sum(w["gpus"] for w in queued),
+            "queued": len(queued), "queued_demand": sum(w["gpus"] for w in queued),
         }
         self.cap["snap"] = snap
         if self._end is not None and t >= self._end - EPS:
@@ -322,27 +382,35 @@ class ClusterStage:
         acc["stranded_max"] = max(acc["stranded_max"], stranded)
         acc["last"] = snap
 
-        self._pending_rules(t, pending, free)
+        self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
 
-    def _pending_rules(self, t: float, pending: list[dict[str, Any]], free: dict[str, dict[str, int]]) -> None:
+    def _pending_rules(self, t: float, pending: list[dict[str, Any]], free: dict[str, dict[str, int]],
+                       queued: list[dict[str, Any]]) -> None:
         th = self.config.thresholds
-        waiting = {p["uid"] for p in pending}
-        for pod in pending:
+        waiting = {p["uid"] for p in pending} | {w["uid"] for w in queued}
+        for pod in [*pending, *queued]:
             request = pod["requests"]
+            workload = "sets" in pod
             cluster_free = {res: sum(f.get(res, 0) for f in free.values()) for res in request}
             unfragmented = _fits(cluster_free, request)
-            fits_somewhere = any(_fits(f, request) for f in free.values())
+            fits_somewhere = _places(free, pod["sets"]) if workload else any(_fits(f, request) for f in free.values())
             largest = max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0)
             free_sum = sum(cluster_free.values())
             uid = pod["uid"]
-            subj = alerts.subject("pod", pod["ns"], pod["name"])
+            subj = alerts.subject("workload" if workload else "pod", pod["ns"], pod["name"])
             if uid not in self.pending_alerts and elapsed(t, pod["created"], th.pending_after):
                 details = {"request": request, "gpus": pod["gpus"], "last_scheduler_reason": pod["last_reason"],
                            "would_fit_unfragmented": unfragmented, "free_gpus": free_sum,
                            "largest_free_block": largest, "pending_s": t - pod["created"]}
-                summary = (f"{pod['ns']}/{pod['name']} pending for {fmt_duration(t - pod['created'])}: needs "
-                           f"{pod['gpus']} GPU(s); {pod['last_reason'] or 'no scheduler reason seen'}")
+                reason = pod["last_reason"] or ("no queue reason seen" if workload else "no scheduler reason seen")
+                if workload:
+                    details |= {"queue": pod["queue"], "pods": pod["pods"], "team": pod["team"]}
+                    summary = (f"workload {pod['ns']}/{pod['name']} queued for {fmt_duration(t - pod['created'])}: "
+                               f"needs {pod['gpus']} GPU(s) in {pod['pods']} pod(s); {reason}")
+                else:
+                    summary = (f"{pod['ns']}/{pod['name']} pending for {fmt_duration(t - pod['created'])}: needs "
+                               f"{pod['gpus']} GPU(s); {reason}")
                 self.pending_alerts[uid], message = alerts.fire("pending_gpu", subj, t, summary, details)
                 self._out.append(message)
             condition = unfragmented and not fits_somewhere
@@ -356,6 +424,10 @@ class ClusterStage:
                                "free_gpus_by_node": {n: sum(f.get(r, 0) for r in request) for n, f in free.items()}}
                     summary = (f"{pod['name']} needs {pod['gpus']} GPUs; {free_sum} are free but at most "
                                f"{largest} on one node")
+                    if workload:
+                        details["pods"] = pod["pods"]
+                        summary = (f"workload {pod['name']} needs {pod['gpus']} GPUs in {pod['pods']} pod(s); "
+                                   f"{free_sum} are free but its pods do not fit the nodes (at most {largest} on one)")
                     state["alert"], message = alerts.fire("fragmentation", subj, t, summary, details)
                     self._out.append(message)
             elif state is not None:
@@ -369,8 +441,15 @@ class ClusterStage:
             state = self.frag.pop(uid)
             if state["alert"] is not None:
                 self._out.append(alerts.resolve(state["alert"], t, self._why_not_pending(uid)))
+        for uid in [uid for uid, w in self.workloads.items() if w["ended"]]:
+            del self.workloads[uid]
 
     def _why_not_pending(self, uid: str) -> str:
+        workload = self.workloads.get(uid)
+        if workload is not None:
+            if workload["ended"]:
+                return f"workload {workload['ended']}"
+            return "admitted" if workload["admitted"] else "its pods were created"
         pod = self.pods.get(uid)
         if pod is None:
             return "pod ended"
@@ -453,7 +532,8 @@ class ClusterStage:
             if final and acc["ws"] >= watermark - EPS:
                 continue  # starts at the end of a replay: nothing in it
             snap = acc["last"] or {"total": 0, "allocated": 0, "busy": 0, "idle": 0, "free": 0, "free_by_node": {},
-                                   "largest": 0, "stranded": 0, "pending": 0, "demand": 0}
+                                   "largest": 0, "stranded": 0, "pending": 0, "demand": 0, "queued": 0,
+                                   "queued_demand": 0}
             self._out.append(ClusterCapacity(
                 window_id=stable_id("capacity", acc["ws"]), window_start=from_epoch(acc["ws"]),
                 window_end=from_epoch(acc["ws"] + width), gpus_total=snap["total"],
@@ -462,6 +542,7 @@ class ClusterStage:
                 stranded_gpus=snap["stranded"], pending_pods=snap["pending"], pending_gpu_demand=snap["demand"],
                 gpu_s_total=acc["total"], gpu_s_allocated=acc["allocated"], gpu_s_busy=acc["busy"],
                 gpu_s_idle_allocated=acc["idle"], gpu_s_free=acc["free"], stranded_gpus_max=acc["stranded_max"],
+                queued_workloads=snap.get("queued", 0), queued_gpu_demand=snap.get("queued_demand", 0),
             ))
 
     # ------------------------------------------------------------------ checkpoint
@@ -469,6 +550,7 @@ class ClusterStage:
     def to_dict(self) -> dict[str, Any]:
         return {
             "wm": self.wm, "buffer": self.buffer.to_dict(), "nodes": self.nodes, "pods": self.pods,
+            "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
             "pending_alerts": self.pending_alerts, "frag": self.frag, "gangs": self.gangs, "cap": self.cap,
             "counters": self.counters,
@@ -482,4 +564,5 @@ class ClusterStage:
         for name in ("nodes", "pods", "done", "early", "summaries", "pending_alerts", "frag", "gangs", "cap",
                      "counters"):
             setattr(stage, name, data[name])
+        stage.workloads = data.get("workloads", {})
         return stage

@@ -9,7 +9,7 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime
+from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime, WorkloadState
 
 MAX_NAME_CHARS = 256
 """Longest team / project / gang name a stage keeps (longer ones are cut)."""
@@ -27,6 +27,12 @@ def kept(message: Message) -> Message:
             return message.model_copy(update={"labels": {}} | cut)
     elif isinstance(message, NodeState) and message.labels:
         return message.model_copy(update={"labels": {}})
+    elif isinstance(message, WorkloadState):
+        names = {key: getattr(message, key) for key in ("team", "project", "gang_id", "queue_name", "pending_reason")}
+        cut = {key: value[:MAX_NAME_CHARS] for key, value in names.items()
+               if value is not None and len(value) > MAX_NAME_CHARS}
+        if cut:
+            return message.model_copy(update=cut)
     return message
 
 

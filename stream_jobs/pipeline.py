@@ -4,8 +4,8 @@
 in-process replay and the Kafka workers share every rule: records are decoded and validated
 through ``schemas.codec`` (a record that fails becomes a :class:`DeadLetter` naming the reason
 and the source position, and the stream goes on); pod states go to the cluster stage and, re-keyed
-by their node, to that node's stage; node states to both; samples to their node's stage; events
-and workload progress to the cluster stage. Node-stage outputs that are internal
+by their node, to that node's stage; node states to both; samples to their node's stage; events,
+workload progress and Kueue workload states to the cluster stage. Node-stage outputs that are internal
 (:class:`NodeSummary`, :class:`PodUsage`) feed the cluster stage; the rest are the public outputs.
 """
 
@@ -17,17 +17,34 @@ from datetime import datetime
 from typing import Any
 
 from schemas.codec import MessageError, decode
-from schemas.messages import DeadLetter, GpuSample, K8sEvent, Message, NodeState, PodState, WorkloadProgress
-from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS, TopicSpec
+from schemas.messages import (
+    DeadLetter,
+    GpuSample,
+    K8sEvent,
+    Message,
+    NodeState,
+    PodState,
+    WorkloadProgress,
+    WorkloadState,
+)
+from schemas.topics import (
+    GPU_SAMPLES,
+    K8S_EVENTS,
+    K8S_NODES,
+    K8S_PODS,
+    K8S_WORKLOADS,
+    WORKLOAD_PROGRESS,
+    TopicSpec,
+)
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.timeutil import epoch, iso
 
-INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES)
+INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES, K8S_WORKLOADS)
 _BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
-COMPACTED_SUFFIXES = {K8S_PODS.suffix, K8S_NODES.suffix}
+COMPACTED_SUFFIXES = {K8S_PODS.suffix, K8S_NODES.suffix, K8S_WORKLOADS.suffix}
 
 
 class Tombstone(Exception):
@@ -85,7 +102,7 @@ def route(message: Message) -> list[tuple[str, str | None]]:
         return targets
     if isinstance(message, NodeState):
         return [("node", message.node), ("cluster", None)]
-    if isinstance(message, K8sEvent | WorkloadProgress | NodeSummary | PodUsage):
+    if isinstance(message, K8sEvent | WorkloadProgress | WorkloadState | NodeSummary | PodUsage):
         return [("cluster", None)]
     raise TypeError(f"no route for {type(message).__name__}")
 

@@ -54,7 +54,7 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
     stop = threading.Event()
     server: FakeApiServer | None = None
     if settings.simulate:
-        server = FakeApiServer(bookmark_interval_s=30.0).start()
+        server = FakeApiServer(bookmark_interval_s=30.0, kueue=True).start()
         cluster = SimulatedCluster(server)
         cluster.populate()
         threading.Thread(target=cluster.run, args=(stop,), name="simulated-cluster", daemon=True).start()

@@ -22,6 +22,12 @@ reads, with plain ``http.server`` and threads (it imports no Kubernetes library)
 
 Events are stored once, in the core/v1 shape, and served converted under events.k8s.io/v1, as
 the real server does with its single storage.
+
+With ``kueue=True`` it also serves Kueue's ``workloads`` (``/apis/kueue.x-k8s.io/v1beta1/workloads``
+and namespaced) and their discovery document ``/apis/kueue.x-k8s.io/v1beta1``, as a real server
+does once the Workload CRD is installed; without it both answer 404, as on a cluster without
+Kueue. Custom resources keep ``kind`` and ``apiVersion`` on every list item (the real server
+stores them as unstructured objects), unlike built-in kinds.
 """
 
 from __future__ import annotations
@@ -42,8 +48,11 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 
-COLLECTIONS = ("pods", "nodes", "events")
-_KINDS = {"pods": ("Pod", "v1"), "nodes": ("Node", "v1"), "events": ("Event", "v1")}
+COLLECTIONS = ("pods", "nodes", "events", "workloads")
+KUEUE_GROUP_VERSION = "kueue.x-k8s.io/v1beta1"
+_KINDS = {"pods": ("Pod", "v1"), "nodes": ("Node", "v1"), "events": ("Event", "v1"),
+          "workloads": ("Workload", KUEUE_GROUP_VERSION)}
+_CUSTOM = {"workloads"}
 
 
 def _now_text() -> str:
@@ -86,6 +95,16 @@ def to_events_v1(event: Obj) -> Obj:
     return {k: v for k, v in converted.items() if v not in (None, "", {})}
 
 
+def _kueue_discovery() -> Obj:
+    """The APIResourceList a real server serves for the Workload CRD's group version."""
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": KUEUE_GROUP_VERSION,
+            "resources": [{"name": "workloads", "singularName": "workload", "namespaced": True,
+                           "kind": "Workload", "verbs": ["delete", "deletecollection", "get", "list", "patch",
+                                                         "create", "update", "watch"]},
+                          {"name": "workloads/status", "singularName": "", "namespaced": True,
+                           "kind": "Workload", "verbs": ["get", "patch", "update"]}]}
+
+
 class _Route:
     def __init__(self, collection: str, namespace: str | None, events_v1: bool) -> None:
         self.collection = collection
@@ -104,13 +123,19 @@ class _Route:
         return {"kind": kind, "apiVersion": version, **obj}
 
 
-def _route(path: str) -> _Route | None:
+def _route(path: str, kueue: bool = False) -> _Route | None:
     parts = [p for p in path.split("/") if p]
     events_v1 = False
     if parts[:2] == ["api", "v1"]:
         rest = parts[2:]
+        if rest[-1:] == ["workloads"]:
+            return None
     elif parts[:3] == ["apis", "events.k8s.io", "v1"]:
         rest, events_v1 = parts[3:], True
+    elif kueue and parts[:3] == ["apis", *KUEUE_GROUP_VERSION.split("/")]:
+        rest = parts[3:]
+        if rest[-1:] != ["workloads"]:
+            return None
     else:
         return None
     namespace = None
@@ -129,7 +154,8 @@ class FakeApiServer:
     """In-memory objects with resourceVersions, a change history, and HTTP list/watch over them."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, retain: int = 1000,
-                 bookmark_interval_s: float = 1.0, max_watch_s: float = 1800.0) -> None:
+                 bookmark_interval_s: float = 1.0, max_watch_s: float = 1800.0, kueue: bool = False) -> None:
+        self.kueue = kueue
         self.retain = retain
         self.bookmark_interval_s = bookmark_interval_s
         self.max_watch_s = max_watch_s
@@ -291,11 +317,11 @@ class FakeApiServer:
                          if route.matches(route.collection, obj)]
             offset = 0
         for item in items:
-            if not route.events_v1:
+            if not route.events_v1 and route.collection not in _CUSTOM:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
         kind, version = ("EventList", "events.k8s.io/v1") if route.events_v1 else (
-            _KINDS[route.collection][0] + "List", "v1")
+            _KINDS[route.collection][0] + "List", _KINDS[route.collection][1])
         metadata: Obj = {"resourceVersion": str(rv)}
         page = items[offset:]
         if limit and len(page) > limit:
@@ -376,7 +402,7 @@ class FakeApiServer:
             if bookmarks and current > sent and now - last_bookmark >= self.bookmark_interval_s:
                 sent = current
                 kind_name = "Event" if route.events_v1 else _KINDS[route.collection][0]
-                api_version = "events.k8s.io/v1" if route.events_v1 else "v1"
+                api_version = "events.k8s.io/v1" if route.events_v1 else _KINDS[route.collection][1]
                 yield {"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": api_version,
                                                       "metadata": {"resourceVersion": str(sent)}}}
                 last_bookmark = now
@@ -409,7 +435,10 @@ class FakeApiServer:
                     reason = "InternalError" if failure == 500 else "ServiceUnavailable"
                     self._send_json(failure, _status(failure, reason, "injected failure"))
                     return
-                route = _route(parts.path)
+                if server.kueue and parts.path.rstrip("/") == "/apis/" + KUEUE_GROUP_VERSION:
+                    self._send_json(200, _kueue_discovery())
+                    return
+                route = _route(parts.path, server.kueue)
                 if route is None:
                     self._send_json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
                     return

@@ -138,6 +138,24 @@ def make_event(pod: Obj, reason: str, message: str, at: datetime, type_: str = "
     }
 
 
+def make_workload(name: str, namespace: str = "ml", queue: str = "default", count: int = 1, gpus: int = 1,
+                  created: datetime | None = None, labels: dict[str, str] | None = None) -> Obj:
+    """A Kueue Workload (kueue.x-k8s.io/v1beta1) still waiting for quota, as Kueue writes it for a
+    suspended Job: one pod set of ``count`` pods of ``gpus`` GPUs."""
+    at = iso(created or datetime.now(UTC))
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": at, "labels": dict(labels or {})},
+        "spec": {"queueName": queue, "active": True, "podSets": [{"name": "main", "count": count, "template": {
+            "spec": {"containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                                     "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}}]},
+        "status": {"conditions": [{
+            "type": "QuotaReserved", "status": "False", "reason": "Pending", "lastTransitionTime": at,
+            "message": f"couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu "
+                       f"in flavor default-flavor, {count * gpus} more needed"}]},
+    }
+
+
 class SimulatedCluster:
     """A seeded small GPU cluster on a fake API server: four GPU nodes, one CPU node, and jobs that
     arrive, wait, run, sometimes crash, finish and are cleaned up, every ``tick_s`` seconds."""
@@ -158,6 +176,9 @@ class SimulatedCluster:
             self.submit()
         for _ in range(4):
             self.schedule_one()
+        if self.server.kueue:  # a big job Kueue holds back: demand no pod shows
+            self.server.put("workloads", make_workload("nlp-pretrain-queued", namespace="nlp", queue="nlp", count=2,
+                                                       gpus=8, labels={"team": "nlp"}))
 
     def _add_node(self, node: Obj) -> None:
         self.server.put("nodes", node)

@@ -24,8 +24,10 @@ from kubernetes.config.config_exception import ConfigException
 
 from producers.watcher.informer import Gone, RawObject, SourceError
 
-RESOURCES = ("pods", "nodes", "events", "core-events")
-"""``events`` = events.k8s.io/v1 (the current API); ``core-events`` = core/v1 Events."""
+RESOURCES = ("pods", "nodes", "events", "core-events", "workloads")
+"""``events`` = events.k8s.io/v1 (the current API); ``core-events`` = core/v1 Events; ``workloads`` =
+Kueue's ``kueue.x-k8s.io/v1beta1`` Workloads (a CRD: ask :func:`serves_workloads` first)."""
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 
 
 class KubeConfigError(Exception):
@@ -55,6 +57,23 @@ def api_client(kubeconfig: Path | None = None, host: str | None = None, context:
     return k8s_client.ApiClient(configuration)
 
 
+def serves_workloads(api: Any, request_timeout_s: float = 30.0) -> bool:
+    """Whether the server serves Kueue's Workloads, by discovery (``GET /apis/kueue.x-k8s.io/v1beta1``,
+    readable by every authenticated user): False on 404, the answer of a cluster without the CRD.
+    Any other failure raises :class:`SourceError`, so a flaky start-up is not taken for "no Kueue"."""
+    try:
+        resources = k8s_client.CustomObjectsApi(api).get_api_resources(
+            KUEUE_GROUP, KUEUE_VERSION, _request_timeout=request_timeout_s)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise SourceError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {exc.status} {exc.reason}",
+                          int(exc.status or 0)) from None
+    except Exception as exc:
+        raise SourceError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {type(exc).__name__}: {exc}") from None
+    return any(r.name == "workloads" and "watch" in (r.verbs or []) for r in resources.resources or [])
+
+
 def api_host(api: Any) -> str:
     return str(api.configuration.host)
 
@@ -80,6 +99,16 @@ class KubeSource:
     @staticmethod
     def _list_function(api: Any, resource: str, namespace: str | None) -> Callable[..., Any]:
         core = k8s_client.CoreV1Api(api)
+        if resource == "workloads":
+            custom = k8s_client.CustomObjectsApi(api)
+
+            def call_custom(**kwargs: Any) -> Any:
+                if namespace:
+                    return custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
+                                                                **kwargs)
+                return custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, "workloads", **kwargs)
+
+            return call_custom
         if resource == "nodes":
             method: Callable[..., Any] = core.list_node
         elif resource == "pods":

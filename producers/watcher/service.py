@@ -1,4 +1,4 @@
-"""The watcher service: informers for nodes, pods and events -> translation -> Kafka (or stdout).
+"""The watcher service: informers for nodes, pods, events (and Kueue workloads) -> translation -> Kafka.
 
 Wiring and policy live here; protocol details are in ``informer`` and translation in
 ``translate``. Policy:
@@ -10,6 +10,9 @@ Wiring and policy live here; protocol details are in ``informer`` and translatio
   resources or GPU labels; an event when it concerns a reported pod or a GPU node (or its text
   names an ``nvidia.com/`` resource) and is a scheduling failure, preemption, eviction, OOM kill,
   successful scheduling, or any Warning;
+- where the cluster serves Kueue's Workload CRD (found by discovery at start; a cluster without it
+  is watched exactly as before), every Workload asking for a GPU is reported on ``k8s.workloads.v1``
+  with its demand, queue and phase, so jobs that wait suspended with no pods are still seen;
 - nothing is produced unless the message differs from the last one for its key (``ChangeFilter``);
 - a pod or node that is gone produces its final state (``deleted: true``) and then a tombstone,
   exactly once, whether the API told us (DELETED) or a re-list after 410 Gone showed it vanished;
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
@@ -36,6 +40,7 @@ from producers.watcher.informer import (
     Clock,
     Informer,
     RawObject,
+    SourceError,
     SystemClock,
     WatchSource,
     drop_managed_fields,
@@ -53,9 +58,10 @@ from producers.watcher.translate import (
     object_time,
     pod_to_state,
 )
+from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import Message
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, TopicSpec
+from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, TopicSpec
 
 log = get_logger(__name__)
 
@@ -223,10 +229,12 @@ class Pipeline:
         self.pods = ChangeFilter()
         self.nodes = ChangeFilter()
         self.events = ChangeFilter()
+        self.workloads = ChangeFilter()
         self.pod_stores: list[Callable[[], list[RawObject]]] = []
         self.pod_handler = _PodHandler(self)
         self.node_handler = _NodeHandler(self)
         self.event_handler = _EventHandler(self)
+        self.workload_handler = _WorkloadHandler(self)
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
         self.sink.emit(topic, key, message)
@@ -354,6 +362,37 @@ class _EventHandler:
             self.p.events.forget(uid_key(obj))  # events expire; the events topic keeps its history
 
 
+class _WorkloadHandler:
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+
+    def upsert(self, obj: RawObject) -> None:
+        p = self.p
+        with p.lock:
+            uid = uid_key(obj)
+            state = workload_to_state(obj, p.clock.now(), p.config.translate)
+            if state is None:
+                if uid in p.workloads:  # its pod sets no longer ask for a GPU
+                    p.emit(K8S_WORKLOADS, uid, None)
+                    p.workloads.forget(uid)
+                return
+            if p.workloads.changed(uid, state):
+                p.emit(K8S_WORKLOADS, uid, state)
+
+    def delete(self, obj: RawObject, observed: str) -> None:
+        p = self.p
+        with p.lock:
+            uid = uid_key(obj)
+            if uid not in p.workloads:
+                return
+            now = p.clock.now()
+            state = workload_to_state(obj, now, p.config.translate)
+            if state is not None:
+                p.emit(K8S_WORKLOADS, uid, deleted_workload(state, now))
+            p.emit(K8S_WORKLOADS, uid, None)
+            p.workloads.forget(uid)
+
+
 # --------------------------------------------------------------------------- the service
 
 
@@ -362,9 +401,11 @@ class Sources:
     nodes: WatchSource
     pods: Sequence[WatchSource]
     events: Sequence[WatchSource]
+    workloads: Sequence[WatchSource] = ()
+    """Kueue Workloads; empty where the cluster does not serve the CRD."""
 
     def all(self) -> list[WatchSource]:
-        return [self.nodes, *self.pods, *self.events]
+        return [self.nodes, *self.pods, *self.events, *self.workloads]
 
 
 class WatcherService:
@@ -391,13 +432,15 @@ class WatcherService:
         self.pod_informers = [informer(s, p.pod_handler, uid_key, slim=p.pod_handler.slim) for s in sources.pods]
         self.event_informers = [informer(s, p.event_handler, uid_key, object_time, slim=_event_stub)
                                 for s in sources.events]
+        self.workload_informers = [informer(s, p.workload_handler, uid_key, object_time, slim=drop_managed_fields)
+                                   for s in sources.workloads]
         for pod_informer in self.pod_informers:
             p.pod_stores.append(_store_reader(pod_informer))
         self._threads: list[threading.Thread] = []
 
     @property
     def informers(self) -> list[Informer]:
-        return [self.node_informer, *self.pod_informers, *self.event_informers]
+        return [self.node_informer, *self.pod_informers, *self.event_informers, *self.workload_informers]
 
     def sync(self, stop: threading.Event) -> bool:
         """The ordered initial lists (nodes, pods, events); False when stopped first."""
@@ -441,9 +484,34 @@ def _store_reader(informer: Informer) -> Callable[[], list[RawObject]]:
     return lambda: list(informer.store.values())
 
 
-def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io") -> Sources:
-    """Sources over the real client (``producers.watcher.kube``) for all or some namespaces."""
-    from producers.watcher.kube import KubeSource
+def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether Kueue's Workloads are served, asked with retries: a server that is briefly unreachable
+    is not taken for "no Kueue"; one that stays so starts the watcher without workloads (pods,
+    nodes and events matter more), with a warning."""
+    backoff = Backoff()
+    for attempt in range(1, attempts + 1):
+        try:
+            served = ask()
+        except SourceError as exc:
+            if attempt == attempts:
+                log.warning("kueue discovery failed; workloads are not followed", error=str(exc))
+                return False
+            sleep(backoff.next_delay_s())
+            continue
+        log.info("kueue workloads", served=served)
+        return served
+    return False
+
+
+def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io",
+                 workloads: bool | None = None) -> Sources:
+    """Sources over the real client (``producers.watcher.kube``) for all or some namespaces.
+
+    ``workloads``: follow Kueue Workloads; None asks the server (discovery) whether it serves them."""
+    from producers.watcher.kube import KubeSource, serves_workloads
+
+    if workloads is None:
+        workloads = discover_workloads(lambda: serves_workloads(api))
 
     event_resource = "events" if events_api == "events.k8s.io" else "core-events"
     scopes: list[str | None] = list(namespaces) or [None]
@@ -451,4 +519,5 @@ def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "ev
         nodes=KubeSource(api, "nodes"),
         pods=[KubeSource(api, "pods", ns) for ns in scopes],
         events=[KubeSource(api, event_resource, ns) for ns in scopes],
+        workloads=[KubeSource(api, "workloads", ns) for ns in scopes] if workloads else [],
     )

@@ -14,7 +14,8 @@ Choices worth knowing:
   ``<cronjob>-<minutes>`` implies its CronJob; JobSet and Kubeflow job labels add their owner.
 - Container ids drop the runtime prefix (``containerd://``) so they match what the node agent
   reads from cgroups.
-- ``gang_id`` is ``<namespace>/<group name>``: gang names are namespace-scoped.
+- ``gang_id`` is ``<namespace>/<group name>``: gang names are namespace-scoped; the configured
+  keys first, then the recognisers of ``producers.watcher.gangs`` (label sets, owner kinds).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
+from producers.watcher.gangs import gang_id
 from schemas.messages import (
     ContainerState,
     K8sEvent,
@@ -132,7 +134,8 @@ def is_gpu_resource(name: str, config: TranslateConfig | None = None) -> bool:
     return config is not None and name in config.extra_gpu_resources
 
 
-def _first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
+def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
+    """The first of ``keys`` found in the labels, else the annotations."""
     labels = _dict(meta.get("labels"))
     annotations = _dict(meta.get("annotations"))
     for key in keys:
@@ -337,8 +340,8 @@ def pod_to_state(
         conditions=conditions,
         gpu_requests=requests,
         owners=owner_chain(pod),
-        team=_first_value(meta, config.team_keys) or namespace,
-        project=_first_value(meta, config.project_keys) or namespace,
+        team=first_value(meta, config.team_keys) or namespace,
+        project=first_value(meta, config.project_keys) or namespace,
         gang_id=_gang(meta, namespace, config),
         labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
         containers=containers,
@@ -357,8 +360,7 @@ def pod_to_state(
 
 
 def _gang(meta: JsonDict, namespace: str, config: TranslateConfig) -> str | None:
-    group = _first_value(meta, config.gang_keys)
-    return f"{namespace}/{group}" if group else None
+    return gang_id(meta, namespace, config.gang_keys)
 
 
 def deleted_state(state: PodState, ts: datetime) -> PodState:

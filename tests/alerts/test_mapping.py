@@ -56,6 +56,13 @@ def test_node_gang_and_team_labels() -> None:
                                        "namespace": "ml", "gang": "job-7", "team": "vision"}
 
 
+def test_a_queued_workload_alert_is_told_apart_from_a_pod_of_the_same_name() -> None:
+    queued = _alert(type="pending_gpu", subject=AlertSubject(kind="workload", namespace="ml", name="train-0"),
+                    details={"team": "nlp", "queue": "research"})
+    assert alert_labels(queued, "c") == {"alertname": "pending_gpu", "severity": "warning", "cluster": "c",
+                                         "namespace": "ml", "workload": "train-0", "team": "nlp"}
+
+
 def test_firing_and_resolved_share_labels_so_alertmanager_pairs_them() -> None:
     firing = alertmanager_alert(_alert(), cluster="c", runbook_base_url="u", firing_hold_s=3600, now=NOW)
     resolved = alertmanager_alert(_alert("resolved"), cluster="c", runbook_base_url="u", firing_hold_s=3600, now=NOW)

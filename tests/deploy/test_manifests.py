@@ -54,8 +54,9 @@ WATCHER = ("Deployment", "gpulens-watcher")
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 PROGRESS_DIR = "/var/run/gpulens"
 
-# What the watcher may do, and nothing else: read pods, nodes and events (both event APIs).
-ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}}
+# What the watcher may do, and nothing else: read pods, nodes and events (both event APIs), and
+# Kueue's workloads (queued demand).
+ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}, "kueue.x-k8s.io": {"workloads"}}
 ALLOWED_VERBS = {"get", "list", "watch"}
 
 

@@ -18,13 +18,14 @@ from schemas.messages import KNOWN_ALERT_TYPES, Alert, GpuSample, Message, PodSt
 from schemas.topics import ALL_TOPICS, by_suffix
 
 
-def test_registry_covers_the_ten_topics_of_the_design() -> None:
+def test_registry_covers_the_topics_of_the_design() -> None:
     assert {spec.name() for spec in ALL_TOPICS} == {
         "gpulens.gpu.samples.v1", "gpulens.k8s.pods.v1", "gpulens.k8s.nodes.v1", "gpulens.k8s.events.v1",
         "gpulens.workload.progress.v1", "gpulens.pod.windows.v1", "gpulens.cluster.capacity.v1",
-        "gpulens.pod.lifecycle.v1", "gpulens.alerts.v1", "gpulens.deadletter.v1",
+        "gpulens.pod.lifecycle.v1", "gpulens.alerts.v1", "gpulens.deadletter.v1", "gpulens.k8s.workloads.v1",
     }
     assert by_suffix("k8s.pods.v1").cleanup_policy == "compact"
+    assert by_suffix("k8s.workloads.v1").cleanup_policy == "compact"
     assert by_suffix("k8s.nodes.v1").cleanup_policy == "compact"
     assert by_suffix("gpu.samples.v1").cleanup_policy == "delete"
     assert by_suffix("gpu.samples.v1").name("team-a") == "team-a.gpu.samples.v1"

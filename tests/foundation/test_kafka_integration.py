@@ -44,11 +44,11 @@ def test_topics_create_is_idempotent_and_follows_the_registry(kafka_settings: Ka
     env = {"GPULENS_KAFKA__BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers, "GPULENS_TOPIC_PREFIX": topic_prefix}
     first = run_cli("topics", "create", env=env)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("created  ") == 10
+    assert first.stdout.count("created  ") == len(ALL_TOPICS)
     second = run_cli("topics", "create", env=env)
     assert second.returncode == 0, second.stderr
     assert "created  " not in second.stdout
-    assert "nothing to change: all 10 topics exist" in second.stdout
+    assert f"nothing to change: all {len(ALL_TOPICS)} topics exist" in second.stdout
 
     admin = AdminClient(kafka_settings.to_librdkafka())
     metadata = admin.list_topics(timeout=10)

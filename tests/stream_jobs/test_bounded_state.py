@@ -129,6 +129,6 @@ def test_records_far_ahead_or_behind_the_clock_are_dead_lettered_with_their_reas
 
 def test_compacted_inputs_keep_every_state_for_the_horizon() -> None:
     compacted = [spec for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"]
-    assert {spec.suffix for spec in compacted} == {K8S_PODS.suffix, "k8s.nodes.v1"}
+    assert {spec.suffix for spec in compacted} == {K8S_PODS.suffix, "k8s.nodes.v1", "k8s.workloads.v1"}
     for spec in compacted:
         assert int(spec.kafka_config()["min.compaction.lag.ms"]) >= EngineConfig().horizon_s * 1000

@@ -6,6 +6,7 @@ on."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -16,11 +17,11 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from gpulens.kafka_replay import KafkaReplay
 from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
+from gpulens.scenario import PoisonSpec, load_scenario
 from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
-from schemas.topics import ALERTS, DEADLETTER, POD_WINDOWS
+from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -43,6 +44,17 @@ def test_shared_example_through_kafka_matches_in_process(name: str, kafka_settin
     report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
     assert _json(report) == _json(expected)
     assert report["alerts"], "the example has alerts: an empty report would match nothing"
+
+
+def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
+                                                         tmp_path: Path) -> None:
+    """Kueue workload states travel on their own compacted topic through the faust workers."""
+    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "queued-workloads.yaml")
+    expected = run_in_process(scenario).report
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert {a["subject"]["kind"] for a in report["alerts"]} == {"workload"}
+    assert report["cluster"]["max_queued_gpu_demand"] == 6
 
 
 def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSettings, topic_prefix: str,
@@ -91,12 +103,15 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
 
 def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "late-and-poison.yaml")
+    golden = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "late-and-poison.yaml")
+    # the golden file poisons the five topics it predates; the Kueue workloads topic is added here
+    scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}")))
+    assert {p.topic for p in scenario.poison} == {spec.suffix for spec in INPUT_TOPICS}
     expected = run_in_process(scenario)
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix)
     report = replay.run(timeout_s=180)
     assert _json(report) == _json(expected.report)
-    assert report["stream"]["deadletters"] == 5 and report["stream"]["late_samples_dropped"] == 1
+    assert report["stream"]["deadletters"] == 6 and report["stream"]["late_samples_dropped"] == 1
     assert any(a["type"] == "idle_gpu" for a in report["alerts"]), "alerts after the poison still fire"
     letters = read_to_end(kafka_settings, DEADLETTER.name(topic_prefix))
     sources = set()
