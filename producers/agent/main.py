@@ -43,6 +43,7 @@ def run_agent(
     Raises :class:`AgentError` or :class:`NvmlLibraryNotFound` for what the user must fix.
     """
     node_name = settings.node_name or (SIMULATED_NODE_NAME if settings.simulate else None)
+    settings.cluster_name(real=not settings.simulate)
     if not node_name:
         raise AgentError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)")
     stop = stop or threading.Event()
@@ -100,7 +101,7 @@ def _run(settings: AgentSettings, source: SampleSource, metrics: AgentMetrics, s
          once: bool, to_stdout: bool, before_sample: Callable[[datetime], None] | None = None) -> int:
     sink: SampleSink = StdoutSink() if to_stdout else KafkaSink(settings, metrics)
     service = AgentService(source, sink, metrics, backoff_max_s=settings.nvml_backoff_max_s,
-                           before_sample=before_sample)
+                           before_sample=before_sample, cluster=settings.cluster_name(real=not settings.simulate))
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
