@@ -20,7 +20,7 @@ from gpulens.errors import UserError
 
 if TYPE_CHECKING:
     from common.kafka import BoundedProducer
-    from common.settings import ConfigError, WatcherSettings
+    from common.settings import WatcherSettings
     from producers.watcher.fake_apiserver import FakeApiServer
     from producers.watcher.service import Sink
 
