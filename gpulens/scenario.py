@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpulens.errors import UserError
+from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 from stream_jobs.config import Thresholds
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -154,6 +155,8 @@ class Scenario:
     late_samples: tuple[LateSpec, ...] = ()
     poison: tuple[PoisonSpec, ...] = ()
     source: str = ""
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster every message of the scenario carries (``GPULENS_CLUSTER`` of its agents and watcher)."""
 
     @property
     def ticks(self) -> int:
@@ -320,7 +323,7 @@ _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
              "active_gpus"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
-             "faults", "agent_gaps", "late_samples", "poison", "description"}
+             "faults", "agent_gaps", "late_samples", "poison", "description", "cluster"}
 
 
 def _node(raw: Any, path: str) -> NodeSpec:
@@ -528,7 +531,15 @@ def parse_scenario(data: Any, source: str = "", default_name: str = "scenario") 
         late_samples=tuple(late),
         poison=tuple(poison),
         source=source,
+        cluster=_cluster(data.get("cluster", DEFAULT_CLUSTER)),
     )
+
+
+def _cluster(value: Any) -> str:
+    name = _str(value, "cluster")
+    if not re.fullmatch(CLUSTER_NAME_PATTERN, name):
+        raise _fail("cluster", f"expected a DNS label (lowercase letters, digits, '-'; at most 63), got {name!r}")
+    return name
 
 
 def load_scenario(path: Path | str) -> Scenario:
