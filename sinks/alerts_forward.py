@@ -41,7 +41,7 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, PodState
+from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from sinks.sink import Backoff, Record, dead_letter
 
@@ -263,10 +263,11 @@ class AlertForwarder:
     def payload(self, alert: Alert, destination: Destination) -> Any:
         s = self.settings
         team = self.teams.team(alert)
+        cluster = alert.cluster if alert.cluster != DEFAULT_CLUSTER else s.cluster
         if destination.kind == "alertmanager":
-            return [alertmanager_alert(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
+            return [alertmanager_alert(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                                        firing_hold_s=s.firing_hold_s, now=self.now(), team=team)]
-        return webhook_body(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
+        return webhook_body(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                             body_format=s.webhook_format, team=team)
 
     def deliver(self, record: Record) -> list[str]:
