@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from schemas.messages import DEFAULT_CLUSTER
-
 if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
     from sinks.clickhouse import QueryResult
@@ -73,6 +71,8 @@ def scoped(reader: Reader, cluster: str | None = None) -> ClusterScope:
 
     Raises :class:`ClusterError` when the store holds several and none is named, or for a named
     cluster the store has no data of."""
+    from schemas.messages import DEFAULT_CLUSTER  # pydantic: not at import (`gpulens sql --help` stays fast)
+
     if isinstance(reader, ClusterScope) and cluster in (None, reader.cluster):
         return reader
     names = clusters(reader)
