@@ -10,13 +10,15 @@ aiokafka/faust arguments. Secrets are ``SecretStr`` and never printed.
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -28,6 +30,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 
 ENV_PREFIX = "GPULENS_"
 
@@ -196,7 +200,32 @@ class CommonSettings(BaseSettings):
         return self.clickhouse.url or f"chdb://{self.data_dir / 'clickhouse'}"
 
 
-class AgentSettings(CommonSettings):
+def _cluster_name(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(CLUSTER_NAME_PATTERN, value):
+        raise ValueError("expected a DNS label: 1-63 lowercase letters, digits and '-', starting and ending "
+                         "with a letter or digit (e.g. prod-eu-1)")
+    return value
+
+
+class ProducerIdentity(CommonSettings):
+    """What the two producers (agent, watcher) share: the cluster they report for."""
+
+    cluster: Annotated[str | None, AfterValidator(_cluster_name)] = None
+    """``GPULENS_CLUSTER``: the cluster every message is stamped with (a DNS label). Required against
+    a real cluster (node names and pod uids are unique only within one); ``default`` when simulated."""
+
+    def cluster_name(self, real: bool) -> str:
+        """The cluster to stamp messages with; ``real``: running against a real cluster (then unset
+        is an error, since two clusters left at ``default`` would mix their nodes and pods)."""
+        if self.cluster is not None:
+            return self.cluster
+        if real:
+            raise ConfigError("GPULENS_CLUSTER is required against a real cluster: name this cluster with a "
+                              "DNS label (e.g. GPULENS_CLUSTER=prod-eu-1), the same for its agents and watcher")
+        return DEFAULT_CLUSTER
+
+
+class AgentSettings(ProducerIdentity):
     node_name: str | None = Field(
         default=None, validation_alias=AliasChoices("GPULENS_NODE_NAME", "node_name", "NODE_NAME")
     )
@@ -248,7 +277,7 @@ class AgentSettings(CommonSettings):
         return value
 
 
-class WatcherSettings(CommonSettings):
+class WatcherSettings(ProducerIdentity):
     kubeconfig: Path | None = None
     namespaces: list[str] = Field(default_factory=list)
     team_label_keys: list[str] = Field(default_factory=lambda: ["team", "gpulens.io/team"])

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import AdviseThresholds
+from schemas.messages import DEFAULT_CLUSTER
 from sinks import timeseries
 from sinks.advise import advice_rows, advise, pack_text
-from sinks.analyses import ANALYSES, Reader, run_report
+from sinks.analyses import ANALYSES, Reader, run_report, scoped
 
 Rows = list[dict[str, Any]]
 
@@ -1090,10 +1091,14 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
 # --------------------------------------------------------------------------- data and file
 
 
-def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | None = None) -> dict[str, Any]:
-    """Every canned analysis plus the time series the charts need, as plain rows; ``advice`` is the
+def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | None = None,
+                        cluster: str | None = None) -> dict[str, Any]:
+    """Every canned analysis plus the time series the charts need, as plain rows, of one cluster
+    (``sinks.analyses.scoped``: the named one, else the store's only one); ``advice`` is the
     reclaimable-capacity advisor's whole answer (``sinks.advise``), run once for its section."""
+    reader = scoped(reader, cluster)
     data: dict[str, Any] = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
+    data["cluster"] = reader.cluster
     data["advice"] = advise(reader, advise_thresholds or AdviseThresholds())
     data["reclaimable_capacity"] = advice_rows(data["advice"])
     bucket_s = timeseries.choose_bucket_s(reader)
@@ -1106,10 +1111,14 @@ def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | No
     return data
 
 
-def write_html_report(reader: Reader, path: Path | str, advise_thresholds: AdviseThresholds | None = None) -> Path:
-    """Query, render and write the report; returns the file's path."""
+def write_html_report(reader: Reader, path: Path | str, advise_thresholds: AdviseThresholds | None = None,
+                      cluster: str | None = None) -> Path:
+    """Query, render and write the report of one cluster (see :func:`collect_report_data`); returns the
+    file's path."""
     target = Path(path)
-    page = render_html(collect_report_data(reader, advise_thresholds))
+    data = collect_report_data(reader, advise_thresholds, cluster)
+    page = render_html(data) if data["cluster"] == DEFAULT_CLUSTER else render_html(
+        data, f"gpulens fleet report: cluster {data['cluster']}")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
     return target

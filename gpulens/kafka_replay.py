@@ -545,13 +545,13 @@ class ChaosPlan:
 
 
 def _identity(message: Message) -> tuple[str, ...]:
-    """Deterministic output ids: what the sink deduplicates by."""
+    """Deterministic output ids: what the sink deduplicates by (within the message's cluster)."""
     for attr in ("window_id",):
         if hasattr(message, attr):
-            return (type(message).__name__, str(getattr(message, attr)))
+            return (type(message).__name__, message.cluster, str(getattr(message, attr)))
     if hasattr(message, "state") and hasattr(message, "id"):
-        return ("Alert", str(message.id), str(message.state))
-    return (type(message).__name__, str(getattr(message, "pod_uid", "")))
+        return ("Alert", message.cluster, str(message.id), str(message.state))
+    return (type(message).__name__, message.cluster, str(getattr(message, "pod_uid", "")))
 
 
 def _canonical_order(message: Message) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from gpulens.errors import UserError
+from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 from stream_jobs.config import Thresholds
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -192,6 +193,8 @@ class Scenario:
     poison: tuple[PoisonSpec, ...] = ()
     workloads: tuple[WorkloadSpec, ...] = ()
     source: str = ""
+    cluster: str = DEFAULT_CLUSTER
+    """The cluster every message of the scenario carries (``GPULENS_CLUSTER`` of its agents and watcher)."""
 
     @property
     def ticks(self) -> int:
@@ -358,7 +361,7 @@ _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
              "active_gpus", "workload"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
-             "faults", "agent_gaps", "late_samples", "poison", "description", "workloads"}
+             "faults", "agent_gaps", "late_samples", "poison", "description", "workloads", "cluster"}
 _WORKLOAD_KEYS = {"name", "namespace", "queue", "labels", "pod_sets", "create", "admit", "delete", "reason"}
 _POD_SET_KEYS = {"name", "count", "gpus", "resource"}
 
@@ -627,7 +630,15 @@ def parse_scenario(data: Any, source: str = "", default_name: str = "scenario") 
         poison=tuple(poison),
         workloads=workloads,
         source=source,
+        cluster=_cluster(data.get("cluster", DEFAULT_CLUSTER)),
     )
+
+
+def _cluster(value: Any) -> str:
+    name = _str(value, "cluster")
+    if not re.fullmatch(CLUSTER_NAME_PATTERN, name):
+        raise _fail("cluster", f"expected a DNS label (lowercase letters, digits, '-'; at most 63), got {name!r}")
+    return name
 
 
 def load_scenario(path: Path | str) -> Scenario:

@@ -42,7 +42,7 @@ from producers.watcher.translate import (
 )
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
-from schemas.messages import Message, PodRef, PodState, WorkloadProgress
+from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, PodState, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 
 GIB = 2**30
@@ -319,7 +319,7 @@ class FleetSimulator:
                 continue
             if workload.phase == "deleted":
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, deleted_workload(state, ts)))
-                out.append(Record(K8S_WORKLOADS.suffix, workload.uid, None))
+                out.append(Record(K8S_WORKLOADS.suffix, self._key(workload.uid), None))
             else:
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, state))
         return out
@@ -377,7 +377,7 @@ class FleetSimulator:
                 pod.state = state
                 records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
                 if pod.deleted:
-                    records.append(Record(K8S_PODS.suffix, pod.uid, None))
+                    records.append(Record(K8S_PODS.suffix, self._key(pod.uid), None))
             for pod in failed:
                 event = event_to_message(self._event_object(pod, ts))
                 if event is not None:
@@ -392,9 +392,14 @@ class FleetSimulator:
                 records.append(Record(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
             yield Tick(t, ts, records)
 
-    @staticmethod
-    def _encode(topic: str, key: str, message: Message) -> Record:
-        return Record(topic, key, encode(message))
+    def _key(self, key: str) -> str:
+        return scoped_key(self.scenario.cluster, key)
+
+    def _encode(self, topic: str, key: str, message: Message) -> Record:
+        """The record of ``message`` as the scenario's cluster's agent or watcher produces it."""
+        if self.scenario.cluster != DEFAULT_CLUSTER:
+            message = message.model_copy(update={"cluster": self.scenario.cluster})
+        return Record(topic, self._key(key), encode(message))
 
     def _release(self, pod: _Pod) -> None:
         if pod.node is not None:
@@ -426,7 +431,7 @@ class FleetSimulator:
                 node.removed = True
                 if node.state is not None:
                     records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
-                    records.append(Record(K8S_NODES.suffix, node.spec.name, None))
+                    records.append(Record(K8S_NODES.suffix, self._key(node.spec.name), None))
                 for pod in self.pods:
                     if pod.phase == "running" and pod.node == node.spec.name:
                         self._end(pod, t, "Evicted", changed)

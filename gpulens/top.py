@@ -23,7 +23,7 @@ from rich.text import Text
 from common.kafka import make_consumer, read_to_end, topic_names
 from common.settings import KafkaSettings
 from schemas import codec
-from schemas.messages import Alert, ClusterCapacity, K8sEvent, Message, PodState, PodWindow
+from schemas.messages import DEFAULT_CLUSTER, Alert, ClusterCapacity, K8sEvent, Message, PodState, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, K8S_EVENTS, K8S_PODS, POD_WINDOWS, TopicSpec
 
 VIEW_TOPICS: tuple[TopicSpec, ...] = (CLUSTER_CAPACITY, POD_WINDOWS, K8S_PODS, K8S_EVENTS, ALERTS)
@@ -54,13 +54,24 @@ class FleetView:
     messages_seen: int = 0
     alert_transitions: int = 0
     fired_by_type: Counter[str] = field(default_factory=Counter)
+    cluster: str | None = None
+    """The cluster shown (``--cluster``); unset: the first one seen. Node names and pod uids repeat
+    across clusters, so the others are listed in :attr:`clusters_seen` and never mixed in."""
+    clusters_seen: set[str] = field(default_factory=set)
 
     def apply(self, message: Message | None, key: str | None = None) -> None:
         self.messages_seen += 1
-        if message is None:  # pod tombstone
+        if message is None:  # pod tombstone, keyed <cluster>/<uid> (the bare uid in the default cluster)
             if key is not None:
-                self.pods.pop(key, None)
-                self.usage.pop(key, None)
+                cluster, _, uid = key.rpartition("/")
+                if (cluster or DEFAULT_CLUSTER) == self.cluster:
+                    self.pods.pop(uid, None)
+                    self.usage.pop(uid, None)
+            return
+        self.clusters_seen.add(message.cluster)
+        if self.cluster is None:
+            self.cluster = message.cluster
+        if message.cluster != self.cluster:
             return
         if isinstance(message, ClusterCapacity):
             if self.capacity is None or message.window_end >= self.capacity.window_end:
@@ -145,6 +156,9 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     if cap is None:
         header.append("waiting for the first capacity window…", style="dim")
         return Panel(header)
+    if len(view.clusters_seen) > 1:
+        header.append(f"cluster {view.cluster} (of {', '.join(sorted(view.clusters_seen))}: --cluster)   ",
+                      style="bold yellow")
     header.append(f"window ending {cap.window_end:%Y-%m-%d %H:%M:%S}Z   {cap.gpus_total} GPUs   "
                   f"{cap.pending_pods} pending pods wanting {cap.pending_gpu_demand} GPUs   "
                   f"largest free block {cap.largest_free_block}")
@@ -189,10 +203,11 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     return Group(Panel(header), states, teams, idle, pending, alerts)
 
 
-def read_view_once(kafka: KafkaSettings, prefix: str, timeout_s: float = 60.0) -> FleetView:
+def read_view_once(kafka: KafkaSettings, prefix: str, timeout_s: float = 60.0,
+                   cluster: str | None = None) -> FleetView:
     """The view of everything now in the topics (to each partition's end). Pod states are applied last,
     so a pod that ended is gone from the view even when its last windows came after its tombstone."""
-    view = FleetView()
+    view = FleetView(cluster=cluster)
     for spec in sorted(VIEW_TOPICS, key=lambda s: s is K8S_PODS):
         for record in read_to_end(kafka, spec.name(prefix), timeout_s):
             key = record.key.decode() if record.key is not None else None
@@ -236,8 +251,9 @@ def drain_topics(
         consumer.close()
 
 
-def run_top(kafka: KafkaSettings, prefix: str, refresh_s: float = 1.0, duration_s: float | None = None) -> None:
-    view = FleetView()
+def run_top(kafka: KafkaSettings, prefix: str, refresh_s: float = 1.0, duration_s: float | None = None,
+            cluster: str | None = None) -> None:
+    view = FleetView(cluster=cluster)
     deadline = None if duration_s is None else time.monotonic() + duration_s
     with Live(render(view), refresh_per_second=max(1, int(1 / refresh_s)), screen=False) as live:
         drain_topics(kafka, prefix, view,

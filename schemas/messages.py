@@ -5,7 +5,8 @@ documents committed under ``schemas/json`` are generated from them (a test fails
 every producer, stream job and sink encodes and decodes through them (see ``schemas.codec``).
 
 Conventions, fixed by DESIGN.md:
-- every message carries ``schema_version``;
+- every message carries ``schema_version`` and the ``cluster`` it comes from (version 2 added
+  ``cluster``; a version-1 message, which has none, reads as cluster ``default``);
 - timestamps are timezone-aware UTC datetimes, serialised as ISO 8601 with ``Z``;
 - units are in field names (``mem_used_bytes``, ``sm_util_pct``, ``power_w``, ``*_s`` seconds);
 - unknown fields are ignored on decode, so old consumers survive newer producers;
@@ -19,7 +20,23 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: every message carries ``cluster``. Version-1 messages still decode (cluster ``default``)."""
+
+DEFAULT_CLUSTER = "default"
+"""The cluster of messages that name none: version-1 messages, replays, ``--simulate``, the demo."""
+
+CLUSTER_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""Accepted cluster names: a DNS label (RFC 1123): 1-63 lowercase letters, digits and ``-``, starting
+and ending with a letter or digit. So a name never holds ``/`` (the separator of scoped keys) nor
+anything that needs quoting in SQL, Grafana variables or Prometheus labels."""
+
+ClusterName = Annotated[
+    str,
+    Field(pattern=CLUSTER_NAME_PATTERN, min_length=1, max_length=63,
+          description="The Kubernetes cluster the message comes from (a DNS label); node names and pod "
+          "uids are unique only within it. Absent in version-1 messages: read as 'default'."),
+]
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -49,11 +66,13 @@ Percent = Annotated[float, Field(ge=0, le=100)]
 
 
 class Message(BaseModel):
-    """Base of every topic's value: versioned, tolerant of unknown fields, immutable."""
+    """Base of every topic's value: versioned, tolerant of unknown fields, immutable, and scoped to
+    the cluster it comes from (every message type inherits ``cluster``)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     schema_version: int = SCHEMA_VERSION
+    cluster: ClusterName = DEFAULT_CLUSTER
 
 
 class Part(BaseModel):
@@ -509,6 +528,12 @@ class DeadLetter(Message):
     at: UtcDatetime
     payload_text: str | None = None
     payload_b64: str | None = None
+
+
+def scoped_key(cluster: str, key: str) -> str:
+    """``key`` (a node name, pod uid, alert id) made unique across clusters: ``<cluster>/<key>``, and
+    ``key`` itself in the ``default`` cluster, so a single-cluster install keeps its keys and ids."""
+    return key if cluster == DEFAULT_CLUSTER else f"{cluster}/{key}"
 
 
 def utc_now() -> datetime:

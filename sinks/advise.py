@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.settings import AdviseThresholds
-from sinks.analyses import Reader, query_rows
+from sinks.analyses import IN_CLUSTER, Reader, query_rows
 
 GIB = 1024**3
 MONTH_H = 30 * 24
@@ -119,9 +119,10 @@ class PodEvidence:
 
 
 def _period(reader: Reader, since_s: float) -> tuple[datetime, datetime] | None:
-    rows = query_rows(reader, """
+    rows = query_rows(reader, f"""
 SELECT maxOrNull(e) AS data_end FROM (
-    SELECT max(window_end) AS e FROM pod_windows UNION ALL SELECT max(window_end) AS e FROM cluster_capacity
+    SELECT max(window_end) AS e FROM pod_windows WHERE {IN_CLUSTER}
+    UNION ALL SELECT max(window_end) AS e FROM cluster_capacity WHERE {IN_CLUSTER}
 ) WHERE e > toDateTime64(0, 3, 'UTC')""")
     end = rows[0]["data_end"] if rows else None
     if not end:
@@ -149,7 +150,7 @@ def _label(value: str) -> str:
 
 
 def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, dict[str, Any]]:
-    where = f"{alias}window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
+    where = f"{alias}{IN_CLUSTER} AND {alias}window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     params: dict[str, Any] = {"start": _sql_ts(start)}
     if team is not None:
         where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
@@ -158,10 +159,10 @@ def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, di
 
 
 def _nodes(reader: Reader) -> dict[str, dict[str, Any]]:
-    rows = query_rows(reader, """
+    rows = query_rows(reader, f"""
 SELECT node, argMax(labels, ts) AS labels, argMax(gpu_memory_bytes, ts) AS gpu_memory_bytes,
        argMax(gpu_product, ts) AS gpu_product
-FROM node_states GROUP BY node""")
+FROM node_states WHERE {IN_CLUSTER} GROUP BY node""")
     return {r["node"]: r for r in rows}
 
 
@@ -178,7 +179,8 @@ def _evidence(reader: Reader, start: datetime, team: str | None, cfg: AdviseThre
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
     rows = query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples GROUP BY gpu_uuid)
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples WHERE {IN_CLUSTER}
+           GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
        any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
        max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
@@ -194,9 +196,9 @@ FROM v_advise_windows AS w LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
 WHERE {where}
 GROUP BY pod_uid, gpu_uuid
 ORDER BY pod_uid, gpu_uuid""", params)
-    owners = {r["uid"]: r for r in query_rows(reader, """
+    owners = {r["uid"]: r for r in query_rows(reader, f"""
 SELECT uid, argMax(owner_kinds, ts) AS kinds, argMax(owner_names, ts) AS names, argMax(gang_id, ts) AS gang
-FROM pod_states GROUP BY uid""")}
+FROM pod_states WHERE {IN_CLUSTER} GROUP BY uid""")}
     pods: dict[str, PodEvidence] = {}
     for r in rows:
         ev = pods.get(r["pod_uid"])
@@ -482,7 +484,7 @@ def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, f
 
 
 def _capacity(reader: Reader, start: datetime) -> dict[str, float]:
-    cap = query_rows(reader, """
+    cap = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_start, window_end) / 1000)) / 3600
            AS capacity_gpu_hours,
        sum(coalesce(gpu_s_allocated, gpus_allocated * dateDiff('millisecond', window_start, window_end) / 1000))
@@ -491,12 +493,13 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_sta
            AS unallocated_gpu_hours,
        sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS span_s
 FROM cluster_capacity FINAL
-WHERE window_start >= toDateTime64({start:String}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
+WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
     cost = query_rows(reader, f"""
 SELECT sum(s.sample_interval_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
 FROM gpu_samples AS s FINAL
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
-WHERE s.ts >= toDateTime64({{start:String}}, 3, 'UTC') AND s.mig_parent_uuid = ''""", {"start": _sql_ts(start)})[0]
+WHERE s.{IN_CLUSTER} AND s.ts >= toDateTime64({{start:String}}, 3, 'UTC') AND s.mig_parent_uuid = ''""",
+                      {"start": _sql_ts(start)})[0]
     return {k: float(v or 0.0) for k, v in (cap | cost).items()}
 
 
@@ -514,12 +517,13 @@ SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.
        min(s.ts) AS first_seen, max(s.ts) AS last_seen, any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
 FROM gpu_samples AS s FINAL
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
-WHERE s.ts >= toDateTime64({{start:String}}, 3, 'UTC')
+WHERE s.{IN_CLUSTER} AND s.ts >= toDateTime64({{start:String}}, 3, 'UTC')
 GROUP BY node
 HAVING allocated_samples = 0
 ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
-    held = {r["node"] for r in query_rows(reader, """
-SELECT DISTINCT node FROM pod_windows WHERE window_start >= toDateTime64({start:String}, 3, 'UTC')""",
+    held = {r["node"] for r in query_rows(reader, f"""
+SELECT DISTINCT node FROM pod_windows
+WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""",
                                           {"start": _sql_ts(start)})}
     out = []
     for r in rows:
@@ -539,9 +543,9 @@ def _queue(reader: Reader, start: datetime, end: datetime, team: str | None) -> 
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
 WITH toDateTime64({{end:String}}, 3, 'UTC') AS data_end,
-l AS (SELECT * FROM pod_lifecycle FINAL WHERE gpus > 0 AND pending_s > 0),
+l AS (SELECT * FROM pod_lifecycle FINAL WHERE {IN_CLUSTER} AND gpus > 0 AND pending_s > 0),
 c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block
-      FROM cluster_capacity FINAL WHERE window_start >= toDateTime64({{start:String}}, 3, 'UTC'))
+      FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC'))
 SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, any(l.team) AS team,
        any(l.gpus) AS gpus, any(l.created_at) AS created_at, any(l.scheduled_at) AS scheduled_at,
        any(l.pending_s) AS pending_s,

@@ -41,7 +41,7 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, PodState
+from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from sinks.sink import Backoff, Record, dead_letter
 
@@ -136,34 +136,36 @@ def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
 
 
 class PodTeams:
-    """namespace/name -> team, kept current from the watcher's compacted pod states (``k8s.pods.v1``),
-    so pod alerts carry the ``team`` label; call :meth:`refresh` before delivering a batch."""
+    """(cluster, namespace, name) -> team, kept current from the watcher's compacted pod states
+    (``k8s.pods.v1``), so pod alerts carry the ``team`` label; call :meth:`refresh` before delivering
+    a batch. Pods are held by record key (``<cluster>/<uid>``), which their tombstones carry too."""
 
     def __init__(self, follower: TopicFollower | None) -> None:
         self.follower = follower
-        self._by_uid: dict[str, tuple[str, str, str | None]] = {}
-        self._by_name: dict[tuple[str, str], str | None] = {}
+        self._by_key: dict[str, tuple[str, str, str, str | None]] = {}
+        self._by_name: dict[tuple[str, str, str], str | None] = {}
 
     def refresh(self) -> None:
         if self.follower is None:
             return
         for record in self.follower.catch_up(10.0, partial=True):
-            uid = record.key.decode(errors="replace") if record.key else ""
+            key = record.key.decode(errors="replace") if record.key else ""
             if record.value is None:  # tombstone: the pod is gone
-                self._by_uid.pop(uid, None)
+                self._by_key.pop(key, None)
                 continue
             try:
                 state = decode(record.value, PodState)
             except MessageError:
                 continue  # the sink and workers dead-letter bad pod states; here a team is only a label
-            self._by_uid[state.uid] = (state.namespace, state.name, state.team)
-        self._by_name = {(ns, name): team for ns, name, team in self._by_uid.values()}
+            self._by_key[key or scoped_key(state.cluster, state.uid)] = (
+                state.cluster, state.namespace, state.name, state.team)
+        self._by_name = {(cluster, ns, name): team for cluster, ns, name, team in self._by_key.values()}
 
     def team(self, alert: Alert) -> str | None:
         subject = alert.subject
         if subject.kind != "pod" or not subject.namespace or not subject.name:
             return None
-        return self._by_name.get((subject.namespace, subject.name))
+        return self._by_name.get((alert.cluster, subject.namespace, subject.name))
 
     def close(self) -> None:
         if self.follower is not None:
@@ -266,10 +268,11 @@ class AlertForwarder:
     def payload(self, alert: Alert, destination: Destination) -> Any:
         s = self.settings
         team = self.teams.team(alert)
+        cluster = alert.cluster if alert.cluster != DEFAULT_CLUSTER else s.cluster
         if destination.kind == "alertmanager":
-            return [alertmanager_alert(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
+            return [alertmanager_alert(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                                        firing_hold_s=s.firing_hold_s, now=self.now(), team=team)]
-        return webhook_body(alert, cluster=s.cluster, runbook_base_url=s.runbook_base_url,
+        return webhook_body(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                             body_format=s.webhook_format, team=team)
 
     def deliver(self, record: Record) -> list[str]:

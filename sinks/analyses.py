@@ -4,6 +4,12 @@ Each analysis is one SQL query over the sink's tables (the same SQL on chDB and 
 returns ``list[dict]`` with JSON-friendly values, so the CLI prints them, ``--json`` emits them and
 an HTML report can reuse them unchanged. :func:`run_report` runs them all.
 
+Every analysis sees one cluster (``cluster = {cluster:String}`` in each query, bound by
+:class:`ClusterScope`): node names and pod uids repeat across clusters, and a figure summed over
+several would mean nothing. :func:`scoped` picks the cluster: the one asked for, else the only
+one in the store; with several and none asked for it refuses (:class:`ClusterError`), so a
+report never silently mixes or picks clusters.
+
 Conventions: rows come from the deduplicated view of each table (``FINAL``); an empty team or
 project is shown as ``(none)``; hours are GPU-hours; money is USD. ``window_cost_usd`` is the cost
 the stream jobs attached to each window; ``list_cost_usd`` re-prices GPU-hours with the sink's
@@ -26,6 +32,59 @@ class Reader(Protocol):
 
 Rows = list[dict[str, Any]]
 
+IN_CLUSTER = "cluster = {cluster:String}"
+"""The condition each analysis query applies to every table and view it reads."""
+
+_CLUSTERS_SQL = """
+SELECT DISTINCT cluster FROM (
+    SELECT DISTINCT cluster FROM node_states UNION ALL SELECT DISTINCT cluster FROM pod_states
+    UNION ALL SELECT DISTINCT cluster FROM cluster_capacity UNION ALL SELECT DISTINCT cluster FROM pod_windows
+) ORDER BY cluster"""
+
+
+class ClusterError(ValueError):
+    """No one cluster to report on: the store holds several and none was named, or the named one has
+    no data (the message lists the clusters there are)."""
+
+
+class ClusterScope:
+    """A reader whose queries are bound to one cluster (the ``cluster`` query parameter)."""
+
+    def __init__(self, reader: Reader, cluster: str) -> None:
+        self.reader = reader
+        self.cluster = cluster
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        if "{cluster:String}" in sql:
+            parameters = {"cluster": self.cluster, **(parameters or {})}
+        return self.reader.query(sql, parameters)
+
+
+def clusters(reader: Reader) -> list[str]:
+    """The clusters the store holds data of, by name."""
+    base = reader.reader if isinstance(reader, ClusterScope) else reader
+    return [str(row[0]) for row in base.query(_CLUSTERS_SQL).rows]
+
+
+def scoped(reader: Reader, cluster: str | None = None) -> ClusterScope:
+    """``reader`` bound to ``cluster``, else to the store's only cluster (``default`` when empty).
+
+    Raises :class:`ClusterError` when the store holds several and none is named, or for a named
+    cluster the store has no data of."""
+    from schemas.messages import DEFAULT_CLUSTER  # pydantic: not at import (`gpulens sql --help` stays fast)
+
+    if isinstance(reader, ClusterScope) and cluster in (None, reader.cluster):
+        return reader
+    names = clusters(reader)
+    if cluster is None:
+        if len(names) > 1:
+            raise ClusterError(f"the store holds {len(names)} clusters ({', '.join(names)}): name one with "
+                                  "--cluster (each cluster's figures are separate; they are never summed)")
+        return ClusterScope(reader, names[0] if names else DEFAULT_CLUSTER)
+    if names and cluster not in names:
+        raise ClusterError(f"no data of cluster {cluster!r}; the store holds: {', '.join(names)}")
+    return ClusterScope(reader.reader if isinstance(reader, ClusterScope) else reader, cluster)
+
 NONE = "'(none)'"
 PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
          "FROM gpu_prices GROUP BY gpu_model)")
@@ -40,6 +99,9 @@ def _label(column: str) -> str:
 
 
 def query_rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+    """Rows of ``sql`` as dicts; a query that names ``{cluster:String}`` reads :func:`scoped` ``reader``."""
+    if "{cluster:String}" in sql:
+        return scoped(reader).query(sql, parameters).dicts()
     return reader.query(sql, parameters).dicts()
 
 
@@ -60,7 +122,8 @@ SELECT count() AS windows, uniqExact(pod_uid) AS pods,
        sum(cost_usd) AS window_cost_usd,
        sum(w.allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
        minOrNull(window_start) AS first_window, maxOrNull(window_end) AS last_window
-FROM pod_windows AS w FINAL LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model""")
+FROM pod_windows AS w FINAL LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
+WHERE {IN_CLUSTER}""")
     capacity = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_capacity,
        sum(coalesce(gpu_s_allocated, gpus_allocated * {_WINDOW_S})) / 3600 AS gpu_hours_allocated_capacity,
@@ -68,11 +131,11 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_
        sum(coalesce(gpu_s_free, gpus_free * {_WINDOW_S})) / 3600 AS gpu_hours_unallocated,
        max(coalesce(stranded_gpus_max, stranded_gpus)) AS max_stranded_gpus,
        max(pending_gpu_demand) AS max_pending_gpu_demand
-FROM cluster_capacity FINAL""")
-    lifecycle = query_rows(reader, """
+FROM cluster_capacity FINAL WHERE {IN_CLUSTER}""")
+    lifecycle = query_rows(reader, f"""
 SELECT count() AS pods_ended, sum(gpu_hours) AS lifecycle_gpu_hours, sum(idle_gpu_hours) AS lifecycle_idle_gpu_hours,
        sum(cost_usd) AS lifecycle_cost_usd
-FROM pod_lifecycle FINAL""")
+FROM pod_lifecycle FINAL WHERE {IN_CLUSTER}""")
     return round_floats([windows[0] | capacity[0] | lifecycle[0]])
 
 
@@ -92,6 +155,7 @@ SELECT {keys},
        max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
        sum(cost_usd) AS cost_usd
 FROM pod_windows FINAL
+WHERE {IN_CLUSTER}
 GROUP BY {group}
 ORDER BY gpu_hours DESC, {group}
 LIMIT {int(limit)}"""))
@@ -110,19 +174,20 @@ SELECT {_label('team')} AS team,
        uniqExact(pod_uid) AS pods,
        sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_cost_usd
 FROM pod_windows FINAL
-WHERE idle_s > 0 OR gap_s > 0
+WHERE (idle_s > 0 OR gap_s > 0) AND {IN_CLUSTER}
 GROUP BY team, idle_class
 ORDER BY idle_gpu_hours DESC, team, idle_class"""))
 
 
 def pending_distribution(reader: Reader) -> Rows:
     """How long GPU pods waited to be scheduled, in buckets, from the lifecycle records."""
-    return round_floats(query_rows(reader, """
+    return round_floats(query_rows(reader, f"""
 SELECT multiIf(pending_s < 60, '< 1m', pending_s < 300, '1-5m', pending_s < 900, '5-15m',
                pending_s < 3600, '15-60m', '>= 1h') AS bucket,
        min(pending_s) AS bucket_floor_s, count() AS pods, sum(gpus) AS gpus,
        sum(pending_s) / 3600 AS pending_hours, max(pending_s) AS max_pending_s
 FROM pod_lifecycle FINAL
+WHERE {IN_CLUSTER}
 GROUP BY bucket
 ORDER BY bucket_floor_s"""))
 
@@ -134,10 +199,10 @@ SELECT reason, sum(pods) AS pods, sum(pending_hours) AS pending_hours, sum(event
 FROM (
     SELECT arrayJoin(if(empty(pending_reasons), ['(none recorded)'], pending_reasons)) AS reason,
            count() AS pods, sum(pending_s) / 3600 AS pending_hours, 0 AS events
-    FROM pod_lifecycle FINAL WHERE pending_s > 0 GROUP BY reason
+    FROM pod_lifecycle FINAL WHERE pending_s > 0 AND {IN_CLUSTER} GROUP BY reason
     UNION ALL
     SELECT message AS reason, 0 AS pods, 0 AS pending_hours, sum(count) AS events
-    FROM k8s_events FINAL WHERE category = 'scheduling_failed' GROUP BY reason
+    FROM k8s_events FINAL WHERE category = 'scheduling_failed' AND {IN_CLUSTER} GROUP BY reason
 )
 GROUP BY reason
 ORDER BY pending_hours DESC, scheduler_events DESC, reason
@@ -146,7 +211,7 @@ LIMIT {int(limit)}"""))
 
 def fragmentation_over_time(reader: Reader) -> Rows:
     """Per hour: free GPUs, the largest free block, stranded GPUs and pending GPU demand."""
-    return round_floats(query_rows(reader, """
+    return round_floats(query_rows(reader, f"""
 SELECT toStartOfHour(window_start) AS hour, count() AS windows,
        avg(gpus_total) AS avg_gpus_total, avg(gpus_free) AS avg_gpus_free,
        min(largest_free_block) AS min_largest_free_block,
@@ -154,6 +219,7 @@ SELECT toStartOfHour(window_start) AS hour, count() AS windows,
        sum(stranded_gpus * dateDiff('millisecond', window_start, window_end)) / 3600000 AS stranded_gpu_hours,
        max(pending_gpu_demand) AS max_pending_gpu_demand, max(pending_pods) AS max_pending_pods
 FROM cluster_capacity FINAL
+WHERE {IN_CLUSTER}
 GROUP BY hour
 ORDER BY hour"""))
 
@@ -168,11 +234,11 @@ WITH s AS (
            sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < 5) / 3600
                AS allocated_idle_gpu_hours,
            min(ts) AS first_seen, max(ts) AS last_seen
-    FROM gpu_samples FINAL GROUP BY node
+    FROM gpu_samples FINAL WHERE {IN_CLUSTER} GROUP BY node
 ),
 a AS (
     SELECT subject_node AS node, countIf(state = 'firing') AS idle_node_alerts
-    FROM alerts FINAL WHERE type = 'idle_node' GROUP BY node
+    FROM alerts FINAL WHERE type = 'idle_node' AND {IN_CLUSTER} GROUP BY node
 )
 SELECT s.node AS node, s.gpu_model AS gpu_model, s.gpus AS gpus, s.observed_gpu_hours AS observed_gpu_hours,
        s.unallocated_gpu_hours AS unallocated_gpu_hours,
@@ -199,6 +265,7 @@ SELECT {_label('w.team')} AS team, {_label('w.project')} AS project,
        sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_window_cost_usd
 FROM pod_windows AS w FINAL
 LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
+WHERE {IN_CLUSTER}
 GROUP BY team, project
 ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))
 
@@ -209,6 +276,7 @@ def cost_per_unit_of_work(reader: Reader, limit: int = 50) -> Rows:
 SELECT namespace, pod, {_label('team')} AS team, {_label('project')} AS project, gpu_hours, cost_usd,
        steps, tokens, cost_per_step_usd, cost_per_1k_tokens_usd
 FROM v_cost_per_unit
+WHERE {IN_CLUSTER}
 ORDER BY cost_usd DESC, namespace, pod
 LIMIT {int(limit)}"""), 9)
 
@@ -219,6 +287,7 @@ def shared_gpu_cost(reader: Reader, limit: int = 50) -> Rows:
 SELECT namespace, pod, {_label('team')} AS team, requested_gpu_hours, usage_gpu_hours,
        request_based_cost_usd, usage_based_cost_usd
 FROM v_shared_gpu_cost
+WHERE {IN_CLUSTER}
 ORDER BY usage_based_cost_usd DESC, namespace, pod
 LIMIT {int(limit)}"""))
 
@@ -233,9 +302,9 @@ WITH w AS (
            sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
                / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
            max(max_mem_used_bytes) AS peak_mem_bytes, sum(cost_usd) AS cost_usd
-    FROM pod_windows FINAL GROUP BY pod_uid
+    FROM pod_windows FINAL WHERE {IN_CLUSTER} GROUP BY pod_uid
 ),
-l AS (SELECT pod_uid, end_reason, pending_s, running_s FROM pod_lifecycle FINAL)
+l AS (SELECT pod_uid, end_reason, pending_s, running_s FROM pod_lifecycle FINAL WHERE {IN_CLUSTER})
 SELECT w.namespace AS namespace, w.pod AS name, {_label('w.team')} AS team, {_label('w.project')} AS project,
        w.node AS node, w.gpus AS gpus, w.gpu_hours AS gpu_hours, w.idle_gpu_hours AS idle_gpu_hours,
        w.avg_sm_util_pct AS avg_sm_util_pct, w.peak_mem_bytes AS peak_mem_bytes, w.cost_usd AS cost_usd,
@@ -252,16 +321,18 @@ SELECT namespace, name, {_label('team')} AS team, {_label('project')} AS project
        pending_reasons, gpu_hours, idle_gpu_hours, avg_sm_util_pct, peak_mem_bytes, cost_usd, steps,
        cost_per_step_usd
 FROM pod_lifecycle FINAL
+WHERE {IN_CLUSTER}
 ORDER BY created_at, namespace, name
 LIMIT {int(limit)}"""))
 
 
 def alerts_by_type(reader: Reader) -> Rows:
     """Alert counts per type: how many fired, are still firing, and their mean duration."""
-    return round_floats(query_rows(reader, """
+    return round_floats(query_rows(reader, f"""
 SELECT alert_type AS type, count() AS alerts, countIf(current_state = 'firing') AS still_firing,
        avgIf(dateDiff('second', first_at, resolved_at), current_state = 'resolved') AS avg_duration_s
 FROM v_alerts
+WHERE {IN_CLUSTER}
 GROUP BY type
 ORDER BY alerts DESC, type"""))
 
@@ -316,12 +387,13 @@ TITLES: dict[str, str] = {
 
 
 def run_report(reader: Reader, sections: list[str] | None = None,
-               advise_thresholds: AdviseThresholds | None = None) -> dict[str, Rows]:
-    """Every analysis (or the named ones), in display order; the advisor's section with ``advise_thresholds``
-    (its defaults when None)."""
+               advise_thresholds: AdviseThresholds | None = None, cluster: str | None = None) -> dict[str, Rows]:
+    """Every analysis (or the named ones), in display order, of ``cluster`` (see :func:`scoped`); the
+    advisor's section with ``advise_thresholds`` (its defaults when None)."""
     names = sections or list(ANALYSES)
     unknown = [n for n in names if n not in ANALYSES]
     if unknown:
         raise KeyError(f"unknown report section(s) {', '.join(unknown)}; known: {', '.join(ANALYSES)}")
+    reader = scoped(reader, cluster)
     return {name: reclaimable_capacity(reader, advise_thresholds) if name == "reclaimable_capacity"
             else ANALYSES[name](reader) for name in names}

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from schemas.messages import (
+    DEFAULT_CLUSTER,
     Alert,
     ClusterCapacity,
     GpuSample,
@@ -136,7 +137,8 @@ def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: in
     return [list(column) for column in zip(*map(getter, dicts), strict=True)]
 
 
-_SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version")
+_SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version",
+                  "cluster")
 _GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
                "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
                "nvlink_rx_bytes_per_s")
@@ -162,13 +164,14 @@ def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str
     tables: dict[str, TableColumns] = {}
     if not gpus:
         return tables
-    ts, node, boot_id, seq, interval, driver, cuda = (
-        _repeat(column, counts) for column in _columns(_sample_getter, [item[0] for item in items], 7))
+    ts, node, boot_id, seq, interval, driver, cuda, cluster = (
+        _repeat(column, counts) for column in _columns(_sample_getter, [item[0] for item in items], 8))
     partition = _repeat([item[1] for item in items], counts)
     offset = _repeat([item[2] for item in items], counts)
     (uuid, index, model, mig_parent, mig_profile, *gauges, health, health_reason, xids, assigned, processes,
      shared) = _columns(_gpu_getter, gpus, len(_GPU_FIELDS))
     tables["gpu_samples"] = TableColumns.of({
+        "cluster": cluster,
         "ts": ts,
         "node": node,
         "gpu_uuid": uuid,
@@ -199,6 +202,7 @@ def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str
         pid, name, container_id, container_name, pod_uid, pod_namespace, pod_name, mem_used, sm_util = _columns(
             _process_getter, [p for procs in processes if procs for p in procs], len(_PROCESS_FIELDS))
         tables["gpu_processes"] = TableColumns.of({
+            "cluster": [cluster[i] for i in owners],
             "ts": [ts[i] for i in owners],
             "node": [node[i] for i in owners],
             "gpu_uuid": [uuid[i] for i in owners],
@@ -217,6 +221,7 @@ def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str
     events = [(x, i) for i, xs in enumerate(xids) if xs for x in xs]
     if events:
         tables["gpu_xids"] = TableColumns.of({
+            "cluster": [cluster[i] for _, i in events],
             "at": [x["at"] for x, _ in events],
             "ts": [ts[i] for _, i in events],
             "node": [node[i] for _, i in events],
@@ -426,11 +431,19 @@ def alert_rows(msg: Alert, partition: int, offset: int) -> Iterator[tuple[str, R
 
 @dataclass(frozen=True)
 class Tombstone:
-    """A record without a value on a keyed state topic: the key's state was deleted at ``at``."""
+    """A record without a value on a keyed state topic: the key's state was deleted at ``at``.
+    ``key`` is the uid or node name, ``cluster`` the cluster its record key was scoped to."""
 
     suffix: str
     key: str
     at: datetime
+    cluster: str = DEFAULT_CLUSTER
+
+    @classmethod
+    def of_record_key(cls, suffix: str, record_key: str, at: datetime) -> Tombstone:
+        """From a Kafka record key: ``<cluster>/<key>`` (``schemas.messages.scoped_key``) or a bare key."""
+        cluster, _, key = record_key.rpartition("/")
+        return cls(suffix, key, at, cluster or DEFAULT_CLUSTER)
 
 
 def tombstone_rows(msg: Tombstone, partition: int, offset: int) -> Iterator[tuple[str, Row]]:
@@ -507,5 +520,5 @@ def tables_for(items: Sequence[tuple[Decoded, int, int]]) -> dict[str, TableColu
             raise TypeError(f"no table for {kind.__name__}")
         for data, partition, offset in group:
             for table, row in builder(data, partition, offset):
-                tables.setdefault(table, TableColumns()).append(row)
+                tables.setdefault(table, TableColumns()).append({"cluster": data.cluster, **row})
     return tables

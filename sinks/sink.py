@@ -237,7 +237,8 @@ class BatchWriter:
         spec = spec_for_name(record.topic)
         if record.value is None:
             if spec in (K8S_PODS, K8S_NODES):
-                return Tombstone(spec.suffix, (record.key or b"").decode(errors="replace"), _ts(record)), None
+                key = (record.key or b"").decode(errors="replace")
+                return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
             return None, "empty value (tombstone) on a topic that has no tombstones"
         try:
             if spec.message in PLAIN_TYPES:

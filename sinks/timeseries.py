@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sinks.analyses import Reader, Rows, query_rows, round_floats
+from sinks.analyses import IN_CLUSTER, Reader, Rows, query_rows, round_floats
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)
@@ -40,12 +40,12 @@ def _epoch(value: str | None) -> float | None:
 
 def data_span(reader: Reader) -> Rows:
     """First and last instant covered by pod windows and capacity windows (one row; None when empty)."""
-    return query_rows(reader, """
+    return query_rows(reader, f"""
 SELECT minOrNull(start) AS first_at, maxOrNull(end) AS last_at
 FROM (
-    SELECT min(window_start) AS start, max(window_end) AS end FROM pod_windows
+    SELECT min(window_start) AS start, max(window_end) AS end FROM pod_windows WHERE {IN_CLUSTER}
     UNION ALL
-    SELECT min(window_start) AS start, max(window_end) AS end FROM cluster_capacity
+    SELECT min(window_start) AS start, max(window_end) AS end FROM cluster_capacity WHERE {IN_CLUSTER}
 )
 WHERE start > toDateTime64(0, 3, 'UTC')""")
 
@@ -75,7 +75,7 @@ def utilisation_by_team(reader: Reader, bucket_s: int) -> Rows:
     return round_floats(query_rows(reader, f"""
 WITH w AS (
     SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket, *
-    FROM pod_windows FINAL
+    FROM pod_windows FINAL WHERE {IN_CLUSTER}
 ),
 covered AS (
     SELECT bucket, {_covered('w')} AS covered_s FROM w GROUP BY bucket
@@ -114,6 +114,7 @@ SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS
        max(pending_gpu_demand) AS max_pending_gpu_demand,
        max(pending_pods) AS max_pending_pods
 FROM cluster_capacity FINAL
+WHERE {IN_CLUSTER}
 GROUP BY bucket
 ORDER BY bucket""", {"bucket_s": int(bucket_s)}))
 
@@ -125,6 +126,7 @@ SELECT namespace, name, if(team = '', '(none)', team) AS team, node, gpus, creat
        started_at, finished_at, pending_s, running_s, end_reason, pending_reasons, gpu_hours,
        idle_gpu_hours, cost_usd
 FROM pod_lifecycle FINAL
+WHERE {IN_CLUSTER}
 ORDER BY pending_s DESC, created_at, namespace, name
 LIMIT {int(limit)}"""))
 
@@ -136,8 +138,10 @@ def pod_vram_peaks(reader: Reader, limit: int = 40) -> Rows:
     expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
     without a VRAM reading are left out (no made-up zero)."""
     return round_floats(query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples GROUP BY gpu_uuid),
-     n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states GROUP BY node)
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples WHERE {IN_CLUSTER}
+           GROUP BY gpu_uuid),
+     n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states WHERE {IN_CLUSTER}
+           GROUP BY node)
 SELECT w.namespace AS namespace, w.pod AS pod, if(w.team = '', '(none)', w.team) AS team,
        any(w.gpu_model) AS gpu_model, uniqExact(w.gpu_uuid) AS gpus, sum(w.allocated_s) / 3600 AS gpu_hours,
        max(w.max_mem_used_bytes) AS peak_mem_bytes, quantile(0.95)(w.max_mem_used_bytes) AS p95_mem_bytes,
@@ -146,7 +150,7 @@ SELECT w.namespace AS namespace, w.pod AS pod, if(w.team = '', '(none)', w.team)
 FROM pod_windows AS w FINAL
 LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
 LEFT JOIN n ON n.node = w.node
-WHERE w.max_mem_used_bytes IS NOT NULL
+WHERE w.max_mem_used_bytes IS NOT NULL AND w.{IN_CLUSTER}
 GROUP BY namespace, pod, team
 ORDER BY gpu_hours DESC, namespace, pod
 LIMIT {int(limit)}"""))
@@ -157,10 +161,10 @@ def firing_alerts(reader: Reader, limit: int = 200) -> Rows:
     end of the data (the store's latest window, not the wall clock: a replayed or demo history is dated
     in the past or the future)."""
     return round_floats(query_rows(reader, f"""
-WITH (SELECT max(window_end) FROM pod_windows) AS data_end
+WITH (SELECT max(window_end) FROM pod_windows WHERE {IN_CLUSTER}) AS data_end
 SELECT alert_type, current_severity AS severity, kind, namespace, name, node, first_at,
        dateDiff('second', first_at, greatest(data_end, last_at)) AS age_s, last_summary AS summary
 FROM v_alerts
-WHERE current_state = 'firing'
+WHERE current_state = 'firing' AND {IN_CLUSTER}
 ORDER BY multiIf(severity = 'critical', 0, severity = 'warning', 1, 2), first_at, alert_type, namespace, name
 LIMIT {int(limit)}"""))

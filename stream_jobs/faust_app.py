@@ -17,8 +17,8 @@ the plain code of :mod:`stream_jobs.node_stage` / :mod:`stream_jobs.cluster_stag
   cluster-inputs numbered by (partition, mark, index); then the mark itself, with the partition's
   counters.
 - **cluster** (one partition): when the route's mark and every node partition's copy of it have
-  arrived, the :class:`ClusterStage` (``cluster-stage`` table) applies what the mark covers and
-  advances; after an end mark it writes a ``done`` marker to the control topic.
+  arrived, the :class:`ClusterStages` (one ``ClusterStage`` per cluster, ``cluster-stage`` table)
+  apply what the mark covers and advance; after an end mark it writes a ``done`` marker to the control topic.
 
 Delivery is at-least-once, results exactly-once: inputs are acknowledged (so their offsets can be
 committed) only after the mark that applied them has been processed, its outputs delivered and
@@ -47,7 +47,7 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WorkerSettings
 from schemas.codec import WIRE_HEADERS, MessageError, encode, validate
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
+from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
 from schemas.topics import (
     ALERTS,
     CLUSTER_CAPACITY,
@@ -59,7 +59,7 @@ from schemas.topics import (
     POD_WINDOWS,
     TopicSpec,
 )
-from stream_jobs.cluster_stage import ClusterStage
+from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
@@ -73,6 +73,7 @@ from stream_jobs.pipeline import (
     event_time_error,
     route,
 )
+from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import (
@@ -138,10 +139,10 @@ def changelog_topics(settings: WorkerSettings) -> list[TopicSpec]:
 
 def _output_key(message: Message) -> str:
     if isinstance(message, PodWindow | PodLifecycle):
-        return message.pod_uid
+        return scoped_key(message.cluster, message.pod_uid)
     if isinstance(message, Alert):
         return message.id
-    return "cluster"
+    return scoped_key(message.cluster, "cluster")
 
 
 class WorkerMetrics:
@@ -372,10 +373,11 @@ class _NodePartition:
     """Deliveries of outputs sent since the last checkpoint."""
     checkpointed_at: float = 0.0
 
-    def stage(self, node: str, config: EngineConfig) -> NodeStage:
-        stage = self.stages.get(node)
+    def stage(self, key: str, node: str, cluster: str, config: EngineConfig) -> NodeStage:
+        """The stage of ``node`` of ``cluster`` (``key``: their node key)."""
+        stage = self.stages.get(key)
         if stage is None:
-            stage = self.stages[node] = NodeStage(node, config)
+            stage = self.stages[key] = NodeStage(node, config, cluster)
         return stage
 
 
@@ -479,7 +481,7 @@ class StreamJobs:
         self._compacted = {spec.name(self.prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"}
         self.node_parts: dict[int, _NodePartition] = {}
         self.cluster_gate: ClusterGate[Any] | None = None
-        self.cluster_stage: ClusterStage | None = None
+        self.cluster_stage: ClusterStages | None = None
         stage = self.settings.stage
         if stage in ("node", "all"):
             app.agent(self.inputs, name="route")(self._exit_on_error("route", self._route_agent))
@@ -764,7 +766,7 @@ class StreamJobs:
             node = getattr(message, "node", None)
             if not node:
                 continue
-            stage = part.stage(node, self.config)
+            stage = part.stage(node_key(message.cluster, node), node, message.cluster, self.config)
             late = stage.counters["late_samples"]
             stage.submit(message)
             if stage.counters["late_samples"] > late:
@@ -816,13 +818,13 @@ class StreamJobs:
 
     # ------------------------------------------------------------------ cluster stage
 
-    def _cluster(self) -> tuple[ClusterGate[Any], ClusterStage]:
+    def _cluster(self) -> tuple[ClusterGate[Any], ClusterStages]:
         if self.cluster_gate is None or self.cluster_stage is None:
             record = self.cluster_table.get("cluster") or {}
             meta = record.get("progress") or {}
             saved = record.get("stage")
             self.cluster_gate = ClusterGate(self.node_partitions, int(meta.get("seq", 0)), meta.get("applied"))
-            self.cluster_stage = ClusterStage.from_dict(saved, self.config) if saved else ClusterStage(self.config)
+            self.cluster_stage = ClusterStages.from_dict(saved, self.config) if saved else ClusterStages(self.config)
             self._cluster_done = meta.get("done")
         return self.cluster_gate, self.cluster_stage
 
@@ -862,7 +864,7 @@ class StreamJobs:
                 self.metrics.marks.labels("cluster").inc()
                 self.metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
 
-    async def _cluster_mark(self, gate: ClusterGate[Any], stage: ClusterStage, mark: Mark,
+    async def _cluster_mark(self, gate: ClusterGate[Any], stage: ClusterStages, mark: Mark,
                             direct: list[Parked[Any]], outs: list[Parked[Any]], stats: dict[str, int]) -> None:
         for parked in direct:
             message = await self._released_input(parked, mark)
@@ -879,7 +881,7 @@ class StreamJobs:
                                                           headers=list(WIRE_HEADERS)))
         self.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
 
-    async def _cluster_checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStage,
+    async def _cluster_checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStages,
                                   end: Mark | None, stats: dict[str, int]) -> None:
         """As :meth:`_node_checkpoint`; after an end mark, also say ``done`` on the control topic."""
         await asyncio.gather(*self._cluster_futures)

@@ -1,4 +1,4 @@
-"""The node stage: one instance per GPU node (the faust table key is the node name).
+"""The node stage: one instance per GPU node of a cluster (keyed by ``stream_jobs.scoping.node_key``).
 
 Inputs, in event-time order through a reorder buffer: the node's state, the states of the pods
 bound to it (re-keyed by node), and its agent's samples. For every sample it attributes each GPU
@@ -20,12 +20,13 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
+from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
 from stream_jobs import alerts
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.scoping import stamped
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, stable_id, window_start
 
 log = get_logger(__name__)
@@ -73,8 +74,10 @@ def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
 
 
 class NodeStage:
-    def __init__(self, node: str, config: EngineConfig) -> None:
+    def __init__(self, node: str, config: EngineConfig, cluster: str = DEFAULT_CLUSTER) -> None:
         self.node = node
+        self.cluster = cluster
+        """The cluster of ``node``: stamped on every output (``stream_jobs.clusters.stamped``)."""
         self.config = config
         self.wm: float | None = None
         self.buffer = ReorderBuffer()
@@ -125,7 +128,7 @@ class NodeStage:
 
     def drain(self) -> list[Message]:
         out, self._out = self._out, []
-        return out
+        return out if self.cluster == DEFAULT_CLUSTER else stamped(self.cluster, out)
 
     def _apply(self, kind: str, ts: float, message: Any) -> None:
         if kind == "sample":
@@ -523,14 +526,15 @@ class NodeStage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "node": self.node, "wm": self.wm, "buffer": self.buffer.to_dict(), "info": self.info,
+            "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
+            "info": self.info,
             "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg, "windows": self.windows,
             "idle_node": self.idle_node, "counters": self.counters,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> NodeStage:
-        stage = cls(data["node"], config)
+        stage = cls(data["node"], config, data.get("cluster", DEFAULT_CLUSTER))
         stage.wm = data["wm"]
         stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
         stage.info = data["info"]

@@ -36,10 +36,11 @@ from schemas.topics import (
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
-from stream_jobs.cluster_stage import ClusterStage
+from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
+from stream_jobs.scoping import node_key
 from stream_jobs.timeutil import epoch, iso
 
 INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES, K8S_WORKLOADS)
@@ -92,16 +93,17 @@ def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, parti
 
 
 def route(message: Message) -> list[tuple[str, str | None]]:
-    """Where a decoded input goes: ``("node", node_name)`` and/or ``("cluster", None)``."""
+    """Where a decoded input goes: ``("node", node key)`` (``stream_jobs.scoping.node_key``: the node
+    within its cluster) and/or ``("cluster", None)``."""
     if isinstance(message, GpuSample):
-        return [("node", message.node)]
+        return [("node", node_key(message.cluster, message.node))]
     if isinstance(message, PodState):
         targets: list[tuple[str, str | None]] = [("cluster", None)]
         if message.node:
-            targets.insert(0, ("node", message.node))
+            targets.insert(0, ("node", node_key(message.cluster, message.node)))
         return targets
     if isinstance(message, NodeState):
-        return [("node", message.node), ("cluster", None)]
+        return [("node", node_key(message.cluster, message.node)), ("cluster", None)]
     if isinstance(message, K8sEvent | WorkloadProgress | WorkloadState | NodeSummary | PodUsage):
         return [("cluster", None)]
     raise TypeError(f"no route for {type(message).__name__}")
@@ -118,15 +120,17 @@ class LocalPipeline:
         self.config = config
         self.topic_prefix = topic_prefix
         self.nodes: dict[str, NodeStage] = {}
-        self.cluster = ClusterStage(config)
+        self.cluster = ClusterStages(config)
         self.outputs: list[Message] = []
         self.deadletters: list[DeadLetter] = []
         self.counters: dict[str, int] = {"records": 0, "tombstones": 0, "deadletters": 0}
 
-    def node_stage(self, node: str) -> NodeStage:
-        stage = self.nodes.get(node)
+    def node_stage(self, key: str, message: GpuSample | PodState | NodeState) -> NodeStage:
+        """The stage of ``message``'s node (``key``: its node key), started by its first input."""
+        stage = self.nodes.get(key)
         if stage is None:
-            stage = self.nodes[node] = NodeStage(node, self.config)
+            assert message.node is not None
+            stage = self.nodes[key] = NodeStage(message.node, self.config, message.cluster)
         return stage
 
     def feed(self, suffix: str, value: bytes | None, at: datetime, partition: int | None = None,
@@ -154,8 +158,8 @@ class LocalPipeline:
     def submit(self, message: Message) -> None:
         for stage, key in route(message):
             if stage == "node":
-                assert key is not None
-                self.node_stage(key).submit(message)
+                assert key is not None and isinstance(message, GpuSample | PodState | NodeState)
+                self.node_stage(key, message).submit(message)
             else:
                 self.cluster.submit(message)
 
@@ -195,6 +199,6 @@ class LocalPipeline:
     def from_dict(cls, data: dict[str, Any], config: EngineConfig, topic_prefix: str = "gpulens") -> LocalPipeline:
         pipeline = cls(config, topic_prefix)
         pipeline.nodes = {name: NodeStage.from_dict(state, config) for name, state in data["nodes"].items()}
-        pipeline.cluster = ClusterStage.from_dict(data["cluster"], config)
+        pipeline.cluster = ClusterStages.from_dict(data["cluster"], config)
         pipeline.counters = dict(data["counters"])
         return pipeline

@@ -4,6 +4,7 @@ cannot start, the tests fail loudly — they are never skipped."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ import pytest
 
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
+
+os.environ.setdefault("GPULENS_CLUSTER", "default")  # the agent and watcher require it against real APIs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_SCENARIOS = REPO_ROOT / "tests" / "data" / "scenarios"  # the shared examples, copied in (FORMAT.md)

@@ -72,6 +72,7 @@ def render_text(advice: dict[str, Any]) -> str:
 @click.option("--since", default=None, help="period counted back from the latest data, e.g. 7d, 36h "
               "[env GPULENS_ADVISE__SINCE_S, seconds; default 7d]")
 @click.option("--team", default=None, help="only this team's pods ('(none)' for pods without a team)")
+@click.option("--cluster", default=None, help="the cluster to advise on; required when the store holds several")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object with every list and total")
 @click.option("--percentile", type=float, default=None, help="SM demand percentile [GPULENS_ADVISE__PERCENTILE; 95]")
 @click.option("--headroom", "headroom_pct", type=float, default=None,
@@ -83,7 +84,8 @@ def render_text(advice: dict[str, Any]) -> str:
 @click.option("--bucket", default=None, help="time bucket of reclaim and pack, e.g. 1h [GPULENS_ADVISE__BUCKET_S; 1h]")
 @clickhouse_option
 @with_common_options
-def advise(since: str | None, team: str | None, as_json: bool, percentile: float | None, headroom_pct: float | None,
+def advise(since: str | None, team: str | None, cluster: str | None, as_json: bool, percentile: float | None,
+           headroom_pct: float | None,
            min_evidence: str | None, idle_stretch: str | None, bucket: str | None, clickhouse_url: str | None,
            **flags: Any) -> None:
     """Reclaimable GPUs: idle pods, oversized pods, packing, fragmentation, empty nodes, with the money."""
@@ -91,6 +93,7 @@ def advise(since: str | None, team: str | None, as_json: bool, percentile: float
 
     from common.settings import AdvisorSettings
     from sinks.advise import advise as run_advice
+    from sinks.analyses import ClusterError, scoped
     from sinks.clickhouse import StoreError
 
     overrides = {"since_s": ("--since", duration_s(since, "--since")),
@@ -108,8 +111,8 @@ def advise(since: str | None, team: str | None, as_json: bool, percentile: float
         raise UserError(f"{overrides[name][0]}: {error['msg']} (got {error.get('input')!r})") from None
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
-        advice = run_advice(reader, thresholds, team)
-    except StoreError as exc:
+        advice = run_advice(scoped(reader, cluster), thresholds, team)
+    except (StoreError, ClusterError) as exc:
         raise UserError(str(exc)) from None
     finally:
         reader.close()

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 @with_common_options
 def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     """Sample every GPU of this node and produce to the gpu.samples topic."""
-    from common.settings import AgentSettings
+    from common.settings import AgentSettings, ConfigError
     from producers.agent.main import run_agent
     from producers.agent.nvml import NvmlLibraryNotFound
     from producers.agent.service import AgentError
@@ -46,7 +46,7 @@ def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     settings: AgentSettings = settings_from_flags(AgentSettings, **flags)
     try:
         run_agent(settings, once=once, to_stdout=to_stdout)
-    except (AgentError, NvmlLibraryNotFound) as exc:
+    except (AgentError, ConfigError, NvmlLibraryNotFound) as exc:
         raise UserError(str(exc)) from None
 
 

@@ -142,14 +142,16 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
               help="only these sections (repeatable)")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write a self-contained HTML report with charts to FILE (all sections)")
+@click.option("--cluster", default=None,
+              help="the cluster to report on; required when the store holds several (figures are per cluster)")
 @clickhouse_option
 @with_common_options
-def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clickhouse_url: str | None,
-           **flags: Any) -> None:
+def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cluster: str | None,
+           clickhouse_url: str | None, **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
     from gpulens.html_report import write_html_report
-    from sinks.analyses import TITLES, run_report
+    from sinks.analyses import TITLES, ClusterError, run_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
@@ -158,12 +160,12 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cli
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
         if html_path is not None:
-            click.echo(f"HTML report written to {write_html_report(reader, html_path, thresholds)}")
+            click.echo(f"HTML report written to {write_html_report(reader, html_path, thresholds, cluster)}")
             return
-        data = run_report(reader, list(sections) or None, thresholds)
+        data = run_report(reader, list(sections) or None, thresholds, cluster)
     except OSError as exc:
         raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
-    except StoreError as exc:
+    except (StoreError, ClusterError) as exc:
         raise UserError(str(exc)) from None
     finally:
         reader.close()

@@ -44,7 +44,8 @@ def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, see
 @with_common_options
 @click.option("--duration", default=None, help="exit after this long, e.g. 30s (default: until Ctrl-C)")
 @click.option("--once", is_flag=True, help="read the topics to their end, print the view once as JSON figures, exit")
-def top(duration: str | None, once: bool, **flags: Any) -> None:
+@click.option("--cluster", default=None, help="the cluster to show (default: the first one seen)")
+def top(duration: str | None, once: bool, cluster: str | None, **flags: Any) -> None:
     """Live terminal view of the fleet, read from the pipeline's topics."""
     import orjson
 
@@ -54,7 +55,10 @@ def top(duration: str | None, once: bool, **flags: Any) -> None:
 
     settings = settings_from_flags(CommonSettings, **flags)
     if once:
-        view = read_view_once(settings.kafka, settings.topic_prefix)
+        view = read_view_once(settings.kafka, settings.topic_prefix, cluster=cluster)
+        if len(view.clusters_seen) > 1:
+            click.echo(f"gpulens top: cluster {view.cluster} of {', '.join(sorted(view.clusters_seen))} "
+                       "(choose with --cluster)", err=True)
         if view.messages_seen == 0:
             # a demo's per-run prefix extends ours; the newest first
             others = sorted(p for p in prefixes_with_data(settings.kafka) if p != settings.topic_prefix)
@@ -72,7 +76,7 @@ def top(duration: str | None, once: bool, **flags: Any) -> None:
         return
     duration_s = None if duration is None else parse_duration(duration, "--duration", allow_zero=False)
     with contextlib.suppress(KeyboardInterrupt):
-        run_top(settings.kafka, settings.topic_prefix, duration_s=duration_s)
+        run_top(settings.kafka, settings.topic_prefix, duration_s=duration_s, cluster=cluster)
 
 
 COMMANDS = [demo, top]

@@ -40,7 +40,7 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
     """Follow pods, nodes and scheduling events; produce k8s.pods/nodes/events."""
     from common.kafka import BoundedProducer, BrokerUnavailable, ensure_topics
     from common.logs import get_logger
-    from common.settings import WatcherSettings
+    from common.settings import ConfigError, WatcherSettings
     from producers.watcher.fake_apiserver import FakeApiServer
     from producers.watcher.fake_cluster import SimulatedCluster
     from producers.watcher.kube import KubeConfigError, api_client
@@ -51,6 +51,10 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
     settings: WatcherSettings = settings_from_flags(
         WatcherSettings, kubeconfig=kubeconfig, namespaces=list(namespaces) or None, simulate=simulate,
         metrics_port=metrics_port, **flags)
+    try:
+        config = WatcherConfig.from_settings(settings)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
     stop = threading.Event()
     server: FakeApiServer | None = None
     if settings.simulate:
@@ -80,7 +84,6 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
         producer = BoundedProducer(settings.kafka, settings.producer)
         sink = KafkaSink(producer, settings.topic_prefix)
 
-    config = WatcherConfig.from_settings(settings)
     service = WatcherService(kube_sources(api, config.namespaces, config.events_api), sink, config)
     if settings.metrics_port:
         port = service.metrics.registry.serve(settings.metrics_port)

@@ -39,7 +39,7 @@ from producers.agent.sampler import NodeSampler
 from producers.agent.service import AgentError, AgentMetrics, AgentService, KafkaSink, ProgressSink, StdoutSink
 from producers.agent.source import SampleSource
 from schemas.codec import encode
-from schemas.messages import GpuSample
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, WorkloadProgress, scoped_key
 
 log = logs.get_logger(__name__)
 
@@ -54,6 +54,7 @@ def run_agent(
     Raises :class:`AgentError` or :class:`NvmlLibraryNotFound` for what the user must fix.
     """
     node_name = settings.node_name or (SIMULATED_NODE_NAME if settings.simulate else None)
+    settings.cluster_name(real=not settings.simulate)
     if not node_name:
         raise AgentError("no node name: pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)")
     stop = stop or threading.Event()
@@ -114,7 +115,7 @@ def _run(settings: AgentSettings, source: SampleSource, metrics: AgentMetrics, s
          before_sample: Callable[[datetime], None] | None = None) -> int:
     sink: StdoutSink | KafkaSink = StdoutSink() if to_stdout else KafkaSink(settings, metrics)
     service = AgentService(source, sink, metrics, backoff_max_s=settings.nvml_backoff_max_s,
-                           before_sample=before_sample)
+                           before_sample=before_sample, cluster=settings.cluster_name(real=not settings.simulate))
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stop.set())
@@ -150,7 +151,14 @@ def start_progress(settings: AgentSettings, resolver: ProcessResolver, metrics: 
         limits=ProgressLimits(max_datagram_bytes=settings.progress_max_datagram_bytes,
                               rate_per_s=settings.progress_rate_per_s),
         pod_names=pod_names)
-    listener = ProgressListener(collector, lambda m: sink.send_progress(m.pod_uid, encode(m)),
+    cluster = settings.cluster_name(real=not settings.simulate)
+
+    def send(message: WorkloadProgress) -> bool:
+        if cluster != DEFAULT_CLUSTER:
+            message = message.model_copy(update={"cluster": cluster})
+        return sink.send_progress(scoped_key(cluster, message.pod_uid), encode(message))
+
+    listener = ProgressListener(collector, send,
                                 interval_s=settings.progress_interval_s, socket_path=socket_path, udp=udp)
     if not listener.listening:
         listener.close()

@@ -33,7 +33,7 @@ from common.settings import AgentSettings, ProducerSettings
 from producers.agent.nvml import NvmlLibraryNotFound
 from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
-from schemas.messages import GpuSample
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, scoped_key
 from schemas.topics import GPU_SAMPLES, WORKLOAD_PROGRESS
 
 log = get_logger(__name__)
@@ -179,8 +179,10 @@ class AgentService:
         backoff_max_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         before_sample: Callable[[datetime], None] | None = None,
+        cluster: str = DEFAULT_CLUSTER,
     ) -> None:
         self.sampler = sampler
+        self.cluster = cluster
         self.is_nvml = sampler.name == "nvml"
         self.sink = sink
         self.metrics = metrics
@@ -268,9 +270,11 @@ class AgentService:
         except SourceUnavailable as exc:
             self._nvml_lost(exc, now_s)
             return None
+        if self.cluster != DEFAULT_CLUSTER:
+            sample = sample.model_copy(update={"cluster": self.cluster})
         payload = encode(sample)
         self.metrics.sample_duration.observe(time.perf_counter() - started)
-        if self.sink.send(sample.node, payload):
+        if self.sink.send(scoped_key(self.cluster, sample.node), payload):
             self.metrics.samples_produced.inc()
         else:
             self.metrics.samples_dropped.inc()

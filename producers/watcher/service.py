@@ -60,7 +60,7 @@ from producers.watcher.translate import (
 )
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
-from schemas.messages import Message
+from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, TopicSpec
 
 log = get_logger(__name__)
@@ -200,6 +200,8 @@ class WatcherConfig:
     namespaces: tuple[str, ...] = ()
     watch_timeout_s: int = 300
     events_api: str = "events.k8s.io"
+    cluster: str = DEFAULT_CLUSTER
+    """Stamped on every message; keys are scoped by it (``schemas.messages.scoped_key``)."""
 
     @classmethod
     def from_settings(cls, settings: WatcherSettings) -> WatcherConfig:
@@ -213,6 +215,7 @@ class WatcherConfig:
             namespaces=tuple(settings.namespaces),
             watch_timeout_s=settings.watch_timeout_s,
             events_api=settings.events_api,
+            cluster=settings.cluster_name(real=not settings.simulate),
         )
 
 
@@ -237,7 +240,10 @@ class Pipeline:
         self.workload_handler = _WorkloadHandler(self)
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
-        self.sink.emit(topic, key, message)
+        cluster = self.config.cluster
+        if message is not None and cluster != DEFAULT_CLUSTER:
+            message = message.model_copy(update={"cluster": cluster})
+        self.sink.emit(topic, scoped_key(cluster, key), message)
         self.metrics.produced(topic, message is None)
 
 

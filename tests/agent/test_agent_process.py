@@ -70,6 +70,7 @@ def agent_samples(node: Node, tmp_path: Path, count: int) -> Iterator[GpuSample]
             "GPULENS_PROC_ROOT": str(proc_root),
             "GPULENS_LOG_FORMAT": "text",
             "GPULENS_PROGRESS_SOCKET": "",
+            "GPULENS_CLUSTER": "gpu-farm",
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "producers.agent", "--stdout", "--interval", "1", "--node-name", "gpu-node-1"],
@@ -150,13 +151,15 @@ def test_the_daemonset_command_asks_the_kubelet_without_grpcio_or_protobuf(tmp_p
     with FakePodResourcesServer(socket, assignments(node)) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_") and k != "NODE_NAME"}
         env |= node.environment(tmp_path / "node.conf") | {
-            "GPULENS_KUBELET_SOCKET": str(socket), "GPULENS_PROC_ROOT": str(tmp_path / "proc")}
+            "GPULENS_KUBELET_SOCKET": str(socket), "GPULENS_PROC_ROOT": str(tmp_path / "proc"),
+            "GPULENS_CLUSTER": "gpu-farm"}
         result = subprocess.run([sys.executable, "-c", PROBE, "--once", "--stdout", "--node-name", "n1"],
                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     probe = json.loads(result.stdout)
     assert probe["code"] == 0 and server.calls["List"] == 1
     sample = decode(probe["sample"].strip(), GpuSample)
+    assert sample.cluster == "gpu-farm"
     assert {p.pod_name for g in sample.gpus for p in g.processes} == {pod_name(p.device) for p in node.processes}
     loaded = {m.split(".")[0] for m in probe["loaded"]}
     assert "h2" in loaded

@@ -82,7 +82,8 @@ def test_the_lean_agent_reads_nvml_through_pynvml(lean_python: Path, tmp_path: P
         [str(lean_python), "-m", "producers.agent", "--once", "--stdout", "--node-name", "lean-2"],
         capture_output=True, text=True, timeout=120, cwd=lean_python.parent, check=False,
         env=_clean_env(node.environment(tmp_path / "node.conf")
-                       | {"GPULENS_KUBELET_SOCKET": str(tmp_path / "no-kubelet.sock")}))
+                       | {"GPULENS_KUBELET_SOCKET": str(tmp_path / "no-kubelet.sock"),
+                          "GPULENS_CLUSTER": "gpu-farm"}))
     assert result.returncode == 0, result.stderr
     sample = decode(result.stdout.strip(), GpuSample)
     assert sample.driver_version == "580.65.06"

@@ -418,7 +418,7 @@ def test_the_daemonset_command_reports_a_training_pods_progress_under_its_name(
         env |= node.environment(tmp_path / "node.conf") | {
             "GPULENS_KUBELET_SOCKET": str(kubelet), "GPULENS_PROC_ROOT": str(proc_root),
             "GPULENS_LOG_FORMAT": "text", "GPULENS_PROGRESS_SOCKET": str(socket_path),
-            "GPULENS_PROGRESS_INTERVAL_S": "1"}
+            "GPULENS_PROGRESS_INTERVAL_S": "1", "GPULENS_CLUSTER": "gpu-farm"}
         agent = subprocess.Popen(
             [sys.executable, "-m", "producers.agent", "--stdout", "--interval", "1", "--node-name", "gpu-node-1"],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -441,7 +441,7 @@ def test_the_daemonset_command_reports_a_training_pods_progress_under_its_name(
             agent.wait(30)
     assert progress, agent.stderr.read() if agent.stderr else ""
     last = progress[-1]
-    assert (last.pod_uid, last.namespace, last.pod) == (pod_uid(device), "ml", pod_name(device))
+    assert (last.cluster, last.pod_uid, last.namespace, last.pod) == ("gpu-farm", pod_uid(device), "ml", pod_name(device))
     assert (last.steps_total, last.tokens_total) == (trained["steps"], trained["tokens"])
 
 
@@ -455,7 +455,8 @@ def test_progress_reaches_kafka_through_the_agents_wiring(kafka_settings: KafkaS
     proc = FakeProc(short_dir / "proc")
     socket_path = short_dir / "progress.sock"
     settings = load_settings(AgentSettings, topic_prefix=topic_prefix, kafka=kafka_settings,
-                             progress_socket=str(socket_path), proc_root=proc.root, progress_interval_s=1.0)
+                             progress_socket=str(socket_path), proc_root=proc.root, progress_interval_s=1.0,
+                             cluster="east")
     metrics = AgentMetrics()
     sink = KafkaSink(settings, metrics)
     listener = start_progress(settings, ProcFsResolver(proc.root), metrics, sink, lambda: None)
@@ -469,7 +470,8 @@ def test_progress_reaches_kafka_through_the_agents_wiring(kafka_settings: KafkaS
         assert sink.close(15.0) == 0
     records = read(kafka_settings, WORKLOAD_PROGRESS.name(topic_prefix), 1)
     messages = [decode(value, WorkloadProgress) for _, value in records]
-    assert {key for key, _ in records} == {POD_A.encode()}
+    assert {key for key, _ in records} == {f"east/{POD_A}".encode()}
+    assert {message.cluster for message in messages} == {"east"}
     assert messages[-1].steps_total == trained["steps"] and messages[-1].tokens_total == trained["tokens"]
 
 

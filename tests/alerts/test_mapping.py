@@ -184,3 +184,16 @@ def test_pod_alerts_get_the_team_of_the_pods_state_until_it_is_deleted() -> None
     follower.pending = [_pod_record("u1", None, 2)]
     teams.refresh()
     assert teams.team(_alert()) is None and "team" not in alert_labels(_alert(), "c", teams.team(_alert()))
+
+
+def test_pod_teams_are_per_cluster_and_a_tombstone_removes_only_its_clusters_pod() -> None:
+    follower = ListFollower()
+    teams = PodTeams(follower)  # type: ignore[arg-type]
+    here = PodState(uid="u1", namespace="ml", name="train-0", ts=T0, phase="Running", team="vision", created_at=T0)
+    there = here.model_copy(update={"cluster": "east", "team": "nlp"})
+    follower.pending = [_pod_record("u1", encode(here), 0), _pod_record("east/u1", encode(there), 1)]
+    teams.refresh()
+    assert (teams.team(_alert()), teams.team(_alert(cluster="east"))) == ("vision", "nlp")
+    follower.pending = [_pod_record("east/u1", None, 2)]
+    teams.refresh()
+    assert (teams.team(_alert()), teams.team(_alert(cluster="east"))) == ("vision", None)

@@ -49,6 +49,7 @@ def _expand_macros(sql: str, team: str = ALL, namespace: str = ALL) -> str:
     """The grafana-clickhouse-datasource macros, for a range of the last 30 days and 60 s steps, and
     the dashboard variables (``${var:singlequote}``) as Grafana substitutes the given selection."""
     sql = sql.replace("${team:singlequote}", team).replace("${namespace:singlequote}", namespace)
+    sql = sql.replace("${cluster:singlequote}", "'default'")
     sql = re.sub(
         r"\$__timeFilter\(([^)]+)\)",
         r"\1 >= toDateTime64(now() - INTERVAL 30 DAY, 3) AND \1 <= toDateTime64(now() + INTERVAL 1 DAY, 3)",
@@ -83,19 +84,25 @@ def test_no_panel_measures_against_the_wall_clock() -> None:
         assert not re.search(r"\bnow(64)?\(", panel["targets"][0]["rawSql"]), panel["title"]
 
 
-def test_dashboards_choose_their_datasource_and_filter_by_team_and_namespace() -> None:
-    """No hard-coded data source uid (a user's ClickHouse data source has its own), and every panel
-    over per-pod data follows the team and namespace selectors."""
+def test_dashboards_choose_their_datasource_and_filter_by_cluster_team_and_namespace() -> None:
+    """No hard-coded data source uid (a user's ClickHouse data source has its own), every read of every
+    panel follows the cluster selector, and every panel over per-pod data the team and namespace ones."""
     for path in DASHBOARDS:
         variables = _variables(path)
         assert variables["datasource"]["type"] == "datasource"
         assert variables["datasource"]["query"] == "grafana-clickhouse-datasource"
         for name in ("team", "namespace"):
             assert variables[name]["includeAll"] and variables[name]["multi"] and variables[name]["allValue"] == ALL
+            assert "${cluster:singlequote}" in variables[name]["query"]
+        # one cluster at a time: node names and pod uids repeat across clusters
+        assert not variables["cluster"]["includeAll"] and not variables["cluster"]["multi"]
         uids = re.findall(r'"uid": "([^"]*)"', json.dumps(json.loads(path.read_text())["panels"]))
         assert uids and set(uids) == {"${datasource}"}, f"{path.name}: hard-coded data source uid"
         for panel in json.loads(path.read_text())["panels"]:
             sql = panel["targets"][0]["rawSql"]
+            reads = re.findall(r"\b(?:FROM|JOIN)\s+([a-z_]+)", sql)
+            assert reads and sql.count("cluster = ${cluster:singlequote}") == len(reads), \
+                f"{panel['title']}: every table or view it reads must be filtered by the cluster selector"
             if re.search(r"\b(pod_windows|v_pods)\b", sql):
                 assert "${team:singlequote}" in sql and "${namespace:singlequote}" in sql, panel["title"]
             if "v_alerts" in sql:

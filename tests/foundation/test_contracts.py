@@ -14,7 +14,7 @@ from pydantic import ConfigDict, ValidationError, model_validator
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
 from schemas.json_schema import COMMITTED_DIR, render
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, GpuSample, Message, PodState
+from schemas.messages import KNOWN_ALERT_TYPES, SCHEMA_VERSION, Alert, GpuSample, Message, PodState
 from schemas.topics import ALL_TOPICS, by_suffix
 
 
@@ -37,7 +37,8 @@ def test_every_message_type_round_trips(spec) -> None:  # type: ignore[no-untype
     assert isinstance(example, spec.message)
     encoded = codec.encode(example)
     assert codec.decode(encoded, spec.message) == example
-    assert orjson.loads(encoded)["schema_version"] == 1
+    assert orjson.loads(encoded)["schema_version"] == SCHEMA_VERSION == 2
+    assert orjson.loads(encoded)["cluster"] == "default"
 
 
 @pytest.mark.parametrize("spec", ALL_TOPICS, ids=lambda s: s.suffix)
@@ -258,4 +259,4 @@ def test_plain_decoding_keeps_the_models_config() -> None:
     with pytest.raises(codec.MessageError) as plain:
         codec.decode_plain(b'{"count": "5"}', Strict)
     assert (plain.value.field_path, plain.value.reason) == (by_model.value.field_path, by_model.value.reason)
-    assert codec.decode_plain(b'{"count": 5}', Strict) == {"schema_version": 1, "count": 5}
+    assert codec.decode_plain(b'{"count": 5}', Strict) == {"schema_version": 2, "cluster": "default", "count": 5}

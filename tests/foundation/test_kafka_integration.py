@@ -82,7 +82,7 @@ def test_every_message_carries_content_type_and_schema_version_headers(
     assert producer.produce(topic, "uid-1", None)
     assert producer.flush(30) == 0
     first, tombstone = read_to_end(kafka_settings, topic)
-    assert first.headers == {"content-type": b"application/json", "gpulens-schema-version": b"1", "trace": b"t1"}
+    assert first.headers == {"content-type": b"application/json", "gpulens-schema-version": b"2", "trace": b"t1"}
     assert tombstone.value is None and tombstone.headers == {}
 
 

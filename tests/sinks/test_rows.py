@@ -56,7 +56,7 @@ def _full_sample() -> GpuSample:
                               pod_name="pod-b")],
         shared=True,
     )
-    return GpuSample(node="node-x", ts=ts, agent_boot_id="boot-x", seq=42, sample_interval_s=5.0,
+    return GpuSample(cluster="prod-eu", node="node-x", ts=ts, agent_boot_id="boot-x", seq=42, sample_interval_s=5.0,
                      driver_version="550", cuda_driver_version=None, gpus=[gpu, GpuReading(uuid="GPU-y", index=4,
                                                                                             model="H100")])
 
@@ -67,7 +67,7 @@ def test_every_sample_column_holds_its_own_field() -> None:
     ts = sample.ts
     busy, idle = (row for table, row in rows if table == "gpu_samples")
     assert busy == {
-        "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_index": 3, "gpu_model": "H100",
+        "cluster": "prod-eu", "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_index": 3, "gpu_model": "H100",
         "mig_parent_uuid": "GPU-parent", "mig_profile": "", "agent_boot_id": "boot-x", "seq": 42,
         "sample_interval_s": 5.0, "driver_version": "550", "cuda_driver_version": "",
         "gpu_util_pct": 11.0, "mem_util_pct": 12.0, "mem_used_bytes": 13, "mem_total_bytes": 14, "power_w": 15.5,
@@ -80,17 +80,21 @@ def test_every_sample_column_holds_its_own_field() -> None:
     assert (idle["gpu_uuid"], idle["xids"], idle["critical_xid"], idle["pod_uids"], idle["process_count"],
             idle["health"], idle["gpu_util_pct"]) == ("GPU-y", [], False, [], 0, "ok", None)
     assert [row for table, row in rows if table == "gpu_processes"] == [
-        {"ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "pid": 101, "process_name": "python", "container_id": "",
+        {"cluster": "prod-eu",
+         "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "pid": 101, "process_name": "python", "container_id": "",
          "container_name": "", "pod_uid": "uid-a", "pod_namespace": "", "pod_name": "", "mem_used_bytes": 22,
          "sm_util_pct": 23.0, "kafka_partition": 2, "kafka_offset": 77},
-        {"ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "pid": 102, "process_name": "", "container_id": "cid",
+        {"cluster": "prod-eu",
+         "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "pid": 102, "process_name": "", "container_id": "cid",
          "container_name": "main", "pod_uid": "", "pod_namespace": "ns-b", "pod_name": "pod-b",
          "mem_used_bytes": None, "sm_util_pct": None, "kafka_partition": 2, "kafka_offset": 77},
     ]
     assert [row for table, row in rows if table == "gpu_xids"] == [
-        {"at": ts, "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_model": "H100", "xid": 48,
+        {"cluster": "prod-eu",
+         "at": ts, "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_model": "H100", "xid": 48,
          "critical": False, "message": "", "kafka_partition": 2, "kafka_offset": 77},
-        {"at": ts, "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_model": "H100", "xid": 79,
+        {"cluster": "prod-eu",
+         "at": ts, "ts": ts, "node": "node-x", "gpu_uuid": "GPU-x", "gpu_model": "H100", "xid": 79,
          "critical": True, "message": "fell off the bus", "kafka_partition": 2, "kafka_offset": 77},
     ]
 

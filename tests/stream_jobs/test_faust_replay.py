@@ -119,7 +119,7 @@ def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
         headers = record.headers
         letter = decode(record.value, DeadLetter)
         assert headers["error"].decode() == letter.error and letter.error
-        assert headers["content-type"] == b"application/json" and headers["gpulens-schema-version"] == b"1"
+        assert headers["content-type"] == b"application/json" and headers["gpulens-schema-version"] == b"2"
         assert headers["source_topic"].decode() == letter.source_topic
         assert int(headers["source_partition"]) == letter.source_partition
         assert letter.source_offset is not None and int(headers["source_offset"]) == letter.source_offset >= 0
@@ -129,7 +129,7 @@ def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
     assert {decode(r.value, Alert).id for r in alerts} == {a["id"] for a in report["alerts"]}
     # the workers' outputs carry the wire headers like every other gpulens message
     assert all(r.headers.get("content-type") == b"application/json" and r.headers.get("gpulens-schema-version")
-               == b"1" for r in alerts)
+               == b"2" for r in alerts)
 
 
 def test_hostile_state_keeps_the_worker_running_and_dead_letters_dated_records(
