@@ -15,6 +15,12 @@ series disappear when it ends (``PodUsage`` with ``open=False`` from the node st
 ``STALE_WINDOWS`` window lengths of event time (its node moved to another worker). The number of
 series is capped (``max_series``); series beyond the cap are not created and are counted in
 ``gpulens_fleet_series_dropped_total`` (one per refused series, each time its record comes).
+
+Every series carries ``cluster`` (the message's cluster, ``default`` in a single-cluster install),
+always, so a query or rule written for one cluster keeps working when a second one is added: one
+worker can read several clusters, whose node and pod names may repeat, and a series without the
+label would merge them. Everything the state holds is therefore keyed by cluster too: pods and
+alerts by their cluster-scoped key, the capacity record and the team cost rate per cluster.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.metrics import Gauge, GaugeFamily, MetricsRegistry
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
+from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
 from stream_jobs.internal import PodUsage
 
 MIB = 2**20
@@ -34,9 +40,9 @@ STALE_WINDOWS = 3.0
 """A pod-GPU whose newest window is this many window lengths behind the newest window seen loses
 its series (its node's partition went to another worker, or its agent fell silent)."""
 
-POD_GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "pod", "namespace", "container", "team")
-"""dcgm-exporter's labels (with its Kubernetes mapping on) plus the pod's team."""
-PENDING_LABELS = ("namespace", "pod")
+POD_GPU_LABELS = ("cluster", "gpu", "UUID", "modelName", "Hostname", "pod", "namespace", "container", "team")
+"""dcgm-exporter's labels (with its Kubernetes mapping on) plus the pod's cluster and team."""
+PENDING_LABELS = ("cluster", "namespace", "pod")
 
 Source = Literal["window", "idle", "pending", "team", "capacity"]
 
@@ -53,7 +59,7 @@ class MetricSpec:
     window: Callable[[PodWindow], float | None] | None = None
     """The value from a pod-GPU's latest window (source ``window``)."""
     capacity: Callable[[ClusterCapacity], float | None] | None = None
-    """The value from the latest capacity record (source ``capacity``, no labels)."""
+    """The value from the cluster's latest capacity record (source ``capacity``, label ``cluster``)."""
     dcgm: bool = False
     """Same name, unit and meaning as dcgm-exporter's field."""
 
@@ -97,17 +103,17 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gpulens_pod_pending_gpus", "GPUs", "GPUs requested by a pod pending past the pending_gpu "
                "threshold.", "pending", PENDING_LABELS),
     MetricSpec("gpulens_team_cost_usd_per_hour", "USD/h", "Sum of the team's pods' cost rates (latest windows).",
-               "team", ("team",)),
+               "team", ("cluster", "team")),
     MetricSpec("gpulens_cluster_gpus", "GPUs", "GPUs by state at the end of the latest capacity window: state "
-               "total, allocated, busy, idle_allocated, free.", "capacity", ("state",)),
-    MetricSpec("gpulens_cluster_pending_pods", "pods", "GPU pods waiting to be scheduled.", "capacity", (),
+               "total, allocated, busy, idle_allocated, free.", "capacity", ("cluster", "state")),
+    MetricSpec("gpulens_cluster_pending_pods", "pods", "GPU pods waiting to be scheduled.", "capacity", ("cluster",),
                capacity=lambda c: c.pending_pods),
-    MetricSpec("gpulens_cluster_pending_gpus", "GPUs", "GPUs the pending pods request.", "capacity", (),
+    MetricSpec("gpulens_cluster_pending_gpus", "GPUs", "GPUs the pending pods request.", "capacity", ("cluster",),
                capacity=lambda c: c.pending_gpu_demand),
     MetricSpec("gpulens_cluster_stranded_gpus", "GPUs", "Free GPUs no pending pod can use where they are "
-               "(fragmentation).", "capacity", (), capacity=lambda c: c.stranded_gpus),
+               "(fragmentation).", "capacity", ("cluster",), capacity=lambda c: c.stranded_gpus),
     MetricSpec("gpulens_cluster_largest_free_block_gpus", "GPUs", "Most free GPUs on one schedulable node.",
-               "capacity", (), capacity=lambda c: c.largest_free_block),
+               "capacity", ("cluster",), capacity=lambda c: c.largest_free_block),
 )
 WINDOW_METRICS = tuple(m for m in METRICS if m.source == "window")
 GPU_STATES = ("total", "allocated", "busy", "idle_allocated", "free")
@@ -135,8 +141,8 @@ class _PodGpu:
 
 
 def _pod_gpu_labels(w: PodWindow) -> tuple[str, ...]:
-    return ("" if w.gpu_index is None else str(w.gpu_index), w.gpu_uuid, w.gpu_model, w.node, w.pod, w.namespace,
-            w.container or "", w.team or "")
+    return (w.cluster, "" if w.gpu_index is None else str(w.gpu_index), w.gpu_uuid, w.gpu_model, w.node, w.pod,
+            w.namespace, w.container or "", w.team or "")
 
 
 class FleetSeries:
@@ -146,18 +152,20 @@ class FleetSeries:
         self.max_series = max_series
         self._lock = threading.Lock()
         self._pod_gpus: dict[tuple[str, str], _PodGpu] = {}
-        """(pod uid, GPU uuid) -> its latest window"""
+        """(cluster-scoped pod uid, GPU uuid) -> its latest window"""
         self._gpus_of: dict[str, set[str]] = {}
-        self._by_name: dict[tuple[str, str, str], tuple[str, str]] = {}
-        """(namespace, pod, GPU uuid) -> (pod uid, GPU uuid): what an alert's subject names"""
-        self._teams: Counter[str] = Counter()
+        self._by_name: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+        """(cluster, namespace, pod, GPU uuid) -> key of ``_pod_gpus``: what an alert's subject names"""
+        self._teams: Counter[tuple[str, str]] = Counter()
+        """(cluster, team) -> pod-GPUs exported: one cost-rate series each"""
         self._idle: dict[str, tuple[str, tuple[str, ...]]] = {}
-        """alert id -> (pod uid, labels incl. idle_class)"""
-        self._idle_unplaced: dict[tuple[str, str, str], Alert] = {}
-        """Open idle alerts of pod-GPUs without an exported window yet (by namespace, pod, GPU)."""
-        self._pending: dict[str, tuple[str, str, tuple[str, ...], float, float]] = {}
-        """alert id -> (namespace, pod, labels, created (Unix s), GPUs)"""
-        self._capacity: ClusterCapacity | None = None
+        """cluster-scoped alert id -> (cluster-scoped pod uid, labels incl. idle_class)"""
+        self._idle_unplaced: dict[tuple[str, str, str, str], Alert] = {}
+        """Open idle alerts of pod-GPUs without an exported window yet (by cluster, namespace, pod, GPU)."""
+        self._pending: dict[str, tuple[str, str, str, tuple[str, ...], float, float]] = {}
+        """cluster-scoped alert id -> (cluster, namespace, pod, labels, created (Unix s), GPUs)"""
+        self._capacity: dict[str, ClusterCapacity] = {}
+        """cluster -> its latest capacity record: each cluster keeps its own gauges"""
         self._newest_end = 0.0
         self._expired_at = 0.0
         self.dropped = registry.counter("fleet_series_dropped_total",
@@ -177,20 +185,22 @@ class FleetSeries:
                     self._window(message)
             for message in messages:
                 if isinstance(message, ClusterCapacity):
-                    if self._capacity is None or message.window_start >= self._capacity.window_start:
-                        self._capacity = message
+                    current = self._capacity.get(message.cluster)
+                    if current is None or message.window_start >= current.window_start:
+                        self._capacity[message.cluster] = message
                 elif isinstance(message, Alert):
                     self._alert(message)
                 elif isinstance(message, PodUsage) and not message.open:
-                    self._forget_pod(message.pod_uid, None)
+                    self._forget_pod(scoped_key(message.cluster, message.pod_uid), None)
                 elif isinstance(message, PodLifecycle) and message.end_reason not in ("Running", "Pending"):
-                    self._forget_pod(message.pod_uid, (message.namespace, message.name))
+                    self._forget_pod(scoped_key(message.cluster, message.pod_uid),
+                                     (message.cluster, message.namespace, message.name))
             if self._newest_end > self._expired_at:
                 self._expire()
             self.series.set(self._count())
 
     def _count(self) -> int:
-        capacity = 0 if self._capacity is None else len(GPU_STATES) + 4
+        capacity = len(self._capacity) * (len(GPU_STATES) + 4)
         return (len(self._pod_gpus) * len(WINDOW_METRICS) + len(self._teams) + len(self._idle)
                 + 2 * len(self._pending) + capacity)
 
@@ -201,23 +211,23 @@ class FleetSeries:
         return False
 
     def _window(self, w: PodWindow) -> None:
-        key = (w.pod_uid, w.gpu_uuid)
+        key = (scoped_key(w.cluster, w.pod_uid), w.gpu_uuid)
         current = self._pod_gpus.get(key)
         self._newest_end = max(self._newest_end, w.window_end.timestamp())
         if current is not None:
             if w.window_start >= current.window.window_start:
                 self._drop(key)
                 self._put(key, w)
-        elif self._admit(len(WINDOW_METRICS) + (0 if (w.team or "") in self._teams else 1)):
+        elif self._admit(len(WINDOW_METRICS) + (0 if (w.cluster, w.team or "") in self._teams else 1)):
             self._put(key, w)
 
     def _put(self, key: tuple[str, str], w: PodWindow) -> None:
         self._pod_gpus[key] = _PodGpu(w, _pod_gpu_labels(w))
         self._gpus_of.setdefault(key[0], set()).add(key[1])
-        self._by_name[(w.namespace, w.pod, w.gpu_uuid)] = key
-        self._teams[w.team or ""] += 1
+        self._by_name[(w.cluster, w.namespace, w.pod, w.gpu_uuid)] = key
+        self._teams[(w.cluster, w.team or "")] += 1
         if self._idle_unplaced:
-            alert = self._idle_unplaced.pop((w.namespace, w.pod, w.gpu_uuid), None)
+            alert = self._idle_unplaced.pop((w.cluster, w.namespace, w.pod, w.gpu_uuid), None)
             if alert is not None:
                 self._alert(alert)
 
@@ -227,42 +237,47 @@ class FleetSeries:
         gpus.discard(key[1])
         if not gpus:
             del self._gpus_of[key[0]]
-        if self._by_name.get((w.namespace, w.pod, w.gpu_uuid)) == key:
-            del self._by_name[(w.namespace, w.pod, w.gpu_uuid)]
-        self._teams[w.team or ""] -= 1
-        if self._teams[w.team or ""] <= 0:
-            del self._teams[w.team or ""]
+        name = (w.cluster, w.namespace, w.pod, w.gpu_uuid)
+        if self._by_name.get(name) == key:
+            del self._by_name[name]
+        team = (w.cluster, w.team or "")
+        self._teams[team] -= 1
+        if self._teams[team] <= 0:
+            del self._teams[team]
 
     def _alert(self, alert: Alert) -> None:
         subject = alert.subject
-        name = (subject.namespace or "", subject.name or "", subject.gpu_uuid or "")
+        name = (alert.cluster, subject.namespace or "", subject.name or "", subject.gpu_uuid or "")
+        alert_id = scoped_key(alert.cluster, alert.id)
         if alert.state == "resolved":
-            self._idle.pop(alert.id, None)
-            self._pending.pop(alert.id, None)
+            self._idle.pop(alert_id, None)
+            self._pending.pop(alert_id, None)
             if self._idle_unplaced.get(name) is not None and self._idle_unplaced[name].id == alert.id:
                 del self._idle_unplaced[name]
             return
-        if alert.type == "idle_gpu" and subject.gpu_uuid and alert.id not in self._idle:
+        if alert.type == "idle_gpu" and subject.gpu_uuid and alert_id not in self._idle:
             key = self._by_name.get(name)
             if key is None:
                 self._idle_unplaced[name] = alert
             elif self._admit(1):
-                self._idle[alert.id] = (key[0], (*self._pod_gpus[key].labels,
+                self._idle[alert_id] = (key[0], (*self._pod_gpus[key].labels,
                                                  str(alert.details.get("idle_class", ""))))
-        elif alert.type == "pending_gpu" and alert.id not in self._pending and self._admit(2):
+        elif alert.type == "pending_gpu" and alert_id not in self._pending and self._admit(2):
             created = alert.at.timestamp() - float(alert.details.get("pending_s", 0.0))
             namespace, pod = subject.namespace or "", subject.name or ""
-            self._pending[alert.id] = (namespace, pod, (namespace, pod), created,
+            self._pending[alert_id] = (alert.cluster, namespace, pod, (alert.cluster, namespace, pod), created,
                                        float(alert.details.get("gpus", 0)))
 
-    def _forget_pod(self, uid: str, name: tuple[str, str] | None) -> None:
+    def _forget_pod(self, uid: str, name: tuple[str, str, str] | None) -> None:
+        """Drop the series of the pod ``uid`` (cluster-scoped); ``name`` (cluster, namespace, pod) also
+        drops its pending series, which name the pod but not its uid."""
         for gpu in list(self._gpus_of.get(uid, ())):
             self._drop((uid, gpu))
         if self._idle:
             for alert_id in [a for a, (pod_uid, _labels) in self._idle.items() if pod_uid == uid]:
                 del self._idle[alert_id]
         if name is not None and self._pending:
-            for alert_id in [a for a, entry in self._pending.items() if (entry[0], entry[1]) == name]:
+            for alert_id in [a for a, entry in self._pending.items() if (entry[0], entry[1], entry[2]) == name]:
                 del self._pending[alert_id]
 
     def _expire(self) -> None:
@@ -279,7 +294,7 @@ class FleetSeries:
             pod_gpus = list(self._pod_gpus.values())
             idle = list(self._idle.values())
             pending = list(self._pending.values())
-            capacity = self._capacity
+            capacities = sorted(self._capacity.items())
         for spec in METRICS:
             family = GaugeFamily(spec.name, spec.help, spec.labels)
             if spec.source == "window":
@@ -293,27 +308,29 @@ class FleetSeries:
                     family.add(labels, 1.0)
             elif spec.source == "pending":
                 since = spec.name.endswith("timestamp_seconds")
-                for _ns, _pod, labels, created, gpus in pending:
+                for _cluster, _ns, _pod, labels, created, gpus in pending:
                     family.add(labels, created if since else gpus)
             elif spec.source == "team":
-                teams: dict[str, float] = {}
+                teams: dict[tuple[str, str], float] = {}
                 for p in pod_gpus:
                     rate = _cost_rate(p.window)
                     if rate is not None:
-                        teams[p.window.team or ""] = teams.get(p.window.team or "", 0.0) + rate
-                for team, rate in sorted(teams.items()):
-                    family.add((team,), rate)
-            elif capacity is not None:
-                if spec.labels == ("state",):
-                    counts = (capacity.gpus_total, capacity.gpus_allocated, capacity.gpus_busy,
-                              capacity.gpus_idle_allocated, capacity.gpus_free)
-                    for state, count in zip(GPU_STATES, counts, strict=True):
-                        family.add((state,), float(count))
-                else:
-                    assert spec.capacity is not None
-                    value = spec.capacity(capacity)
-                    if value is not None:
-                        family.add((), value)
+                        team = (p.window.cluster, p.window.team or "")
+                        teams[team] = teams.get(team, 0.0) + rate
+                for labels, rate in sorted(teams.items()):
+                    family.add(labels, rate)
+            else:
+                for cluster, capacity in capacities:
+                    if spec.labels == ("cluster", "state"):
+                        counts = (capacity.gpus_total, capacity.gpus_allocated, capacity.gpus_busy,
+                                  capacity.gpus_idle_allocated, capacity.gpus_free)
+                        for state, count in zip(GPU_STATES, counts, strict=True):
+                            family.add((cluster, state), float(count))
+                    else:
+                        assert spec.capacity is not None
+                        value = spec.capacity(capacity)
+                        if value is not None:
+                            family.add((cluster,), value)
             yield family
 
 

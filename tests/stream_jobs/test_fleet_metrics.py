@@ -50,7 +50,17 @@ def _fleet(max_series: int = 100_000) -> tuple[MetricsRegistry, FleetSeries]:
     return registry, FleetSeries(registry, max_series)
 
 
-DCGM_LABELS = frozenset({("gpu", "3"), ("UUID", "GPU-aaa"), ("modelName", "NVIDIA H100 80GB HBM3"),
+DEFAULT = frozenset({("cluster", "default")})
+"""A single-cluster install's series still carry ``cluster``: label sets stay the same when a second
+cluster comes."""
+
+
+def _team(team: str, cluster: str = "default") -> frozenset[tuple[str, str]]:
+    return frozenset({("cluster", cluster), ("team", team)})
+
+
+DCGM_LABELS = frozenset({("cluster", "default"), ("gpu", "3"), ("UUID", "GPU-aaa"),
+                         ("modelName", "NVIDIA H100 80GB HBM3"),
                          ("Hostname", "gpu-node-7"), ("pod", "train-0"), ("namespace", "ml"),
                          ("container", "trainer"), ("team", "vision")})
 
@@ -66,7 +76,7 @@ def test_window_maps_to_dcgm_names_units_and_labels() -> None:
     assert series[("gpulens_pod_gpu_idle_seconds", DCGM_LABELS)] == 15.0
     assert series[("gpulens_pod_gpu_allocated_seconds", DCGM_LABELS)] == 60.0
     assert abs(series[("gpulens_pod_gpu_cost_usd_per_hour", DCGM_LABELS)] - 3.0) < 1e-9  # $0.05 a minute
-    assert series[("gpulens_team_cost_usd_per_hour", frozenset({("team", "vision")}))] == 3.0
+    assert series[("gpulens_team_cost_usd_per_hour", _team("vision"))] == 3.0
     assert series[("gpulens_pod_gpu_window_end_timestamp_seconds", DCGM_LABELS)] == at(60).timestamp()
 
 
@@ -96,10 +106,13 @@ def test_fb_free_only_for_a_pod_holding_the_gpu_alone() -> None:
     assert _named(series, "DCGM_FI_DEV_FB_USED") == {DCGM_LABELS: 3 * 1024}
 
 
-def _capacity() -> ClusterCapacity:
-    return ClusterCapacity(window_id="c", window_start=at(0), window_end=at(60), gpus_total=16, gpus_allocated=10,
-                           gpus_busy=7, gpus_idle_allocated=3, gpus_free=6, largest_free_block=2, stranded_gpus=4,
-                           pending_pods=2, pending_gpu_demand=8)
+def _capacity(**extra: object) -> ClusterCapacity:
+    fields: dict[str, object] = dict(
+        window_id="c", window_start=at(0), window_end=at(60), gpus_total=16, gpus_allocated=10, gpus_busy=7,
+        gpus_idle_allocated=3, gpus_free=6, largest_free_block=2, stranded_gpus=4, pending_pods=2,
+        pending_gpu_demand=8)
+    fields.update(extra)
+    return ClusterCapacity.model_validate(fields)
 
 
 def test_cluster_figures_from_the_latest_capacity_record() -> None:
@@ -107,16 +120,18 @@ def test_cluster_figures_from_the_latest_capacity_record() -> None:
     fleet.observe([_capacity()])
     series = _scrape(registry)
     assert _named(series, "gpulens_cluster_gpus") == {
-        frozenset({("state", s)}): v for s, v in
+        frozenset({("cluster", "default"), ("state", s)}): v for s, v in
         [("total", 16), ("allocated", 10), ("busy", 7), ("idle_allocated", 3), ("free", 6)]}
-    assert series[("gpulens_cluster_stranded_gpus", frozenset())] == 4
-    assert series[("gpulens_cluster_largest_free_block_gpus", frozenset())] == 2
-    assert series[("gpulens_cluster_pending_pods", frozenset())] == 2
-    assert series[("gpulens_cluster_pending_gpus", frozenset())] == 8
+    assert series[("gpulens_cluster_stranded_gpus", DEFAULT)] == 4
+    assert series[("gpulens_cluster_largest_free_block_gpus", DEFAULT)] == 2
+    assert series[("gpulens_cluster_pending_pods", DEFAULT)] == 2
+    assert series[("gpulens_cluster_pending_gpus", DEFAULT)] == 8
 
 
-def _alert(kind: str, state: str, name: str = "train-0", gpu: str | None = "GPU-aaa", **details: object) -> Alert:
+def _alert(kind: str, state: str, name: str = "train-0", gpu: str | None = "GPU-aaa", cluster: str = "default",
+           **details: object) -> Alert:
     return Alert(id=f"{kind}-{name}", type=kind, severity="warning", state=state,  # type: ignore[arg-type]
+                 cluster=cluster,
                  at=at(600), started_at=at(600), summary="s", details=details,
                  subject=AlertSubject(kind="pod", namespace="ml", name=name, gpu_uuid=gpu))
 
@@ -141,7 +156,7 @@ def test_idle_alert_before_its_pods_first_window_is_shown_with_it() -> None:
 def test_pending_pod_and_its_wait() -> None:
     registry, fleet = _fleet()
     fleet.observe([_alert("pending_gpu", "firing", name="big-job", gpu=None, pending_s=420.0, gpus=8)])
-    labels = frozenset({("namespace", "ml"), ("pod", "big-job")})
+    labels = frozenset({("cluster", "default"), ("namespace", "ml"), ("pod", "big-job")})
     series = _scrape(registry)
     assert series[("gpulens_pod_pending_since_timestamp_seconds", labels)] == at(180).timestamp()
     assert series[("gpulens_pod_pending_gpus", labels)] == 8
@@ -174,7 +189,7 @@ def test_series_of_ended_pods_disappear() -> None:
     fleet.observe([PodUsage(pod_uid="uid-c", node="gpu-node-7", ts=at(120), open=True),
                    _lifecycle("c", "Running")])
     assert _pods_with_series(registry) == {"c", "d"}
-    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {frozenset({("team", "vision")}): 6.0}
+    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {_team("vision"): 6.0}
 
 
 def test_pods_whose_windows_stopped_coming_expire_in_event_time() -> None:
@@ -236,8 +251,45 @@ def test_a_pod_whose_team_changes_moves_its_cost_to_the_new_team() -> None:
     fleet.observe([_window("a", start_s=0), _window("b", start_s=0)])
     fleet.observe([_window("a", start_s=60, team="nlp")])
     assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {
-        frozenset({("team", "vision")}): 3.0, frozenset({("team", "nlp")}): 3.0}
+        _team("vision"): 3.0, _team("nlp"): 3.0}
     fleet.observe([PodUsage(pod_uid="uid-b", node="gpu-node-7", ts=at(120))])
-    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {frozenset({("team", "nlp")}): 3.0}
+    assert _named(_scrape(registry), "gpulens_team_cost_usd_per_hour") == {_team("nlp"): 3.0}
     assert _scrape(registry)[("gpulens_fleet_series", frozenset())] == sum(
         1 for m in METRICS if m.source == "window") + 1
+
+
+def test_two_clusters_with_the_same_node_and_pod_names_keep_separate_series() -> None:
+    """One worker reading two clusters: same node, pod, uid and alert ids; nothing merges or overwrites."""
+    registry, fleet = _fleet()
+    fleet.observe([_window(util=10.0), _window(util=90.0, cluster="east"),
+                   _capacity(stranded_gpus=1, largest_free_block=4, pending_pods=1),
+                   _capacity(cluster="east", stranded_gpus=3, largest_free_block=8, pending_pods=5, gpus_total=32),
+                   _alert("idle_gpu", "firing", idle_class="vram_held", cluster="east"),
+                   _alert("pending_gpu", "firing", name="big-job", gpu=None, pending_s=60.0, gpus=8),
+                   _alert("pending_gpu", "firing", name="big-job", gpu=None, pending_s=60.0, gpus=2, cluster="east")])
+    east = DCGM_LABELS - {("cluster", "default")} | {("cluster", "east")}
+    series = _scrape(registry)
+    assert _named(series, "DCGM_FI_DEV_GPU_UTIL") == {DCGM_LABELS: 10.0, east: 90.0}
+    assert _named(series, "gpulens_team_cost_usd_per_hour") == {_team("vision"): 3.0, _team("vision", "east"): 3.0}
+    assert _named(series, "gpulens_pod_gpu_idle") == {east | {("idle_class", "vram_held")}: 1.0}
+    assert _named(series, "gpulens_pod_pending_gpus") == {
+        frozenset({("cluster", c), ("namespace", "ml"), ("pod", "big-job")}): v
+        for c, v in [("default", 8), ("east", 2)]}
+    for name, default, other in [("gpulens_cluster_stranded_gpus", 1, 3),
+                                 ("gpulens_cluster_largest_free_block_gpus", 4, 8),
+                                 ("gpulens_cluster_pending_pods", 1, 5)]:
+        assert _named(series, name) == {DEFAULT: default, frozenset({("cluster", "east")}): other}
+    assert series[("gpulens_cluster_gpus", frozenset({("cluster", "east"), ("state", "total")}))] == 32
+    assert series[("gpulens_cluster_gpus", frozenset({("cluster", "default"), ("state", "total")}))] == 16
+    # the pod ends in one cluster only: its namesake in the other keeps its series
+    fleet.observe([PodUsage(pod_uid="uid-train-0", node="gpu-node-7", ts=at(120), cluster="east"),
+                   PodLifecycle.model_validate(dict(pod_uid="uid-big-job", namespace="ml", name="big-job",
+                                                    end_reason="Succeeded", cluster="east", gpus=2,
+                                                    created_at=at(0), pending_s=60.0, running_s=0.0,
+                                                    gpu_hours=0.0, idle_gpu_hours=0.0))])
+    series = _scrape(registry)
+    assert _named(series, "DCGM_FI_DEV_GPU_UTIL") == {DCGM_LABELS: 10.0}
+    assert _named(series, "gpulens_pod_gpu_idle") == {}
+    assert _named(series, "gpulens_team_cost_usd_per_hour") == {_team("vision"): 3.0}
+    assert set(_named(series, "gpulens_pod_pending_gpus")) == {
+        frozenset({("cluster", "default"), ("namespace", "ml"), ("pod", "big-job")})}
