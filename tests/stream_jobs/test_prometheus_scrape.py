@@ -184,10 +184,13 @@ def test_prometheus_scrapes_per_pod_utilisation_from_a_paced_replay(
 
     # every query of the Prometheus dashboard runs; all but the per-pod pending table (no pod waits
     # past the threshold in this scenario) and the idle table (the notebook is gone) show data
+    # the scenario names no cluster: its series carry cluster="default", what the selector offers
+    clusters = prometheus.query("count by (cluster) (max_over_time(DCGM_FI_DEV_GPU_UTIL[10m]))")
+    assert [r["metric"].get("cluster") for r in clusters] == ["default"]
     dashboard = json.loads(DASHBOARD.read_text())
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            expr = target["expr"].replace("$namespace", ".*").replace("$team", ".*")
+            expr = target["expr"].replace("$namespace", ".*").replace("$team", ".*").replace("$cluster", "default")
             result = prometheus.query(expr)
             if "pending_since" not in expr and "gpulens_pod_gpu_idle{" not in expr:
                 assert result, f"dashboard panel {panel['title']!r}: {expr} returned nothing"
