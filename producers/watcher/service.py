@@ -56,12 +56,13 @@ from producers.watcher.translate import (
     event_to_message,
     node_to_state,
     object_time,
+    pod_progress,
     pod_to_state,
 )
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, TopicSpec
+from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS, TopicSpec
 
 log = get_logger(__name__)
 
@@ -169,6 +170,8 @@ class WatcherMetrics:
                                    ("resource",))
         self.objects = r.gauge("watcher_objects", "Objects held in the informer's store", ("resource",))
         self.messages = r.counter("watcher_messages_total", "Records produced", ("topic", "kind"))
+        self.progress_malformed = r.counter("watcher_progress_malformed_total",
+                                            "Malformed gpulens.io/* progress annotation values seen", ("reason",))
 
     def event(self, resource: str, kind: str) -> None:
         self.events.labels(resource, kind).inc()
@@ -186,6 +189,9 @@ class WatcherMetrics:
 
     def store_size(self, resource: str, size: int) -> None:
         self.objects.labels(resource).set(size)
+
+    def malformed_progress(self, reason: str) -> None:
+        self.progress_malformed.labels(reason).inc()
 
     def produced(self, topic: TopicSpec, tombstone: bool) -> None:
         self.messages.labels(topic.suffix, "tombstone" if tombstone else "state").inc()
@@ -233,6 +239,10 @@ class Pipeline:
         self.nodes = ChangeFilter()
         self.events = ChangeFilter()
         self.workloads = ChangeFilter()
+        self.progress: dict[str, tuple[float | None, float | None, float | None]] = {}
+        """Last totals emitted per pod uid from its annotations (emit only on change)."""
+        self.progress_warned: dict[str, frozenset[tuple[str, str]]] = {}
+        """Malformed annotations last logged per pod uid (log once per pod, not per update)."""
         self.pod_stores: list[Callable[[], list[RawObject]]] = []
         self.pod_handler = _PodHandler(self)
         self.node_handler = _NodeHandler(self)
@@ -273,10 +283,36 @@ class _PodHandler:
                                              for c in status.get("containerStatuses", [])]},
         }
 
+    def progress(self, uid: str, obj: RawObject) -> None:
+        """Emit the progress the pod's annotations publish when a total changed.
+
+        The pod's writers are trusted here (anyone who may patch it may set them), unlike the
+        agent's kernel-attributed paths; a malformed value is counted and logged once per pod.
+        """
+        p = self.p
+        message, bad = pod_progress(obj, p.clock.now())
+        if bad:
+            seen = frozenset(bad.items())
+            for reason in bad.values():
+                p.metrics.malformed_progress(reason)
+            if p.progress_warned.get(uid) != seen:
+                p.progress_warned[uid] = seen
+                meta = obj.get("metadata", {})
+                log.warning("malformed progress annotations", uid=uid, namespace=meta.get("namespace"),
+                            pod=meta.get("name"), reasons=dict(bad))
+        if message is None:
+            return
+        totals = (message.steps_total, message.tokens_total, message.samples_total)
+        if p.progress.get(uid) == totals:
+            return
+        p.progress[uid] = totals
+        p.emit(WORKLOAD_PROGRESS, message.pod_uid, message)
+
     def upsert(self, obj: RawObject) -> None:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
+            self.progress(uid, obj)
             state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes)
             if state is None:
                 if uid in p.pods:  # no longer relevant (its node lost its GPUs): drop it downstream
@@ -290,6 +326,8 @@ class _PodHandler:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
+            p.progress.pop(uid, None)
+            p.progress_warned.pop(uid, None)
             if uid not in p.pods:
                 return  # never reported: nothing to delete downstream
             now = p.clock.now()

@@ -39,6 +39,7 @@ from schemas.messages import (
     PodPhase,
     PodState,
     Taint,
+    WorkloadProgress,
 )
 
 JsonDict = Mapping[str, Any]
@@ -555,3 +556,43 @@ class ChangeFilter:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+
+# --------------------------------------------------------------------------- progress annotations
+
+PROGRESS_ANNOTATIONS = {"steps": "gpulens.io/steps", "tokens": "gpulens.io/tokens", "samples": "gpulens.io/samples"}
+"""Pod annotations a job (or its operator/sidecar) sets to running totals; see docs/progress.md."""
+MAX_PROGRESS_DIGITS = 20
+"""Longer values are rejected: a typo or abuse, not a training counter (and not worth parsing)."""
+
+
+def pod_progress(pod: dict[str, Any], ts: datetime) -> tuple[WorkloadProgress | None, dict[str, str]]:
+    """The ``WorkloadProgress`` a pod's ``gpulens.io/*`` annotations publish, and what was malformed.
+
+    Returns ``(None, {})`` for a pod without them. Each malformed value (not a non-negative
+    integer) is left out and named in the second item (annotation -> reason), so one bad key does
+    not hide the good ones. Totals going down (a restarted job) are passed on as they are: the
+    downstream cost per step uses max - min per window, like the agent's totals.
+    """
+    meta = _dict(pod.get("metadata"))
+    annotations = _dict(meta.get("annotations"))
+    totals: dict[str, float] = {}
+    bad: dict[str, str] = {}
+    for key, name in PROGRESS_ANNOTATIONS.items():
+        raw = annotations.get(name)
+        if raw is None:
+            continue
+        text = str(raw).strip()
+        if not text.isascii() or not text.isdigit():
+            bad[name] = "not_integer"
+        elif len(text) > MAX_PROGRESS_DIGITS:
+            bad[name] = "too_large"
+        else:
+            totals[f"{key}_total"] = float(int(text))
+    uid = meta.get("uid")
+    if not totals or not uid:
+        return None, bad
+    message = WorkloadProgress(pod_uid=str(uid), namespace=str(meta.get("namespace") or ""),
+                               pod=str(meta.get("name") or ""), ts=ts, steps_total=totals.get("steps_total"),
+                               tokens_total=totals.get("tokens_total"), samples_total=totals.get("samples_total"))
+    return message, bad
