@@ -507,6 +507,8 @@ class StreamJobs:
         self._forward_lock = asyncio.Lock()
         self._route_pending: list[tuple[list[Any], Any, str, int, int]] = []
         """Routed input records whose forwarded copies are not yet known to be delivered."""
+        self._marks_pending: list[tuple[list[Any], Any]] = []
+        """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
         self._group_committed: dict[str, int] = {}
         """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
         self._cluster_unacked: list[Any] = []
@@ -586,6 +588,7 @@ class StreamJobs:
                 self._cluster_unacked = []
                 self._cluster_futures = []
             elif tp.topic == self.control_name:
+                self._marks_pending = []
                 self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
@@ -674,15 +677,19 @@ class StreamJobs:
         that failed (the broker away too long): acknowledging at hand-over could commit an input
         whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
         pending, self._route_pending = self._route_pending, []
-        if not pending or self._route_events is None:
+        marks, self._marks_pending = self._marks_pending, []
+        if not (pending or marks) or self._route_events is None:
             return
         try:
-            await asyncio.gather(*(future for futures, *_rest in pending for future in futures))
+            await asyncio.gather(*(future for futures, *_rest in pending for future in futures),
+                                 *(future for futures, _token in marks for future in futures))
         except Exception as exc:
-            self._exit_for_restart(f"a forwarded input record was not delivered: {exc!r}")
+            self._exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
         for _futures, event, topic, partition, offset in pending:
             self.hold.consume(topic, partition, offset)
             await self._ack(self._route_events, event)
+        for _futures, token in marks:
+            await self._ack(self._route_events, token)
 
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
@@ -691,11 +698,7 @@ class StreamJobs:
             return
         async with self._forward_lock:  # marks leave in order
             for mark, token in self.hold.ready(self._committed()):
-                try:
-                    await asyncio.gather(*await self._forward_mark(mark))
-                except Exception as exc:
-                    self._exit_for_restart(f"a mark was not delivered: {exc!r}")
-                await self._ack(self._route_events, token)
+                self._marks_pending.append((await self._forward_mark(mark), token))
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
                             value: bytes | None) -> list[Any]:
