@@ -117,6 +117,41 @@ NODE_TABLE = "node-stages"
 CLUSTER_TABLE = "cluster-stage"
 
 
+class DurableTable(faust.Table):  # type: ignore[misc]
+    """A faust table whose changelog writes can be awaited (:meth:`confirm`).
+
+    faust hands a table write to its producer buffer and returns; the commit before which it
+    flushes that buffer gives up after 0.1 s without a message leaving it (a loaded process, a
+    broker away) and does not fail on a send that failed. A stage checkpoint acknowledged its
+    inputs right after writing its state, so offsets could be committed while the state that
+    applied them was still in the buffer: a SIGKILL, or a rebalance whose new owner restored the
+    changelog before the write arrived, lost those inputs (a chaos run with a broker outage lost
+    pod-window samples). A checkpoint now awaits the delivery of its state before acknowledging.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unconfirmed: list[Any] = []
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+        fut = super().send_changelog(*args, **kwargs)
+        self._unconfirmed.append(fut)
+        return fut
+
+    async def confirm(self) -> None:
+        """Until every changelog write made so far is delivered; raises if one failed."""
+        pending, self._unconfirmed = self._unconfirmed, []
+        await asyncio.gather(*pending)
+
+
+def _durable_table(app: Any, name: str, partitions: int) -> DurableTable:
+    """A :class:`DurableTable` registered with ``app`` as ``app.Table`` would (bytes keys/values)."""
+    table = DurableTable(app, name=name, default=None, beacon=app.tables.beacon, partitions=partitions,
+                         key_type=bytes, value_type=bytes)
+    app.tables.add(table)
+    return table
+
+
 @dataclass(frozen=True)
 class ChangelogSpec(TopicSpec):
     """A faust table's changelog topic: named ``<app id>-<table>-changelog``."""
@@ -457,14 +492,14 @@ class StreamJobs:
         self.deadletter_topic = self._topic(DEADLETTER.name(prefix))
         self.out_topics = {cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()}
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
-        raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes}  # bytes -> the "raw" serializer
         # one document per node-inputs partition (its node stages + progress) and one for the cluster
         # stage: a state and the progress that says which inputs it holds are written atomically
         # (split into records under the broker's size limit, see ChunkedStore)
         limit = self.settings.state_record_max_bytes
-        self.node_table = ChunkedStore(app.Table(NODE_TABLE, default=None, partitions=self.node_partitions,
-                                                 **raw), limit)
-        self.cluster_table = ChunkedStore(app.Table(CLUSTER_TABLE, default=None, partitions=1, **raw), limit)
+        self.node_durable = _durable_table(app, NODE_TABLE, self.node_partitions)
+        self.cluster_durable = _durable_table(app, CLUSTER_TABLE, 1)
+        self.node_table = ChunkedStore(self.node_durable, limit)
+        self.cluster_table = ChunkedStore(self.cluster_durable, limit)
         self.hold = MarkHold()
         watched = {*self.input_names, self.control_name, self.node_name, self.cluster_name}
         self.consumer_port = _FaustConsumerPort(app)
@@ -474,6 +509,8 @@ class StreamJobs:
         self._forward_lock = asyncio.Lock()
         self._route_pending: list[tuple[list[Any], Any, str, int, int]] = []
         """Routed input records whose forwarded copies are not yet known to be delivered."""
+        self._marks_pending: list[tuple[list[Any], Any]] = []
+        """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
         self._group_committed: dict[str, int] = {}
         """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
         self._cluster_unacked: list[Any] = []
@@ -553,6 +590,7 @@ class StreamJobs:
                 self._cluster_unacked = []
                 self._cluster_futures = []
             elif tp.topic == self.control_name:
+                self._marks_pending = []
                 self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
@@ -641,15 +679,19 @@ class StreamJobs:
         that failed (the broker away too long): acknowledging at hand-over could commit an input
         whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
         pending, self._route_pending = self._route_pending, []
-        if not pending or self._route_events is None:
+        marks, self._marks_pending = self._marks_pending, []
+        if not (pending or marks) or self._route_events is None:
             return
         try:
-            await asyncio.gather(*(future for futures, *_rest in pending for future in futures))
+            await asyncio.gather(*(future for futures, *_rest in pending for future in futures),
+                                 *(future for futures, _token in marks for future in futures))
         except Exception as exc:
-            self._exit_for_restart(f"a forwarded input record was not delivered: {exc!r}")
+            self._exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
         for _futures, event, topic, partition, offset in pending:
             self.hold.consume(topic, partition, offset)
             await self._ack(self._route_events, event)
+        for _futures, token in marks:
+            await self._ack(self._route_events, token)
 
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
@@ -658,8 +700,7 @@ class StreamJobs:
             return
         async with self._forward_lock:  # marks leave in order
             for mark, token in self.hold.ready(self._committed()):
-                await self._forward_mark(mark)
-                await self._ack(self._route_events, token)
+                self._marks_pending.append((await self._forward_mark(mark), token))
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
                             value: bytes | None) -> list[Any]:
@@ -705,11 +746,13 @@ class StreamJobs:
         await self._dead_letter(str(data["t"]), int(data["p"]), int(data["o"]), None, orjson.dumps(data["v"]), error)
         return None
 
-    async def _forward_mark(self, mark: Mark) -> None:
+    async def _forward_mark(self, mark: Mark) -> list[Any]:
+        """Send the mark to every node-inputs partition and to cluster-inputs; the deliveries."""
         value = mark.encode()
-        for partition in range(self.node_partitions):
-            await self._send(self.node_topic, None, value, partition=partition)
-        await self._send(self.cluster_topic, "cluster", value)
+        futures = [await self._send(self.node_topic, None, value, partition=partition)
+                   for partition in range(self.node_partitions)]
+        futures.append(await self._send(self.cluster_topic, "cluster", value))
+        return futures
 
     # ------------------------------------------------------------------ node stage
 
@@ -811,6 +854,7 @@ class StreamJobs:
         self.node_table[f"p{partition}"] = {
             "progress": part.gate.progress(), "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
+        await self.node_durable.confirm()
         for token in part.unacked:
             await self._ack(events, token)
         part.unacked = []
@@ -891,6 +935,7 @@ class StreamJobs:
             self._cluster_done = stats
             progress["done"] = stats
         self.cluster_table["cluster"] = {"stage": stage.to_dict(), "progress": progress}
+        await self.cluster_durable.confirm()
         for token in self._cluster_unacked:
             await self._ack(events, token)
         self._cluster_unacked = []
