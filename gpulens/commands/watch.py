@@ -45,7 +45,7 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
     from producers.watcher.fake_cluster import SimulatedCluster
     from producers.watcher.kube import KubeConfigError, api_client
     from producers.watcher.service import KafkaSink, StdoutSink, WatcherConfig, WatcherService, kube_sources
-    from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+    from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 
     log = get_logger("gpulens.watch")
     settings: WatcherSettings = settings_from_flags(
@@ -75,7 +75,8 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
         sink = StdoutSink(settings.topic_prefix, on_closed=stop.set)
     else:
         try:
-            ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS), settings.topic_prefix)
+            ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS),
+                          settings.topic_prefix)
         except BrokerUnavailable as exc:
             raise UserError(f"{exc}. Start one with `gpulens kafka up`, set GPULENS_KAFKA__BOOTSTRAP_SERVERS, "
                             "or use --stdout.") from None
