@@ -460,12 +460,9 @@ def _json_patch_add(doc: dict[str, Any], operations: list[dict[str, Any]]) -> di
     return doc
 
 
-def test_the_dcgm_exporter_component_switches_the_agents_source(
-    docs: list[dict[str, Any]], agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from common.settings import AgentSettings
-
-    component_dir = K8S_DIR / "components" / "agent-dcgm-exporter"
+def _apply_component(docs: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """The documents a kustomize Component under deploy/k8s/components patches, by kind, patched."""
+    component_dir = K8S_DIR / "components" / name
     component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
     patched: dict[str, dict[str, Any]] = {}
@@ -473,6 +470,15 @@ def test_the_dcgm_exporter_component_switches_the_agents_source(
         target = patch["target"]
         doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
         patched[target["kind"]] = _json_patch_add(doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
+    return patched
+
+
+def test_the_dcgm_exporter_component_switches_the_agents_source(
+    docs: list[dict[str, Any]], agent: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common.settings import AgentSettings
+
+    patched = _apply_component(docs, "agent-dcgm-exporter")
     container = _pod_spec(patched["DaemonSet"])["containers"][0]
     assert container["name"] == "agent"
     env = {e["name"]: e for e in container["env"]}
@@ -493,14 +499,7 @@ def test_the_progress_udp_component_opens_the_port_on_the_nodes_ip(
 ) -> None:
     from common.settings import AgentSettings
 
-    component_dir = K8S_DIR / "components" / "agent-progress-udp"
-    component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
-    assert component["kind"] == "Component"
-    patched: dict[str, dict[str, Any]] = {}
-    for patch in component["patches"]:
-        target = patch["target"]
-        doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
-        patched[target["kind"]] = _json_patch_add(doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
+    patched = _apply_component(docs, "agent-progress-udp")
     container = _pod_spec(patched["DaemonSet"])["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     for name in list(os.environ):
