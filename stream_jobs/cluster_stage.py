@@ -40,12 +40,12 @@ from schemas.messages import (
     WorkloadProgress,
     WorkloadState,
 )
-from stream_jobs import alerts
+from stream_jobs import rules
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.reorder import ReorderBuffer
-from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, stable_id, window_start
+from stream_jobs.timeutil import EPS, epoch, from_epoch, stable_id, window_start
 
 KINDS: dict[str, tuple[int, type[Message]]] = {
     "node": (0, NodeState),
@@ -95,9 +95,8 @@ class ClusterStage:
         self.done: dict[str, float] = {}
         self.early: dict[str, dict[str, Any]] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
-        self.pending_alerts: dict[str, dict[str, Any]] = {}
-        self.frag: dict[str, dict[str, Any]] = {}
-        self.gangs: dict[str, dict[str, Any]] = {}
+        self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.CLUSTER_RULES}
+        """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
@@ -391,56 +390,19 @@ class ClusterStage:
         waiting = {p["uid"] for p in pending} | {w["uid"] for w in queued}
         for pod in [*pending, *queued]:
             request = pod["requests"]
-            workload = "sets" in pod
             cluster_free = {res: sum(f.get(res, 0) for f in free.values()) for res in request}
-            unfragmented = _fits(cluster_free, request)
-            fits_somewhere = _places(free, pod["sets"]) if workload else any(_fits(f, request) for f in free.values())
-            largest = max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0)
-            free_sum = sum(cluster_free.values())
-            uid = pod["uid"]
-            subj = alerts.subject("workload" if workload else "pod", pod["ns"], pod["name"])
-            if uid not in self.pending_alerts and elapsed(t, pod["created"], th.pending_after):
-                details = {"request": request, "gpus": pod["gpus"], "last_scheduler_reason": pod["last_reason"],
-                           "would_fit_unfragmented": unfragmented, "free_gpus": free_sum,
-                           "largest_free_block": largest, "pending_s": t - pod["created"]}
-                reason = pod["last_reason"] or ("no queue reason seen" if workload else "no scheduler reason seen")
-                if workload:
-                    details |= {"queue": pod["queue"], "pods": pod["pods"], "team": pod["team"]}
-                    summary = (f"workload {pod['ns']}/{pod['name']} queued for {fmt_duration(t - pod['created'])}: "
-                               f"needs {pod['gpus']} GPU(s) in {pod['pods']} pod(s); {reason}")
-                else:
-                    summary = (f"{pod['ns']}/{pod['name']} pending for {fmt_duration(t - pod['created'])}: needs "
-                               f"{pod['gpus']} GPU(s); {reason}")
-                self.pending_alerts[uid], message = alerts.fire("pending_gpu", subj, t, summary, details)
-                self._out.append(message)
-            condition = unfragmented and not fits_somewhere
-            state = self.frag.get(uid)
-            if condition:
-                if state is None:
-                    state = self.frag[uid] = {"since": t, "alert": None}
-                if state["alert"] is None and elapsed(t, state["since"], th.fragmentation_after):
-                    details = {"request": request, "gpus": pod["gpus"], "free_gpus": free_sum,
-                               "largest_free_block": largest,
-                               "free_gpus_by_node": {n: sum(f.get(r, 0) for r in request) for n, f in free.items()}}
-                    summary = (f"{pod['name']} needs {pod['gpus']} GPUs; {free_sum} are free but at most "
-                               f"{largest} on one node")
-                    if workload:
-                        details["pods"] = pod["pods"]
-                        summary = (f"workload {pod['name']} needs {pod['gpus']} GPUs in {pod['pods']} pod(s); "
-                                   f"{free_sum} are free but its pods do not fit the nodes (at most {largest} on one)")
-                    state["alert"], message = alerts.fire("fragmentation", subj, t, summary, details)
-                    self._out.append(message)
-            elif state is not None:
-                if state["alert"] is not None:
-                    self._out.append(alerts.resolve(state["alert"], t, "fits on a node" if fits_somewhere
-                                                    else "not enough free GPUs"))
-                del self.frag[uid]
-        for uid in sorted(set(self.pending_alerts) - waiting):
-            self._out.append(alerts.resolve(self.pending_alerts.pop(uid), t, self._why_not_pending(uid)))
-        for uid in sorted(set(self.frag) - waiting):
-            state = self.frag.pop(uid)
-            if state["alert"] is not None:
-                self._out.append(alerts.resolve(state["alert"], t, self._why_not_pending(uid)))
+            context = rules.Waiting(
+                record=pod, unfragmented=_fits(cluster_free, request),
+                fits_somewhere=_places(free, pod["sets"]) if "sets" in pod
+                else any(_fits(f, request) for f in free.values()),
+                largest=max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0),
+                free_sum=sum(cluster_free.values()),
+                free_by_node={n: sum(f.get(r, 0) for r in request) for n, f in free.items()},
+            )
+            for rule in rules.WAITING_RULES:
+                self._out += rules.step(rule, self.alerting[rule.alert_type], pod["uid"], context, t, th)
+        for rule in rules.WAITING_RULES:
+            self._out += rules.sweep(self.alerting[rule.alert_type], waiting, t, self._why_not_pending)
         for uid in [uid for uid, w in self.workloads.items() if w["ended"]]:
             del self.workloads[uid]
 
@@ -458,37 +420,19 @@ class ClusterStage:
         return f"scheduled on {pod['node']}" if pod["node"] else "no longer pending"
 
     def _gang_rules(self, t: float) -> None:
-        th = self.config.thresholds
         groups: dict[str, list[dict[str, Any]]] = {}
         for pod in self.pods.values():
             if pod["gang"] and pod["end"] is None and pod["created"] <= t + EPS:
                 groups.setdefault(pod["gang"], []).append(pod)
+        table = self.alerting["gang_partial"]
         partial: set[str] = set()
         for gang in sorted(groups):
-            members = sorted(groups[gang], key=lambda p: p["name"])
-            running = [p for p in members if p["node"] is not None]
-            waiting = [p for p in members if p["node"] is None]
-            if not (running and waiting):
-                continue
-            partial.add(gang)
-            state = self.gangs.setdefault(gang, {"since": t, "alert": None})
-            if state["alert"] is None and elapsed(t, state["since"], th.gang_after):
-                namespace, _, group = gang.partition("/") if "/" in gang else (members[0]["ns"], "", gang)
-                details = {"running": [p["name"] for p in running], "pending": [p["name"] for p in waiting],
-                           "gpus_held": sum(p["gpus"] for p in running),
-                           "gpus_waiting": sum(p["gpus"] for p in waiting)}
-                summary = (f"gang {group} in {namespace}: {len(running)} of {len(members)} members hold "
-                           f"{details['gpus_held']} GPUs while {len(waiting)} wait, for "
-                           f"{fmt_duration(t - state['since'])}")
-                subj = alerts.subject("gang", namespace, group or gang)
-                state["alert"], message = alerts.fire("gang_partial", subj, t, summary, details)
-                self._out.append(message)
-        for gang in sorted(set(self.gangs) - partial):
-            state = self.gangs.pop(gang)
-            if state["alert"] is not None:
-                members = groups.get(gang, [])
-                why = "all members running" if members and all(p["node"] for p in members) else "no member running"
-                self._out.append(alerts.resolve(state["alert"], t, why))
+            context = rules.Gang(gang_id=gang, members=tuple(sorted(groups[gang], key=lambda p: p["name"])))
+            if rules.GANG_PARTIAL.condition(context):
+                # a gang no longer partial resolves in the sweep below, after every firing
+                partial.add(gang)
+                self._out += rules.step(rules.GANG_PARTIAL, table, gang, context, t, self.config.thresholds)
+        self._out += rules.sweep(table, partial, t, lambda gang: rules.gang_resolved_reason(groups.get(gang, [])))
 
     # ------------------------------------------------------------------ capacity windows
 
@@ -552,7 +496,8 @@ class ClusterStage:
             "wm": self.wm, "buffer": self.buffer.to_dict(), "nodes": self.nodes, "pods": self.pods,
             "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
-            "pending_alerts": self.pending_alerts, "frag": self.frag, "gangs": self.gangs, "cap": self.cap,
+            "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
+            "cap": self.cap,
             "counters": self.counters,
         }
 
@@ -561,8 +506,8 @@ class ClusterStage:
         stage = cls(config)
         stage.wm = data["wm"]
         stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
-        for name in ("nodes", "pods", "done", "early", "summaries", "pending_alerts", "frag", "gangs", "cap",
-                     "counters"):
+        for name in ("nodes", "pods", "done", "early", "summaries", "cap", "counters"):
             setattr(stage, name, data[name])
+        stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.workloads = data.get("workloads", {})
         return stage

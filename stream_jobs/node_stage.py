@@ -21,7 +21,7 @@ from typing import Any
 
 from common.logs import get_logger
 from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
-from stream_jobs import alerts
+from stream_jobs import alerts, rules
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
@@ -88,7 +88,8 @@ class NodeStage:
         self.gpus: dict[str, dict[str, Any]] = {}
         self.pg: dict[str, dict[str, Any]] = {}
         self.windows: dict[str, dict[str, Any]] = {}
-        self.idle_node: dict[str, Any] = {"since": None, "alert": None, "gpus": 0}
+        self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.NODE_RULES}
+        """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
         self._out: list[Message] = []
@@ -151,7 +152,6 @@ class NodeStage:
             for uid in sorted(self.pods):
                 self._end_pod(uid, ts, "node removed")
         if not self.info["ready"]:
-            self.idle_node["since"] = None
             self._resolve_idle_node(ts, "node left" if state.deleted else "node not ready")
 
     def _on_pod(self, ts: float, state: PodState) -> None:
@@ -190,10 +190,9 @@ class NodeStage:
         if pod is None:
             return
         for key in sorted(k for k in self.pg if k.startswith(uid + "|")):
-            pg = self.pg.pop(key)
-            for name in ("idle", "vram"):
-                if pg[name] is not None:
-                    self._out.append(alerts.resolve(pg[name], ts, why))
+            del self.pg[key]
+            for rule in rules.POD_GPU_RULES:
+                self._out += rules.close(self.alerting[rule.alert_type], key, ts, why)
         if pod["crash"] is not None:
             self._out.append(alerts.resolve(pod["crash"], ts, why))
             pod["crash"] = None
@@ -320,14 +319,14 @@ class NodeStage:
         key = f"{pod['uid']}|{reading.uuid}"
         pg = self.pg.get(key)
         if pg is None:
-            pg = self.pg[key] = {"last": None, "idle_since": None, "idle": None, "vram_since": None, "vram": None}
+            pg = self.pg[key] = {"last": None}
         usage = pod["usage"]
         gap = 0.0
         if pg["last"] is not None and ts - pg["last"] > th.gap_intervals * dt + EPS:
             gap = ts - pg["last"] - dt
             self.counters["gaps"] += 1
-            pg["idle_since"] = None
-            pg["vram_since"] = None
+            for table in self.alerting.values():
+                rules.restart(table, [key])
             self._gap_windows(pod, reading, pg["last"] + dt, ts, window_start(pg["last"], self.config.window_s))
         pg["last"] = ts
         unit = unit_fraction(reading)
@@ -349,89 +348,24 @@ class NodeStage:
             usage["peak_mem"] = max(usage["peak_mem"] or 0, share.mem_bytes)
         self._accumulate(pod, reading, share, ts, dt, idle)
 
-        # idle_gpu: below the threshold at every sample for idle_after
-        if util is not None:
-            if idle:
-                if pg["idle_since"] is None:
-                    pg["idle_since"] = ts
-                if pg["idle"] is None and elapsed(ts, pg["idle_since"], th.idle_after):
-                    held = share.processes > 0 or (share.mem_bytes or 0) > 0
-                    idle_class = "vram_held" if held else "no_process"
-                    details = {
-                        "idle_class": idle_class, "gpu_index": reading.index, "util_pct": util,
-                        "threshold_pct": th.idle_util_pct, "mem_used_bytes": share.mem_bytes,
-                        "processes": share.processes, "idle_since": iso(pg["idle_since"]),
-                        "share": share.share, "share_estimated": share.estimated,
-                    }
-                    held_text = (f"holding {(share.mem_bytes or 0) / 2**30:.1f} GiB VRAM" if held
-                                 else "no process running")
-                    summary = (f"{pod['ns']}/{pod['name']}: GPU {reading.index} on {self.node} below "
-                               f"{th.idle_util_pct:g}% SM for {fmt_duration(ts - pg['idle_since'])} ({held_text})")
-                    subj = alerts.subject("pod", pod["ns"], pod["name"], self.node, reading.uuid)
-                    pg["idle"], message = alerts.fire("idle_gpu", subj, ts, summary, details)
-                    self._out.append(message)
-            else:
-                pg["idle_since"] = None
-                if pg["idle"] is not None:
-                    self._out.append(alerts.resolve(pg["idle"], ts, "busy again", util_pct=util))
-                    pg["idle"] = None
-
-        # vram_pressure: device memory at or above the threshold for vram_pressure_after
-        total, used = reading.mem_total_bytes, reading.mem_used_bytes
-        if total and used is not None:
-            pct = used / total * 100.0
-            # bytes are whole: 45.6 of 48 GiB reads 94.9999999992 %, which is 95 %
-            if pct >= th.vram_pressure_pct - 1e-6:
-                if pg["vram_since"] is None:
-                    pg["vram_since"] = ts
-                if pg["vram"] is None and elapsed(ts, pg["vram_since"], th.vram_pressure_after):
-                    details = {"gpu_index": reading.index, "mem_used_bytes": used, "mem_total_bytes": total,
-                               "mem_used_pct": round(pct, 2), "threshold_pct": th.vram_pressure_pct}
-                    summary = (f"{pod['ns']}/{pod['name']}: GPU {reading.index} on {self.node} at {pct:.1f}% "
-                               f"of {total / 2**30:.0f} GiB VRAM for {fmt_duration(ts - pg['vram_since'])}")
-                    subj = alerts.subject("pod", pod["ns"], pod["name"], self.node, reading.uuid)
-                    pg["vram"], message = alerts.fire("vram_pressure", subj, ts, summary, details)
-                    self._out.append(message)
-            else:
-                pg["vram_since"] = None
-                if pg["vram"] is not None:
-                    self._out.append(alerts.resolve(pg["vram"], ts, "below threshold", mem_used_pct=round(pct, 2)))
-                    pg["vram"] = None
+        context = rules.PodGpu(node=self.node, namespace=pod["ns"], pod=pod["name"], reading=reading, share=share,
+                               thresholds=th)
+        for rule in rules.POD_GPU_RULES:
+            self._out += rules.step(rule, self.alerting[rule.alert_type], key, context, ts, th)
 
     def _idle_node(self, ts: float, units: int, physical: int, price_per_hour: float, allocated: bool) -> None:
-        th = self.config.thresholds
-        state = self.idle_node
         ready = self.info["ready"] is not False and not self.info["deleted"]
         holds = allocated or any(p.get("gpus", 0) > 0 for p in self.pods.values())
-        if ready and units > 0 and not holds:
-            if state["since"] is None:
-                state["since"] = ts
-                state["price"] = price_per_hour
-                state["gpus"] = physical
-            if state["alert"] is None and elapsed(ts, state["since"], th.idle_node_after):
-                burned = price_per_hour * (ts - state["since"]) / 3600.0
-                details = {"gpus": physical, "idle_since": iso(state["since"]),
-                           "cost_usd_burned": round(burned, 4), "usd_per_hour": round(price_per_hour, 4),
-                           "gpu_model": self.info["product"]}
-                summary = (f"{self.node}: none of its {physical} GPUs allocated for "
-                           f"{fmt_duration(ts - state['since'])} (${burned:.2f} burned) - scale-to-zero candidate")
-                subj = alerts.subject("node", None, self.node, self.node)
-                record, message = alerts.fire("idle_node", subj, ts, summary, details)
-                record["idle_since_ts"] = state["since"]
-                record["usd_per_hour"] = price_per_hour
-                state["alert"] = record
-                self._out.append(message)
-        else:
-            self._resolve_idle_node(ts, "gpu allocated" if ready else "node not ready")
-            state["since"] = None
+        context = rules.IdleNode(node=self.node, ready=ready, units=units, physical_gpus=physical, holds=holds,
+                                 usd_per_hour=price_per_hour, gpu_model=self.info["product"])
+        self._out += rules.step(rules.IDLE_NODE, self.alerting["idle_node"], self.node, context, ts,
+                                self.config.thresholds)
 
     def _resolve_idle_node(self, ts: float, why: str) -> None:
-        state = self.idle_node
-        if state["alert"] is None:
-            return
-        burned = state["alert"]["usd_per_hour"] * (ts - state["alert"]["idle_since_ts"]) / 3600.0
-        self._out.append(alerts.resolve(state["alert"], ts, why, cost_usd_burned=round(burned, 4)))
-        state["alert"] = None
+        table = self.alerting["idle_node"]
+        state = table.get(self.node)
+        burned = rules.idle_node_burned(state.alert, ts) if state is not None and state.alert is not None else 0.0
+        self._out += rules.close(table, self.node, ts, why, cost_usd_burned=burned)
 
     # ------------------------------------------------------------------ windows
 
@@ -529,7 +463,8 @@ class NodeStage:
             "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
             "info": self.info,
             "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg, "windows": self.windows,
-            "idle_node": self.idle_node, "counters": self.counters,
+            "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
+            "counters": self.counters,
         }
 
     @classmethod
@@ -543,7 +478,7 @@ class NodeStage:
         stage.gpus = data["gpus"]
         stage.pg = data["pg"]
         stage.windows = data["windows"]
-        stage.idle_node = data["idle_node"]
+        stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.counters = data["counters"]
         return stage
 
