@@ -20,14 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
+from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState
 from stream_jobs import alerts, rules
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.scoping import stamped
-from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, stable_id, window_start
+from stream_jobs.state import PodGpuWindow
+from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, window_start
 
 log = get_logger(__name__)
 
@@ -69,10 +70,6 @@ def pod_end_reason(state: PodState) -> str | None:
     return None
 
 
-def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
-    return stable_id("window", pod_uid, gpu_uuid, iso(start))
-
-
 class NodeStage:
     def __init__(self, node: str, config: EngineConfig, cluster: str = DEFAULT_CLUSTER) -> None:
         self.node = node
@@ -87,7 +84,8 @@ class NodeStage:
         self.ended: dict[str, float] = {}
         self.gpus: dict[str, dict[str, Any]] = {}
         self.pg: dict[str, dict[str, Any]] = {}
-        self.windows: dict[str, dict[str, Any]] = {}
+        self.windows: dict[str, PodGpuWindow] = {}
+        """Open windows by ``pod_uid|gpu_uuid|window_start``."""
         self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.NODE_RULES}
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
@@ -369,19 +367,17 @@ class NodeStage:
 
     # ------------------------------------------------------------------ windows
 
-    def _window(self, pod: dict[str, Any], reading: GpuReading, ws: float) -> dict[str, Any]:
+    def _window(self, pod: dict[str, Any], reading: GpuReading, ws: float) -> PodGpuWindow:
         key = f"{pod['uid']}|{reading.uuid}|{ws!r}"
         w = self.windows.get(key)
         if w is None:
-            w = self.windows[key] = {
-                "uid": pod["uid"], "ns": pod["ns"], "name": pod["name"], "team": pod.get("team"),
-                "project": pod.get("project"), "gpu": reading.uuid, "model": reading.model, "ws": ws,
-                "alloc": 0.0, "busy": 0.0, "idle": 0.0, "gap": 0.0, "samples": 0, "util_s": 0.0, "data_s": 0.0,
-                "util_max": None, "mem_s": 0.0, "mem_data_s": 0.0, "mem_max": None, "energy": None,
-                "share_s": 0.0, "estimated": False, "cost": 0.0, "index": reading.index,
-                "container": next((ref.container for ref in reading.assigned_to if ref.pod_uid == pod["uid"]
-                                   or (ref.namespace, ref.pod) == (pod["ns"], pod["name"])), None),
-            }
+            w = self.windows[key] = PodGpuWindow(
+                pod_uid=pod["uid"], namespace=pod["ns"], pod=pod["name"], team=pod.get("team"),
+                project=pod.get("project"), gpu_uuid=reading.uuid, gpu_model=reading.model, gpu_index=reading.index,
+                container=next((ref.container for ref in reading.assigned_to if ref.pod_uid == pod["uid"]
+                                or (ref.namespace, ref.pod) == (pod["ns"], pod["name"])), None),
+                window_start=ws,
+            )
         return w
 
     def _accumulate(self, pod: dict[str, Any], reading: GpuReading, share: Share, ts: float, dt: float,
@@ -389,34 +385,15 @@ class NodeStage:
         width = self.config.window_s
         unit = unit_fraction(reading)
         price = self.config.price(reading.model)
-        util, mem = share.util_pct, share.mem_bytes
         t, end, first = ts, ts + dt, True
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            w = self._window(pod, reading, ws)
-            w["alloc"] += seg
-            if first:
-                w["samples"] += 1
-                first = False
-            if util is not None:
-                w["util_s"] += util * seg
-                w["data_s"] += seg
-                w["idle" if idle else "busy"] += seg
-                w["util_max"] = util if w["util_max"] is None else max(w["util_max"], util)
-            if mem is not None:
-                w["mem_s"] += mem * seg
-                w["mem_data_s"] += seg
-                w["mem_max"] = mem if w["mem_max"] is None else max(w["mem_max"], mem)
-            if reading.power_w is not None:
-                w["energy"] = (w["energy"] or 0.0) + reading.power_w * seg * share.share
-                w["power_s"] = w.get("power_s", 0.0) + reading.power_w * seg
-                w["power_data_s"] = w.get("power_data_s", 0.0) + seg
-            if reading.mem_total_bytes is not None:
-                w["mem_total"] = reading.mem_total_bytes
-            w["share_s"] += share.share * seg
-            w["estimated"] = w["estimated"] or share.estimated
-            w["cost"] += seg * unit * share.share * price / 3600.0
+            self._window(pod, reading, ws).add(
+                seg, first=first, idle=idle, util_pct=share.util_pct, mem_bytes=share.mem_bytes,
+                power_w=reading.power_w, share=share.share, share_estimated=share.estimated,
+                cost_usd=seg * unit * share.share * price / 3600.0, mem_total_bytes=reading.mem_total_bytes)
+            first = False
             t += seg
 
     def _gap_windows(self, pod: dict[str, Any], reading: GpuReading, start: float, end: float,
@@ -429,32 +406,15 @@ class NodeStage:
             seg = min(end, ws + width) - t
             key = f"{pod['uid']}|{reading.uuid}|{ws!r}"
             if ws > last_ws or key in self.windows:
-                w = self._window(pod, reading, ws)
-                w["alloc"] += seg
-                w["gap"] += seg
+                self._window(pod, reading, ws).add_gap(seg)
             t += seg
 
     def _close_windows(self, watermark: float, final: bool) -> None:
         width = self.config.window_s
-        done = [(w["ws"], w["uid"], w["gpu"], key) for key, w in self.windows.items()
-                if final or w["ws"] + width <= watermark + EPS]
+        done = [(w.window_start, w.pod_uid, w.gpu_uuid, key) for key, w in self.windows.items()
+                if final or w.window_start + width <= watermark + EPS]
         for _ws, _uid, _gpu, key in sorted(done):
-            w = self.windows.pop(key)
-            share = w["share_s"] / w["alloc"] if w["alloc"] > 0 else 1.0
-            self._out.append(PodWindow(
-                window_id=window_id(w["uid"], w["gpu"], w["ws"]), pod_uid=w["uid"], namespace=w["ns"],
-                pod=w["name"], node=self.node, gpu_uuid=w["gpu"], gpu_model=w["model"],
-                window_start=from_epoch(w["ws"]), window_end=from_epoch(w["ws"] + width),
-                team=w["team"], project=w["project"], allocated_s=w["alloc"], busy_s=w["busy"], idle_s=w["idle"],
-                gap_s=w["gap"], samples=w["samples"],
-                avg_sm_util_pct=min(100.0, w["util_s"] / w["data_s"]) if w["data_s"] > 0 else None,
-                max_sm_util_pct=w["util_max"],
-                avg_mem_used_bytes=w["mem_s"] / w["mem_data_s"] if w["mem_data_s"] > 0 else None,
-                max_mem_used_bytes=w["mem_max"], energy_j=w["energy"],
-                share_fraction=min(1.0, max(0.0, share)), share_estimated=w["estimated"], cost_usd=w["cost"],
-                gpu_index=w.get("index"), container=w.get("container"), mem_total_bytes=w.get("mem_total"),
-                avg_power_w=w["power_s"] / w["power_data_s"] if w.get("power_data_s") else None,
-            ))
+            self._out.append(self.windows.pop(key).message(self.node, width))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -462,7 +422,8 @@ class NodeStage:
         return {
             "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
             "info": self.info,
-            "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg, "windows": self.windows,
+            "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg,
+            "windows": {key: w.to_dict() for key, w in self.windows.items()},
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
             "counters": self.counters,
         }
@@ -477,7 +438,7 @@ class NodeStage:
         stage.ended = data["ended"]
         stage.gpus = data["gpus"]
         stage.pg = data["pg"]
-        stage.windows = data["windows"]
+        stage.windows = {key: PodGpuWindow.from_dict(w) for key, w in data["windows"].items()}
         stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.counters = data["counters"]
         return stage

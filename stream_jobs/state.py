@@ -1,0 +1,118 @@
+"""Typed records of stage state, with named fields and units, and their JSON form.
+
+Why: stage state is checkpointed (faust tables and their changelog, ``LocalPipeline.to_dict``),
+so it must stay plain JSON; it used to be dicts with short keys (``ws``, ``alloc``) that only the
+code writing them explained. These dataclasses name each field with its unit and convert to and
+from the same kind of plain dict (``to_dict`` / ``from_dict``: field name -> value). The JSON form
+is that of this version only: a deployment upgrading to it starts from fresh state tables (see
+docs/stream_jobs.md). Each record is bounded: names are cut by ``internal.kept`` before they get
+here, and no field holds a list that grows with time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from schemas.messages import PodWindow
+from stream_jobs.timeutil import from_epoch, iso, stable_id
+
+
+def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
+    return stable_id("window", pod_uid, gpu_uuid, iso(start))
+
+
+@dataclass
+class PodGpuWindow:
+    """What one pod did with one GPU during one window (node stage), until the window closes.
+
+    ``*_s`` fields are seconds of the window; ``util_pct_s`` and ``mem_byte_s`` integrate the
+    percentage and bytes over the seconds with data (``util_data_s``, ``mem_data_s``)."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    team: str | None
+    project: str | None
+    gpu_uuid: str
+    gpu_model: str
+    gpu_index: int | None
+    container: str | None
+    window_start: float
+    """Epoch seconds."""
+    allocated_s: float = 0.0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+    gap_s: float = 0.0
+    samples: int = 0
+    util_pct_s: float = 0.0
+    util_data_s: float = 0.0
+    util_max_pct: float | None = None
+    mem_byte_s: float = 0.0
+    mem_data_s: float = 0.0
+    mem_max_bytes: int | None = None
+    energy_j: float | None = None
+    power_w_s: float = 0.0
+    power_data_s: float = 0.0
+    mem_total_bytes: int | None = None
+    share_s: float = 0.0
+    share_estimated: bool = False
+    cost_usd: float = 0.0
+
+    def add(self, seg_s: float, first: bool, idle: bool, util_pct: float | None, mem_bytes: int | None,
+            power_w: float | None, share: float, share_estimated: bool, cost_usd: float,
+            mem_total_bytes: int | None) -> None:
+        """Add ``seg_s`` seconds of one sample (``first``: the segment holding the sample's time)."""
+        self.allocated_s += seg_s
+        if first:
+            self.samples += 1
+        if util_pct is not None:
+            self.util_pct_s += util_pct * seg_s
+            self.util_data_s += seg_s
+            if idle:
+                self.idle_s += seg_s
+            else:
+                self.busy_s += seg_s
+            self.util_max_pct = util_pct if self.util_max_pct is None else max(self.util_max_pct, util_pct)
+        if mem_bytes is not None:
+            self.mem_byte_s += mem_bytes * seg_s
+            self.mem_data_s += seg_s
+            self.mem_max_bytes = mem_bytes if self.mem_max_bytes is None else max(self.mem_max_bytes, mem_bytes)
+        if power_w is not None:
+            self.energy_j = (self.energy_j or 0.0) + power_w * seg_s * share
+            self.power_w_s += power_w * seg_s
+            self.power_data_s += seg_s
+        if mem_total_bytes is not None:
+            self.mem_total_bytes = mem_total_bytes
+        self.share_s += share * seg_s
+        self.share_estimated = self.share_estimated or share_estimated
+        self.cost_usd += cost_usd
+
+    def add_gap(self, seg_s: float) -> None:
+        self.allocated_s += seg_s
+        self.gap_s += seg_s
+
+    def message(self, node: str, width_s: float) -> PodWindow:
+        share = self.share_s / self.allocated_s if self.allocated_s > 0 else 1.0
+        return PodWindow(
+            window_id=window_id(self.pod_uid, self.gpu_uuid, self.window_start), pod_uid=self.pod_uid,
+            namespace=self.namespace, pod=self.pod, node=node, gpu_uuid=self.gpu_uuid, gpu_model=self.gpu_model,
+            window_start=from_epoch(self.window_start), window_end=from_epoch(self.window_start + width_s),
+            team=self.team, project=self.project, allocated_s=self.allocated_s, busy_s=self.busy_s,
+            idle_s=self.idle_s, gap_s=self.gap_s, samples=self.samples,
+            avg_sm_util_pct=min(100.0, self.util_pct_s / self.util_data_s) if self.util_data_s > 0 else None,
+            max_sm_util_pct=self.util_max_pct,
+            avg_mem_used_bytes=self.mem_byte_s / self.mem_data_s if self.mem_data_s > 0 else None,
+            max_mem_used_bytes=self.mem_max_bytes, energy_j=self.energy_j,
+            share_fraction=min(1.0, max(0.0, share)), share_estimated=self.share_estimated, cost_usd=self.cost_usd,
+            gpu_index=self.gpu_index, container=self.container, mem_total_bytes=self.mem_total_bytes,
+            avg_power_w=self.power_w_s / self.power_data_s if self.power_data_s else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PodGpuWindow:
+        return cls(**data)
