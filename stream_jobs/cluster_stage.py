@@ -31,7 +31,6 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.messages import (
-    ClusterCapacity,
     K8sEvent,
     Message,
     NodeState,
@@ -45,7 +44,8 @@ from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.reorder import ReorderBuffer
-from stream_jobs.timeutil import EPS, epoch, from_epoch, stable_id, window_start
+from stream_jobs.state import CapacitySnapshot, CapacityState, CapacityWindow, SamplePart
+from stream_jobs.timeutil import EPS, epoch, from_epoch, window_start
 
 KINDS: dict[str, tuple[int, type[Message]]] = {
     "node": (0, NodeState),
@@ -97,7 +97,7 @@ class ClusterStage:
         self.summaries: dict[str, dict[str, Any]] = {}
         self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.CLUSTER_RULES}
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
-        self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
+        self.cap = CapacityState()
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
         self._out: list[Message] = []
@@ -131,7 +131,7 @@ class ClusterStage:
         self._quiet_instants(watermark + EPS)
         if self.wm is None or watermark > self.wm:
             self.wm = watermark
-        if self.cap["t"] is not None and self.wm > self.cap["t"]:
+        if self.cap.integrated_to is not None and self.wm > self.cap.integrated_to:
             self._integrate_to(self.wm)
         self._close_windows(self.wm, final=False)
         return self.drain()
@@ -316,7 +316,7 @@ class ClusterStage:
         interval and this adds nothing; the instants depend only on the data, not on when the
         watermark moved, so replays through Kafka give the same result."""
         step = self.config.sample_interval_s
-        last = self.cap.get("last_instant")
+        last = self.cap.last_instant
         if last is None or step <= 0:
             return
         while last + step < limit - step / 2:
@@ -325,7 +325,7 @@ class ClusterStage:
 
     def _evaluate(self, t: float) -> None:
         self.counters["instants"] += 1
-        self.cap["last_instant"] = t
+        self.cap.last_instant = t
         self._integrate_to(t)
         used: dict[str, dict[str, int]] = {}
         for pod in self.pods.values():
@@ -334,7 +334,7 @@ class ClusterStage:
                 for res, n in pod["requests"].items():
                     bucket[res] = bucket.get(res, 0) + n
         total = allocated = 0
-        parts: list[list[float]] = []
+        parts: list[SamplePart] = []
         free: dict[str, dict[str, int]] = {}
         for name in sorted(self.nodes):
             node = self.nodes[name]
@@ -349,7 +349,7 @@ class ClusterStage:
             summary = self.summaries.get(name)
             if summary and t < summary["ts"] + summary["dt"] - EPS:
                 # a sample stands for its own interval only: no sample, no busy/idle figure
-                parts.append([summary["busy"], summary["idle"], summary["ts"] + summary["dt"]])
+                parts.append(SamplePart(summary["busy"], summary["idle"], summary["ts"] + summary["dt"]))
         pending = sorted((p for p in self.pods.values()
                           if p["end"] is None and p["node"] is None and p["gpus"] > 0 and p["created"] <= t + EPS),
                          key=lambda p: (p["created"], p["uid"]))
@@ -363,23 +363,23 @@ class ClusterStage:
             for f in free.values():
                 if not _fits(f, smallest):
                     stranded += sum(f.get(res, 0) for res in smallest)
-        busy = int(sum(p[0] for p in parts))
-        idle = int(sum(p[1] for p in parts))
-        snap = {
-            "total": total, "allocated": allocated, "busy": min(busy, allocated), "parts": parts,
-            "idle": min(idle, allocated), "free": max(total - allocated, 0), "free_by_node": free_by_node,
-            "largest": max(free_by_node.values(), default=0), "stranded": stranded,
-            "pending": len(pending), "demand": sum(p["gpus"] for p in pending) + sum(w["gpus"] for w in queued),
-            "queued": len(queued), "queued_demand": sum(w["gpus"] for w in queued),
-        }
-        self.cap["snap"] = snap
+        busy = int(sum(p.busy_gpus for p in parts))
+        idle = int(sum(p.idle_gpus for p in parts))
+        snap = CapacitySnapshot(
+            total=total, allocated=allocated, busy=min(busy, allocated), parts=tuple(parts),
+            idle=min(idle, allocated), free=max(total - allocated, 0), free_by_node=free_by_node,
+            largest_free_block=max(free_by_node.values(), default=0), stranded=stranded,
+            pending_pods=len(pending), pending_demand=sum(p["gpus"] for p in pending) + sum(w["gpus"] for w in queued),
+            queued_workloads=len(queued), queued_demand=sum(w["gpus"] for w in queued),
+        )
+        self.cap.snapshot = snap
         if self._end is not None and t >= self._end - EPS:
             # a replay's end is no tick (FORMAT.md: ticks while t < duration): the instant holds for
             # no time, so the window keeps the state before it, and no alert fires or resolves there
             return
         acc = self._cap_window(window_start(t, self.config.window_s))
-        acc["stranded_max"] = max(acc["stranded_max"], stranded)
-        acc["last"] = snap
+        acc.stranded_max = max(acc.stranded_max, stranded)
+        acc.last = snap
 
         self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
@@ -436,58 +436,36 @@ class ClusterStage:
 
     # ------------------------------------------------------------------ capacity windows
 
-    def _cap_window(self, ws: float) -> dict[str, Any]:
+    def _cap_window(self, ws: float) -> CapacityWindow:
         key = repr(ws)
-        acc = self.cap["windows"].get(key)
+        acc = self.cap.windows.get(key)
         if acc is None:
-            acc = self.cap["windows"][key] = {"ws": ws, "total": 0.0, "allocated": 0.0, "busy": 0.0, "idle": 0.0,
-                                              "free": 0.0, "stranded_max": 0, "last": None}
+            acc = self.cap.windows[key] = CapacityWindow(window_start=ws)
         return acc
 
     def _integrate_to(self, t: float) -> None:
-        start, snap = self.cap["t"], self.cap["snap"]
+        start, snap = self.cap.integrated_to, self.cap.snapshot
         if start is None or snap is None:
-            self.cap["t"] = t if start is None or t > start else start
+            self.cap.integrated_to = t if start is None or t > start else start
             return
         width = self.config.window_s
+        self.cap.integrated_to = max(t, start)
         while start < t - EPS:
             ws = window_start(start, width)
             seg = min(t, ws + width) - start
-            acc = self._cap_window(ws)
-            for field in ("total", "allocated", "free"):
-                acc[field] += snap[field] * seg
-            for busy, idle, until in snap.get("parts", []):
-                covered = max(0.0, min(start + seg, until) - start)
-                acc["busy"] += busy * covered
-                acc["idle"] += idle * covered
-            acc["stranded_max"] = max(acc["stranded_max"], snap["stranded"])
-            if acc["last"] is None:
-                acc["last"] = snap
+            self._cap_window(ws).add(snap, start, seg)
             start += seg
-        self.cap["t"] = max(t, self.cap["t"])
 
     def _close_windows(self, watermark: float, final: bool) -> None:
         width = self.config.window_s
-        for key in sorted(self.cap["windows"], key=lambda k: self.cap["windows"][k]["ws"]):
-            acc = self.cap["windows"][key]
-            if not final and acc["ws"] + width > watermark + EPS:
+        for key in sorted(self.cap.windows, key=lambda k: self.cap.windows[k].window_start):
+            acc = self.cap.windows[key]
+            if not final and acc.window_start + width > watermark + EPS:
                 continue
-            del self.cap["windows"][key]
-            if final and acc["ws"] >= watermark - EPS:
+            del self.cap.windows[key]
+            if final and acc.window_start >= watermark - EPS:
                 continue  # starts at the end of a replay: nothing in it
-            snap = acc["last"] or {"total": 0, "allocated": 0, "busy": 0, "idle": 0, "free": 0, "free_by_node": {},
-                                   "largest": 0, "stranded": 0, "pending": 0, "demand": 0, "queued": 0,
-                                   "queued_demand": 0}
-            self._out.append(ClusterCapacity(
-                window_id=stable_id("capacity", acc["ws"]), window_start=from_epoch(acc["ws"]),
-                window_end=from_epoch(acc["ws"] + width), gpus_total=snap["total"],
-                gpus_allocated=snap["allocated"], gpus_busy=snap["busy"], gpus_idle_allocated=snap["idle"],
-                gpus_free=snap["free"], free_gpus_by_node=snap["free_by_node"], largest_free_block=snap["largest"],
-                stranded_gpus=snap["stranded"], pending_pods=snap["pending"], pending_gpu_demand=snap["demand"],
-                gpu_s_total=acc["total"], gpu_s_allocated=acc["allocated"], gpu_s_busy=acc["busy"],
-                gpu_s_idle_allocated=acc["idle"], gpu_s_free=acc["free"], stranded_gpus_max=acc["stranded_max"],
-                queued_workloads=snap.get("queued", 0), queued_gpu_demand=snap.get("queued_demand", 0),
-            ))
+            self._out.append(acc.message(width))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -497,7 +475,7 @@ class ClusterStage:
             "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
-            "cap": self.cap,
+            "cap": self.cap.to_dict(),
             "counters": self.counters,
         }
 
@@ -506,7 +484,8 @@ class ClusterStage:
         stage = cls(config)
         stage.wm = data["wm"]
         stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
-        for name in ("nodes", "pods", "done", "early", "summaries", "cap", "counters"):
+        stage.cap = CapacityState.from_dict(data["cap"])
+        for name in ("nodes", "pods", "done", "early", "summaries", "counters"):
             setattr(stage, name, data[name])
         stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.workloads = data.get("workloads", {})

@@ -12,10 +12,10 @@ here, and no field holds a list that grows with time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schemas.messages import PodWindow
+from schemas.messages import ClusterCapacity, PodWindow
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
 
@@ -116,3 +116,118 @@ class PodGpuWindow:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodGpuWindow:
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class SamplePart:
+    """One node's last sample as the cluster sees it: busy and idle allocated GPUs until ``until``."""
+
+    busy_gpus: int
+    idle_gpus: int
+    until: float
+    """Epoch seconds: the end of the sample's interval."""
+
+
+@dataclass(frozen=True)
+class CapacitySnapshot:
+    """The cluster's GPUs at one instant (cluster stage); counts of GPUs, pods and workloads."""
+
+    total: int = 0
+    allocated: int = 0
+    busy: int = 0
+    idle: int = 0
+    free: int = 0
+    free_by_node: Mapping[str, int] = field(default_factory=dict)
+    largest_free_block: int = 0
+    stranded: int = 0
+    pending_pods: int = 0
+    pending_demand: int = 0
+    queued_workloads: int = 0
+    queued_demand: int = 0
+    parts: tuple[SamplePart, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"free_by_node": dict(self.free_by_node), "parts": [asdict(p) for p in self.parts]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CapacitySnapshot:
+        parts = tuple(SamplePart(**part) for part in data["parts"])
+        return cls(**{**data, "free_by_node": dict(data["free_by_node"]), "parts": parts})
+
+
+@dataclass
+class CapacityWindow:
+    """GPU-seconds integrated over one capacity window, and the snapshot that closes it."""
+
+    window_start: float
+    """Epoch seconds."""
+    gpu_s_total: float = 0.0
+    gpu_s_allocated: float = 0.0
+    gpu_s_busy: float = 0.0
+    gpu_s_idle: float = 0.0
+    gpu_s_free: float = 0.0
+    stranded_max: int = 0
+    last: CapacitySnapshot | None = None
+
+    def add(self, snap: CapacitySnapshot, start: float, seg_s: float) -> None:
+        """Integrate ``snap`` over ``[start, start + seg_s)``."""
+        self.gpu_s_total += snap.total * seg_s
+        self.gpu_s_allocated += snap.allocated * seg_s
+        self.gpu_s_free += snap.free * seg_s
+        for part in snap.parts:
+            covered = max(0.0, min(start + seg_s, part.until) - start)
+            self.gpu_s_busy += part.busy_gpus * covered
+            self.gpu_s_idle += part.idle_gpus * covered
+        self.stranded_max = max(self.stranded_max, snap.stranded)
+        if self.last is None:
+            self.last = snap
+
+    def message(self, width_s: float) -> ClusterCapacity:
+        snap = self.last or CapacitySnapshot()
+        return ClusterCapacity(
+            window_id=stable_id("capacity", self.window_start), window_start=from_epoch(self.window_start),
+            window_end=from_epoch(self.window_start + width_s), gpus_total=snap.total,
+            gpus_allocated=snap.allocated, gpus_busy=snap.busy, gpus_idle_allocated=snap.idle,
+            gpus_free=snap.free, free_gpus_by_node=dict(snap.free_by_node), largest_free_block=snap.largest_free_block,
+            stranded_gpus=snap.stranded, pending_pods=snap.pending_pods, pending_gpu_demand=snap.pending_demand,
+            gpu_s_total=self.gpu_s_total, gpu_s_allocated=self.gpu_s_allocated, gpu_s_busy=self.gpu_s_busy,
+            gpu_s_idle_allocated=self.gpu_s_idle, gpu_s_free=self.gpu_s_free, stranded_gpus_max=self.stranded_max,
+            queued_workloads=snap.queued_workloads, queued_gpu_demand=snap.queued_demand,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["last"] = None if self.last is None else self.last.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CapacityWindow:
+        last = data["last"]
+        return cls(**{**data, "last": None if last is None else CapacitySnapshot.from_dict(last)})
+
+
+@dataclass
+class CapacityState:
+    """The cluster stage's capacity integration: up to when, the state holding since, open windows."""
+
+    integrated_to: float | None = None
+    """Epoch seconds up to which ``snapshot`` was integrated into ``windows``."""
+    snapshot: CapacitySnapshot | None = None
+    last_instant: float | None = None
+    """The last instant the cluster was evaluated at (epoch seconds)."""
+    windows: dict[str, CapacityWindow] = field(default_factory=dict)
+    """Open windows by ``repr(window_start)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"integrated_to": self.integrated_to,
+                "snapshot": None if self.snapshot is None else self.snapshot.to_dict(),
+                "last_instant": self.last_instant,
+                "windows": {key: w.to_dict() for key, w in self.windows.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CapacityState:
+        snapshot = data["snapshot"]
+        return cls(integrated_to=data["integrated_to"],
+                   snapshot=None if snapshot is None else CapacitySnapshot.from_dict(snapshot),
+                   last_instant=data["last_instant"],
+                   windows={key: CapacityWindow.from_dict(w) for key, w in data["windows"].items()})
