@@ -41,9 +41,9 @@ from schemas.messages import (
 )
 from stream_jobs import rules
 from stream_jobs.config import EngineConfig
-from stream_jobs.internal import NodeSummary, PodUsage, kept
+from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import pod_end_reason
-from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.stage import Stage
 from stream_jobs.state import CapacitySnapshot, CapacityState, CapacityWindow, SamplePart
 from stream_jobs.timeutil import EPS, epoch, from_epoch, window_start
 
@@ -56,7 +56,6 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "summary": (5, NodeSummary),
     "workload": (6, WorkloadState),
 }
-_TYPES = {cls: kind for kind, (_rank, cls) in KINDS.items()}
 _MAX_REASONS = 20
 _DONE_KEEP = 5000
 
@@ -84,11 +83,12 @@ def _places(free: dict[str, dict[str, int]], sets: list[list[Any]]) -> bool:
     return True
 
 
-class ClusterStage:
+class ClusterStage(Stage):
+    KINDS = KINDS
+    NAME = "cluster stage"
+
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.wm: float | None = None
-        self.buffer = ReorderBuffer()
+        super().__init__(config)
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         self.workloads: dict[str, dict[str, Any]] = {}
@@ -100,60 +100,45 @@ class ClusterStage:
         self.cap = CapacityState()
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
-        self._out: list[Message] = []
+        self._current: float | None = None  # the instant being applied during :meth:`advance`
 
-    # ------------------------------------------------------------------ driving
+    # ------------------------------------------------------------------ driving (stage.Stage hooks)
 
-    def submit(self, message: Message) -> None:
-        message = kept(message)
-        kind = _TYPES.get(type(message))
-        if kind is None:
-            raise TypeError(f"the cluster stage does not take {type(message).__name__}")
-        ts = epoch(message.ts)  # type: ignore[attr-defined]
-        if self.wm is not None and ts <= self.wm:
-            self.counters["late_inputs"] += 1
-            if kind != "summary":
-                self._apply(kind, ts, message)  # state is applied; the past is not re-evaluated
-            return
-        self.buffer.push(ts, KINDS[kind][0], kind, message)
+    def _late(self, kind: str, ts: float, message: Message) -> None:
+        self.counters["late_inputs"] += 1
+        if kind != "summary":
+            self._apply(kind, ts, message)  # state is applied; the past is not re-evaluated
 
-    def advance(self, watermark: float) -> list[Message]:
-        current: float | None = None
-        for ts, kind, message in self.buffer.pop_until(watermark):
-            if current is not None and ts > current:
-                self._evaluate(current)
-            if current is None or ts > current:
-                self._quiet_instants(ts)
-            current = ts
-            self._apply(kind, ts, message)
-        if current is not None:
+    def _before(self, ts: float) -> None:
+        """The cluster is evaluated once per instant, after every input of that instant."""
+        current = self._current
+        if current is not None and ts > current:
             self._evaluate(current)
+        if current is None or ts > current:
+            self._quiet_instants(ts)
+        self._current = ts
+
+    def _caught_up(self, watermark: float) -> None:
+        if self._current is not None:
+            self._evaluate(self._current)
+            self._current = None
         self._quiet_instants(watermark + EPS)
-        if self.wm is None or watermark > self.wm:
-            self.wm = watermark
-        if self.cap.integrated_to is not None and self.wm > self.cap.integrated_to:
-            self._integrate_to(self.wm)
-        self._close_windows(self.wm, final=False)
-        return self.drain()
 
-    def flush(self, end: float) -> list[Message]:
-        """End of a replay: close every window at ``end`` and report every pod not yet reported.
+    def _watermark_moved(self, watermark: float) -> None:
+        if self.cap.integrated_to is not None and watermark > self.cap.integrated_to:
+            self._integrate_to(watermark)
+        self._close_windows(watermark, final=False)
 
-        The instant at ``end`` is no tick: it holds for no time, is no window's last state and
+    def _flushing(self, end: float) -> None:
+        """The instant at ``end`` is no tick: it holds for no time, is no window's last state and
         evaluates no alert rule (see :meth:`_evaluate`)."""
         self._end = end
-        self._out = self.advance(end)
+
+    def _finish(self, end: float) -> None:
+        """Report every pod not yet reported and close every window at ``end``."""
         for uid in sorted(self.pods, key=lambda u: (self.pods[u]["created"], u)):
             self._emit_lifecycle(self.pods[uid], end)
         self._close_windows(end, final=True)
-        return self.drain()
-
-    def drain(self) -> list[Message]:
-        out, self._out = self._out, []
-        return out
-
-    def _apply(self, kind: str, ts: float, message: Any) -> None:
-        getattr(self, f"_on_{kind}")(ts, message)
 
     # ------------------------------------------------------------------ inputs
 
@@ -471,7 +456,7 @@ class ClusterStage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "wm": self.wm, "buffer": self.buffer.to_dict(), "nodes": self.nodes, "pods": self.pods,
+            **self._driving_dict(), "nodes": self.nodes, "pods": self.pods,
             "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
@@ -482,8 +467,7 @@ class ClusterStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> ClusterStage:
         stage = cls(config)
-        stage.wm = data["wm"]
-        stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
+        stage._restore_driving(data)
         stage.cap = CapacityState.from_dict(data["cap"])
         for name in ("nodes", "pods", "done", "early", "summaries", "counters"):
             setattr(stage, name, data[name])

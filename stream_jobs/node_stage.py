@@ -24,11 +24,11 @@ from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, No
 from stream_jobs import alerts, rules
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
-from stream_jobs.internal import NodeSummary, PodUsage, kept
-from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.scoping import stamped
+from stream_jobs.stage import Stage
 from stream_jobs.state import PodGpuWindow
-from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, window_start
+from stream_jobs.timeutil import EPS, elapsed, fmt_duration, from_epoch, iso, window_start
 
 log = get_logger(__name__)
 
@@ -38,16 +38,6 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "sample": (3, GpuSample),
 }
 _ENDED_KEEP = 2000
-
-
-def _kind_of(message: Message) -> str:
-    if isinstance(message, GpuSample):
-        return "sample"
-    if isinstance(message, PodState):
-        return "pod"
-    if isinstance(message, NodeState):
-        return "node"
-    raise TypeError(f"the node stage does not take {type(message).__name__}")
 
 
 def pod_end_reason(state: PodState) -> str | None:
@@ -70,14 +60,15 @@ def pod_end_reason(state: PodState) -> str | None:
     return None
 
 
-class NodeStage:
+class NodeStage(Stage):
+    KINDS = KINDS
+    NAME = "node stage"
+
     def __init__(self, node: str, config: EngineConfig, cluster: str = DEFAULT_CLUSTER) -> None:
+        super().__init__(config)
         self.node = node
         self.cluster = cluster
         """The cluster of ``node``: stamped on every output (``stream_jobs.clusters.stamped``)."""
-        self.config = config
-        self.wm: float | None = None
-        self.buffer = ReorderBuffer()
         self.info: dict[str, Any] = {"ready": None, "deleted": False, "product": None, "driver": None,
                                      "cuda": None}
         self.pods: dict[str, dict[str, Any]] = {}
@@ -90,52 +81,29 @@ class NodeStage:
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
-        self._out: list[Message] = []
 
-    # ------------------------------------------------------------------ driving
+    # ------------------------------------------------------------------ driving (stage.Stage hooks)
 
-    def submit(self, message: Message) -> None:
-        message = kept(message)
-        kind = _kind_of(message)
-        ts = epoch(message.ts)  # type: ignore[attr-defined]
-        if self.wm is not None and ts <= self.wm:
-            if kind == "sample":
-                self.counters["late_samples"] += 1
-                log.info("late sample dropped", node=self.node, ts=iso(ts), watermark=iso(self.wm))
-                return
-            self.counters["late_states"] += 1
-            self._apply(kind, ts, message)  # a state change is never dropped
+    def _late(self, kind: str, ts: float, message: Message) -> None:
+        if kind == "sample":
+            self.counters["late_samples"] += 1
+            log.info("late sample dropped", node=self.node, ts=iso(ts), watermark=iso(self.wm or ts))
             return
-        self.buffer.push(ts, KINDS[kind][0], kind, message)
+        self.counters["late_states"] += 1
+        self._apply(kind, ts, message)  # a state change is never dropped
 
-    def advance(self, watermark: float) -> list[Message]:
-        """Apply every buffered input with ``ts <= watermark``; close complete windows."""
-        for ts, kind, message in self.buffer.pop_until(watermark):
-            self._apply(kind, ts, message)
-        if self.wm is None or watermark > self.wm:
-            self.wm = watermark
-        self._close_windows(self.wm, final=False)
-        return self.drain()
+    def _watermark_moved(self, watermark: float) -> None:
+        self._close_windows(watermark, final=False)
 
-    def flush(self, end: float) -> list[Message]:
-        """End of a replay: apply everything, report pods still on the node, close every window."""
-        self._out = self.advance(end)
+    def _finish(self, end: float) -> None:
+        """End of a replay: report pods still on the node, close every window."""
         for uid in sorted(self.pods):
             self._emit_usage(self.pods[uid], end, open_=True)
         self._close_windows(end, final=True)
-        return self.drain()
 
     def drain(self) -> list[Message]:
-        out, self._out = self._out, []
+        out = super().drain()
         return out if self.cluster == DEFAULT_CLUSTER else stamped(self.cluster, out)
-
-    def _apply(self, kind: str, ts: float, message: Any) -> None:
-        if kind == "sample":
-            self._on_sample(ts, message)
-        elif kind == "pod":
-            self._on_pod(ts, message)
-        else:
-            self._on_node(ts, message)
 
     # ------------------------------------------------------------------ node and pod state
 
@@ -420,7 +388,7 @@ class NodeStage:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
+            "node": self.node, "cluster": self.cluster, **self._driving_dict(),
             "info": self.info,
             "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg,
             "windows": {key: w.to_dict() for key, w in self.windows.items()},
@@ -431,8 +399,7 @@ class NodeStage:
     @classmethod
     def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> NodeStage:
         stage = cls(data["node"], config, data.get("cluster", DEFAULT_CLUSTER))
-        stage.wm = data["wm"]
-        stage.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in KINDS.items()})
+        stage._restore_driving(data)
         stage.info = data["info"]
         stage.pods = data["pods"]
         stage.ended = data["ended"]
