@@ -24,10 +24,10 @@ from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, No
 from stream_jobs import alerts, rules
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
-from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.internal import NodeSummary
 from stream_jobs.scoping import stamped
 from stream_jobs.stage import Stage
-from stream_jobs.state import PodGpuWindow
+from stream_jobs.state import PodGpuUsage, PodGpuWindow
 from stream_jobs.timeutil import EPS, elapsed, fmt_duration, from_epoch, iso, window_start
 
 log = get_logger(__name__)
@@ -74,7 +74,10 @@ class NodeStage(Stage):
         self.pods: dict[str, dict[str, Any]] = {}
         self.ended: dict[str, float] = {}
         self.gpus: dict[str, dict[str, Any]] = {}
-        self.pg: dict[str, dict[str, Any]] = {}
+        self.last_sample: dict[str, float] = {}
+        """When each ``pod_uid|gpu_uuid`` was last sampled (epoch seconds): gaps are measured from it."""
+        self.usage: dict[str, PodGpuUsage] = {}
+        """What each pod on the node used, by pod uid (reported when it leaves)."""
         self.windows: dict[str, PodGpuWindow] = {}
         """Open windows by ``pod_uid|gpu_uuid|window_start``."""
         self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.NODE_RULES}
@@ -128,10 +131,8 @@ class NodeStage(Stage):
         if pod is None:
             pod = self.pods[uid] = {
                 "uid": uid, "restarts": state.restarts, "restart_times": [], "crash": None,
-                "usage": {"unit_s": 0.0, "data_s": 0.0, "idle_s": 0.0, "busy_s": 0.0, "gap_s": 0.0,
-                          "util_s": 0.0, "cost_units_s": 0.0, "peak_mem": None, "samples": 0, "model": None,
-                          "estimated": False},
             }
+            self.usage[uid] = PodGpuUsage()
         images = [c.image for c in state.containers if c.image]
         pod.update(ns=state.namespace, name=state.name, team=state.team, project=state.project,
                    gpus=sum(state.gpu_requests.values()), image=images[0] if images else pod.get("image"),
@@ -155,8 +156,8 @@ class NodeStage(Stage):
         pod = self.pods.pop(uid, None)
         if pod is None:
             return
-        for key in sorted(k for k in self.pg if k.startswith(uid + "|")):
-            del self.pg[key]
+        for key in sorted(k for k in self.last_sample if k.startswith(uid + "|")):
+            del self.last_sample[key]
             for rule in rules.POD_GPU_RULES:
                 self._out += rules.close(self.alerting[rule.alert_type], key, ts, why)
         if pod["crash"] is not None:
@@ -169,13 +170,8 @@ class NodeStage(Stage):
         self._emit_usage(pod, ts, open_=False)
 
     def _emit_usage(self, pod: dict[str, Any], ts: float, open_: bool) -> None:
-        u = pod["usage"]
-        self._out.append(PodUsage(
-            pod_uid=pod["uid"], node=self.node, ts=from_epoch(ts), open=open_, gpu_model=u["model"],
-            unit_s=u["unit_s"], data_s=u["data_s"], idle_s=u["idle_s"], busy_s=u["busy_s"], gap_s=u["gap_s"],
-            util_s=u["util_s"], cost_units_s=u["cost_units_s"], peak_mem_bytes=u["peak_mem"],
-            samples=u["samples"], share_estimated=u["estimated"],
-        ))
+        usage = self.usage[pod["uid"]] if open_ else self.usage.pop(pod["uid"])
+        self._out.append(usage.message(pod["uid"], self.node, ts, open_))
 
     # ------------------------------------------------------------------ crash loops
 
@@ -283,35 +279,36 @@ class NodeStage(Stage):
     def _account(self, pod: dict[str, Any], reading: GpuReading, share: Share, ts: float, dt: float) -> None:
         th = self.config.thresholds
         key = f"{pod['uid']}|{reading.uuid}"
-        pg = self.pg.get(key)
-        if pg is None:
-            pg = self.pg[key] = {"last": None}
-        usage = pod["usage"]
+        last = self.last_sample.get(key)
+        usage = self.usage[pod["uid"]]
         gap = 0.0
-        if pg["last"] is not None and ts - pg["last"] > th.gap_intervals * dt + EPS:
-            gap = ts - pg["last"] - dt
+        if last is not None and ts - last > th.gap_intervals * dt + EPS:
+            gap = ts - last - dt
             self.counters["gaps"] += 1
             for table in self.alerting.values():
                 rules.restart(table, [key])
-            self._gap_windows(pod, reading, pg["last"] + dt, ts, window_start(pg["last"], self.config.window_s))
-        pg["last"] = ts
+            self._gap_windows(pod, reading, last + dt, ts, window_start(last, self.config.window_s))
+        self.last_sample[key] = ts
         unit = unit_fraction(reading)
         util = share.util_pct
         # seconds count per allocation unit (a MIG device is a unit); cost weighs the unit's
         # fraction of a physical GPU and the pod's share of a shared one
-        usage["unit_s"] += dt
-        usage["samples"] += 1
-        usage["gap_s"] += gap
-        usage["cost_units_s"] += dt * unit * share.share
-        usage["model"] = reading.model
-        usage["estimated"] = usage["estimated"] or share.estimated
+        usage.unit_s += dt
+        usage.samples += 1
+        usage.gap_s += gap
+        usage.cost_units_s += dt * unit * share.share
+        usage.gpu_model = reading.model
+        usage.share_estimated = usage.share_estimated or share.estimated
         idle = util is not None and util < th.idle_util_pct
         if util is not None:
-            usage["data_s"] += dt
-            usage["util_s"] += util * dt
-            usage["idle_s" if idle else "busy_s"] += dt
+            usage.data_s += dt
+            usage.util_pct_s += util * dt
+            if idle:
+                usage.idle_s += dt
+            else:
+                usage.busy_s += dt
         if share.mem_bytes is not None:
-            usage["peak_mem"] = max(usage["peak_mem"] or 0, share.mem_bytes)
+            usage.peak_mem_bytes = max(usage.peak_mem_bytes or 0, share.mem_bytes)
         self._accumulate(pod, reading, share, ts, dt, idle)
 
         context = rules.PodGpu(node=self.node, namespace=pod["ns"], pod=pod["name"], reading=reading, share=share,
@@ -390,7 +387,8 @@ class NodeStage(Stage):
         return {
             "node": self.node, "cluster": self.cluster, **self._driving_dict(),
             "info": self.info,
-            "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg,
+            "pods": self.pods, "ended": self.ended, "gpus": self.gpus,
+            "last_sample": self.last_sample, "usage": {uid: u.to_dict() for uid, u in self.usage.items()},
             "windows": {key: w.to_dict() for key, w in self.windows.items()},
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
             "counters": self.counters,
@@ -404,7 +402,8 @@ class NodeStage(Stage):
         stage.pods = data["pods"]
         stage.ended = data["ended"]
         stage.gpus = data["gpus"]
-        stage.pg = data["pg"]
+        stage.last_sample = data["last_sample"]
+        stage.usage = {uid: PodGpuUsage.from_dict(u) for uid, u in data["usage"].items()}
         stage.windows = {key: PodGpuWindow.from_dict(w) for key, w in data["windows"].items()}
         stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.counters = data["counters"]

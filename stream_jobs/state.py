@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from schemas.messages import ClusterCapacity, PodWindow
+from stream_jobs.internal import PodUsage
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
 
@@ -231,3 +232,38 @@ class CapacityState:
                    snapshot=None if snapshot is None else CapacitySnapshot.from_dict(snapshot),
                    last_instant=data["last_instant"],
                    windows={key: CapacityWindow.from_dict(w) for key, w in data["windows"].items()})
+
+
+@dataclass
+class PodGpuUsage:
+    """What one pod's GPUs did while on one node (node stage), reported as a ``PodUsage`` when the
+    pod leaves. Seconds count per allocation unit (a MIG device is a unit)."""
+
+    unit_s: float = 0.0
+    data_s: float = 0.0
+    """Seconds with a utilisation figure."""
+    idle_s: float = 0.0
+    busy_s: float = 0.0
+    gap_s: float = 0.0
+    util_pct_s: float = 0.0
+    cost_units_s: float = 0.0
+    """Unit-seconds weighted by the unit's fraction of a physical GPU and the pod's share."""
+    peak_mem_bytes: int | None = None
+    samples: int = 0
+    gpu_model: str | None = None
+    share_estimated: bool = False
+
+    def message(self, pod_uid: str, node: str, ts: float, open_: bool) -> PodUsage:
+        return PodUsage(
+            pod_uid=pod_uid, node=node, ts=from_epoch(ts), open=open_, gpu_model=self.gpu_model,
+            unit_s=self.unit_s, data_s=self.data_s, idle_s=self.idle_s, busy_s=self.busy_s, gap_s=self.gap_s,
+            util_s=self.util_pct_s, cost_units_s=self.cost_units_s, peak_mem_bytes=self.peak_mem_bytes,
+            samples=self.samples, share_estimated=self.share_estimated,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PodGpuUsage:
+        return cls(**data)
