@@ -27,7 +27,7 @@ from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary
 from stream_jobs.scoping import stamped
 from stream_jobs.stage import Stage
-from stream_jobs.state import PodGpuUsage, PodGpuWindow
+from stream_jobs.state import RESTARTS_KEPT, GpuHealth, NodeInfo, NodePod, PodGpuUsage, PodGpuWindow
 from stream_jobs.timeutil import EPS, elapsed, fmt_duration, from_epoch, iso, window_start
 
 log = get_logger(__name__)
@@ -69,11 +69,11 @@ class NodeStage(Stage):
         self.node = node
         self.cluster = cluster
         """The cluster of ``node``: stamped on every output (``stream_jobs.clusters.stamped``)."""
-        self.info: dict[str, Any] = {"ready": None, "deleted": False, "product": None, "driver": None,
-                                     "cuda": None}
-        self.pods: dict[str, dict[str, Any]] = {}
+        self.info = NodeInfo()
+        self.pods: dict[str, NodePod] = {}
         self.ended: dict[str, float] = {}
-        self.gpus: dict[str, dict[str, Any]] = {}
+        self.gpus: dict[str, GpuHealth] = {}
+        """Health of each GPU seen, by uuid."""
         self.last_sample: dict[str, float] = {}
         """When each ``pod_uid|gpu_uuid`` was last sampled (epoch seconds): gaps are measured from it."""
         self.usage: dict[str, PodGpuUsage] = {}
@@ -111,16 +111,17 @@ class NodeStage(Stage):
     # ------------------------------------------------------------------ node and pod state
 
     def _on_node(self, ts: float, state: NodeState) -> None:
-        self.info.update(ready=state.ready and not state.deleted, deleted=state.deleted,
-                         product=state.gpu_product or self.info["product"])
+        info = self.info
+        info.ready, info.deleted = state.ready and not state.deleted, state.deleted
+        info.gpu_product = state.gpu_product or info.gpu_product
         if state.driver_version:
-            self.info["driver"] = state.driver_version
+            info.driver_version = state.driver_version
         if state.cuda_driver_version:
-            self.info["cuda"] = state.cuda_driver_version
+            info.cuda_driver_version = state.cuda_driver_version
         if state.deleted:
             for uid in sorted(self.pods):
                 self._end_pod(uid, ts, "node removed")
-        if not self.info["ready"]:
+        if not info.ready:
             self._resolve_idle_node(ts, "node left" if state.deleted else "node not ready")
 
     def _on_pod(self, ts: float, state: PodState) -> None:
@@ -129,23 +130,22 @@ class NodeStage(Stage):
             return
         pod = self.pods.get(uid)
         if pod is None:
-            pod = self.pods[uid] = {
-                "uid": uid, "restarts": state.restarts, "restart_times": [], "crash": None,
-            }
+            pod = self.pods[uid] = NodePod(uid=uid, restarts=state.restarts)
             self.usage[uid] = PodGpuUsage()
         images = [c.image for c in state.containers if c.image]
-        pod.update(ns=state.namespace, name=state.name, team=state.team, project=state.project,
-                   gpus=sum(state.gpu_requests.values()), image=images[0] if images else pod.get("image"),
-                   last_reason=state.last_termination_reason or pod.get("last_reason"),
-                   last_exit_code=state.last_exit_code if state.last_exit_code is not None
-                   else pod.get("last_exit_code"))
-        if state.restarts > pod["restarts"]:
-            for _ in range(min(state.restarts - pod["restarts"], 100)):
-                pod["restart_times"].append(ts)
-            pod["last_restart"] = ts
-        pod["restarts"] = state.restarts
+        pod.namespace, pod.name, pod.team, pod.project = state.namespace, state.name, state.team, state.project
+        pod.gpus = sum(state.gpu_requests.values())
+        pod.image = images[0] if images else pod.image
+        pod.last_reason = state.last_termination_reason or pod.last_reason
+        if state.last_exit_code is not None:
+            pod.last_exit_code = state.last_exit_code
+        if state.restarts > pod.restarts:
+            for _ in range(min(state.restarts - pod.restarts, RESTARTS_KEPT)):
+                pod.restart_times.append(ts)
+            pod.last_restart = ts
+        pod.restarts = state.restarts
         window = self.config.thresholds.crashloop_window
-        pod["restart_times"] = [t for t in pod["restart_times"] if t > ts - window + EPS]
+        pod.restart_times = [t for t in pod.restart_times if t > ts - window + EPS]
         reason = pod_end_reason(state)
         if reason is not None:
             self._end_pod(uid, ts, "pod ended")
@@ -160,45 +160,46 @@ class NodeStage(Stage):
             del self.last_sample[key]
             for rule in rules.POD_GPU_RULES:
                 self._out += rules.close(self.alerting[rule.alert_type], key, ts, why)
-        if pod["crash"] is not None:
-            self._out.append(alerts.resolve(pod["crash"], ts, why))
-            pod["crash"] = None
+        if pod.crash is not None:
+            self._out.append(alerts.resolve(pod.crash, ts, why))
+            pod.crash = None
         self.ended[uid] = ts
         if len(self.ended) > _ENDED_KEEP:
             for old in sorted(self.ended, key=lambda k: self.ended[k])[: len(self.ended) - _ENDED_KEEP]:
                 del self.ended[old]
         self._emit_usage(pod, ts, open_=False)
 
-    def _emit_usage(self, pod: dict[str, Any], ts: float, open_: bool) -> None:
-        usage = self.usage[pod["uid"]] if open_ else self.usage.pop(pod["uid"])
-        self._out.append(usage.message(pod["uid"], self.node, ts, open_))
+    def _emit_usage(self, pod: NodePod, ts: float, open_: bool) -> None:
+        usage = self.usage[pod.uid] if open_ else self.usage.pop(pod.uid)
+        self._out.append(usage.message(pod.uid, self.node, ts, open_))
 
     # ------------------------------------------------------------------ crash loops
 
-    def _check_crashloop(self, pod: dict[str, Any], ts: float) -> None:
+    def _check_crashloop(self, pod: NodePod, ts: float) -> None:
         th = self.config.thresholds
-        if pod.get("gpus", 0) <= 0:
+        if pod.gpus <= 0:
             return
-        recent = [t for t in pod["restart_times"] if t > ts - th.crashloop_window + EPS]
-        if pod["crash"] is None and recent and len(recent) >= th.crashloop_restarts:
+        info = self.info
+        recent = [t for t in pod.restart_times if t > ts - th.crashloop_window + EPS]
+        if pod.crash is None and recent and len(recent) >= th.crashloop_restarts:
             details = {
-                "restarts_in_window": len(recent), "restarts_total": pod["restarts"],
-                "window_s": th.crashloop_window, "driver_version": self.info["driver"],
-                "cuda_driver_version": self.info["cuda"], "image": pod.get("image"),
-                "last_exit_reason": pod.get("last_reason"), "last_exit_code": pod.get("last_exit_code"),
-                "gpus": pod.get("gpus"),
+                "restarts_in_window": len(recent), "restarts_total": pod.restarts,
+                "window_s": th.crashloop_window, "driver_version": info.driver_version,
+                "cuda_driver_version": info.cuda_driver_version, "image": pod.image,
+                "last_exit_reason": pod.last_reason, "last_exit_code": pod.last_exit_code,
+                "gpus": pod.gpus,
             }
-            summary = (f"{pod['ns']}/{pod['name']} restarted {len(recent)} times in "
-                       f"{fmt_duration(th.crashloop_window)} on {self.node} while holding {pod.get('gpus')} GPU(s)"
-                       f" (last exit: {pod.get('last_reason') or 'unknown'}; driver {self.info['driver']}, "
-                       f"CUDA {self.info['cuda']})")
-            subj = alerts.subject("pod", pod["ns"], pod["name"], self.node)
-            pod["crash"], message = alerts.fire("crashloop_gpu", subj, ts, summary, details)
+            summary = (f"{pod.namespace}/{pod.name} restarted {len(recent)} times in "
+                       f"{fmt_duration(th.crashloop_window)} on {self.node} while holding {pod.gpus} GPU(s)"
+                       f" (last exit: {pod.last_reason or 'unknown'}; driver {info.driver_version}, "
+                       f"CUDA {info.cuda_driver_version})")
+            subj = alerts.subject("pod", pod.namespace, pod.name, self.node)
+            pod.crash, message = alerts.fire("crashloop_gpu", subj, ts, summary, details)
             self._out.append(message)
-        elif pod["crash"] is not None and pod.get("last_restart") is not None \
-                and elapsed(ts, pod["last_restart"], th.crashloop_window):
-            self._out.append(alerts.resolve(pod["crash"], ts, f"no restart for {fmt_duration(th.crashloop_window)}"))
-            pod["crash"] = None
+        elif pod.crash is not None and pod.last_restart is not None \
+                and elapsed(ts, pod.last_restart, th.crashloop_window):
+            self._out.append(alerts.resolve(pod.crash, ts, f"no restart for {fmt_duration(th.crashloop_window)}"))
+            pod.crash = None
 
     # ------------------------------------------------------------------ samples
 
@@ -207,10 +208,10 @@ class NodeStage(Stage):
         self.counters["samples"] += 1
         dt = sample.sample_interval_s
         if sample.driver_version:
-            self.info["driver"] = sample.driver_version
+            self.info.driver_version = sample.driver_version
         if sample.cuda_driver_version:
-            self.info["cuda"] = sample.cuda_driver_version
-        uid_by_name = {(p["ns"], p["name"]): uid for uid, p in self.pods.items()}
+            self.info.cuda_driver_version = sample.cuda_driver_version
+        uid_by_name = {(p.namespace, p.name): uid for uid, p in self.pods.items()}
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
@@ -247,17 +248,17 @@ class NodeStage(Stage):
         self._idle_node(ts, units, physical, price, allocated > 0)
         for uid in sorted(self.pods):
             pod = self.pods[uid]
-            if pod["crash"] is not None:
+            if pod.crash is not None:
                 self._check_crashloop(pod, ts)
 
     def _health(self, reading: GpuReading, ts: float) -> None:
         th = self.config.thresholds
-        g = self.gpus.setdefault(reading.uuid, {"alert": None, "bad_ts": None})
+        g = self.gpus.setdefault(reading.uuid, GpuHealth())
         critical = [x for x in reading.xids if x.critical]
         bad = reading.health in ("lost", "error") or bool(critical)
         if bad:
-            g["bad_ts"] = ts
-            if g["alert"] is None:
+            g.bad_ts = ts
+            if g.alert is None:
                 what = (f"GPU {reading.health}" if reading.health in ("lost", "error")
                         else "critical XID " + ", ".join(str(x.xid) for x in critical))
                 details = {
@@ -269,18 +270,18 @@ class NodeStage(Stage):
                 if reading.health_reason:
                     summary += f" ({reading.health_reason})"
                 subj = alerts.subject("node", None, self.node, self.node, reading.uuid)
-                g["alert"], message = alerts.fire("gpu_health", subj, ts, summary, details)
+                g.alert, message = alerts.fire("gpu_health", subj, ts, summary, details)
                 self._out.append(message)
-        elif g["alert"] is not None and elapsed(ts, g["bad_ts"], th.gpu_health_clear_after):
+        elif g.alert is not None and g.bad_ts is not None and elapsed(ts, g.bad_ts, th.gpu_health_clear_after):
             self._out.append(alerts.resolve(
-                g["alert"], ts, f"healthy with no critical XID for {fmt_duration(th.gpu_health_clear_after)}"))
-            g["alert"] = None
+                g.alert, ts, f"healthy with no critical XID for {fmt_duration(th.gpu_health_clear_after)}"))
+            g.alert = None
 
-    def _account(self, pod: dict[str, Any], reading: GpuReading, share: Share, ts: float, dt: float) -> None:
+    def _account(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float) -> None:
         th = self.config.thresholds
-        key = f"{pod['uid']}|{reading.uuid}"
+        key = f"{pod.uid}|{reading.uuid}"
         last = self.last_sample.get(key)
-        usage = self.usage[pod["uid"]]
+        usage = self.usage[pod.uid]
         gap = 0.0
         if last is not None and ts - last > th.gap_intervals * dt + EPS:
             gap = ts - last - dt
@@ -311,16 +312,16 @@ class NodeStage(Stage):
             usage.peak_mem_bytes = max(usage.peak_mem_bytes or 0, share.mem_bytes)
         self._accumulate(pod, reading, share, ts, dt, idle)
 
-        context = rules.PodGpu(node=self.node, namespace=pod["ns"], pod=pod["name"], reading=reading, share=share,
+        context = rules.PodGpu(node=self.node, namespace=pod.namespace, pod=pod.name, reading=reading, share=share,
                                thresholds=th)
         for rule in rules.POD_GPU_RULES:
             self._out += rules.step(rule, self.alerting[rule.alert_type], key, context, ts, th)
 
     def _idle_node(self, ts: float, units: int, physical: int, price_per_hour: float, allocated: bool) -> None:
-        ready = self.info["ready"] is not False and not self.info["deleted"]
-        holds = allocated or any(p.get("gpus", 0) > 0 for p in self.pods.values())
+        ready = self.info.ready is not False and not self.info.deleted
+        holds = allocated or any(p.gpus > 0 for p in self.pods.values())
         context = rules.IdleNode(node=self.node, ready=ready, units=units, physical_gpus=physical, holds=holds,
-                                 usd_per_hour=price_per_hour, gpu_model=self.info["product"])
+                                 usd_per_hour=price_per_hour, gpu_model=self.info.gpu_product)
         self._out += rules.step(rules.IDLE_NODE, self.alerting["idle_node"], self.node, context, ts,
                                 self.config.thresholds)
 
@@ -332,20 +333,20 @@ class NodeStage(Stage):
 
     # ------------------------------------------------------------------ windows
 
-    def _window(self, pod: dict[str, Any], reading: GpuReading, ws: float) -> PodGpuWindow:
-        key = f"{pod['uid']}|{reading.uuid}|{ws!r}"
+    def _window(self, pod: NodePod, reading: GpuReading, ws: float) -> PodGpuWindow:
+        key = f"{pod.uid}|{reading.uuid}|{ws!r}"
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = PodGpuWindow(
-                pod_uid=pod["uid"], namespace=pod["ns"], pod=pod["name"], team=pod.get("team"),
-                project=pod.get("project"), gpu_uuid=reading.uuid, gpu_model=reading.model, gpu_index=reading.index,
-                container=next((ref.container for ref in reading.assigned_to if ref.pod_uid == pod["uid"]
-                                or (ref.namespace, ref.pod) == (pod["ns"], pod["name"])), None),
+                pod_uid=pod.uid, namespace=pod.namespace, pod=pod.name, team=pod.team,
+                project=pod.project, gpu_uuid=reading.uuid, gpu_model=reading.model, gpu_index=reading.index,
+                container=next((ref.container for ref in reading.assigned_to if ref.pod_uid == pod.uid
+                                or (ref.namespace, ref.pod) == (pod.namespace, pod.name)), None),
                 window_start=ws,
             )
         return w
 
-    def _accumulate(self, pod: dict[str, Any], reading: GpuReading, share: Share, ts: float, dt: float,
+    def _accumulate(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float,
                     idle: bool) -> None:
         width = self.config.window_s
         unit = unit_fraction(reading)
@@ -361,7 +362,7 @@ class NodeStage(Stage):
             first = False
             t += seg
 
-    def _gap_windows(self, pod: dict[str, Any], reading: GpuReading, start: float, end: float,
+    def _gap_windows(self, pod: NodePod, reading: GpuReading, start: float, end: float,
                      last_ws: float) -> None:
         """Record a gap's seconds in the windows it spans that were not already emitted."""
         width = self.config.window_s
@@ -369,7 +370,7 @@ class NodeStage(Stage):
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            key = f"{pod['uid']}|{reading.uuid}|{ws!r}"
+            key = f"{pod.uid}|{reading.uuid}|{ws!r}"
             if ws > last_ws or key in self.windows:
                 self._window(pod, reading, ws).add_gap(seg)
             t += seg
@@ -386,8 +387,9 @@ class NodeStage(Stage):
     def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node, "cluster": self.cluster, **self._driving_dict(),
-            "info": self.info,
-            "pods": self.pods, "ended": self.ended, "gpus": self.gpus,
+            "info": self.info.to_dict(),
+            "pods": {uid: pod.to_dict() for uid, pod in self.pods.items()}, "ended": self.ended,
+            "gpus": {uuid: g.to_dict() for uuid, g in self.gpus.items()},
             "last_sample": self.last_sample, "usage": {uid: u.to_dict() for uid, u in self.usage.items()},
             "windows": {key: w.to_dict() for key, w in self.windows.items()},
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
@@ -398,10 +400,10 @@ class NodeStage(Stage):
     def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> NodeStage:
         stage = cls(data["node"], config, data.get("cluster", DEFAULT_CLUSTER))
         stage._restore_driving(data)
-        stage.info = data["info"]
-        stage.pods = data["pods"]
+        stage.info = NodeInfo.from_dict(data["info"])
+        stage.pods = {uid: NodePod.from_dict(pod) for uid, pod in data["pods"].items()}
         stage.ended = data["ended"]
-        stage.gpus = data["gpus"]
+        stage.gpus = {uuid: GpuHealth.from_dict(g) for uuid, g in data["gpus"].items()}
         stage.last_sample = data["last_sample"]
         stage.usage = {uid: PodGpuUsage.from_dict(u) for uid, u in data["usage"].items()}
         stage.windows = {key: PodGpuWindow.from_dict(w) for key, w in data["windows"].items()}

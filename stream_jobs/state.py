@@ -267,3 +267,71 @@ class PodGpuUsage:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodGpuUsage:
         return cls(**data)
+
+
+@dataclass
+class NodeInfo:
+    """What the node stage knows of its node (from node states and samples)."""
+
+    ready: bool | None = None
+    """None until a node state says (a node whose samples come first counts as Ready)."""
+    deleted: bool = False
+    gpu_product: str | None = None
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
+        return cls(**data)
+
+
+@dataclass
+class GpuHealth:
+    """A GPU's ``gpu_health`` alert and when it was last seen unhealthy (epoch seconds)."""
+
+    alert: dict[str, Any] | None = None
+    bad_ts: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuHealth:
+        return cls(**data)
+
+
+RESTARTS_KEPT = 100
+"""Most restart times a pod record keeps per pod state (the crash-loop window cuts the rest)."""
+
+
+@dataclass
+class NodePod:
+    """A pod bound to the node (node stage): names, GPU request, restarts for ``crashloop_gpu``."""
+
+    uid: str
+    restarts: int
+    namespace: str = ""
+    name: str = ""
+    team: str | None = None
+    project: str | None = None
+    gpus: int = 0
+    """GPUs (all GPU resources) it requests."""
+    image: str | None = None
+    last_reason: str | None = None
+    """Its last termination reason."""
+    last_exit_code: int | None = None
+    restart_times: list[float] = field(default_factory=list)
+    """Epoch seconds of restarts within the crash-loop window."""
+    last_restart: float | None = None
+    crash: dict[str, Any] | None = None
+    """The open ``crashloop_gpu`` alert record."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodePod:
+        return cls(**data)
