@@ -33,6 +33,7 @@ from schemas.messages import Alert, GpuReading
 from stream_jobs import alerts
 from stream_jobs.attribution import Share
 from stream_jobs.config import Thresholds
+from stream_jobs.state import ClusterPod, Workload
 from stream_jobs.timeutil import elapsed, fmt_duration, iso
 
 C = TypeVar("C")
@@ -293,8 +294,7 @@ what the idle node cost (:func:`idle_node_burned`)."""
 class Waiting:
     """A pending GPU pod or a queued workload at one cluster instant, with the free GPUs it sees."""
 
-    record: Mapping[str, Any]
-    """The cluster stage's pod or workload record (a workload has ``sets``)."""
+    record: ClusterPod | Workload
     unfragmented: bool
     """The cluster's free GPUs add up to its request."""
     fits_somewhere: bool
@@ -305,26 +305,27 @@ class Waiting:
 
     @property
     def workload(self) -> bool:
-        return "sets" in self.record
+        return isinstance(self.record, Workload)
 
 
 def _waiting_subject(c: Waiting) -> dict[str, Any]:
-    return alerts.subject("workload" if c.workload else "pod", c.record["ns"], c.record["name"])
+    return alerts.subject("workload" if c.workload else "pod", c.record.namespace, c.record.name)
 
 
 def _pending_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
     p = c.record
-    details: Details = {"request": p["requests"], "gpus": p["gpus"], "last_scheduler_reason": p["last_reason"],
+    details: Details = {"request": p.requests, "gpus": p.gpus, "last_scheduler_reason": p.last_reason,
                         "would_fit_unfragmented": c.unfragmented, "free_gpus": c.free_sum,
-                        "largest_free_block": c.largest, "pending_s": t - p["created"]}
-    reason = p["last_reason"] or ("no queue reason seen" if c.workload else "no scheduler reason seen")
-    if c.workload:
-        details |= {"queue": p["queue"], "pods": p["pods"], "team": p["team"]}
-        summary = (f"workload {p['ns']}/{p['name']} queued for {fmt_duration(t - p['created'])}: "
-                   f"needs {p['gpus']} GPU(s) in {p['pods']} pod(s); {reason}")
+                        "largest_free_block": c.largest, "pending_s": t - p.created}
+    if isinstance(p, Workload):
+        reason = p.last_reason or "no queue reason seen"
+        details |= {"queue": p.queue, "pods": p.pods, "team": p.team}
+        summary = (f"workload {p.namespace}/{p.name} queued for {fmt_duration(t - p.created)}: "
+                   f"needs {p.gpus} GPU(s) in {p.pods} pod(s); {reason}")
     else:
-        summary = (f"{p['ns']}/{p['name']} pending for {fmt_duration(t - p['created'])}: needs "
-                   f"{p['gpus']} GPU(s); {reason}")
+        reason = p.last_reason or "no scheduler reason seen"
+        summary = (f"{p.namespace}/{p.name} pending for {fmt_duration(t - p.created)}: needs "
+                   f"{p.gpus} GPU(s); {reason}")
     return summary, details
 
 
@@ -335,7 +336,7 @@ PENDING_GPU: SustainedRule[Waiting] = SustainedRule(
     subject=_waiting_subject,
     describe=_pending_describe,
     resolution=lambda c, _alert, _t: Resolution("no longer pending"),  # never used: it ends by a sweep
-    since=lambda c: c.record["created"],
+    since=lambda c: c.record.created,
 )
 """A GPU pod unscheduled (a workload not admitted) ``pending_after`` after its creation; it
 resolves when it stops waiting (the cluster stage's sweep says why)."""
@@ -343,12 +344,12 @@ resolves when it stops waiting (the cluster stage's sweep says why)."""
 
 def _fragmentation_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
     p = c.record
-    details: Details = {"request": p["requests"], "gpus": p["gpus"], "free_gpus": c.free_sum,
+    details: Details = {"request": p.requests, "gpus": p.gpus, "free_gpus": c.free_sum,
                         "largest_free_block": c.largest, "free_gpus_by_node": dict(c.free_by_node)}
-    summary = f"{p['name']} needs {p['gpus']} GPUs; {c.free_sum} are free but at most {c.largest} on one node"
-    if c.workload:
-        details["pods"] = p["pods"]
-        summary = (f"workload {p['name']} needs {p['gpus']} GPUs in {p['pods']} pod(s); "
+    summary = f"{p.name} needs {p.gpus} GPUs; {c.free_sum} are free but at most {c.largest} on one node"
+    if isinstance(p, Workload):
+        details["pods"] = p.pods
+        summary = (f"workload {p.name} needs {p.gpus} GPUs in {p.pods} pod(s); "
                    f"{c.free_sum} are free but its pods do not fit the nodes (at most {c.largest} on one)")
     return summary, details
 
@@ -372,36 +373,36 @@ class Gang:
     """A gang at one cluster instant: its live members, sorted by name."""
 
     gang_id: str
-    members: tuple[Mapping[str, Any], ...]
+    members: tuple[ClusterPod, ...]
 
     @property
-    def running(self) -> list[Mapping[str, Any]]:
-        return [p for p in self.members if p["node"] is not None]
+    def running(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is not None]
 
     @property
-    def waiting(self) -> list[Mapping[str, Any]]:
-        return [p for p in self.members if p["node"] is None]
+    def waiting(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is None]
 
     @property
     def namespace_and_group(self) -> tuple[str, str]:
         if "/" in self.gang_id:
             namespace, _, group = self.gang_id.partition("/")
             return namespace, group
-        return self.members[0]["ns"], ""
+        return self.members[0].namespace, ""
 
 
-def gang_resolved_reason(members: Iterable[Mapping[str, Any]]) -> str:
+def gang_resolved_reason(members: Iterable[ClusterPod]) -> str:
     """Why a gang's ``gang_partial`` resolves, from its live members (none when it is gone)."""
     members = list(members)
-    return "all members running" if members and all(p["node"] for p in members) else "no member running"
+    return "all members running" if members and all(p.node for p in members) else "no member running"
 
 
 def _gang_describe(c: Gang, since: float, t: float) -> tuple[str, Details]:
     running, waiting = c.running, c.waiting
     namespace, group = c.namespace_and_group
-    details: Details = {"running": [p["name"] for p in running], "pending": [p["name"] for p in waiting],
-                        "gpus_held": sum(p["gpus"] for p in running),
-                        "gpus_waiting": sum(p["gpus"] for p in waiting)}
+    details: Details = {"running": [p.name for p in running], "pending": [p.name for p in waiting],
+                        "gpus_held": sum(p.gpus for p in running),
+                        "gpus_waiting": sum(p.gpus for p in waiting)}
     summary = (f"gang {group} in {namespace}: {len(running)} of {len(c.members)} members hold "
                f"{details['gpus_held']} GPUs while {len(waiting)} wait, for {fmt_duration(t - since)}")
     return summary, details

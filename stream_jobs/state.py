@@ -335,3 +335,119 @@ class NodePod:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodePod:
         return cls(**data)
+
+
+# ---------------------------------------------------------------------- cluster stage records
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    return asdict(record)
+
+
+@dataclass
+class ClusterNode:
+    """A node as the scheduler sees it (cluster stage)."""
+
+    ready: bool = False
+    unschedulable: bool = False
+    deleted: bool = False
+    allocatable: dict[str, int] = field(default_factory=dict)
+    """GPUs allocatable by resource name (capacity when the node states no allocatable)."""
+    gpu_product: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterNode:
+        return cls(**data)
+
+
+@dataclass
+class SideInputs:
+    """What side inputs (scheduling events, usage, progress) said of a pod; kept on the pod, or
+    stashed here until the pod's own state arrives."""
+
+    reasons: list[str] = field(default_factory=list)
+    """Distinct scheduler reasons, last ``MAX_REASONS``."""
+    last_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    """The pod's ``PodUsage`` from the node stage (JSON form), once it left the node."""
+    steps: float | None = None
+    """Training steps reported (the largest total)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SideInputs:
+        return cls(**data)
+
+
+@dataclass
+class ClusterPod(SideInputs):
+    """A GPU pod (cluster stage); times are epoch seconds."""
+
+    uid: str = ""
+    namespace: str = ""
+    name: str = ""
+    team: str | None = None
+    project: str | None = None
+    gang: str | None = None
+    owner_uids: list[str] = field(default_factory=list)
+    requests: dict[str, int] = field(default_factory=dict)
+    """GPUs requested by resource name."""
+    gpus: int = 0
+    created: float = 0.0
+    node: str | None = None
+    scheduled: float | None = None
+    started: float | None = None
+    end: float | None = None
+    end_reason: str | None = None
+    end_by_node: bool = False
+    """The end was inferred from its node leaving (its own state may still say otherwise)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterPod:
+        return cls(**data)
+
+
+@dataclass
+class Workload:
+    """A Kueue workload (cluster stage): queued demand until admitted or its pods exist."""
+
+    uid: str
+    namespace: str
+    name: str
+    queue: str | None
+    team: str | None
+    gang: str | None
+    owner_uids: list[str]
+    requests: dict[str, int]
+    gpus: int
+    sets: list[tuple[int, dict[str, int]]]
+    """Pod sets: (pod count, GPUs per pod by resource name)."""
+    pods: int
+    created: float
+    admitted: bool
+    last_reason: str | None
+    ended: str | None = None
+    """``deleted`` / ``finished`` / ``inactive`` once it ended (kept until its alerts resolve)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workload:
+        sets = [(int(count), dict(request)) for count, request in data["sets"]]
+        return cls(**{**data, "sets": sets})
+
+
+@dataclass
+class NodeSampleSummary:
+    """A node's last sample as the cluster stage keeps it."""
+
+    ts: float
+    interval_s: float
+    busy_gpus: int
+    idle_gpus: int
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeSampleSummary:
+        return cls(**data)
+
+
+def records_to_dict(records: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{key: dataclass}`` -> its JSON form."""
+    return {key: _plain(record) for key, record in records.items()}
