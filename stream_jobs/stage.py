@@ -77,7 +77,7 @@ class Stage:
                 return kind
         raise TypeError(f"the {self.NAME} does not take {type(message).__name__}")
 
-    def _apply(self, kind: str, ts: float, message: Any) -> None:
+    def _apply(self, kind: str, ts: float, message: Message) -> None:
         getattr(self, f"_on_{kind}")(ts, message)
 
     def _late(self, kind: str, ts: float, message: Message) -> None:
