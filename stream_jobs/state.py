@@ -366,7 +366,7 @@ class SideInputs:
     stashed here until the pod's own state arrives."""
 
     reasons: list[str] = field(default_factory=list)
-    """Distinct scheduler reasons, last ``MAX_REASONS``."""
+    """Distinct scheduler reasons, the last ``cluster_stage._MAX_REASONS``."""
     last_reason: str | None = None
     usage: dict[str, Any] | None = None
     """The pod's ``PodUsage`` from the node stage (JSON form), once it left the node."""
