@@ -93,7 +93,7 @@ def test_stages_keep_no_labels_and_cut_long_names() -> None:
     assert len(state) < 100_000, "50 pods with 30 KB of labels each"
     stage.advance(epoch(at(100)))
     kept = stage.pods["uid-p1"]
-    assert kept["team"] == huge[:MAX_NAME_CHARS]
+    assert kept.team == huge[:MAX_NAME_CHARS]
 
 
 def _dated(ts: datetime) -> list[Record]:
@@ -124,7 +124,7 @@ def test_records_far_ahead_or_behind_the_clock_are_dead_lettered_with_their_reas
     assert all("ahead of the stream's clock" in r for r in reasons[1:])
     assert any("2100-01-01" in r for r in reasons) and any("(max_skew_s)" in r for r in reasons)
     assert pipeline.stats()["deadletters"] == 3
-    assert not any(p.get("name") == "dated" for p in pipeline.cluster.pods.values())
+    assert not any(p.name == "dated" for p in pipeline.cluster.pods.values())
 
 
 def test_compacted_inputs_keep_every_state_for_the_horizon() -> None:
