@@ -20,9 +20,9 @@ from typing import Any
 
 import click
 
+from common.errors import UserError
 from gpulens import __version__
 from gpulens.commands import PART_COMMANDS
-from gpulens.errors import UserError
 
 common_options = [
     click.option("--bootstrap-servers", "bootstrap_servers", default=None,

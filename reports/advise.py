@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.settings import AdviseThresholds
-from sinks.analyses import IN_CLUSTER, Reader, query_rows
+from reports.analyses import IN_CLUSTER, Reader, query_rows
 
 GIB = 1024**3
 MONTH_H = 30 * 24

@@ -341,7 +341,7 @@ def reclaimable_capacity(reader: Reader, thresholds: AdviseThresholds | None = N
     """The reclaimable-capacity advisor (``gpulens advise``, docs/advise.md) as one table: the headline,
     then each recommendation with its GPU-hours and money."""
     from common.settings import AdviseThresholds
-    from sinks.advise import advice_rows, advise  # builds on this module's reader and queries
+    from reports.advise import advice_rows, advise  # builds on this module's reader and queries
 
     return advice_rows(advise(reader, thresholds or AdviseThresholds()))
 

@@ -2,8 +2,8 @@
 
 Team leads and finance open the report in a browser, mail it, or archive it; it must therefore
 need nothing else — no JavaScript, no CDN, no web fonts. The charts are inline SVG generated here
-from the same plain rows as ``gpulens report`` (``sinks.analyses``) plus the time series of
-``sinks.timeseries``, every chart has axis labels with units, a legend and the table of its
+from the same plain rows as ``gpulens report`` (``reports.analyses``) plus the time series of
+``reports.timeseries``, every chart has axis labels with units, a legend and the table of its
 figures underneath, and an empty section says so instead of drawing an empty frame.
 
 :func:`render_html` is pure (data in, HTML out) and deterministic — the same rows give the same
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import AdviseThresholds
+from reports import timeseries
+from reports.advise import advice_rows, advise, pack_text
+from reports.analyses import ANALYSES, Reader, run_report, scoped
 from schemas.messages import DEFAULT_CLUSTER
-from sinks import timeseries
-from sinks.advise import advice_rows, advise, pack_text
-from sinks.analyses import ANALYSES, Reader, run_report, scoped
 
 Rows = list[dict[str, Any]]
 
@@ -1094,8 +1094,8 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
 def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | None = None,
                         cluster: str | None = None) -> dict[str, Any]:
     """Every canned analysis plus the time series the charts need, as plain rows, of one cluster
-    (``sinks.analyses.scoped``: the named one, else the store's only one); ``advice`` is the
-    reclaimable-capacity advisor's whole answer (``sinks.advise``), run once for its section."""
+    (``reports.analyses.scoped``: the named one, else the store's only one); ``advice`` is the
+    reclaimable-capacity advisor's whole answer (``reports.advise``), run once for its section."""
     reader = scoped(reader, cluster)
     data: dict[str, Any] = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
     data["cluster"] = reader.cluster

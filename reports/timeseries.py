@@ -1,12 +1,12 @@
 """Time series and per-pod rows the HTML report plots, beside the canned analyses.
 
-``sinks.analyses`` answers the report's questions as totals (per team, per class, per hour);
+``reports.analyses`` answers the report's questions as totals (per team, per class, per hour);
 charts over time need finer, evenly spaced buckets whose size follows the span of the data (a
 30-minute replay and a month of production data should both give a readable line). Each function
 here is one SQL query over the sink's tables, the same on chDB and on a server, through the same
-:class:`~sinks.analyses.Reader` protocol, and returns plain JSON-friendly rows.
+:class:`~reports.analyses.Reader` protocol, and returns plain JSON-friendly rows.
 
-Conventions follow ``sinks.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
+Conventions follow ``reports.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
 team, UTC ISO timestamps. GPU counts are time-averaged over the part of the bucket the data covers
 (GPU-seconds / covered seconds, with ``covered_s`` in each row): a bucket the data only partly
 covers (the first and last of a series, a replay shorter than a bucket) shows the fleet as it was in
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sinks.analyses import IN_CLUSTER, Reader, Rows, query_rows, round_floats
+from reports.analyses import IN_CLUSTER, Reader, Rows, query_rows, round_floats
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)

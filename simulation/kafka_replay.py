@@ -11,7 +11,7 @@ driver knows nothing about replays: the demo uses it at wall-clock pace.
 ``gpulens worker`` child processes of one consumer group (``watermark_source=control``, each with
 its own data dir, log and static member id), the driver, a wait for the workers' ``done`` marker,
 then the output topics are read back and turned into FORMAT.md's report by the same
-:func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by their
+:func:`simulation.replay.build_report` as in-process. Outputs are read deduplicated by their
 deterministic ids (at-least-once transport may deliver one twice after a worker restart). A
 :class:`ChaosPlan` kills, adds and removes workers and stops the broker while the driver sends.
 """
@@ -36,12 +36,9 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from common.errors import UserError
 from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
-from gpulens.errors import UserError
-from gpulens.replay import DEFAULT_LATENESS_S, build_report, engine_config
-from gpulens.scenario import Scenario
-from gpulens.simulator import FleetSimulator, Tick
 from schemas.codec import MessageError, decode
 from schemas.messages import Message
 from schemas.topics import (
@@ -56,6 +53,9 @@ from schemas.topics import (
     POD_WINDOWS,
     TopicSpec,
 )
+from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
+from simulation.scenario import Scenario
+from simulation.simulator import FleetSimulator, Tick
 from stream_jobs.offsets import EXIT_STALLED
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)

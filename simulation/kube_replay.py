@@ -1,7 +1,7 @@
 """A scenario played through a real control plane, compared with the in-process replay.
 
 The in-process replay translates the simulator's Kubernetes objects with the watcher's own code;
-this plays the same scenario at real speed against a real kube-apiserver (``gpulens/kube_local.py``):
+this plays the same scenario at real speed against a real kube-apiserver (``simulation/kube_local.py``):
 the simulator's nodes (with their GPU capacity) and pods become API objects, pods are bound through
 ``pods/binding``, their status is written as a kubelet would, scheduling failures are posted as
 Events and pods with a ``delete`` time are deleted. The watcher (``WatcherService`` through the least-privilege
@@ -27,16 +27,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpulens.kube_local import LocalKube
-from gpulens.replay import ReplayResult, build_report, engine_config
-from gpulens.scenario import Scenario
-from gpulens.simulator import FleetSimulator, _Node, _Pod
 from producers.watcher.informer import SystemClock
 from producers.watcher.kube import api_client
 from producers.watcher.service import MemorySink, WatcherConfig, WatcherService, kube_sources
 from schemas.codec import decode, encode
 from schemas.messages import K8sEvent, Message, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from simulation.kube_local import LocalKube
+from simulation.replay import ReplayResult, build_report, engine_config
+from simulation.scenario import Scenario
+from simulation.simulator import FleetSimulator, _Node, _Pod
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from gpulens.errors import UserError
+from common.errors import UserError
 from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 from stream_jobs.config import Thresholds
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
@@ -44,6 +43,7 @@ from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, PodState, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
+from simulation.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 
 GIB = 2**30
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"

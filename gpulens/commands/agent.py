@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from common.errors import UserError
 from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
 
 if TYPE_CHECKING:
     from common.settings import AgentSettings

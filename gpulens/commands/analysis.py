@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
+from common.errors import UserError
 from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
-from sinks.analyses import ANALYSES
+from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:
     from sinks.clickhouse import QueryResult
@@ -150,8 +150,8 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
            clickhouse_url: str | None, **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
-    from gpulens.html_report import write_html_report
-    from sinks.analyses import TITLES, ClusterError, run_report
+    from reports.analyses import TITLES, ClusterError, run_report
+    from reports.html_report import write_html_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
@@ -184,7 +184,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
 def human(column: str, value: Any) -> Any:
     """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers);
     the same formats as the HTML report's."""
-    from gpulens.html_report import fmt_duration, fmt_gib, fmt_pct, fmt_usd
+    from reports.html_report import fmt_duration, fmt_gib, fmt_pct, fmt_usd
 
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value

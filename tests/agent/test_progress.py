@@ -31,9 +31,6 @@ import pytest
 from common.kafka import ensure_topics
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ConfigError, KafkaSettings, load_settings
-from gpulens.replay import run_in_process
-from gpulens.scenario import parse_scenario
-from gpulens.simulator import FleetSimulator, Record, Tick
 from producers.agent.cgroup import ContainerRef, ProcFsResolver, StaticProcessResolver
 from producers.agent.fake_kubelet import FakePodResourcesServer
 from producers.agent.main import start_progress
@@ -52,6 +49,9 @@ from producers.agent.service import AgentMetrics, KafkaSink
 from schemas.codec import decode, encode
 from schemas.messages import WorkloadProgress
 from schemas.topics import WORKLOAD_PROGRESS
+from simulation.replay import run_in_process
+from simulation.scenario import parse_scenario
+from simulation.simulator import FleetSimulator, Record, Tick
 from tests.agent.fakenvml import VARIANTS, standard_node
 from tests.agent.test_agent_process import assignments, pod_name, pod_uid, write_proc
 from tests.agent.test_kafka_integration import read

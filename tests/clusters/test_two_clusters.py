@@ -21,14 +21,14 @@ import yaml
 from common.metrics import MetricsRegistry
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
-from gpulens.kafka_replay import KafkaReplay
-from gpulens.replay import build_report, engine_config, feed_tick, run_in_process
-from gpulens.scenario import Scenario, ScenarioError, parse_scenario
-from gpulens.simulator import FleetSimulator, Tick
+from reports.analyses import ClusterError, run_report
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
-from sinks.analyses import ClusterError, run_report
+from simulation.kafka_replay import KafkaReplay
+from simulation.replay import build_report, engine_config, feed_tick, run_in_process
+from simulation.scenario import Scenario, ScenarioError, parse_scenario
+from simulation.simulator import FleetSimulator, Tick
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices

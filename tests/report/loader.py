@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import MetricsRegistry
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gpulens.html_report import GANTT_COLORS, IDLE_CLASS_COLORS, PALETTE, STATE_COLORS
+from reports.html_report import GANTT_COLORS, IDLE_CLASS_COLORS, PALETTE, STATE_COLORS
 from tests.report.conftest import StoredReport
 from tests.report.dom import parse
 

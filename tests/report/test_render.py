@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpulens.html_report import fits_in, render_html
+from reports.html_report import fits_in, render_html
 from tests.report.dom import parse
 from tests.report.sample import EVIL_POD, EVIL_REASON, EVIL_TEAM, sample_data
 

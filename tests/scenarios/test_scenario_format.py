@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulens.replay import run_in_process
-from gpulens.scenario import ScenarioError, parse_duration, parse_scenario, step_value
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode
 from schemas.messages import PodState, WorkloadProgress
 from schemas.topics import K8S_PODS, WORKLOAD_PROGRESS
+from simulation.replay import run_in_process
+from simulation.scenario import ScenarioError, parse_duration, parse_scenario, step_value
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 
@@ -91,7 +91,7 @@ def test_cli_reports_a_bad_file_in_one_line_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_cli_json_is_the_report_and_byte_identical(tmp_path: Path) -> None:
-    path = REPO_ROOT / "gpulens" / "scenarios" / "gang-partial.yaml"
+    path = REPO_ROOT / "simulation" / "scenarios" / "gang-partial.yaml"
     first = _cli("replay", str(path), "--json")
     second = _cli("replay", str(path), "--json")
     assert first.returncode == 0, first.stderr
@@ -105,7 +105,7 @@ def test_cli_json_is_the_report_and_byte_identical(tmp_path: Path) -> None:
 
 
 def test_cli_summary_is_readable() -> None:
-    result = _cli("replay", str(REPO_ROOT / "gpulens" / "scenarios" / "idle-node.yaml"))
+    result = _cli("replay", str(REPO_ROOT / "simulation" / "scenarios" / "idle-node.yaml"))
     assert result.returncode == 0, result.stderr
     assert "idle_node" in result.stdout and "late-job" in result.stdout
 

@@ -14,12 +14,12 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
 from common.metrics import MetricsRegistry
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode, encode
 from schemas.messages import Alert, ClusterCapacity, GpuSample, Message, PodLifecycle, PodWindow, XidEvent
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE, POD_WINDOWS, by_suffix
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.rows import TableColumns, rows_for

@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gpulens.replay import engine_config, feed_tick
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import encode
 from schemas.topics import GPU_SAMPLES, K8S_PODS
+from simulation.replay import engine_config, feed_tick
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator, Record
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import MAX_NAME_CHARS

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulens.kube_local import LocalKube, build_binaries
 from producers.watcher.backoff import Backoff
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_node, make_pod, set_running
 from producers.watcher.kube import api_client
 from producers.watcher.service import MemorySink, Sink, WatcherConfig, WatcherService, kube_sources
+from simulation.kube_local import LocalKube, build_binaries
 
 
 class FakeClock:

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
@@ -36,6 +35,7 @@ from producers.watcher.translate import TranslateConfig
 from producers.watcher.workloads import workload_to_state
 from schemas.messages import WorkloadState
 from schemas.topics import K8S_WORKLOADS
+from simulation.kube_local import KubeApiError, LocalKube
 from tests.conftest import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"

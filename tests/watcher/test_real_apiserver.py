@@ -1,4 +1,4 @@
-"""The watcher against a real kube-apiserver and etcd (``gpulens/kube_local.py``), with the token
+"""The watcher against a real kube-apiserver and etcd (``simulation/kube_local.py``), with the token
 bound to exactly the ClusterRole that ``deploy/k8s/watcher.yaml`` ships: what the simulated server
 stands in for, checked on the real one."""
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_cluster import iso, make_node, make_pod, set_finished, set_running
 from producers.watcher.kube import api_client
 from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherMetrics, WatcherService, kube_sources
 from schemas.messages import K8sEvent, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from simulation.kube_local import KubeApiError, LocalKube
 from tests.conftest import REPO_ROOT
 
 
