@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from common.errors import RetriableError
 from common.settings import KafkaSettings, ProducerSettings
 from schemas.codec import WIRE_HEADERS
 from schemas.topics import TopicSpec
@@ -53,7 +54,7 @@ def _client_conf(kafka: KafkaSettings) -> dict[str, Any]:
     return kafka.to_librdkafka() | {"logger": _LIBRDKAFKA_LOG}
 
 
-class BrokerUnavailable(Exception):
+class BrokerUnavailable(RetriableError):
     """No broker answered at the configured bootstrap servers."""
 
 

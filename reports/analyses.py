@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from common.errors import UserError
+
 if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
     from sinks.clickhouse import QueryResult
@@ -42,7 +44,7 @@ SELECT DISTINCT cluster FROM (
 ) ORDER BY cluster"""
 
 
-class ClusterError(ValueError):
+class ClusterError(UserError, ValueError):
     """No one cluster to report on: the store holds several and none was named, or the named one has
     no data (the message lists the clusters there are)."""
 

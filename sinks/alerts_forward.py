@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_offsets, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -175,7 +176,7 @@ class PodTeams:
 # --------------------------------------------------------------------------- delivery
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(GpulensError):
     """One POST did not succeed; ``permanent`` when retrying the same request cannot help."""
 
     def __init__(self, reason: str, permanent: bool = False) -> None:
@@ -245,7 +246,7 @@ class ForwardTotals:
     batches: int = 0
 
 
-class ForwarderStopped(Exception):
+class ForwarderStopped(GpulensError):
     """Stop was requested while a delivery was failing: leave without committing."""
 
 

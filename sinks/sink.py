@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -128,7 +129,7 @@ class SinkMetrics:
         self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
 
 
-class SinkStopped(Exception):
+class SinkStopped(GpulensError):
     """Stop was requested while ClickHouse was failing: leave without committing the batch."""
 
 

@@ -13,8 +13,8 @@ import click
 import orjson
 
 from common.errors import UserError
-from gpulens.cli import settings_from_flags, with_common_options
 from gpulens.commands.analysis import clickhouse_option, format_table, human, open_analysis_reader
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reclaim", "Reclaim: pods that held GPUs while idle",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from common.errors import UserError
-from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 if TYPE_CHECKING:
     from common.settings import AgentSettings

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from common.errors import UserError
-from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 @click.group("alerts")

@@ -16,7 +16,7 @@ import click
 import orjson
 
 from common.errors import UserError
-from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:

@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import pynvml
 
+from common.errors import PermanentError
 from common.logs import get_logger
 from producers.agent.source import SourceError, SourceUnavailable
 
@@ -50,13 +51,13 @@ class NvmlError(SourceError):
     """An NVML call failed; ``kind`` is a short stable label (metrics, logs)."""
 
 
-class NvmlNotSupported(NvmlError):
+class NvmlNotSupported(NvmlError, PermanentError):
     """This field is not available on this GPU or in this mode: report it absent, nothing else."""
 
     kind = "not_supported"
 
 
-class NvmlGpuLost(NvmlError):
+class NvmlGpuLost(NvmlError, PermanentError):
     """The GPU fell off the bus or stopped answering: report this GPU as lost, keep the others."""
 
     kind = "gpu_lost"
@@ -68,7 +69,7 @@ class NvmlFunctionNotFound(NvmlNotSupported):
     kind = "function_not_found"
 
 
-class NvmlNoPermission(NvmlError):
+class NvmlNoPermission(NvmlError, PermanentError):
     kind = "no_permission"
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Protocol
 
+from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ProducerSettings
@@ -39,7 +40,7 @@ from schemas.topics import GPU_SAMPLES, WORKLOAD_PROGRESS
 log = get_logger(__name__)
 
 
-class AgentError(Exception):
+class AgentError(PermanentError):
     """The agent cannot do what was asked (e.g. ``--once`` without a working NVML)."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from common.errors import RetriableError
 from common.logs import get_logger
 from producers.watcher.backoff import Backoff
 
@@ -35,11 +36,11 @@ log = get_logger(__name__)
 RawObject = dict[str, Any]
 
 
-class Gone(Exception):
+class Gone(RetriableError):
     """HTTP 410: the resourceVersion we asked for is older than the server retains."""
 
 
-class SourceError(Exception):
+class SourceError(RetriableError):
     """A failed list or watch request (server error, dropped connection, timeout)."""
 
     def __init__(self, message: str, status: int = 0) -> None:

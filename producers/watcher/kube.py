@@ -22,6 +22,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from common.errors import UserError
 from producers.watcher.informer import Gone, RawObject, SourceError
 
 RESOURCES = ("pods", "nodes", "events", "core-events", "workloads")
@@ -30,7 +31,7 @@ Kueue's ``kueue.x-k8s.io/v1beta1`` Workloads (a CRD: ask :func:`serves_workloads
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(UserError):
     """No usable cluster configuration (no in-cluster service account, no kubeconfig)."""
 
 
