@@ -24,7 +24,7 @@ import click
 from common.errors import UserError
 from gpulens import __version__
 from gpulens.commands import PART_COMMANDS, load_part_command
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
 
 
 class LazyGroup(click.Group):
@@ -114,7 +114,7 @@ def topics_create(replication_factor: int, **flags: Any) -> None:
     try:
         report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix, replication_factor)
     except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+        raise broker_unavailable(exc) from None
     for name in report.created:
         click.echo(f"created  {name}")
     for name in report.existing:

@@ -47,16 +47,16 @@ from schemas.topics import (
     CLUSTER_CAPACITY,
     DEADLETTER,
     INTERNAL_CONTROL,
-    INTERNAL_NODE_INPUTS,
-    INTERNAL_TOPICS,
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
+    internal_topics,
 )
 from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
 from simulation.scenario import Scenario
 from simulation.simulator import FleetSimulator, Tick
 from stream_jobs.offsets import EXIT_STALLED
+from stream_jobs.watermark import Mark
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
 DEFAULT_NODE_PARTITIONS = 4
@@ -106,9 +106,9 @@ class KafkaFleetDriver:
             raise RuntimeError(f"could not deliver to Kafka ({left} queued, failed: {sorted(set(self._failed))})")
 
     def _mark(self, ts: datetime, end: bool) -> dict[str, Any]:
-        mark = {"k": "m", "seq": self._next_seq(), "ts": _epoch(ts), "off": dict(self._offsets), "end": end}
-        self._produce(self.control_topic, None, orjson.dumps(mark))
-        return mark
+        mark = Mark(seq=self._next_seq(), ts=_epoch(ts), offsets=dict(self._offsets), end=end)
+        self._produce(self.control_topic, None, mark.encode())
+        return mark.to_dict()
 
     def send_tick(self, tick: Tick) -> dict[str, Any]:
         """Produce the tick's records, wait for their delivery, then write its mark."""
@@ -304,10 +304,7 @@ class KafkaReplay:
             worker.start()
 
     def create_topics(self) -> None:
-        internal = [spec if spec.suffix != INTERNAL_NODE_INPUTS.suffix else
-                    TopicSpec(spec.suffix, spec.key, spec.message, self.node_partitions, spec.cleanup_policy,
-                              spec.retention_ms, spec.description) for spec in INTERNAL_TOPICS]
-        ensure_topics(self.kafka, [*ALL_TOPICS, *internal], self.prefix)
+        ensure_topics(self.kafka, [*ALL_TOPICS, *internal_topics(self.node_partitions)], self.prefix)
 
     def ticks(self) -> list[Tick]:
         return list(self.simulator.run())

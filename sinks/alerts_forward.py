@@ -16,9 +16,9 @@ PagerDuty) or a chat webhook; gpulens publishes alerts on Kafka. This consumer b
 - **At least once.** Records are consumed in batches; the offsets of a batch are committed only
   after every record of it was delivered to every destination (or dead-lettered, and the dead
   letter acknowledged by Kafka). A failed delivery is retried with jittered exponential backoff
-  (:class:`sinks.sink.Backoff`); after ``max_attempts`` failures to one destination, or at once
+  (:class:`common.backoff.Backoff`); after ``max_attempts`` failures to one destination, or at once
   when the destination rejects the request as malformed (HTTP 4xx other than 408 / 429), the
-  record goes to ``deadletter.v1`` (:func:`sinks.sink.dead_letter`) with the destination and the
+  record goes to ``deadletter.v1`` (:func:`schemas.dead_letters.dead_letter`) with the destination and the
   reason. A crash between delivery and commit delivers the batch again: Alertmanager identifies an
   alert by its labels, so a repeated transition changes nothing it shows or notifies.
 """
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from common.backoff import Backoff
 from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_offsets, make_consumer
 from common.logs import get_logger
@@ -44,7 +45,7 @@ from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
 from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.sink import Backoff, Record, dead_letter
+from sinks.sink import Record, encoded_dead_letter
 
 log = get_logger(__name__)
 
@@ -263,7 +264,7 @@ class AlertForwarder:
         self.stop = stop or threading.Event()
         self.now = now or (lambda: datetime.now(UTC))
         self.destinations = destinations(settings)
-        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self.backoff = Backoff(base_s=settings.retry_initial_s, cap_s=settings.retry_max_s)
         self.totals = ForwardTotals()
 
     def payload(self, alert: Alert, destination: Destination) -> Any:
@@ -306,7 +307,7 @@ class AlertForwarder:
                 if exc.permanent or attempts >= self.settings.max_attempts:
                     why = "rejected" if exc.permanent else f"failed {attempts} times"
                     return f"{destination.kind} delivery {why}: {exc}"
-                delay = self.backoff.next_delay()
+                delay = self.backoff.next_delay_s()
                 self.metrics.backoff.set(delay)
                 log.warning("alert delivery failed; retrying", destination=destination.kind, alert=alert.id,
                             state=alert.state, attempt=attempts, retry_in_s=round(delay, 2), error=str(exc))
@@ -399,7 +400,7 @@ def _forward_batch(forwarder: AlertForwarder, records: list[Record], producer: B
     letters: list[tuple[Record, bytes, list[tuple[str, str | bytes | None]]]] = []
     for record in records:
         for reason in forwarder.deliver(record):
-            value, headers = dead_letter(record, reason)
+            value, headers = encoded_dead_letter(record, reason)
             letters.append((record, value, headers))
             log.error("alert dead-lettered", partition=record.partition, offset=record.offset, reason=reason[:300])
     while letters:  # the dead letters must be in Kafka before the batch is committed
@@ -410,7 +411,7 @@ def _forward_batch(forwarder: AlertForwarder, records: list[Record], producer: B
         if producer.flush(30.0) == 0 and producer.stats.failed == failed_before:
             forwarder.totals.dead_letters += len(letters)
             return
-        delay = forwarder.backoff.next_delay()
+        delay = forwarder.backoff.next_delay_s()
         log.warning("dead-letter delivery failed; retrying", retry_in_s=round(delay, 2),
                     error=producer.stats.last_error)
         if forwarder.stop.wait(delay):

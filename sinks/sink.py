@@ -30,10 +30,8 @@ and no row is stored twice.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import gc
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,13 +39,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from common.backoff import Backoff
 from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
 from schemas.codec import MessageError, decode, decode_plain, encode
-from schemas.messages import DeadLetter
+from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
 from schemas.topics import DEADLETTER, K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected, StoreUnavailable
 from sinks.migrations import TTL_TABLES, TtlDays
@@ -131,24 +130,6 @@ class SinkMetrics:
 
 class SinkStopped(GpulensError):
     """Stop was requested while ClickHouse was failing: leave without committing the batch."""
-
-
-class Backoff:
-    """Exponential backoff with full jitter, reset on success."""
-
-    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.attempt = 0
-        self.rng = rng or random.Random()
-
-    def next_delay(self) -> float:
-        ceiling = min(self.max_s, self.initial_s * (2 ** min(self.attempt, 30)))
-        self.attempt += 1
-        return self.rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 TTL_MARGIN = timedelta(minutes=1)
@@ -405,30 +386,10 @@ def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
     return set(zip(columns.column("kafka_partition"), columns.column("kafka_offset"), strict=True))
 
 
-def dead_letter(record: Record, reason: str) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
-    payload_text: str | None = None
-    payload_b64: str | None = None
-    if record.value is not None:
-        try:
-            payload_text = record.value.decode()
-        except UnicodeDecodeError:
-            payload_b64 = base64.b64encode(record.value).decode()
-    message = DeadLetter(
-        error=reason[:4000],
-        source_topic=record.topic,
-        source_partition=record.partition,
-        source_offset=record.offset,
-        at=_now(),
-        payload_text=payload_text[:500_000] if payload_text else None,
-        payload_b64=payload_b64[:500_000] if payload_b64 else None,
-    )
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("error", reason[:4000]),
-        ("source_topic", record.topic),
-        ("source_partition", str(record.partition)),
-        ("source_offset", str(record.offset)),
-    ]
-    return encode(message), headers
+def encoded_dead_letter(record: Record, reason: str) -> tuple[bytes, Headers]:
+    """``record``'s dead letter for ``reason``, encoded, with its headers."""
+    letter = dead_letter(reason, record.topic, record.value, _now(), record.partition, record.offset)
+    return encode(letter), dead_letter_headers(letter)
 
 
 class Sink:
@@ -452,7 +413,7 @@ class Sink:
         self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
         self._quiet_since = clock()
         self._assigned = False
-        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self.backoff = Backoff(base_s=settings.retry_initial_s, cap_s=settings.retry_max_s)
         self.stopping = threading.Event()
         self.totals = FlushOutcome()
         self._consumer: Any = None
@@ -608,7 +569,7 @@ class Sink:
                 except StoreUnavailable as exc:
                     if self.stopping.is_set():
                         raise SinkStopped(str(exc)) from None
-                    delay = self.backoff.next_delay()
+                    delay = self.backoff.next_delay_s()
                     self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
                     self.metrics.retry_backoff.set(delay)
                     log.warning("clickhouse unavailable, retrying", error=str(exc), retry_in_s=round(delay, 2))
@@ -652,7 +613,7 @@ class Sink:
 
     def _send_dead_letter(self, record: Record, reason: str) -> None:
         assert self._producer is not None
-        value, headers = dead_letter(record, reason)
+        value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):
             self._producer.poll(0.5)
         self.metrics.dead_letters.labels(topic=record.topic).inc()

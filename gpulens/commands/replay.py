@@ -16,6 +16,7 @@ import click
 import orjson
 
 from common.errors import UserError
+from gpulens.commands.base import broker_unavailable
 
 
 def _dump(report: dict[str, Any]) -> str:
@@ -110,7 +111,7 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
                                        chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
                                        broker=broker, say=lambda line: click.echo(line, err=True))
         except BrokerUnavailable as exc:
-            raise UserError(f"{exc}. Start one with `gpulens kafka up`.") from None
+            raise broker_unavailable(exc, env_hint=False) from None
     else:
         report = run_in_process(parsed, lateness_s=lateness).report
     if as_json:

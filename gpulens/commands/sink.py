@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from common.errors import UserError
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
 
 
 @click.command("sink")
@@ -35,7 +35,7 @@ def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: An
     try:
         totals = run_sink(settings, exit_when_idle_s=exit_when_idle_s)
     except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+        raise broker_unavailable(exc) from None
     except StoreLocked as exc:
         raise UserError(f"{exc}; is another `gpulens sink` running on {Path(settings.data_dir)}?") from None
     except StoreError as exc:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from common.errors import UserError
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
 
 if TYPE_CHECKING:
     from common.kafka import BoundedProducer
@@ -78,8 +78,7 @@ def watch(kubeconfig: Path | None, namespaces: tuple[str, ...], to_stdout: bool,
             ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS),
                           settings.topic_prefix)
         except BrokerUnavailable as exc:
-            raise UserError(f"{exc}. Start one with `gpulens kafka up`, set GPULENS_KAFKA__BOOTSTRAP_SERVERS, "
-                            "or use --stdout.") from None
+            raise broker_unavailable(exc, also="use --stdout") from None
         except Exception as exc:  # e.g. no ACL to create or describe topics: they may well exist already
             log.warning("could not check topics; producing anyway", error=str(exc)[:300])
         producer = BoundedProducer(settings.kafka, settings.producer)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Protocol
 
+from common.backoff import backoff_delay_s
 from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -225,7 +226,7 @@ class AgentService:
             raise
         except SourceError as exc:
             self._init_failures += 1
-            delay = min(self.backoff_max_s, 2.0 ** (self._init_failures - 1))
+            delay = backoff_delay_s(self._init_failures, base_s=1.0, cap_s=self.backoff_max_s, jitter=0.0)
             self._next_init_at = now_s + delay
             self.metrics.source_failures.labels(source, exc.kind).inc()
             if self.is_nvml:

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from common.backoff import Backoff
 from common.errors import RetriableError
 from common.logs import get_logger
-from producers.watcher.backoff import Backoff
 
 log = get_logger(__name__)
 

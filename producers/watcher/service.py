@@ -31,11 +31,11 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from common.backoff import Backoff
 from common.kafka import BoundedProducer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WatcherSettings
-from producers.watcher.backoff import Backoff
 from producers.watcher.informer import (
     Clock,
     Informer,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from producers.watcher.backoff import Backoff
+from common.backoff import Backoff
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_node, make_pod, set_running
 from producers.watcher.kube import api_client

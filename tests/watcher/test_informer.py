@@ -8,7 +8,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 
-from producers.watcher.backoff import Backoff, backoff_delay_s
+from common.backoff import Backoff, backoff_delay_s
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, make_node, make_pod, set_finished
 from producers.watcher.informer import Informer
