@@ -24,7 +24,7 @@ import click
 from common.errors import UserError
 from gpulens import __version__
 from gpulens.commands import PART_COMMANDS, load_part_command
-from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 class LazyGroup(click.Group):
@@ -106,7 +106,7 @@ def topics() -> None:
               help="replicas per partition (3 on a production cluster)")
 def topics_create(replication_factor: int, **flags: Any) -> None:
     """Create every topic with its partitions and cleanup policy (idempotent)."""
-    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
     from common.settings import CommonSettings
     from schemas.topics import ALL_TOPICS
 

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.settings import AdviseThresholds
-from reports.analyses import IN_CLUSTER, Reader, query_rows
+from reports.analyses import IN_CLUSTER, SqlReader, query_rows
 
 GIB = 1024**3
 MONTH_H = 30 * 24
@@ -118,7 +118,7 @@ class PodEvidence:
     last_busy: str | None = None
 
 
-def _period(reader: Reader, since_s: float) -> tuple[datetime, datetime] | None:
+def _period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
     rows = query_rows(reader, f"""
 SELECT maxOrNull(e) AS data_end FROM (
     SELECT max(window_end) AS e FROM pod_windows WHERE {IN_CLUSTER}
@@ -158,7 +158,7 @@ def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, di
     return where, params
 
 
-def _nodes(reader: Reader) -> dict[str, dict[str, Any]]:
+def _nodes(reader: SqlReader) -> dict[str, dict[str, Any]]:
     rows = query_rows(reader, f"""
 SELECT node, argMax(labels, ts) AS labels, argMax(gpu_memory_bytes, ts) AS gpu_memory_bytes,
        argMax(gpu_product, ts) AS gpu_product
@@ -174,7 +174,7 @@ def _pool(node: dict[str, Any] | None, model: str) -> str:
     return model or "(unknown model)"
 
 
-def _evidence(reader: Reader, start: datetime, team: str | None, cfg: AdviseThresholds,
+def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds,
               nodes: dict[str, dict[str, Any]]) -> dict[str, PodEvidence]:
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
@@ -287,7 +287,7 @@ def first_fit_decreasing(fractions: list[tuple[float, float, str]]) -> list[tupl
     return bins
 
 
-def advise(reader: Reader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
+def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
     """The advisor's findings as plain, JSON-friendly data (see the module docstring and docs/advise.md)."""
     period = _period(reader, cfg.since_s)
     if period is None:
@@ -483,7 +483,7 @@ def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, f
     return right_rows, pack_rows, {"held_gpu_hours": held_h, "held_cost_usd": held_usd}
 
 
-def _capacity(reader: Reader, start: datetime) -> dict[str, float]:
+def _capacity(reader: SqlReader, start: datetime) -> dict[str, float]:
     cap = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_start, window_end) / 1000)) / 3600
            AS capacity_gpu_hours,
@@ -507,7 +507,7 @@ _PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gp
           "FROM gpu_prices GROUP BY gpu_model)")
 
 
-def _scale_to_zero(reader: Reader, start: datetime, cfg: AdviseThresholds,
+def _scale_to_zero(reader: SqlReader, start: datetime, cfg: AdviseThresholds,
                    nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = query_rows(reader, f"""
 SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.mig_parent_uuid = '') AS gpus,
@@ -539,7 +539,7 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     return out
 
 
-def _queue(reader: Reader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
+def _queue(reader: SqlReader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
 WITH toDateTime64({{end:String}}, 3, 'UTC') AS data_end,

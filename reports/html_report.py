@@ -28,7 +28,7 @@ from typing import Any
 from common.settings import AdviseThresholds
 from reports import timeseries
 from reports.advise import advice_rows, advise, pack_text
-from reports.analyses import ANALYSES, Reader, run_report, scoped
+from reports.analyses import ANALYSES, SqlReader, run_report, scoped
 from schemas.messages import DEFAULT_CLUSTER
 
 Rows = list[dict[str, Any]]
@@ -1091,7 +1091,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
 # --------------------------------------------------------------------------- data and file
 
 
-def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | None = None,
+def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds | None = None,
                         cluster: str | None = None) -> dict[str, Any]:
     """Every canned analysis plus the time series the charts need, as plain rows, of one cluster
     (``reports.analyses.scoped``: the named one, else the store's only one); ``advice`` is the
@@ -1111,7 +1111,7 @@ def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | No
     return data
 
 
-def write_html_report(reader: Reader, path: Path | str, advise_thresholds: AdviseThresholds | None = None,
+def write_html_report(reader: SqlReader, path: Path | str, advise_thresholds: AdviseThresholds | None = None,
                       cluster: str | None = None) -> Path:
     """Query, render and write the report of one cluster (see :func:`collect_report_data`); returns the
     file's path."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from producers.watcher.informer import SystemClock
 from producers.watcher.kube import api_client
-from producers.watcher.service import MemorySink, WatcherConfig, WatcherService, kube_sources
+from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherService, kube_sources
 from schemas.codec import decode, encode
 from schemas.messages import K8sEvent, Message, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
@@ -131,7 +131,7 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
     simulator = ApiServerSimulator(scenario, kube)
     pipeline = LocalPipeline(engine_config(scenario))
     namespaces = tuple(sorted({pod.namespace for pod in scenario.pods}))
-    sink = MemorySink()
+    sink = WatcherMemorySink()
     api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, namespaces), sink,
                              WatcherConfig(namespaces=namespaces, watch_timeout_s=30), clock=WholeSecondClock())
@@ -175,7 +175,7 @@ def _decode(topic: str, value: bytes | None) -> Message | None:
     return decode(value, types[topic])
 
 
-def _caught_up(sink: MemorySink, wanted: dict[tuple[str, str | None], Any]) -> bool:
+def _caught_up(sink: WatcherMemorySink, wanted: dict[tuple[str, str | None], Any]) -> bool:
     latest = {(record.topic, record.key): _essence(record.message) for record in list(sink.records)}
     return all(key in latest and (key[0] == K8S_EVENTS.suffix or latest[key] == essence)
                for key, essence in wanted.items())

@@ -61,7 +61,7 @@ def _iso(ts: datetime) -> str:
 
 
 @dataclass
-class Record:
+class SimulatedRecord:
     """One Kafka record as a producer would send it (``value`` None = tombstone)."""
 
     topic: str
@@ -73,7 +73,7 @@ class Record:
 class Tick:
     offset_s: float
     ts: datetime
-    records: list[Record]
+    records: list[SimulatedRecord]
 
 
 @dataclass
@@ -140,7 +140,7 @@ class FleetSimulator:
                                                    _uid(scenario.name, "job", spec.namespace, spec.name))
             for spec in scenario.workloads
         }
-        self._late: list[tuple[float, Record]] = []
+        self._late: list[tuple[float, SimulatedRecord]] = []
         self._fired_xids: set[int] = set()
 
     # ------------------------------------------------------------------ set-up
@@ -301,8 +301,8 @@ class FleetSimulator:
         return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": meta,
                 "spec": {"queueName": spec.queue, "podSets": pod_sets, "active": True}, "status": status}
 
-    def _workload_records(self, t: float, ts: datetime) -> list[Record]:
-        out: list[Record] = []
+    def _workload_records(self, t: float, ts: datetime) -> list[SimulatedRecord]:
+        out: list[SimulatedRecord] = []
         for workload in self.workloads.values():
             spec = workload.spec
             before = workload.phase
@@ -319,7 +319,7 @@ class FleetSimulator:
                 continue
             if workload.phase == "deleted":
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, deleted_workload(state, ts)))
-                out.append(Record(K8S_WORKLOADS.suffix, self._key(workload.uid), None))
+                out.append(SimulatedRecord(K8S_WORKLOADS.suffix, self._key(workload.uid), None))
             else:
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, state))
         return out
@@ -355,7 +355,7 @@ class FleetSimulator:
         for i in range(sc.ticks):
             t = i * self.dt
             ts = sc.start + timedelta(seconds=t)
-            records: list[Record] = []
+            records: list[SimulatedRecord] = []
             changed: list[_Pod] = []
             if i == 0:
                 for node in self.nodes.values():
@@ -377,7 +377,7 @@ class FleetSimulator:
                 pod.state = state
                 records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
                 if pod.deleted:
-                    records.append(Record(K8S_PODS.suffix, self._key(pod.uid), None))
+                    records.append(SimulatedRecord(K8S_PODS.suffix, self._key(pod.uid), None))
             for pod in failed:
                 event = event_to_message(self._event_object(pod, ts))
                 if event is not None:
@@ -389,17 +389,17 @@ class FleetSimulator:
             records.extend(due)
             while poison and poison[0].at <= t + EPS:
                 bad = poison.pop(0)
-                records.append(Record(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
+                records.append(SimulatedRecord(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
             yield Tick(t, ts, records)
 
     def _key(self, key: str) -> str:
         return scoped_key(self.scenario.cluster, key)
 
-    def _encode(self, topic: str, key: str, message: Message) -> Record:
+    def _encode(self, topic: str, key: str, message: Message) -> SimulatedRecord:
         """The record of ``message`` as the scenario's cluster's agent or watcher produces it."""
         if self.scenario.cluster != DEFAULT_CLUSTER:
             message = message.model_copy(update={"cluster": self.scenario.cluster})
-        return Record(topic, self._key(key), encode(message))
+        return SimulatedRecord(topic, self._key(key), encode(message))
 
     def _release(self, pod: _Pod) -> None:
         if pod.node is not None:
@@ -413,7 +413,7 @@ class FleetSimulator:
         pod.phase, pod.end_reason, pod.ended, pod.deleted = "ended", reason, t, deleted
         changed.append(pod)
 
-    def _lifecycle(self, t: float, ts: datetime, changed: list[_Pod], records: list[Record]) -> None:
+    def _lifecycle(self, t: float, ts: datetime, changed: list[_Pod], records: list[SimulatedRecord]) -> None:
         for pod in self.pods:
             create = self._create_at(pod)
             if pod.phase == "new" and create is not None and create <= t + EPS:
@@ -431,7 +431,7 @@ class FleetSimulator:
                 node.removed = True
                 if node.state is not None:
                     records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
-                    records.append(Record(K8S_NODES.suffix, self._key(node.spec.name), None))
+                    records.append(SimulatedRecord(K8S_NODES.suffix, self._key(node.spec.name), None))
                 for pod in self.pods:
                     if pod.phase == "running" and pod.node == node.spec.name:
                         self._end(pod, t, "Evicted", changed)
@@ -485,7 +485,7 @@ class FleetSimulator:
                     pod.restarts = restarts
                     changed.append(pod)
 
-    def _progress(self, t: float, ts: datetime) -> list[Record]:
+    def _progress(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         out = []
         for pod in self.pods:
             if pod.spec.steps_per_s is None or pod.scheduled is None:
@@ -502,7 +502,7 @@ class FleetSimulator:
 
     # ------------------------------------------------------------------ samples
 
-    def _samples(self, t: float, ts: datetime) -> list[Record]:
+    def _samples(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         sc = self.scenario
         out = []
         for node in self.nodes.values():

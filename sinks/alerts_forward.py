@@ -45,7 +45,7 @@ from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
 from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.sink import Record, encoded_dead_letter
+from sinks.sink import ConsumedRecord, encoded_dead_letter
 
 log = get_logger(__name__)
 
@@ -277,7 +277,7 @@ class AlertForwarder:
         return webhook_body(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                             body_format=s.webhook_format, team=team)
 
-    def deliver(self, record: Record) -> list[str]:
+    def deliver(self, record: ConsumedRecord) -> list[str]:
         """Deliver one record to every destination; returns the reasons to dead-letter it (none
         when it was delivered everywhere). Raises :class:`ForwarderStopped` on stop."""
         if record.value is None:
@@ -295,7 +295,7 @@ class AlertForwarder:
                 self.metrics.dead_letters.labels(destination.kind).inc()
         return reasons
 
-    def _deliver_to(self, destination: Destination, alert: Alert, record: Record) -> str | None:
+    def _deliver_to(self, destination: Destination, alert: Alert, record: ConsumedRecord) -> str | None:
         attempts = 0
         while True:
             try:
@@ -359,8 +359,9 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
             messages = [] if first is None else [first]
             if first is not None and settings.batch_max_records > 1:
                 messages += consumer.consume(settings.batch_max_records - 1, 0)
-            records = [Record(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0), _bytes(m.key()),
-                              m.value(), m.timestamp()[1]) for m in messages if m.error() is None]
+            records = [ConsumedRecord(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0),
+                                      _bytes(m.key()), m.value(), m.timestamp()[1])
+                       for m in messages if m.error() is None]
             if not records:
                 if exit_when_idle_s is not None and time.monotonic() - idle_since >= exit_when_idle_s:
                     break
@@ -395,9 +396,9 @@ def _bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-def _forward_batch(forwarder: AlertForwarder, records: list[Record], producer: BoundedProducer,
+def _forward_batch(forwarder: AlertForwarder, records: list[ConsumedRecord], producer: BoundedProducer,
                    dlq_topic: str) -> None:
-    letters: list[tuple[Record, bytes, list[tuple[str, str | bytes | None]]]] = []
+    letters: list[tuple[ConsumedRecord, bytes, list[tuple[str, str | bytes | None]]]] = []
     for record in records:
         for reason in forwarder.deliver(record):
             value, headers = encoded_dead_letter(record, reason)

@@ -67,7 +67,7 @@ class Store(Protocol):
 
 
 @dataclass(frozen=True)
-class Record:
+class ConsumedRecord:
     """One Kafka record, detached from the client library."""
 
     topic: str
@@ -82,7 +82,7 @@ class Record:
 class Batch:
     topic: str
     partition: int
-    records: list[Record]
+    records: list[ConsumedRecord]
     first_offset: int
     last_offset: int
     replayed: bool = False
@@ -94,7 +94,7 @@ class Batch:
 
 @dataclass
 class PartitionBuffer:
-    records: list[Record] = field(default_factory=list)
+    records: list[ConsumedRecord] = field(default_factory=list)
     opened_at: float = 0.0
     plans: list[tuple[int, int]] | None = None
     """Journalled (first, last) ranges still to replay exactly; None until looked up."""
@@ -134,7 +134,7 @@ class SinkStopped(GpulensError):
 
 TTL_MARGIN = timedelta(minutes=1)
 NO_ASSIGNMENT_S = 30.0
-"""How long ``Sink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
+"""How long ``ClickHouseSink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
 counts the time as idle anyway."""
 """Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
 
@@ -161,7 +161,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _ts(record: Record) -> datetime:
+def _ts(record: ConsumedRecord) -> datetime:
     if record.timestamp_ms and record.timestamp_ms > 0:
         return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
     return _now()
@@ -214,7 +214,7 @@ class BatchWriter:
 
     # ---------------------------------------------------------------- decode
 
-    def decode(self, record: Record) -> tuple[Decoded | None, str | None]:
+    def decode(self, record: ConsumedRecord) -> tuple[Decoded | None, str | None]:
         """The message of one record, or the reason it goes to the dead-letter topic."""
         spec = spec_for_name(record.topic)
         if record.value is None:
@@ -253,7 +253,7 @@ class BatchWriter:
         )
         return [(int(r[0]), int(r[1])) for r in result.rows]
 
-    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
+    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
         """Insert a batch; returns what was written and the records for the dead-letter topic.
 
         Raises :class:`StoreUnavailable` when ClickHouse cannot be reached: nothing may be committed.
@@ -261,10 +261,10 @@ class BatchWriter:
         with _gc_paused():
             return self._write(batch)
 
-    def _write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
+    def _write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
         outcome = FlushOutcome()
-        rejected: list[tuple[Record, str]] = []
-        decoded: list[tuple[Record, Decoded]] = []
+        rejected: list[tuple[ConsumedRecord, str]] = []
+        decoded: list[tuple[ConsumedRecord, Decoded]] = []
         for record in batch.records:
             message, reason = self.decode(record)
             if reason is not None:
@@ -275,7 +275,7 @@ class BatchWriter:
         now = self.now()
         if self._any_expired(tables, now):
             # rare: find the records concerned and leave them out of this batch's blocks
-            fresh: list[tuple[Record, Decoded]] = []
+            fresh: list[tuple[ConsumedRecord, Decoded]] = []
             for record, message in decoded:
                 reason = self.expired(rows_for(message, record.partition, record.offset), now)
                 if reason is not None:
@@ -348,17 +348,17 @@ class BatchWriter:
     def _write_one_by_one(
         self,
         batch: Batch,
-        per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]],
+        per_record: list[tuple[ConsumedRecord, list[tuple[str, dict[str, Any]]]]],
         remaining: dict[str, TableColumns],
         outcome: FlushOutcome,
-    ) -> list[tuple[Record, str]]:
+    ) -> list[tuple[ConsumedRecord, str]]:
         """Write the tables not yet written, one record at a time; return the records ClickHouse refused.
 
         Only rows the batch still carries (``remaining``: windows filtered as stored are not re-added)
         are written, each block under a token of its own record, so a retry of this batch stores
         nothing twice either.
         """
-        rejected: list[tuple[Record, str]] = []
+        rejected: list[tuple[ConsumedRecord, str]] = []
         left = {table: _row_keys(columns) for table, columns in remaining.items()}
         for record, rows in per_record:
             token = f"{batch.token}:{record.offset}"
@@ -386,13 +386,13 @@ def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
     return set(zip(columns.column("kafka_partition"), columns.column("kafka_offset"), strict=True))
 
 
-def encoded_dead_letter(record: Record, reason: str) -> tuple[bytes, Headers]:
+def encoded_dead_letter(record: ConsumedRecord, reason: str) -> tuple[bytes, Headers]:
     """``record``'s dead letter for ``reason``, encoded, with its headers."""
     letter = dead_letter(reason, record.topic, record.value, _now(), record.partition, record.offset)
     return encode(letter), dead_letter_headers(letter)
 
 
-class Sink:
+class ClickHouseSink:
     """The consumer loop: buffers per partition, writes batches, commits after acknowledgement."""
 
     def __init__(
@@ -484,7 +484,7 @@ class Sink:
                         self.metrics.errors.labels(kind="kafka").inc()
                         log.warning("consume error", error=str(msg.error()))
                         continue
-                    self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                         msg.timestamp()[1]))
                 if self._flush_due(now) or messages:
                     # A flush that waited out an outage paused consumption (and librdkafka dropped
@@ -504,7 +504,7 @@ class Sink:
 
     # ---------------------------------------------------------------- batching
 
-    def _buffer(self, record: Record) -> None:
+    def _buffer(self, record: ConsumedRecord) -> None:
         if self.totals.first_record_at is None:
             self.totals.first_record_at = time.perf_counter()
         buffer = self.buffers.setdefault((record.topic, record.partition), PartitionBuffer())
@@ -588,7 +588,7 @@ class Sink:
                 # partitions are paused: this returns nothing but keeps the group membership alive
                 for msg in self._consumer.consume(num_messages=1, timeout=min(0.2, delay_s)):
                     if msg.error() is None:
-                        self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                        self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                             msg.timestamp()[1]))
             else:
                 time.sleep(min(0.2, delay_s))
@@ -611,7 +611,7 @@ class Sink:
         self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - started)
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
 
-    def _send_dead_letter(self, record: Record, reason: str) -> None:
+    def _send_dead_letter(self, record: ConsumedRecord, reason: str) -> None:
         assert self._producer is not None
         value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):

@@ -21,14 +21,14 @@ from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:
     from sinks.clickhouse import QueryResult
-    from sinks.query_server import Reader
+    from sinks.query_server import ClosableSqlReader
 
 clickhouse_option = click.option(
     "--clickhouse-url", default=None,
     help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]")
 
 
-def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
+def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> ClosableSqlReader:
     from common.settings import CommonSettings
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
@@ -79,7 +79,7 @@ def render(result: QueryResult, fmt: str) -> str:
     return format_table(result.columns, result.rows)
 
 
-def query_interruptibly(reader: Reader, sql: str) -> QueryResult:
+def query_interruptibly(reader: ClosableSqlReader, sql: str) -> QueryResult:
     """Run ``sql`` so that Ctrl-C cancels it in the engine, not only in this process.
 
     Through the sink's endpoint, closing the connection is enough (the endpoint kills the query of

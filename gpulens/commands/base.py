@@ -12,8 +12,6 @@ from typing import Any
 
 import click
 
-from common.errors import UserError
-
 common_options = [
     click.option("--bootstrap-servers", "bootstrap_servers", default=None,
                  help="Kafka bootstrap servers [env GPULENS_KAFKA__BOOTSTRAP_SERVERS]"),
@@ -45,20 +43,3 @@ def settings_from_flags(settings_type: type[Any], **flags: Any) -> Any:
 
 
 
-
-def broker_unavailable(exc: Exception, *, env_hint: bool = True, also: str | None = None) -> UserError:
-    """The one user error for a Kafka broker that did not answer: what failed, and how to get one
-    (the local broker, the bootstrap servers setting unless the command took them as a flag, and
-    the command's own way around it, ``also``)."""
-    ways = ["Start one with `gpulens kafka up`"]
-    if env_hint:
-        ways.append("set GPULENS_KAFKA__BOOTSTRAP_SERVERS")
-    if also:
-        ways.append(also)
-    if len(ways) == 1:
-        text = ways[0]
-    elif len(ways) == 2:
-        text = f"{ways[0]} or {ways[1]}"
-    else:
-        text = ", ".join(ways[:-1]) + f", or {ways[-1]}"
-    return UserError(f"{exc}. {text}.")

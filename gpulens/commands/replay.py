@@ -16,7 +16,6 @@ import click
 import orjson
 
 from common.errors import UserError
-from gpulens.commands.base import broker_unavailable
 
 
 def _dump(report: dict[str, Any]) -> str:
@@ -101,7 +100,7 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
     if bootstrap:
         import random
 
-        from common.kafka import BrokerUnavailable
+        from common.kafka import BrokerUnavailable, broker_unavailable
         from simulation.kafka_replay import run_through_kafka
 
         chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None

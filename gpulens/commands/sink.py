@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from common.errors import UserError
-from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 @click.command("sink")
@@ -24,7 +24,7 @@ from gpulens.commands.base import broker_unavailable, settings_from_flags, with_
               help="exit once caught up and idle for this many seconds (one-shot catch-up)")
 def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: Any) -> None:
     """Consume every gpulens topic into ClickHouse (embedded chDB by default)."""
-    from common.kafka import BrokerUnavailable
+    from common.kafka import BrokerUnavailable, broker_unavailable
     from common.settings import SinkSettings
     from sinks.clickhouse import StoreError, StoreLocked
     from sinks.service import run_sink

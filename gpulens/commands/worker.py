@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpulens.commands.base import broker_unavailable, settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 if TYPE_CHECKING:
     from common.settings import WorkerSettings
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 @with_common_options
 def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
-    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
     from common.logs import get_logger
     from common.settings import WorkerSettings
     from schemas.topics import internal_topics

@@ -97,7 +97,7 @@ class ProgressSink(Protocol):
     def poll(self) -> None: ...
 
 
-class StdoutSink:
+class AgentStdoutSink:
     """One JSON document per line on stdout (``--stdout``)."""
 
     def __init__(self, stream: IO[bytes] | None = None) -> None:
@@ -124,7 +124,7 @@ class StdoutSink:
         return 0
 
 
-class KafkaSink:
+class AgentKafkaSink:
     """Produces to ``<prefix>.gpu.samples.v1`` keyed by node, through the bounded shared producer."""
 
     def __init__(self, settings: AgentSettings, metrics: AgentMetrics) -> None:

@@ -40,7 +40,7 @@ class Gone(RetriableError):
     """HTTP 410: the resourceVersion we asked for is older than the server retains."""
 
 
-class SourceError(RetriableError):
+class WatchRequestError(RetriableError):
     """A failed list or watch request (server error, dropped connection, timeout)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
@@ -229,7 +229,7 @@ class Informer:
                 code = obj.get("code")
                 if code == 410:
                     raise Gone(str(obj.get("message", "resource version too old")))
-                raise SourceError(f"watch error: {obj.get('reason')}: {obj.get('message')}", int(code or 0))
+                raise WatchRequestError(f"watch error: {obj.get('reason')}: {obj.get('message')}", int(code or 0))
             version = _resource_version(obj)
             if kind in ("ADDED", "MODIFIED"):
                 key = self.key(obj)

@@ -32,7 +32,7 @@ from simulation.simulator import FleetSimulator, Tick
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
-from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
+from sinks.sink import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 from tests.conftest import REPO_ROOT
@@ -183,7 +183,7 @@ def _store(url: str, ticks: list[Tick], outputs: list[Message], scenario: Scenar
         load_prices(store, scenario.prices)
         writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl)
         for topic in sorted(by_topic):
-            records = [Record(topic, 0, offset, None if key is None else key.encode(), value)
+            records = [ConsumedRecord(topic, 0, offset, None if key is None else key.encode(), value)
                        for offset, (key, value) in enumerate(by_topic[topic])]
             _outcome, rejected = writer.write(Batch(topic, 0, records, 0, len(records) - 1))
             assert not rejected, rejected[:3]

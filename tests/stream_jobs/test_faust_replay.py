@@ -21,7 +21,7 @@ from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
 from simulation.kafka_replay import KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import PoisonSpec, load_scenario
-from simulation.simulator import FleetSimulator, Record
+from simulation.simulator import FleetSimulator, SimulatedRecord
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -159,7 +159,7 @@ pods:
             original = next(r for t in [tick, *ticks] for r in t.records if r.topic == suffix and r.value is not None)
             assert original.value is not None
             dated = orjson.loads(original.value) | {"ts": when}
-            tick.records.append(Record(suffix, original.key, orjson.dumps(dated)))
+            tick.records.append(SimulatedRecord(suffix, original.key, orjson.dumps(dated)))
     expected = run_in_process(scenario, ticks=ticks)
     assert expected.report["stream"]["deadletters"] == 6
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix,
