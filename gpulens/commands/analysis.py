@@ -151,7 +151,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
     from reports.analyses import TITLES, ClusterError, run_report
-    from reports.html_report import write_html_report
+    from reports.html.page import write_html_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
@@ -184,7 +184,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
 def human(column: str, value: Any) -> Any:
     """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers);
     the same formats as the HTML report's."""
-    from reports.html_report import fmt_duration, fmt_gib, fmt_pct, fmt_usd
+    from reports.html.format import fmt_duration, fmt_gib, fmt_pct, fmt_usd
 
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value
