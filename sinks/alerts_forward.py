@@ -45,7 +45,7 @@ from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
 from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.sink import ConsumedRecord, encoded_dead_letter
+from sinks.batches import ConsumedRecord, encoded_dead_letter
 
 log = get_logger(__name__)
 

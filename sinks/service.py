@@ -17,12 +17,13 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
+from sinks.batches import FlushOutcome
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.query_server import QueryServer
 from sinks.readonly import ReadLimits
 from sinks.rows import SINK_TOPICS
-from sinks.sink import ClickHouseSink, FlushOutcome
+from sinks.sink import ClickHouseSink
 
 log = get_logger(__name__)
 

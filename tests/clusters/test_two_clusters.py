@@ -29,10 +29,10 @@ from simulation.kafka_replay import KafkaReplay
 from simulation.replay import build_report, engine_config, feed_tick, run_in_process
 from simulation.scenario import Scenario, ScenarioError, parse_scenario
 from simulation.simulator import FleetSimulator, Tick
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
-from sinks.sink import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 from tests.conftest import REPO_ROOT

@@ -2,7 +2,7 @@
 
 The replay runs in-process (simulator + stream stages). Its inputs (samples, pods, nodes, events,
 progress, as the simulator produces them) and its outputs (windows, capacity, lifecycle, alerts)
-become Kafka-shaped records that the sink's Kafka-free half (:class:`sinks.sink.BatchWriter`)
+become Kafka-shaped records that the sink's Kafka-free half (:class:`sinks.batches.BatchWriter`)
 decodes and inserts, one batch per topic, exactly as ``gpulens sink`` would. No broker is needed.
 """
 
@@ -18,10 +18,10 @@ from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS,
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
-from sinks.sink import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 
 PREFIX = "gpulens"
 

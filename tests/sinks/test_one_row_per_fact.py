@@ -20,10 +20,10 @@ from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE,
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.rows import TableColumns, rows_for
-from sinks.sink import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from tests.sinks import factories as f
 
 PREFIX = "gpulens"
