@@ -40,7 +40,7 @@ def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     """Sample every GPU of this node and produce to the gpu.samples topic."""
     from common.settings import AgentSettings, ConfigError
     from producers.agent.main import run_agent
-    from producers.agent.nvml import NvmlLibraryNotFound
+    from producers.agent.nvml_api import NvmlLibraryNotFound
     from producers.agent.service import AgentError
 
     settings: AgentSettings = settings_from_flags(AgentSettings, **flags)

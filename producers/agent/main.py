@@ -26,7 +26,8 @@ from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ConfigError, load_settings
 from producers.agent.cgroup import ProcessResolver, ProcFsResolver
 from producers.agent.dcgm import DcgmExporterSource
-from producers.agent.nvml import NvmlBackend, NvmlLibraryNotFound, PynvmlBackend
+from producers.agent.nvml import PynvmlBackend
+from producers.agent.nvml_api import NvmlBackend, NvmlLibraryNotFound
 from producers.agent.podresources import KubeletPodResources, PodResourcesSource
 from producers.agent.progress import (
     ProcNetPodAddresses,

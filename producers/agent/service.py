@@ -32,7 +32,7 @@ from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ProducerSettings
-from producers.agent.nvml import NvmlLibraryNotFound
+from producers.agent.nvml_api import NvmlLibraryNotFound
 from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, scoped_key

@@ -13,7 +13,7 @@ import pytest
 from common.settings import AgentSettings, KafkaSettings, ProducerSettings, load_settings
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_nvml import FakeGpu, FakeNvml
-from producers.agent.nvml import NvmlLibraryNotFound
+from producers.agent.nvml_api import NvmlLibraryNotFound
 from producers.agent.sampler import NodeSampler
 from producers.agent.service import AgentError, AgentKafkaSink, AgentMetrics, AgentService, next_tick
 from tests.agent.helpers import gpu_uuid
