@@ -29,9 +29,9 @@ from common.settings import CommonSettings, load_settings
 from schemas.codec import decode
 from schemas.messages import Alert
 from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
+from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaReplay
 from simulation.scenario import Scenario, parse_scenario
-from simulation.simulator import Tick
 
 BENCH = "stream"
 

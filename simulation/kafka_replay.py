@@ -52,9 +52,10 @@ from schemas.topics import (
     TopicSpec,
     internal_topics,
 )
+from simulation.fleet_state import Tick
 from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
 from simulation.scenario import Scenario
-from simulation.simulator import FleetSimulator, Tick
+from simulation.simulator import FleetSimulator
 from stream_jobs.offsets import EXIT_STALLED
 from stream_jobs.watermark import Mark
 

@@ -33,10 +33,11 @@ from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherS
 from schemas.codec import decode, encode
 from schemas.messages import K8sEvent, Message, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from simulation.fleet_state import SimNode, SimPod
 from simulation.kube_local import LocalKube
 from simulation.replay import ReplayResult, build_report, engine_config
 from simulation.scenario import Scenario
-from simulation.simulator import FleetSimulator, _Node, _Pod
+from simulation.simulator import FleetSimulator
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 
@@ -55,14 +56,14 @@ class ApiServerSimulator(FleetSimulator):
         self._status: dict[int, dict[str, Any]] = {}
         self._nodes: set[str] = set()
 
-    def _node_object(self, node: _Node, ts: datetime) -> dict[str, Any]:
+    def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
         obj = super()._node_object(node, ts)
         if node.spec.name not in self._nodes:
             self.kube.create_node(obj)
             self._nodes.add(node.spec.name)
         return obj
 
-    def _pod_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         index = pod.spec.index
         namespace, name = pod.spec.namespace, pod.spec.name
         if index not in self._created:
@@ -84,7 +85,7 @@ class ApiServerSimulator(FleetSimulator):
             self._status[index] = status
         return obj
 
-    def _event_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _event_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         obj = super()._event_object(pod, ts)
         body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}
         body["metadata"] = {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"]}

@@ -49,9 +49,10 @@ from producers.agent.service import AgentKafkaSink, AgentMetrics
 from schemas.codec import decode, encode
 from schemas.messages import WorkloadProgress
 from schemas.topics import WORKLOAD_PROGRESS
+from simulation.fleet_state import SimulatedRecord, Tick
 from simulation.replay import run_in_process
 from simulation.scenario import parse_scenario
-from simulation.simulator import FleetSimulator, SimulatedRecord, Tick
+from simulation.simulator import FleetSimulator
 from tests.agent.fakenvml import VARIANTS, standard_node
 from tests.agent.test_agent_process import assignments, pod_name, pod_uid, write_proc
 from tests.agent.test_kafka_integration import read

@@ -25,10 +25,11 @@ from reports.analyses import ClusterError, run_report
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
+from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaReplay
 from simulation.replay import build_report, engine_config, feed_tick, run_in_process
 from simulation.scenario import Scenario, ScenarioError, parse_scenario
-from simulation.simulator import FleetSimulator, Tick
+from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate

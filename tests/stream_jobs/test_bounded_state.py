@@ -13,9 +13,10 @@ import pytest
 
 from schemas.codec import encode
 from schemas.topics import GPU_SAMPLES, K8S_PODS
+from simulation.fleet_state import SimulatedRecord
 from simulation.replay import engine_config, feed_tick
 from simulation.scenario import load_scenario
-from simulation.simulator import FleetSimulator, SimulatedRecord
+from simulation.simulator import FleetSimulator
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import MAX_NAME_CHARS

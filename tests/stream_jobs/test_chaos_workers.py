@@ -17,10 +17,11 @@ from gpulens.kafka_local import LocalKafka
 from schemas.codec import decode
 from schemas.messages import GpuSample, PodWindow
 from schemas.topics import GPU_SAMPLES, INTERNAL_CONTROL
+from simulation.fleet_state import Tick
 from simulation.kafka_replay import ChaosPlan, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
-from simulation.simulator import FleetSimulator, Tick
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 pytestmark = pytest.mark.kafka

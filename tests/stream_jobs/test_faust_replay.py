@@ -18,10 +18,11 @@ from gpulens.cli import main
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
 from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
+from simulation.fleet_state import SimulatedRecord
 from simulation.kafka_replay import KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import PoisonSpec, load_scenario
-from simulation.simulator import FleetSimulator, SimulatedRecord
+from simulation.simulator import FleetSimulator
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
