@@ -43,7 +43,8 @@ from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
-from simulation.scenario import OWNER_API_VERSIONS, NodeSpec, Scenario, step_value
+from simulation.scenario import NodeSpec, Scenario, step_value
+from simulation.scenario_file import OWNER_API_VERSIONS
 
 GIB = 2**30
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
