@@ -13,8 +13,6 @@ from typing import Any
 from common.settings import AdviseThresholds
 
 GIB = 1024**3
-
-
 EPS = 1e-9
 
 

@@ -1,7 +1,6 @@
 """Inline SVG charts for the HTML report: scales and ticks, line, stacked column, bar, column and
 Gantt charts. Every data mark carries ``class="mark"`` and ``data-*`` attributes and a ``<title>``."""
 
-
 from __future__ import annotations
 
 import math

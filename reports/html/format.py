@@ -1,7 +1,6 @@
 """Formatting for the HTML report: figures with their units (GiB, hours, USD, percent), times,
 escaping, and the report's palette and layout constants."""
 
-
 from __future__ import annotations
 
 import html

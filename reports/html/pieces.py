@@ -1,7 +1,6 @@
 """Page pieces of the HTML report: legends, tables, empty-section notes, section frames and the
 team filter (pure CSS)."""
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence

@@ -1,7 +1,6 @@
 """The sections of the HTML report, one function each: data in, HTML out. A new section goes here
 and into ``page.SECTION_LINKS`` and :func:`reports.html.page.render_html`."""
 
-
 from __future__ import annotations
 
 from typing import Any
