@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gpulens.replay import engine_config, feed_tick
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import encode
 from schemas.topics import GPU_SAMPLES, K8S_PODS
+from simulation.fleet_state import SimulatedRecord
+from simulation.replay import engine_config, feed_tick
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import MAX_NAME_CHARS
@@ -96,10 +97,10 @@ def test_stages_keep_no_labels_and_cut_long_names() -> None:
     assert kept.team == huge[:MAX_NAME_CHARS]
 
 
-def _dated(ts: datetime) -> list[Record]:
+def _dated(ts: datetime) -> list[SimulatedRecord]:
     sample = orjson.loads(encode(pod("dated", t=0)))
     sample["ts"] = ts.isoformat()
-    return [Record(K8S_PODS.suffix, "uid-dated", orjson.dumps(sample))]
+    return [SimulatedRecord(K8S_PODS.suffix, "uid-dated", orjson.dumps(sample))]
 
 
 def test_records_far_ahead_or_behind_the_clock_are_dead_lettered_with_their_reason() -> None:
