@@ -40,6 +40,13 @@ def _fleet(start: datetime) -> Scenario:
                            "pods": pods})
 
 
+def _start_mid_window(after: datetime) -> datetime:
+    """The first instant 5 s into a 10 s window after ``after``: the pods' windows then straddle
+    window boundaries the same way in every run (32 windows; a start on a boundary gives 23)."""
+    epoch_s = int(after.timestamp())
+    return datetime.fromtimestamp(epoch_s - epoch_s % 10 + 15, UTC)
+
+
 def _windows(kafka: KafkaSettings, prefix: str) -> dict[str, dict[str, Any]]:
     return {w.window_id: w.model_dump() for w in
             (decode(r.value, PodWindow) for r in read_to_end(kafka, POD_WINDOWS.name(prefix)))}
@@ -73,7 +80,7 @@ def test_two_live_workers_write_the_windows_one_writes(kafka_settings: KafkaSett
             for group in groups:
                 group.supervise(print)
             time.sleep(1)
-        scenario = _fleet(datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2))
+        scenario = _fleet(_start_mid_window(datetime.now(UTC) + timedelta(seconds=2)))
         expected = {w.window_id: w.model_dump() for w in run_in_process(scenario, lateness_s=LATENESS_S).outputs
                     if isinstance(w, PodWindow)}
         for tick in FleetSimulator(scenario).run():  # at wall pace: event time is now
@@ -91,7 +98,7 @@ def test_two_live_workers_write_the_windows_one_writes(kafka_settings: KafkaSett
         producer.close(10)
         for group in groups:
             group.close()
-    assert len(expected) > 25
+    assert len(expected) == 32
     assert one == expected
     assert two == expected
     # the group of two really shared the inputs: each worker routed input partitions
