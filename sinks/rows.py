@@ -41,11 +41,13 @@ from schemas.topics import (
     K8S_WORKLOADS,
     POD_LIFECYCLE,
     POD_WINDOWS,
+    WORKLOAD_ALLOCATOR,
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
 
-SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS if spec not in (DEADLETTER, K8S_WORKLOADS))
+SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS
+                                           if spec not in (DEADLETTER, K8S_WORKLOADS, WORKLOAD_ALLOCATOR))
 """The topics the sink stores: every topic except the dead-letter topic it writes to and, for now,
 Kueue workload states (their demand reaches ClickHouse through ``cluster_capacity``)."""
 
