@@ -82,6 +82,20 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class AllocatorSpec:
+    """Extension: what the pod's caching allocator (PyTorch's) reports through the node agent's
+    progress path, per GPU of the pod, every sample interval from ``start`` (after the pod started
+    running) until ``until``. Totals of retries and OOMs grow at the given rates from ``start``."""
+
+    reserved_gib: float
+    allocated_gib: float
+    retries_per_min: float = 0.0
+    ooms_per_min: float = 0.0
+    start: float = 0.0
+    until: float | None = None
+
+
+@dataclass(frozen=True)
 class PodSpec:
     index: int
     name: str
@@ -110,6 +124,8 @@ class PodSpec:
     workload: str | None = None
     """Extension: the Kueue workload (same namespace) this pod belongs to; ``create`` then counts from
     the workload's admission, and a workload never admitted never creates it."""
+    allocator: AllocatorSpec | None = None
+    """Extension: allocator statistics the pod reports (docs/scenarios.md)."""
 
 
 @dataclass(frozen=True)
@@ -359,11 +375,32 @@ _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels",
               "mig", "time_slicing", "process_stats"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
-             "active_gpus", "workload"}
+             "active_gpus", "workload", "allocator"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
              "faults", "agent_gaps", "late_samples", "poison", "description", "workloads", "cluster"}
 _WORKLOAD_KEYS = {"name", "namespace", "queue", "labels", "pod_sets", "create", "admit", "delete", "reason"}
 _POD_SET_KEYS = {"name", "count", "gpus", "resource"}
+_ALLOCATOR_KEYS = {"reserved_gib", "allocated_gib", "retries_per_min", "ooms_per_min", "from", "until"}
+
+
+def _allocator(raw: Any, path: str) -> AllocatorSpec:
+    data = _mapping(raw, path)
+    _check_keys(data, _ALLOCATOR_KEYS, path)
+    for key in ("reserved_gib", "allocated_gib"):
+        if key not in data:
+            raise _fail(f"{path}.{key}", "required")
+    reserved = _number(data["reserved_gib"], f"{path}.reserved_gib", 0.0, 2**20)  # the agent's bound: 1 PiB
+    allocated = _number(data["allocated_gib"], f"{path}.allocated_gib", 0.0, reserved)
+    spec = AllocatorSpec(
+        reserved_gib=reserved, allocated_gib=allocated,
+        retries_per_min=_number(data.get("retries_per_min", 0), f"{path}.retries_per_min", 0.0),
+        ooms_per_min=_number(data.get("ooms_per_min", 0), f"{path}.ooms_per_min", 0.0),
+        start=parse_duration(data.get("from", 0), f"{path}.from"),
+        until=None if data.get("until") is None else parse_duration(data["until"], f"{path}.until"),
+    )
+    if spec.until is not None and spec.until <= spec.start:
+        raise _fail(f"{path}.until", "must be after from")
+    return spec
 
 
 def _node(raw: Any, path: str) -> NodeSpec:
@@ -436,6 +473,7 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
         active_gpus=active_gpus,
         workload=None if data.get("workload") is None else _k8s_name(data["workload"], f"{path}.workload"),
+        allocator=None if data.get("allocator") is None else _allocator(data["allocator"], f"{path}.allocator"),
     )
 
 
@@ -514,7 +552,7 @@ def _thresholds(raw: Any) -> Thresholds:
             raise _fail(path, f"unknown threshold; known: {', '.join(sorted(known))}")
         if name in Thresholds.DURATIONS:
             values[name] = parse_duration(value, path)
-        elif name in ("idle_util_pct", "vram_pressure_pct"):
+        elif name in ("idle_util_pct", "vram_pressure_pct", "allocator_unused_pct"):
             values[name] = _number(value, path, 0.0, 100.0)
         else:
             values[name] = _number(value, path, 0.0)

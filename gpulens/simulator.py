@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpulens.allocator_play import AllocatorPlayer
 from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
@@ -129,6 +130,7 @@ class FleetSimulator:
         self.start_id = uuidlib.uuid4().hex
         """Fresh per start, like a real agent's boot id: two runs into one store never share a sample key."""
         self.dt = scenario.sample_interval_s
+        self.allocator = AllocatorPlayer(scenario)
         self.nodes: dict[str, _Node] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
         self.pods: list[_Pod] = [
             _Pod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
@@ -384,6 +386,7 @@ class FleetSimulator:
                     records.append(self._encode(K8S_EVENTS.suffix, pod.uid, event))
             records.extend(self._progress(t, ts))
             records.extend(self._samples(t, ts))
+            records.extend(self.allocator.records(t, ts, self.pods, self._encode))
             due = [rec for at, rec in self._late if at <= t + EPS]
             self._late = [(at, rec) for at, rec in self._late if at > t + EPS]
             records.extend(due)

@@ -20,8 +20,18 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
+from schemas.messages import (
+    DEFAULT_CLUSTER,
+    GpuReading,
+    GpuSample,
+    Message,
+    NodeState,
+    PodState,
+    PodWindow,
+    WorkloadAllocator,
+)
 from stream_jobs import alerts
+from stream_jobs.allocator import AllocatorTracker
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
@@ -35,6 +45,7 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "node": (0, NodeState),
     "pod": (1, PodState),
     "sample": (3, GpuSample),
+    "allocator": (4, WorkloadAllocator),  # after the sample of the same instant (the GPU's memory)
 }
 _ENDED_KEEP = 2000
 
@@ -46,6 +57,8 @@ def _kind_of(message: Message) -> str:
         return "pod"
     if isinstance(message, NodeState):
         return "node"
+    if isinstance(message, WorkloadAllocator):
+        return "allocator"
     raise TypeError(f"the node stage does not take {type(message).__name__}")
 
 
@@ -89,6 +102,7 @@ class NodeStage:
         self.pg: dict[str, dict[str, Any]] = {}
         self.windows: dict[str, dict[str, Any]] = {}
         self.idle_node: dict[str, Any] = {"since": None, "alert": None, "gpus": 0}
+        self.allocator = AllocatorTracker(node, config.thresholds, config.window_s)
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
         self._out: list[Message] = []
@@ -100,6 +114,9 @@ class NodeStage:
         kind = _kind_of(message)
         ts = epoch(message.ts)  # type: ignore[attr-defined]
         if self.wm is not None and ts <= self.wm:
+            if kind == "allocator":  # a gauge: the window it belongs to may be closed already
+                self.counters["late_allocator"] = self.counters.get("late_allocator", 0) + 1
+                return
             if kind == "sample":
                 self.counters["late_samples"] += 1
                 log.info("late sample dropped", node=self.node, ts=iso(ts), watermark=iso(self.wm))
@@ -133,6 +150,8 @@ class NodeStage:
     def _apply(self, kind: str, ts: float, message: Any) -> None:
         if kind == "sample":
             self._on_sample(ts, message)
+        elif kind == "allocator":
+            self._out.extend(self.allocator.report(ts, message, self.pods.get(message.pod_uid)))
         elif kind == "pod":
             self._on_pod(ts, message)
         else:
@@ -202,6 +221,7 @@ class NodeStage:
             for old in sorted(self.ended, key=lambda k: self.ended[k])[: len(self.ended) - _ENDED_KEEP]:
                 del self.ended[old]
         self._emit_usage(pod, ts, open_=False)
+        self._out.extend(self.allocator.end_pod(uid, ts, why))
 
     def _emit_usage(self, pod: dict[str, Any], ts: float, open_: bool) -> None:
         u = pod["usage"]
@@ -209,7 +229,7 @@ class NodeStage:
             pod_uid=pod["uid"], node=self.node, ts=from_epoch(ts), open=open_, gpu_model=u["model"],
             unit_s=u["unit_s"], data_s=u["data_s"], idle_s=u["idle_s"], busy_s=u["busy_s"], gap_s=u["gap_s"],
             util_s=u["util_s"], cost_units_s=u["cost_units_s"], peak_mem_bytes=u["peak_mem"],
-            samples=u["samples"], share_estimated=u["estimated"],
+            samples=u["samples"], share_estimated=u["estimated"], **self.allocator.usage(pod["uid"]),
         ))
 
     # ------------------------------------------------------------------ crash loops
@@ -340,6 +360,7 @@ class NodeStage:
         usage["cost_units_s"] += dt * unit * share.share
         usage["model"] = reading.model
         usage["estimated"] = usage["estimated"] or share.estimated
+        self.allocator.saw(pod["uid"], reading)
         idle = util is not None and util < th.idle_util_pct
         if util is not None:
             usage["data_s"] += dt
@@ -520,7 +541,9 @@ class NodeStage:
                 share_fraction=min(1.0, max(0.0, share)), share_estimated=w["estimated"], cost_usd=w["cost"],
                 gpu_index=w.get("index"), container=w.get("container"), mem_total_bytes=w.get("mem_total"),
                 avg_power_w=w["power_s"] / w["power_data_s"] if w.get("power_data_s") else None,
+                **self.allocator.window_figures(w["uid"], w["gpu"], w["ws"]),
             ))
+        self.allocator.forget_windows(watermark if not final else float("inf"))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -529,7 +552,7 @@ class NodeStage:
             "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
             "info": self.info,
             "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg, "windows": self.windows,
-            "idle_node": self.idle_node, "counters": self.counters,
+            "idle_node": self.idle_node, "counters": self.counters, "allocator": self.allocator.to_dict(),
         }
 
     @classmethod
@@ -545,5 +568,7 @@ class NodeStage:
         stage.windows = data["windows"]
         stage.idle_node = data["idle_node"]
         stage.counters = data["counters"]
+        stage.allocator = AllocatorTracker.from_dict(data.get("allocator"), stage.node, config.thresholds,
+                                                     config.window_s)
         return stage
 

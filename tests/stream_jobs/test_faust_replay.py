@@ -16,7 +16,7 @@ from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from gpulens.kafka_replay import KafkaReplay
-from gpulens.replay import run_in_process
+from gpulens.replay import compare_report, run_in_process
 from gpulens.scenario import PoisonSpec, load_scenario
 from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import decode
@@ -55,6 +55,20 @@ def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSe
     assert _json(report) == _json(expected)
     assert {a["subject"]["kind"] for a in report["alerts"]} == {"workload"}
     assert report["cluster"]["max_queued_gpu_demand"] == 6
+
+
+def test_allocator_statistics_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
+                                                            tmp_path: Path) -> None:
+    """Allocator reports travel on workload.allocator.v1 to the node stage of the faust workers."""
+    path = REPO_ROOT / "gpulens" / "scenarios" / "allocator-fragmentation.yaml"
+    scenario = load_scenario(path)
+    expected = run_in_process(scenario).report
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert [(a["type"], a["state"]) for a in report["alerts"]] == [
+        ("allocator_fragmentation", "firing"), ("allocator_fragmentation", "resolved")]
+    assert compare_report(report, orjson.loads(path.with_name("allocator-fragmentation.expected.json").read_bytes()),
+                          scenario.sample_interval_s) == []
 
 
 def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSettings, topic_prefix: str,
