@@ -910,6 +910,35 @@ def _vram_section(data: dict[str, Any]) -> str:
     return section("vram", title, lede, swatches + chart + table(columns, rows, "Peak VRAM per pod"))
 
 
+def _allocator_section(data: dict[str, Any]) -> str:
+    rows = data.get("allocator_by_pod") or []
+    title = "VRAM reserved but unused inside the pods (caching allocator)"
+    lede = ("What the pods' own allocators (PyTorch's caching allocator) hold without using, per pod and GPU, "
+            "from the statistics they report to the node agent: reserved but unused memory with allocation "
+            "retries or OOMs is fragmentation (the allocator_fragmentation alert; docs/alerts.md says what to "
+            "do), without them it is a cache.")
+    if not rows:
+        return section("allocator", title, lede, no_data("no pod reported allocator statistics."))
+    rows = [r | {"pod_label": f"{r.get('namespace')}/{r.get('pod')}"} for r in rows]
+    labels = [f"{r['pod_label']} {str(r.get('gpu_uuid') or '')[:12]}" for r in rows]
+    values: dict[tuple[str, str], float] = {}
+    for label, row in zip(labels, rows, strict=True):  # the last report: reserved = allocated + unused
+        reserved, allocated = _num(row.get("reserved_bytes")) or 0.0, _num(row.get("allocated_bytes")) or 0.0
+        values[(label, "allocated")] = allocated / 2**30
+        values[(label, "reserved but unused")] = max(reserved - allocated, 0.0) / 2**30
+    segments = [("allocated", "#4e79a7"), ("reserved but unused", "#e15759")]
+    chart = hbar_chart("allocator", title, labels, segments, values, "GiB reserved at the last report", " GiB",
+                       value_format=fmt_number)
+    columns: list[Column] = [("pod_label", "pod", _text), ("team", "team", _text), ("node", "node", _text),
+                             ("gpu_uuid", "GPU", _text),
+                             ("max_reserved_unused_bytes", "most reserved but unused", fmt_gib),
+                             ("reserved_bytes", "reserved (last)", fmt_gib),
+                             ("allocated_bytes", "allocated (last)", fmt_gib),
+                             ("alloc_retries", "allocation retries", fmt_number), ("alloc_ooms", "OOMs", fmt_number)]
+    swatches = legend(segments)
+    return section("allocator", title, lede, swatches + chart + table(columns, rows, "Caching allocator per pod"))
+
+
 def _advice_section(data: dict[str, Any]) -> str:
     advice = data.get("advice") or {}
     title = "Reclaimable capacity"
@@ -1044,7 +1073,8 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 
 SECTION_LINKS = (("summary", "Summary"), ("utilisation", "Utilisation"), ("fleet-states", "GPU states"),
                  ("idle", "Idle GPU-hours"), ("pending", "Pending time"), ("pending-reasons", "Pending reasons"),
-                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"), ("reclaimable", "Reclaimable"),
+                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"),
+                 ("allocator", "Allocator"), ("reclaimable", "Reclaimable"),
                  ("firing", "Firing alerts"),
                  ("lifecycle", "Lifecycle"), ("more", "More"))
 
@@ -1069,6 +1099,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         _stranded_section(data, bucket_s),
         _cost_section(data),
         _vram_section(data),
+        _allocator_section(data),
         _advice_section(data),
         _firing_section(data),
         _lifecycle_section(data),
@@ -1107,6 +1138,7 @@ def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | No
     data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
     data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
     data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
+    data["allocator_by_pod"] = timeseries.allocator_by_pod(reader)
     data["firing_alerts"] = timeseries.firing_alerts(reader)
     return data
 

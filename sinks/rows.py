@@ -354,6 +354,11 @@ def window_rows(msg: PodWindow, partition: int, offset: int) -> Iterator[tuple[s
         "cost_usd": msg.cost_usd,
         "steps": msg.steps,
         "tokens": msg.tokens,
+        "alloc_reserved_bytes": msg.alloc_reserved_bytes,
+        "alloc_allocated_bytes": msg.alloc_allocated_bytes,
+        "max_reserved_unused_bytes": msg.max_reserved_unused_bytes,
+        "alloc_retries": msg.alloc_retries,
+        "alloc_ooms": msg.alloc_ooms,
         "kafka_partition": partition, "kafka_offset": offset,
     }
 
@@ -408,6 +413,9 @@ def lifecycle_rows(msg: PodLifecycle, partition: int, offset: int) -> Iterator[t
         "end_reason": msg.end_reason,
         "steps": msg.steps,
         "cost_per_step_usd": msg.cost_per_step_usd,
+        "max_reserved_unused_bytes": msg.max_reserved_unused_bytes,
+        "alloc_retries": msg.alloc_retries,
+        "alloc_ooms": msg.alloc_ooms,
         "kafka_partition": partition, "kafka_offset": offset,
     }
 

@@ -20,6 +20,7 @@ from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodW
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
+from sinks.rows import SINK_TOPICS
 from sinks.service import load_prices
 from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 
@@ -52,7 +53,8 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
         reports.append(result.report)
         for tick in FleetSimulator(scenario).run():
             for r in tick.records:
-                by_topic.setdefault(by_suffix(r.topic).name(PREFIX), []).append((r.key, r.value))
+                if by_suffix(r.topic) in SINK_TOPICS:  # what `gpulens sink` subscribes to
+                    by_topic.setdefault(by_suffix(r.topic).name(PREFIX), []).append((r.key, r.value))
         for message in result.outputs:
             topic, key = _output_record(message)
             by_topic.setdefault(topic, []).append((key, encode(message)))
