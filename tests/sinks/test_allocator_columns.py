@@ -40,9 +40,9 @@ def test_allocator_figures_are_stored_and_absent_ones_are_null(store: ClickHouse
     rows = store.query("SELECT pod_uid, alloc_reserved_bytes, alloc_allocated_bytes, max_reserved_unused_bytes, "
                        "alloc_retries, alloc_ooms FROM pod_windows FINAL ORDER BY pod_uid").rows
     assert rows == [["a", 60 * GIB, 12 * GIB, 48 * GIB, 4, 1], ["b", None, None, None, None, None]]
-    columns = store.query("SELECT name FROM system.columns WHERE database = currentDatabase() "
-                          "AND table = 'pod_lifecycle' AND name LIKE 'alloc%'").rows
-    assert sorted(r[0] for r in columns) == ["alloc_ooms", "alloc_retries"]
+    names = store.query("SELECT name FROM system.columns WHERE database = currentDatabase() "
+                        "AND table = 'pod_lifecycle' AND name LIKE 'alloc%'").rows
+    assert sorted(r[0] for r in names) == ["alloc_ooms", "alloc_retries"]
 
 
 def test_migration_9_can_run_again_after_a_crash_in_the_middle(store: ClickHouseStore) -> None:
