@@ -53,6 +53,7 @@ class AllocatorPlayer:
 
     def __init__(self, scenario: Scenario) -> None:
         self.active = any(pod.allocator is not None for pod in scenario.pods)
+        self.gaps = scenario.agent_gaps
         self._now = 0.0
         self._collectors: dict[str, ProgressCollector] = {}
         self._names: dict[str, tuple[str, str]] = {}
@@ -68,7 +69,7 @@ class AllocatorPlayer:
 
     def _address(self, pod: PlayedPod) -> str:
         address = f"10.{pod.spec.index // 65536 % 256}.{pod.spec.index // 256 % 256}.{pod.spec.index % 256}"
-        if address not in self._addresses:
+        if self._addresses.get(address) != pod.uid:  # a kube replay gives the pod the server's uid
             self._addresses[address] = pod.uid
             for collector in self._collectors.values():
                 collector.addresses = StaticPodAddresses(self._addresses)
@@ -88,6 +89,8 @@ class AllocatorPlayer:
             offset = t - pod.scheduled
             if offset < spec.start - EPS or (spec.until is not None and offset >= spec.until - EPS):
                 continue
+            if any(g.node == pod.node and g.start <= t + EPS < g.end for g in self.gaps):
+                continue  # the node's agent is down: nobody receives the report
             self._names[pod.uid] = (pod.spec.namespace, pod.spec.name)
             address = self._address(pod)
             collector = self._collector(pod.node)
