@@ -30,7 +30,8 @@ State is plain JSON-serialisable data (:meth:`AllocatorTracker.to_dict`).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from schemas.messages import Alert, AllocatorDevice, GpuReading, WorkloadAllocator
 from stream_jobs import alerts
@@ -42,6 +43,100 @@ GIB = float(2**30)
 
 def _key(*parts: Any) -> str:
     return "|".join(str(p) for p in parts)
+
+
+class PodIdentity(NamedTuple):
+    """The pod a report is about, as the node stage knows it."""
+
+    uid: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class AllocatorContext:
+    """What the rule sees at one report of one pod's GPU."""
+
+    pod: PodIdentity
+    node: str
+    gpu_uuid: str
+    gpu_index: int | None
+    device: AllocatorDevice
+    gpu_mem_total_bytes: int | None
+    reserved_unused_bytes: int
+    reserved_unused_pct: float | None
+    """None: the GPU's memory is not known (no sample gave it)."""
+    over_since: float | None
+    """The first report of the current run at or above the share (the rule's timer)."""
+    alloc_retries: int
+    """Retries in the window: the total now minus the total of the window's earliest report."""
+    alloc_ooms: int
+    thresholds: Thresholds
+
+    @property
+    def over(self) -> bool:
+        return self.reserved_unused_pct is not None and \
+            self.reserved_unused_pct >= self.thresholds.allocator_unused_pct - 1e-6
+
+
+def condition(c: AllocatorContext) -> bool | None:
+    """Reserved but unused at or above the share, with a retry or an OOM in the window; None: the
+    GPU's memory is unknown (changes nothing)."""
+    if c.reserved_unused_pct is None:
+        return None
+    return c.over and c.alloc_retries + c.alloc_ooms > 0
+
+
+def describe(c: AllocatorContext, since: float, t: float) -> tuple[str, dict[str, Any]]:
+    after = c.thresholds.allocator_fragmentation_after
+    total = c.gpu_mem_total_bytes or 0
+    pct = c.reserved_unused_pct or 0.0
+    details = {
+        "gpu_index": c.gpu_index, "device": c.device.device, "reserved_bytes": c.device.reserved_bytes,
+        "allocated_bytes": c.device.allocated_bytes, "reserved_unused_bytes": c.reserved_unused_bytes,
+        "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
+        "alloc_retries": c.alloc_retries, "alloc_ooms": c.alloc_ooms,
+        "max_reserved_bytes": c.device.max_reserved_bytes, "threshold_pct": c.thresholds.allocator_unused_pct,
+        "window_s": after, "since": iso(since),
+    }
+    summary = (f"{c.pod.namespace}/{c.pod.name}: the caching allocator on GPU {c.gpu_index} on {c.node} holds "
+               f"{c.reserved_unused_bytes / GIB:.1f} GiB reserved but unused ({pct:.0f}% of {total / GIB:.0f} GiB) "
+               f"for {fmt_duration(t - since)}, with {c.alloc_retries} allocation retries and {c.alloc_ooms} OOMs "
+               f"in {fmt_duration(after)}")
+    return summary, details
+
+
+def resolution(c: AllocatorContext) -> tuple[str, dict[str, Any]]:
+    """Why the alert resolves when the condition turns false, and figures added to its details."""
+    if not c.over:
+        return (f"reserved but unused below {c.thresholds.allocator_unused_pct:g}% of the GPU",
+                {"reserved_unused_pct": round(c.reserved_unused_pct or 0.0, 2)})
+    return f"no allocation retry or OOM for {fmt_duration(c.thresholds.allocator_fragmentation_after)}", {}
+
+
+def sustained_step(table: dict[str, dict[str, Any]], key: str, c: AllocatorContext, t: float) -> list[Alert]:
+    """The sustained-condition timing of every gpulens alert, with the timer taken from the data
+    (``over_since``): fires at the first report the condition holds with ``t - since >=
+    allocator_fragmentation_after``; a false condition forgets the subject and resolves its alert."""
+    holds = condition(c)
+    if holds is None:
+        return []
+    state = table.get(key)
+    if not holds:
+        table.pop(key, None)
+        if state is None or state["alert"] is None:
+            return []
+        reason, extra = resolution(c)
+        return [alerts.resolve(state["alert"], t, reason, **extra)]
+    state = table.setdefault(key, {"since": None, "alert": None})
+    state["since"] = c.over_since
+    if state["alert"] is not None or c.over_since is None or \
+            not elapsed(t, c.over_since, c.thresholds.allocator_fragmentation_after):
+        return []
+    summary, details = describe(c, c.over_since, t)
+    subj = alerts.subject("pod", c.pod.namespace, c.pod.name, c.node, c.gpu_uuid)
+    state["alert"], message = alerts.fire("allocator_fragmentation", subj, t, summary, details)
+    return [message]
 
 
 class AllocatorTracker:
@@ -56,7 +151,12 @@ class AllocatorTracker:
         self.last: dict[str, list[int]] = {}
         """pod|gpu -> [retries total, OOMs total] of the previous report."""
         self.windows: dict[str, dict[str, Any]] = {}
+        self.marks: dict[str, list[list[float]]] = {}
+        """pod|gpu -> [time, retries total, OOMs total] of the reports within the rule's window."""
+        self.over_since: dict[str, float] = {}
+        """pod|gpu -> first report of the current run at or above the share."""
         self.rules: dict[str, dict[str, Any]] = {}
+        """pod|gpu -> the rule's timer and open alert (``{"since", "alert"}``, as rules elsewhere)."""
         self.life: dict[str, dict[str, int]] = {}
         self.counters: dict[str, int] = {"allocator_reports": 0, "allocator_unmapped": 0}
 
@@ -76,19 +176,19 @@ class AllocatorTracker:
         ordered = sorted(gpus, key=lambda uuid: (gpus[uuid][0] if gpus[uuid][0] is not None else 1 << 30, uuid))
         return ordered[device.device] if device.device < len(ordered) else None
 
-    def report(self, ts: float, message: WorkloadAllocator, pod: dict[str, Any] | None) -> list[Alert]:
-        """Apply one report of ``pod`` (the node stage's record; None: not a pod of this node)."""
+    def report(self, ts: float, message: WorkloadAllocator, pod: PodIdentity | None) -> list[Alert]:
+        """Apply one report of ``pod`` (None: not a pod of this node)."""
         self.counters["allocator_reports"] += 1
         if pod is None:
             self.counters["allocator_unmapped"] += len(message.devices)
             return []
         out: list[Alert] = []
         for device in message.devices:
-            gpu = self._gpu_of(pod["uid"], device)
+            gpu = self._gpu_of(pod.uid, device)
             if gpu is None:
                 self.counters["allocator_unmapped"] += 1
                 continue
-            retries, ooms = self._count(ts, pod["uid"], gpu, device)
+            retries, ooms = self._count(ts, pod.uid, gpu, device)
             out.extend(self._rule(ts, pod, gpu, device, retries, ooms))
         return out
 
@@ -114,54 +214,28 @@ class AllocatorTracker:
 
     # ------------------------------------------------------------------ the rule
 
-    def _rule(self, ts: float, pod: dict[str, Any], gpu: str, device: AllocatorDevice, retries: int,
+    def _rule(self, ts: float, pod: PodIdentity, gpu: str, device: AllocatorDevice, retries: int,
               ooms: int) -> list[Alert]:
         th = self.thresholds
-        after = th.allocator_fragmentation_after
-        index, total = self.gpus[pod["uid"]][gpu]
-        state = self.rules.setdefault(_key(pod["uid"], gpu), {"since": None, "marks": [], "alert": None})
-        marks = state["marks"]
+        key = _key(pod.uid, gpu)
+        index, total = self.gpus[pod.uid][gpu]
+        marks = self.marks.setdefault(key, [])
         if marks and (retries < marks[-1][1] or ooms < marks[-1][2]):
             marks.clear()  # the process restarted: its totals count from zero again
         marks.append([ts, retries, ooms])
-        while marks and marks[0][0] < ts - after - EPS:
+        while marks and marks[0][0] < ts - th.allocator_fragmentation_after - EPS:
             marks.pop(0)
-        new_retries, new_ooms = retries - marks[0][1], ooms - marks[0][2]
         unused = max(device.reserved_bytes - device.allocated_bytes, 0)
-        if not total:
-            return []
-        pct = unused / total * 100.0
-        over = pct >= th.allocator_unused_pct - 1e-6
-        if not over:
-            state["since"] = None
-            return self._resolve(state, ts, f"reserved but unused below {th.allocator_unused_pct:g}% of the GPU",
-                                 reserved_unused_pct=round(pct, 2))
-        if state["since"] is None:
-            state["since"] = ts
-        if state["alert"] is not None and new_retries + new_ooms == 0:
-            return self._resolve(state, ts, f"no allocation retry or OOM for {fmt_duration(after)}")
-        if state["alert"] is None and new_retries + new_ooms > 0 and elapsed(ts, state["since"], after):
-            details = {
-                "gpu_index": index, "device": device.device, "reserved_bytes": device.reserved_bytes,
-                "allocated_bytes": device.allocated_bytes, "reserved_unused_bytes": unused,
-                "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
-                "alloc_retries": new_retries, "alloc_ooms": new_ooms,
-                "max_reserved_bytes": device.max_reserved_bytes, "threshold_pct": th.allocator_unused_pct,
-                "window_s": after, "since": iso(state["since"]),
-            }
-            summary = (f"{pod['ns']}/{pod['name']}: the caching allocator on GPU {index} on {self.node} holds "
-                       f"{unused / GIB:.1f} GiB reserved but unused ({pct:.0f}% of {total / GIB:.0f} GiB) for "
-                       f"{fmt_duration(ts - state['since'])}, with {new_retries} allocation retries and "
-                       f"{new_ooms} OOMs in {fmt_duration(after)}")
-            subj = alerts.subject("pod", pod["ns"], pod["name"], self.node, gpu)
-            state["alert"], message = alerts.fire("allocator_fragmentation", subj, ts, summary, details)
-            return [message]
-        return []
-
-    @staticmethod
-    def _resolve(state: dict[str, Any], ts: float, why: str, **extra: Any) -> list[Alert]:
-        record, state["alert"] = state["alert"], None
-        return [alerts.resolve(record, ts, why, **extra)] if record is not None else []
+        pct = unused / total * 100.0 if total else None
+        if pct is not None and pct >= th.allocator_unused_pct - 1e-6:
+            self.over_since.setdefault(key, ts)
+        elif pct is not None:
+            self.over_since.pop(key, None)
+        context = AllocatorContext(
+            pod=pod, node=self.node, gpu_uuid=gpu, gpu_index=index, device=device, gpu_mem_total_bytes=total,
+            reserved_unused_bytes=unused, reserved_unused_pct=pct, over_since=self.over_since.get(key),
+            alloc_retries=int(retries - marks[0][1]), alloc_ooms=int(ooms - marks[0][2]), thresholds=th)
+        return sustained_step(self.rules, key, context, ts)
 
     # ------------------------------------------------------------------ outputs
 
@@ -183,9 +257,12 @@ class AllocatorTracker:
         and its state is forgotten."""
         out: list[Alert] = []
         for key in sorted(k for k in self.rules if k.startswith(pod_uid + "|")):
-            out.extend(self._resolve(self.rules.pop(key), ts, why))
-        for key in [k for k in self.last if k.startswith(pod_uid + "|")]:
-            del self.last[key]
+            record = self.rules.pop(key)["alert"]
+            if record is not None:
+                out.append(alerts.resolve(record, ts, why))
+        for table in (self.last, self.marks, self.over_since):
+            for key in [k for k in table if k.startswith(pod_uid + "|")]:
+                del table[key]
         self.gpus.pop(pod_uid, None)
         self.life.pop(pod_uid, None)
         return out
@@ -201,8 +278,8 @@ class AllocatorTracker:
     # ------------------------------------------------------------------ checkpoint
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "last": self.last, "windows": self.windows, "rules": self.rules,
-                "life": self.life, "counters": self.counters}
+        return {"gpus": self.gpus, "last": self.last, "windows": self.windows, "marks": self.marks,
+                "over_since": self.over_since, "rules": self.rules, "life": self.life, "counters": self.counters}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None, node: str, thresholds: Thresholds,

@@ -31,7 +31,7 @@ from schemas.messages import (
     WorkloadAllocator,
 )
 from stream_jobs import alerts
-from stream_jobs.allocator import AllocatorTracker
+from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
@@ -151,7 +151,9 @@ class NodeStage:
         if kind == "sample":
             self._on_sample(ts, message)
         elif kind == "allocator":
-            self._out.extend(self.allocator.report(ts, message, self.pods.get(message.pod_uid)))
+            pod = self.pods.get(message.pod_uid)
+            identity = PodIdentity(pod["uid"], pod["ns"], pod["name"]) if pod is not None else None
+            self._out.extend(self.allocator.report(ts, message, identity))
         elif kind == "pod":
             self._on_pod(ts, message)
         else:

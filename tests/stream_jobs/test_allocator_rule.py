@@ -14,12 +14,12 @@ import pytest
 from gpulens.replay import run_in_process
 from gpulens.scenario import load_scenario
 from schemas.messages import Alert, AllocatorDevice, GpuReading, PodLifecycle, PodWindow, WorkloadAllocator
-from stream_jobs.allocator import AllocatorTracker
+from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.config import Thresholds
 from tests.conftest import REPO_ROOT
 
 GIB = 2**30
-POD = {"uid": "p-1", "ns": "research", "name": "train-0"}
+POD = PodIdentity("p-1", "research", "train-0")
 T0 = datetime(2026, 1, 5, 9, tzinfo=UTC).timestamp()
 
 
