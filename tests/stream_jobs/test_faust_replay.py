@@ -21,7 +21,7 @@ from gpulens.scenario import PoisonSpec, load_scenario
 from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
-from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
+from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS, WORKLOAD_ALLOCATOR
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -118,14 +118,16 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
 def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
     golden = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "late-and-poison.yaml")
-    # the golden file poisons the five topics it predates; the Kueue workloads topic is added here
-    scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}")))
+    # the golden file poisons the five topics it predates; the Kueue workloads and the allocator
+    # statistics topics are added here
+    scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}"),
+                                       PoisonSpec(100.0, WORKLOAD_ALLOCATOR.suffix, "{\"devices\": []}")))
     assert {p.topic for p in scenario.poison} == {spec.suffix for spec in INPUT_TOPICS}
     expected = run_in_process(scenario)
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix)
     report = replay.run(timeout_s=180)
     assert _json(report) == _json(expected.report)
-    assert report["stream"]["deadletters"] == 6 and report["stream"]["late_samples_dropped"] == 1
+    assert report["stream"]["deadletters"] == 7 and report["stream"]["late_samples_dropped"] == 1
     assert any(a["type"] == "idle_gpu" for a in report["alerts"]), "alerts after the poison still fire"
     letters = read_to_end(kafka_settings, DEADLETTER.name(topic_prefix))
     sources = set()
