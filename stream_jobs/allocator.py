@@ -9,7 +9,8 @@ torch tells it), else by position: device ``n`` is the pod's ``n``-th GPU in NVM
 for a GPU the stage has not attributed to the pod yet, or for a pod not on this node, is counted
 (``allocator_unmapped``) and left out.
 
-``allocator_fragmentation`` (per pod and GPU), evaluated at each report at ``t``:
+``allocator_fragmentation`` (per pod and GPU; declared in :mod:`stream_jobs.rules` as
+``ALLOCATOR_FRAGMENTATION``, stepped here), evaluated at each report at ``t``:
 
 - the condition holds while reserved - allocated is at least ``allocator_unused_pct`` % of the GPU's
   memory (its latest sampled ``mem_total_bytes``); ``since`` is the first report of the run;
@@ -30,15 +31,12 @@ State is plain JSON-serialisable data (:meth:`AllocatorTracker.to_dict`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from schemas.messages import Alert, AllocatorDevice, GpuReading, WorkloadAllocator
-from stream_jobs import alerts
+from stream_jobs import rules
 from stream_jobs.config import Thresholds
-from stream_jobs.timeutil import EPS, elapsed, fmt_duration, iso, window_start
-
-GIB = float(2**30)
+from stream_jobs.timeutil import EPS, window_start
 
 
 def _key(*parts: Any) -> str:
@@ -51,92 +49,6 @@ class PodIdentity(NamedTuple):
     uid: str
     namespace: str
     name: str
-
-
-@dataclass(frozen=True)
-class AllocatorContext:
-    """What the rule sees at one report of one pod's GPU."""
-
-    pod: PodIdentity
-    node: str
-    gpu_uuid: str
-    gpu_index: int | None
-    device: AllocatorDevice
-    gpu_mem_total_bytes: int | None
-    reserved_unused_bytes: int
-    reserved_unused_pct: float | None
-    """None: the GPU's memory is not known (no sample gave it)."""
-    over_since: float | None
-    """The first report of the current run at or above the share (the rule's timer)."""
-    alloc_retries: int
-    """Retries in the window: the total now minus the total of the window's earliest report."""
-    alloc_ooms: int
-    thresholds: Thresholds
-
-    @property
-    def over(self) -> bool:
-        return self.reserved_unused_pct is not None and \
-            self.reserved_unused_pct >= self.thresholds.allocator_unused_pct - 1e-6
-
-
-def condition(c: AllocatorContext) -> bool | None:
-    """Reserved but unused at or above the share, with a retry or an OOM in the window; None: the
-    GPU's memory is unknown (changes nothing)."""
-    if c.reserved_unused_pct is None:
-        return None
-    return c.over and c.alloc_retries + c.alloc_ooms > 0
-
-
-def describe(c: AllocatorContext, since: float, t: float) -> tuple[str, dict[str, Any]]:
-    after = c.thresholds.allocator_fragmentation_after
-    total = c.gpu_mem_total_bytes or 0
-    pct = c.reserved_unused_pct or 0.0
-    details = {
-        "gpu_index": c.gpu_index, "device": c.device.device, "reserved_bytes": c.device.reserved_bytes,
-        "allocated_bytes": c.device.allocated_bytes, "reserved_unused_bytes": c.reserved_unused_bytes,
-        "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
-        "alloc_retries": c.alloc_retries, "alloc_ooms": c.alloc_ooms,
-        "max_reserved_bytes": c.device.max_reserved_bytes, "threshold_pct": c.thresholds.allocator_unused_pct,
-        "window_s": after, "since": iso(since),
-    }
-    summary = (f"{c.pod.namespace}/{c.pod.name}: the caching allocator on GPU {c.gpu_index} on {c.node} holds "
-               f"{c.reserved_unused_bytes / GIB:.1f} GiB reserved but unused ({pct:.0f}% of {total / GIB:.0f} GiB) "
-               f"for {fmt_duration(t - since)}, with {c.alloc_retries} allocation retries and {c.alloc_ooms} OOMs "
-               f"in {fmt_duration(after)}")
-    return summary, details
-
-
-def resolution(c: AllocatorContext) -> tuple[str, dict[str, Any]]:
-    """Why the alert resolves when the condition turns false, and figures added to its details."""
-    if not c.over:
-        return (f"reserved but unused below {c.thresholds.allocator_unused_pct:g}% of the GPU",
-                {"reserved_unused_pct": round(c.reserved_unused_pct or 0.0, 2)})
-    return f"no allocation retry or OOM for {fmt_duration(c.thresholds.allocator_fragmentation_after)}", {}
-
-
-def sustained_step(table: dict[str, dict[str, Any]], key: str, c: AllocatorContext, t: float) -> list[Alert]:
-    """The sustained-condition timing of every gpulens alert, with the timer taken from the data
-    (``over_since``): fires at the first report the condition holds with ``t - since >=
-    allocator_fragmentation_after``; a false condition forgets the subject and resolves its alert."""
-    holds = condition(c)
-    if holds is None:
-        return []
-    state = table.get(key)
-    if not holds:
-        table.pop(key, None)
-        if state is None or state["alert"] is None:
-            return []
-        reason, extra = resolution(c)
-        return [alerts.resolve(state["alert"], t, reason, **extra)]
-    state = table.setdefault(key, {"since": None, "alert": None})
-    state["since"] = c.over_since
-    if state["alert"] is not None or c.over_since is None or \
-            not elapsed(t, c.over_since, c.thresholds.allocator_fragmentation_after):
-        return []
-    summary, details = describe(c, c.over_since, t)
-    subj = alerts.subject("pod", c.pod.namespace, c.pod.name, c.node, c.gpu_uuid)
-    state["alert"], message = alerts.fire("allocator_fragmentation", subj, t, summary, details)
-    return [message]
 
 
 class AllocatorTracker:
@@ -155,8 +67,8 @@ class AllocatorTracker:
         """pod|gpu -> [time, retries total, OOMs total] of the reports within the rule's window."""
         self.over_since: dict[str, float] = {}
         """pod|gpu -> first report of the current run at or above the share."""
-        self.rules: dict[str, dict[str, Any]] = {}
-        """pod|gpu -> the rule's timer and open alert (``{"since", "alert"}``, as rules elsewhere)."""
+        self.rules: rules.RuleTable = {}
+        """pod|gpu -> the rule's timer and open alert (:data:`stream_jobs.rules.ALLOCATOR_FRAGMENTATION`)."""
         self.life: dict[str, dict[str, int]] = {}
         self.counters: dict[str, int] = {"allocator_reports": 0, "allocator_unmapped": 0}
 
@@ -231,11 +143,12 @@ class AllocatorTracker:
             self.over_since.setdefault(key, ts)
         elif pct is not None:
             self.over_since.pop(key, None)
-        context = AllocatorContext(
-            pod=pod, node=self.node, gpu_uuid=gpu, gpu_index=index, device=device, gpu_mem_total_bytes=total,
-            reserved_unused_bytes=unused, reserved_unused_pct=pct, over_since=self.over_since.get(key),
-            alloc_retries=int(retries - marks[0][1]), alloc_ooms=int(ooms - marks[0][2]), thresholds=th)
-        return sustained_step(self.rules, key, context, ts)
+        context = rules.AllocatorGpu(
+            node=self.node, namespace=pod.namespace, pod=pod.name, gpu_uuid=gpu, gpu_index=index, device=device,
+            gpu_mem_total_bytes=total, reserved_unused_bytes=unused, reserved_unused_pct=pct,
+            over_since=self.over_since.get(key), alloc_retries=int(retries - marks[0][1]),
+            alloc_ooms=int(ooms - marks[0][2]), thresholds=th)
+        return rules.step(rules.ALLOCATOR_FRAGMENTATION, self.rules, key, context, ts, th)
 
     # ------------------------------------------------------------------ outputs
 
@@ -257,9 +170,7 @@ class AllocatorTracker:
         and its state is forgotten."""
         out: list[Alert] = []
         for key in sorted(k for k in self.rules if k.startswith(pod_uid + "|")):
-            record = self.rules.pop(key)["alert"]
-            if record is not None:
-                out.append(alerts.resolve(record, ts, why))
+            out += rules.close(self.rules, key, ts, why)
         for table in (self.last, self.marks, self.over_since):
             for key in [k for k in table if k.startswith(pod_uid + "|")]:
                 del table[key]
@@ -279,12 +190,13 @@ class AllocatorTracker:
 
     def to_dict(self) -> dict[str, Any]:
         return {"gpus": self.gpus, "last": self.last, "windows": self.windows, "marks": self.marks,
-                "over_since": self.over_since, "rules": self.rules, "life": self.life, "counters": self.counters}
+                "over_since": self.over_since, "rules": rules.table_to_dict(self.rules), "life": self.life,
+                "counters": self.counters}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None, node: str, thresholds: Thresholds,
                   window_s: float) -> AllocatorTracker:
         tracker = cls(node, thresholds, window_s)
         for name, value in (data or {}).items():
-            setattr(tracker, name, value)
+            setattr(tracker, name, rules.table_from_dict(value) if name == "rules" else value)
         return tracker

@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
 
+from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from producers.agent.allocator import AllocatorLedger, MalformedAllocatorLine, is_allocator_line, parse_allocator_line
@@ -58,7 +59,7 @@ MAX_INCREMENT = 1e12
 _UCRED = struct.Struct("iII")
 
 
-class MalformedLine(ValueError):
+class MalformedLine(PermanentError, ValueError):
     """A line the agent does not accept; ``reason`` is the counter label (a short fixed word)."""
 
     def __init__(self, reason: str, detail: str) -> None:

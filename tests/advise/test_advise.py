@@ -18,7 +18,7 @@ import pytest
 
 from common.settings import AdviseThresholds
 from gpulens.cli import main
-from sinks.advise import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
+from reports.packing import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.report.dom import parse

@@ -14,11 +14,11 @@ import pytest
 
 from common.kafka import BoundedProducer, ensure_topics, group_lag, read_to_end
 from common.settings import KafkaSettings
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
 from schemas.codec import decode, encode
 from schemas.messages import Alert, DeadLetter, PodState
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
 from sinks.alerts_forward import DeliveryFailed, post_json
 from tests.alerts.helpers import (
     Alertmanager,
@@ -47,7 +47,7 @@ def am_binary() -> Path:
 def scenario_alerts() -> list[Alert]:
     """The crashloop scenario's transitions as the stream jobs emit them: a crash-looping pod
     (critical) whose two GPUs also go idle (two alerts that differ only by GPU), all resolved."""
-    result = run_in_process(load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "crashloop.yaml"))
+    result = run_in_process(load_scenario(REPO_ROOT / "simulation" / "scenarios" / "crashloop.yaml"))
     alerts = [m for m in result.outputs if isinstance(m, Alert)]
     assert [a.state for a in alerts].count("firing") == 3 and [a.state for a in alerts].count("resolved") == 3
     return alerts

@@ -9,7 +9,7 @@ from tests.conftest import REPO_ROOT
 from tests.report.conftest import StoredReport
 from tests.report.dom import parse
 
-SCENARIO = REPO_ROOT / "gpulens" / "scenarios" / "allocator-fragmentation.yaml"
+SCENARIO = REPO_ROOT / "simulation" / "scenarios" / "allocator-fragmentation.yaml"
 
 
 def test_the_allocator_section_agrees_with_the_replay_report(stored_report: Callable[..., StoredReport]) -> None:

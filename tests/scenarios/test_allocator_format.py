@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpulens.allocator_play import allocator_line
-from gpulens.scenario import AllocatorSpec, ScenarioError, parse_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode
 from schemas.messages import WorkloadAllocator
 from schemas.topics import WORKLOAD_ALLOCATOR
+from simulation.allocator_play import allocator_line
+from simulation.scenario import AllocatorSpec, ScenarioError, parse_scenario
+from simulation.simulator import FleetSimulator
 
 GIB = 2**30
 

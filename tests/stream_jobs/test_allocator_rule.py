@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
 from schemas.messages import Alert, AllocatorDevice, GpuReading, PodLifecycle, PodWindow, WorkloadAllocator
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
 from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.config import Thresholds
 from tests.conftest import REPO_ROOT
@@ -153,7 +153,7 @@ def test_state_survives_a_checkpoint_mid_run() -> None:
 
 
 def test_windows_and_lifecycle_carry_the_allocator_figures() -> None:
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "allocator-fragmentation.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "allocator-fragmentation.yaml")
     outputs = run_in_process(scenario).outputs
     frag = [w for w in outputs if isinstance(w, PodWindow) and w.pod == "train-frag"]
     by_start = {w.window_start.strftime("%H:%M"): w for w in frag}
@@ -169,7 +169,7 @@ def test_windows_and_lifecycle_carry_the_allocator_figures() -> None:
 
 @pytest.mark.parametrize("name", ["vram-pressure", "mig", "shared-gpus"])
 def test_scenarios_without_allocator_statistics_have_no_allocator_figures(name: str) -> None:
-    outputs = run_in_process(load_scenario(REPO_ROOT / "gpulens" / "scenarios" / f"{name}.yaml")).outputs
+    outputs = run_in_process(load_scenario(REPO_ROOT / "simulation" / "scenarios" / f"{name}.yaml")).outputs
     assert not any(isinstance(m, WorkloadAllocator) for m in outputs)
     assert all(w.alloc_reserved_bytes is None for w in outputs if isinstance(w, PodWindow))
     assert all(m.alloc_retries is None for m in outputs if isinstance(m, PodLifecycle))
@@ -177,6 +177,6 @@ def test_scenarios_without_allocator_statistics_have_no_allocator_figures(name: 
 
 
 def test_a_threshold_override_in_the_scenario_silences_the_alert() -> None:
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "allocator-fragmentation.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "allocator-fragmentation.yaml")
     quiet = replace(scenario, thresholds=scenario.thresholds.with_overrides({"allocator_unused_pct": 61}))
     assert not any(a["type"] == "allocator_fragmentation" for a in run_in_process(quiet).report["alerts"])

@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from common.metrics import MetricsRegistry
-from gpulens.scenario import AllocatorSpec, PodSpec, Scenario
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.progress import ProgressCollector, ProgressMetrics, StaticPodAddresses
 from schemas.messages import Message
 from schemas.topics import WORKLOAD_ALLOCATOR
+from simulation.scenario import AllocatorSpec, PodSpec, Scenario
 
 GIB = 2**30
 EPS = 1e-6

@@ -1,0 +1,507 @@
+"""Alert rules as data: every alert type is one declared :class:`SustainedRule`, run by one engine.
+
+Why: the stages used to carry a hand-written since/fire/resolve block per alert type, each with
+its own small variations. Here a rule says only *what* — its condition over a context the stage
+builds, how long the condition must hold (the name of a field of
+:class:`stream_jobs.config.Thresholds`), the subject, summary and details of the firing alert, and
+why it resolves — and :func:`step` / :func:`sweep` say *how*, once, for every type.
+
+The timing rule of a sustained condition (DESIGN.md's alert catalogue):
+
+- the condition turns true at ``t``: the timer starts at ``t`` (or at :attr:`SustainedRule.since`
+  of the context, when the rule measures from a time in the data, like a pod's creation);
+- it fires at the first evaluation ``t`` with ``t - since >= threshold`` (``timeutil.elapsed``);
+  the alert's id hashes its type, subject and that ``t`` (``stream_jobs.alerts``);
+- the condition is false: the timer stops and an open alert resolves with the rule's reason;
+- the condition is unknown (``None``: no data at this evaluation) changes nothing;
+- the subject is gone (a pod ended, a gang formed): the stage calls :func:`sweep` or
+  :func:`resolve_all` with the reason it knows.
+
+Adding an alert type: declare a rule below with a context dataclass, register its severity in
+``stream_jobs.alerts.SEVERITY``, call :func:`step` for it where the stage has the context, and add
+a test. The engine keeps one :class:`RuleState` per subject key in a plain dict the stage owns
+and persists (``to_dict`` form: ``{"since": float | None, "alert": record | None}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from schemas.messages import Alert, AllocatorDevice, GpuReading
+from stream_jobs import alerts
+from stream_jobs.attribution import Share
+from stream_jobs.config import Thresholds
+from stream_jobs.state import ClusterPod, Workload
+from stream_jobs.timeutil import elapsed, fmt_duration, iso
+
+C = TypeVar("C")
+
+Details = dict[str, Any]
+AlertRecord = dict[str, Any]
+"""An open alert as ``stream_jobs.alerts.fire`` returns it (kept in stage state)."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Why a rule's alert resolved, and figures added to its details (``util_pct`` when busy again)."""
+
+    reason: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SustainedRule(Generic[C]):
+    """An alert that fires when ``condition`` has held for the threshold named ``after``."""
+
+    alert_type: str
+    after: str
+    """Name of the :class:`Thresholds` field (seconds) the condition must hold for."""
+    condition: Callable[[C], bool | None]
+    """True / false at this evaluation; ``None`` when the context has no data for it."""
+    subject: Callable[[C], dict[str, Any]]
+    describe: Callable[[C, float, float], tuple[str, Details]]
+    """``(context, since, t) -> (summary, details)`` of the firing alert."""
+    resolution: Callable[[C, AlertRecord, float], Resolution]
+    """``(context, open alert record, t)``: why the alert resolves when the condition turns false."""
+    since: Callable[[C], float] | None = None
+    """When the timer starts, if from the data (read at every evaluation) rather than when the
+    condition was first seen."""
+    remember: Callable[[C, float], Details] | None = None
+    """Fields added to the kept alert record at firing (used by a later resolution)."""
+
+    def threshold(self, thresholds: Thresholds) -> float:
+        return float(getattr(thresholds, self.after))
+
+
+@dataclass
+class RuleState:
+    """One subject's timer and open alert for one rule."""
+
+    since: float | None = None
+    alert: AlertRecord | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "alert": self.alert}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RuleState:
+        return cls(since=data["since"], alert=data["alert"])
+
+
+RuleTable = dict[str, RuleState]
+"""A rule's states by subject key (a pod|gpu key, a pod uid, a gang id...)."""
+
+
+def step(rule: SustainedRule[C], table: RuleTable, key: str, context: C, t: float,
+         thresholds: Thresholds) -> list[Alert]:
+    """Evaluate ``rule`` for the subject ``key`` at ``t``; returns the transitions (0 or 1)."""
+    holds = rule.condition(context)
+    if holds is None:
+        return []
+    state = table.get(key)
+    if not holds:
+        if state is None:
+            return []
+        del table[key]
+        if state.alert is None:
+            return []
+        resolution = rule.resolution(context, state.alert, t)
+        return [alerts.resolve(state.alert, t, resolution.reason, **resolution.extra)]
+    if state is None:
+        state = table[key] = RuleState()
+    if rule.since is not None:
+        state.since = rule.since(context)
+    elif state.since is None:
+        state.since = t
+    if state.alert is not None or not elapsed(t, state.since, rule.threshold(thresholds)):
+        return []
+    summary, details = rule.describe(context, state.since, t)
+    record, message = alerts.fire(rule.alert_type, rule.subject(context), t, summary, details)
+    if rule.remember is not None:
+        record |= rule.remember(context, state.since)
+    state.alert = record
+    return [message]
+
+
+def restart(table: RuleTable, keys: Iterable[str]) -> None:
+    """Restart the timers of ``keys`` (a gap in the data): open alerts stay open."""
+    for key in keys:
+        state = table.get(key)
+        if state is None:
+            continue
+        state.since = None
+        if state.alert is None:
+            del table[key]
+
+
+def close(table: RuleTable, key: str, t: float, reason: str, **extra: Any) -> list[Alert]:
+    """Forget ``key``; its open alert resolves with ``reason`` and ``extra`` details."""
+    state = table.pop(key, None)
+    if state is None or state.alert is None:
+        return []
+    return [alerts.resolve(state.alert, t, reason, **extra)]
+
+
+def sweep(table: RuleTable, live: Iterable[str], t: float, reason: Callable[[str], str]) -> list[Alert]:
+    """Forget every subject not in ``live`` (in key order), resolving open alerts with ``reason(key)``."""
+    out: list[Alert] = []
+    for key in sorted(set(table) - set(live)):
+        out += close(table, key, t, reason(key))
+    return out
+
+
+def table_to_dict(table: RuleTable) -> dict[str, Any]:
+    return {key: state.to_dict() for key, state in table.items()}
+
+
+def table_from_dict(data: Mapping[str, Any]) -> RuleTable:
+    return {key: RuleState.from_dict(value) for key, value in data.items()}
+
+
+# ---------------------------------------------------------------------- node rules
+
+
+@dataclass(frozen=True)
+class PodGpu:
+    """One sample of one pod's share of one GPU on a node (context of the per-pod GPU rules)."""
+
+    node: str
+    namespace: str
+    pod: str
+    reading: GpuReading
+    share: Share
+    thresholds: Thresholds
+
+    @property
+    def idle(self) -> bool | None:
+        util = self.share.util_pct
+        return None if util is None else util < self.thresholds.idle_util_pct
+
+    @property
+    def mem_used_pct(self) -> float | None:
+        total, used = self.reading.mem_total_bytes, self.reading.mem_used_bytes
+        return used / total * 100.0 if total and used is not None else None
+
+
+def _pod_gpu_subject(c: PodGpu) -> dict[str, Any]:
+    return alerts.subject("pod", c.namespace, c.pod, c.node, c.reading.uuid)
+
+
+def _idle_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
+    share, th = c.share, c.thresholds
+    held = share.processes > 0 or (share.mem_bytes or 0) > 0
+    details = {
+        "idle_class": "vram_held" if held else "no_process", "gpu_index": c.reading.index,
+        "util_pct": share.util_pct, "threshold_pct": th.idle_util_pct, "mem_used_bytes": share.mem_bytes,
+        "processes": share.processes, "idle_since": iso(since),
+        "share": share.share, "share_estimated": share.estimated,
+    }
+    held_text = f"holding {(share.mem_bytes or 0) / 2**30:.1f} GiB VRAM" if held else "no process running"
+    summary = (f"{c.namespace}/{c.pod}: GPU {c.reading.index} on {c.node} below "
+               f"{th.idle_util_pct:g}% SM for {fmt_duration(t - since)} ({held_text})")
+    return summary, details
+
+
+IDLE_GPU: SustainedRule[PodGpu] = SustainedRule(
+    alert_type="idle_gpu",
+    after="idle_after",
+    condition=lambda c: c.idle,
+    subject=_pod_gpu_subject,
+    describe=_idle_describe,
+    resolution=lambda c, _alert, _t: Resolution("busy again", {"util_pct": c.share.util_pct}),
+)
+"""SM utilisation below ``idle_util_pct`` at every sample for ``idle_after``."""
+
+
+def _vram_pressure(c: PodGpu) -> bool | None:
+    pct = c.mem_used_pct
+    # bytes are whole: 45.6 of 48 GiB reads 94.9999999992 %, which is 95 %
+    return None if pct is None else pct >= c.thresholds.vram_pressure_pct - 1e-6
+
+
+def _vram_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
+    pct = c.mem_used_pct or 0.0
+    total = c.reading.mem_total_bytes or 0
+    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
+               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct}
+    summary = (f"{c.namespace}/{c.pod}: GPU {c.reading.index} on {c.node} at {pct:.1f}% "
+               f"of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}")
+    return summary, details
+
+
+VRAM_PRESSURE: SustainedRule[PodGpu] = SustainedRule(
+    alert_type="vram_pressure",
+    after="vram_pressure_after",
+    condition=_vram_pressure,
+    subject=_pod_gpu_subject,
+    describe=_vram_describe,
+    resolution=lambda c, _alert, _t: Resolution("below threshold", {"mem_used_pct": round(c.mem_used_pct or 0.0, 2)}),
+)
+"""Device memory at or above ``vram_pressure_pct`` for ``vram_pressure_after``."""
+
+POD_GPU_RULES: tuple[SustainedRule[PodGpu], ...] = (IDLE_GPU, VRAM_PRESSURE)
+"""Evaluated in this order for every pod's share of every GPU at every sample (subject key
+``pod_uid|gpu_uuid``)."""
+
+
+@dataclass(frozen=True)
+class IdleNode:
+    """One sample of a node: whether it is Ready and holds no GPU pod, and what it costs."""
+
+    node: str
+    ready: bool
+    units: int
+    physical_gpus: int
+    holds: bool
+    usd_per_hour: float
+    gpu_model: str | None
+
+
+def _idle_node_describe(c: IdleNode, since: float, t: float) -> tuple[str, Details]:
+    burned = c.usd_per_hour * (t - since) / 3600.0
+    details = {"gpus": c.physical_gpus, "idle_since": iso(since), "cost_usd_burned": round(burned, 4),
+               "usd_per_hour": round(c.usd_per_hour, 4), "gpu_model": c.gpu_model}
+    summary = (f"{c.node}: none of its {c.physical_gpus} GPUs allocated for "
+               f"{fmt_duration(t - since)} (${burned:.2f} burned) - scale-to-zero candidate")
+    return summary, details
+
+
+def idle_node_burned(record: AlertRecord, t: float) -> float:
+    """USD an ``idle_node`` alert's node burned from its idle start to ``t``."""
+    return round(record["usd_per_hour"] * (t - record["idle_since_ts"]) / 3600.0, 4)
+
+
+IDLE_NODE: SustainedRule[IdleNode] = SustainedRule(
+    alert_type="idle_node",
+    after="idle_node_after",
+    condition=lambda c: c.ready and c.units > 0 and not c.holds,
+    subject=lambda c: alerts.subject("node", None, c.node, c.node),
+    describe=_idle_node_describe,
+    resolution=lambda c, alert, t: Resolution("gpu allocated" if c.ready else "node not ready",
+                                              {"cost_usd_burned": idle_node_burned(alert, t)}),
+    remember=lambda c, since: {"idle_since_ts": since, "usd_per_hour": c.usd_per_hour},
+)
+"""A Ready node with GPUs none of which a pod holds, for ``idle_node_after``; its resolution says
+what the idle node cost (:func:`idle_node_burned`)."""
+
+
+# ---------------------------------------------------------------------- cluster rules
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pending GPU pod or a queued workload at one cluster instant, with the free GPUs it sees."""
+
+    record: ClusterPod | Workload
+    unfragmented: bool
+    """The cluster's free GPUs add up to its request."""
+    fits_somewhere: bool
+    """It can be placed on the schedulable nodes as they are."""
+    largest: int
+    free_sum: int
+    free_by_node: Mapping[str, int]
+
+    @property
+    def workload(self) -> bool:
+        return isinstance(self.record, Workload)
+
+
+def _waiting_subject(c: Waiting) -> dict[str, Any]:
+    return alerts.subject("workload" if c.workload else "pod", c.record.namespace, c.record.name)
+
+
+def _pending_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
+    p = c.record
+    details: Details = {"request": p.requests, "gpus": p.gpus, "last_scheduler_reason": p.last_reason,
+                        "would_fit_unfragmented": c.unfragmented, "free_gpus": c.free_sum,
+                        "largest_free_block": c.largest, "pending_s": t - p.created}
+    if isinstance(p, Workload):
+        reason = p.last_reason or "no queue reason seen"
+        details |= {"queue": p.queue, "pods": p.pods, "team": p.team}
+        summary = (f"workload {p.namespace}/{p.name} queued for {fmt_duration(t - p.created)}: "
+                   f"needs {p.gpus} GPU(s) in {p.pods} pod(s); {reason}")
+    else:
+        reason = p.last_reason or "no scheduler reason seen"
+        summary = (f"{p.namespace}/{p.name} pending for {fmt_duration(t - p.created)}: needs "
+                   f"{p.gpus} GPU(s); {reason}")
+    return summary, details
+
+
+PENDING_GPU: SustainedRule[Waiting] = SustainedRule(
+    alert_type="pending_gpu",
+    after="pending_after",
+    condition=lambda c: True,
+    subject=_waiting_subject,
+    describe=_pending_describe,
+    resolution=lambda c, _alert, _t: Resolution("no longer pending"),  # never used: it ends by a sweep
+    since=lambda c: c.record.created,
+)
+"""A GPU pod unscheduled (a workload not admitted) ``pending_after`` after its creation; it
+resolves when it stops waiting (the cluster stage's sweep says why)."""
+
+
+def _fragmentation_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
+    p = c.record
+    details: Details = {"request": p.requests, "gpus": p.gpus, "free_gpus": c.free_sum,
+                        "largest_free_block": c.largest, "free_gpus_by_node": dict(c.free_by_node)}
+    summary = f"{p.name} needs {p.gpus} GPUs; {c.free_sum} are free but at most {c.largest} on one node"
+    if isinstance(p, Workload):
+        details["pods"] = p.pods
+        summary = (f"workload {p.name} needs {p.gpus} GPUs in {p.pods} pod(s); "
+                   f"{c.free_sum} are free but its pods do not fit the nodes (at most {c.largest} on one)")
+    return summary, details
+
+
+FRAGMENTATION: SustainedRule[Waiting] = SustainedRule(
+    alert_type="fragmentation",
+    after="fragmentation_after",
+    condition=lambda c: c.unfragmented and not c.fits_somewhere,
+    subject=_waiting_subject,
+    describe=_fragmentation_describe,
+    resolution=lambda c, _alert, _t: Resolution("fits on a node" if c.fits_somewhere else "not enough free GPUs"),
+)
+"""A waiting pod or workload no node fits although the free GPUs add up, for ``fragmentation_after``."""
+
+WAITING_RULES: tuple[SustainedRule[Waiting], ...] = (PENDING_GPU, FRAGMENTATION)
+"""Evaluated in this order for every pending pod, then every queued workload, at every instant."""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang at one cluster instant: its live members, sorted by name."""
+
+    gang_id: str
+    members: tuple[ClusterPod, ...]
+
+    @property
+    def running(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is not None]
+
+    @property
+    def waiting(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is None]
+
+    @property
+    def namespace_and_group(self) -> tuple[str, str]:
+        if "/" in self.gang_id:
+            namespace, _, group = self.gang_id.partition("/")
+            return namespace, group
+        return self.members[0].namespace, ""
+
+
+def gang_resolved_reason(members: Iterable[ClusterPod]) -> str:
+    """Why a gang's ``gang_partial`` resolves, from its live members (none when it is gone)."""
+    members = list(members)
+    return "all members running" if members and all(p.node for p in members) else "no member running"
+
+
+def _gang_describe(c: Gang, since: float, t: float) -> tuple[str, Details]:
+    running, waiting = c.running, c.waiting
+    namespace, group = c.namespace_and_group
+    details: Details = {"running": [p.name for p in running], "pending": [p.name for p in waiting],
+                        "gpus_held": sum(p.gpus for p in running),
+                        "gpus_waiting": sum(p.gpus for p in waiting)}
+    summary = (f"gang {group} in {namespace}: {len(running)} of {len(c.members)} members hold "
+               f"{details['gpus_held']} GPUs while {len(waiting)} wait, for {fmt_duration(t - since)}")
+    return summary, details
+
+
+def _gang_subject(c: Gang) -> dict[str, Any]:
+    namespace, group = c.namespace_and_group
+    return alerts.subject("gang", namespace, group or c.gang_id)
+
+
+GANG_PARTIAL: SustainedRule[Gang] = SustainedRule(
+    alert_type="gang_partial",
+    after="gang_after",
+    condition=lambda c: bool(c.running and c.waiting),
+    subject=_gang_subject,
+    describe=_gang_describe,
+    resolution=lambda c, _alert, _t: Resolution(gang_resolved_reason(c.members)),
+)
+"""A gang with members holding GPUs while others wait, for ``gang_after``; the cluster stage steps
+it for partial gangs only and sweeps the others after all fired (the order of transitions)."""
+
+@dataclass(frozen=True)
+class AllocatorGpu:
+    """One caching-allocator report of one pod's GPU (:mod:`stream_jobs.allocator` builds it)."""
+
+    node: str
+    namespace: str
+    pod: str
+    gpu_uuid: str
+    gpu_index: int | None
+    device: AllocatorDevice
+    gpu_mem_total_bytes: int | None
+    reserved_unused_bytes: int
+    reserved_unused_pct: float | None
+    """None: the GPU's memory is not known (no sample gave it)."""
+    over_since: float | None
+    """The first report of the current run at or above ``allocator_unused_pct`` (the rule's timer)."""
+    alloc_retries: int
+    """Retries in the window: the total now minus that of the window's earliest report."""
+    alloc_ooms: int
+    thresholds: Thresholds
+
+    @property
+    def over(self) -> bool:
+        return self.reserved_unused_pct is not None and \
+            self.reserved_unused_pct >= self.thresholds.allocator_unused_pct - 1e-6
+
+
+def _allocator_condition(c: AllocatorGpu) -> bool | None:
+    if c.reserved_unused_pct is None:
+        return None
+    return c.over and c.alloc_retries + c.alloc_ooms > 0
+
+
+def _allocator_describe(c: AllocatorGpu, since: float, t: float) -> tuple[str, Details]:
+    after = c.thresholds.allocator_fragmentation_after
+    total = c.gpu_mem_total_bytes or 0
+    pct = c.reserved_unused_pct or 0.0
+    details = {
+        "gpu_index": c.gpu_index, "device": c.device.device, "reserved_bytes": c.device.reserved_bytes,
+        "allocated_bytes": c.device.allocated_bytes, "reserved_unused_bytes": c.reserved_unused_bytes,
+        "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
+        "alloc_retries": c.alloc_retries, "alloc_ooms": c.alloc_ooms,
+        "max_reserved_bytes": c.device.max_reserved_bytes, "threshold_pct": c.thresholds.allocator_unused_pct,
+        "window_s": after, "since": iso(since),
+    }
+    summary = (f"{c.namespace}/{c.pod}: the caching allocator on GPU {c.gpu_index} on {c.node} holds "
+               f"{c.reserved_unused_bytes / 2**30:.1f} GiB reserved but unused ({pct:.0f}% of {total / 2**30:.0f} "
+               f"GiB) for {fmt_duration(t - since)}, with {c.alloc_retries} allocation retries and {c.alloc_ooms} "
+               f"OOMs in {fmt_duration(after)}")
+    return summary, details
+
+
+def _allocator_resolution(c: AllocatorGpu, _alert: AlertRecord, _t: float) -> Resolution:
+    if not c.over:
+        return Resolution(f"reserved but unused below {c.thresholds.allocator_unused_pct:g}% of the GPU",
+                          {"reserved_unused_pct": round(c.reserved_unused_pct or 0.0, 2)})
+    return Resolution(f"no allocation retry or OOM for {fmt_duration(c.thresholds.allocator_fragmentation_after)}")
+
+
+ALLOCATOR_FRAGMENTATION: SustainedRule[AllocatorGpu] = SustainedRule(
+    alert_type="allocator_fragmentation",
+    after="allocator_fragmentation_after",
+    condition=_allocator_condition,
+    subject=lambda c: alerts.subject("pod", c.namespace, c.pod, c.node, c.gpu_uuid),
+    describe=_allocator_describe,
+    resolution=_allocator_resolution,
+    since=lambda c: c.over_since if c.over_since is not None else 0.0,
+)
+"""A pod's caching allocator holds ``allocator_unused_pct`` of the GPU reserved but unused since a
+report ``allocator_fragmentation_after`` ago (the timer runs from the data: the run above the share,
+not the retries), with allocation retries or OOMs within that window. Stepped at each allocator
+report by :class:`stream_jobs.allocator.AllocatorTracker`, which keeps its table."""
+
+NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE)
+"""The node stage's rules (it keeps one :data:`RuleTable` per rule)."""
+
+CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL)
+"""The cluster stage's rules (it keeps one :data:`RuleTable` per rule)."""
+
+RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES, ALLOCATOR_FRAGMENTATION)
+"""Every declared sustained-condition rule (a test checks their thresholds and severities exist)."""
