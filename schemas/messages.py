@@ -439,17 +439,14 @@ class PodWindow(Message):
     avg_power_w: NonNegFloat | None = None
     """Mean power draw of the whole device over the seconds with a power figure (not the pod's share:
     ``energy_j`` is)."""
+    # The pod's caching allocator on this GPU (workload.allocator.v1; absent: no report in the
+    # window): reserved and allocated bytes at the window's last report, the most reserved-but-unused
+    # bytes at any report, and the allocation retries and OOMs (growth of the totals) in the window.
     alloc_reserved_bytes: NonNegInt | None = None
-    """The pod's caching allocator on this GPU (workload.allocator.v1): reserved bytes at the window's
-    last report (absent: the pod reported no allocator statistics for this GPU in the window)."""
     alloc_allocated_bytes: NonNegInt | None = None
-    """Allocated bytes at the window's last report."""
     max_reserved_unused_bytes: NonNegInt | None = None
-    """The most reserved-but-unused bytes (reserved - allocated) at any report in the window."""
     alloc_retries: NonNegInt | None = None
-    """Allocation retries (``num_alloc_retries`` growth) reported in the window."""
     alloc_ooms: NonNegInt | None = None
-    """Allocator OOMs (``num_ooms`` growth) reported in the window."""
 
 
 # --------------------------------------------------------------------------- cluster.capacity.v1
