@@ -281,7 +281,7 @@ DEMO_ADVISE_FLAGS = "--min-evidence 5m --idle-stretch 5m --bucket 5m"
 
 def _advice_headline(settings: CommonSettings) -> str:
     """The advisor's headline over what the demo stored ("N GPUs (P %) reclaimable, $X/month")."""
-    from reports.advise import advise, headline_text
+    from reports.advise import advise
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
     from sinks.readonly import ReadLimits
@@ -295,4 +295,4 @@ def _advice_headline(settings: CommonSettings) -> str:
             reader.close()
     except StoreError as exc:
         return f"not available ({exc})"
-    return headline_text(advice["headline"])
+    return str(advice["headline_text"])
