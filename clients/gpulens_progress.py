@@ -24,6 +24,13 @@ Where it sends (environment of the training container, see docs/progress.md):
 Only one process per pod should report a job's steps (in distributed training, the local rank 0):
 every report adds to the pod's totals. The framework callbacks (:func:`transformers_callback`,
 :func:`lightning_callback`) do this, and import their framework only when called.
+
+The caching allocator's view of the GPU memory (reserved, allocated, allocation retries, OOMs) goes
+to the same agent: :func:`report_allocator` takes the figures per device, :func:`torch_allocator_stats`
+collects them from PyTorch, :func:`report_torch_allocator` does both (every process reports the
+devices its own allocator uses; the callbacks do it from every rank). They travel as
+``allocator device=N reserved=N allocated=N ...`` lines of absolute values, in datagrams of their
+own so that an agent that does not know them still counts the steps.
 """
 
 from __future__ import annotations
@@ -36,11 +43,17 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ProgressReporter", "flush", "lightning_callback", "report", "transformers_callback"]
+__all__ = ["ProgressReporter", "flush", "lightning_callback", "report", "report_allocator", "report_torch_allocator",
+           "torch_allocator_stats", "transformers_callback"]
 
 DEFAULT_SOCKET = "/var/run/gpulens/progress.sock"
 DEFAULT_UDP_PORT = 9477
 _KEYS = ("steps", "tokens", "samples")
+MAX_DATAGRAM_BYTES = 1024
+"""The agent's default datagram limit: allocator lines are packed into datagrams no larger."""
+_ALLOCATOR_FIELDS = (("reserved_bytes", "reserved"), ("allocated_bytes", "allocated"),
+                     ("max_reserved_bytes", "max_reserved"), ("num_alloc_retries", "retries"),
+                     ("num_ooms", "ooms"))
 
 
 def _env_float(name: str, default: float) -> float:
@@ -62,6 +75,8 @@ class ProgressReporter:
         self.min_interval_s = (min_interval_s if min_interval_s is not None
                                else _env_float("GPULENS_PROGRESS_MIN_INTERVAL_S", 1.0))
         self.pending = dict.fromkeys(_KEYS, 0.0)
+        self.allocator_pending: dict[str, str] = {}
+        """The latest allocator line per device (absolute values: a newer one replaces an older)."""
         self.sent_lines = 0
         self.failed_sends = 0
         self._last_sent = 0.0
@@ -79,6 +94,20 @@ class ProgressReporter:
                 if time.monotonic() - self._last_sent >= self.min_interval_s:
                     self._send_locked()
         except Exception:  # never into the training loop
+            self.failed_sends += 1
+
+    def report_allocator(self, devices: list[dict[str, Any]]) -> None:
+        """Latest allocator figures, one dict per device (see :func:`torch_allocator_stats` for the keys);
+        a device with a missing or bad figure is left out. Sent with the next progress send."""
+        try:
+            with self._lock:
+                for device in devices:
+                    line = _allocator_line(device)
+                    if line is not None:
+                        self.allocator_pending[line.split(" ", 2)[1]] = line
+                if time.monotonic() - self._last_sent >= self.min_interval_s:
+                    self._send_locked()
+        except Exception:
             self.failed_sends += 1
 
     def flush(self) -> None:
@@ -116,22 +145,70 @@ class ProgressReporter:
     def _send_locked(self) -> None:
         self._last_sent = time.monotonic()
         line = self._line()
-        if not line:
+        if not line and not self.allocator_pending:
             return
         target = self._target()
         if target is None:
             return
+        if line:
+            if not self._sendto(target, line):
+                return
+            self.sent_lines += 1
+            self.pending = dict.fromkeys(_KEYS, 0.0)
+        for datagram in _pack(sorted(self.allocator_pending.values())):
+            if not self._sendto(target, datagram):
+                return
+        self.allocator_pending = {}
+
+    def _sendto(self, target: tuple[str, Any], data: bytes) -> bool:
         kind, address = target
         try:
-            self._socket(kind, address).sendto(line, address)
+            self._socket(kind, address).sendto(data, address)
         except OSError:
             self.failed_sends += 1
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
-            return
-        self.sent_lines += 1
-        self.pending = dict.fromkeys(_KEYS, 0.0)
+            return False
+        return True
+
+
+def _whole(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
+
+
+def _allocator_line(device: dict[str, Any]) -> str | None:
+    """``allocator device=0 reserved=N allocated=N [max_reserved=N] [retries=N] [ooms=N] [uuid=GPU-...]``."""
+    index = _whole(device.get("device"))
+    reserved, allocated = _whole(device.get("reserved_bytes")), _whole(device.get("allocated_bytes"))
+    if index is None or reserved is None or allocated is None:
+        return None
+    parts = ["allocator", f"device={index}"]
+    for key, name in _ALLOCATOR_FIELDS:
+        value = _whole(device.get(key))
+        if value is not None:
+            parts.append(f"{name}={value}")
+    uuid = device.get("gpu_uuid")
+    if isinstance(uuid, str) and uuid.startswith(("GPU-", "MIG-")) and " " not in uuid and len(uuid) <= 80:
+        parts.append(f"uuid={uuid}")
+    return " ".join(parts)
+
+
+def _pack(lines: list[str]) -> list[bytes]:
+    """Lines joined into datagrams of at most :data:`MAX_DATAGRAM_BYTES`."""
+    out: list[bytes] = []
+    current = b""
+    for line in lines:
+        data = line.encode()
+        if current and len(current) + 1 + len(data) > MAX_DATAGRAM_BYTES:
+            out.append(current)
+            current = b""
+        current = current + b"\n" + data if current else data
+    if current:
+        out.append(current)
+    return out
 
 
 _default: ProgressReporter | None = None
@@ -163,16 +240,85 @@ def flush() -> None:
         return
 
 
+def report_allocator(devices: list[dict[str, Any]]) -> None:
+    """Latest allocator figures per device (keys as :func:`torch_allocator_stats` returns); never raises."""
+    try:
+        _reporter().report_allocator(devices)
+    except Exception:
+        return
+
+
+def _device_uuid(cuda: Any, index: int) -> str | None:
+    try:
+        uuid = str(cuda.get_device_properties(index).uuid)
+    except Exception:  # older torch: no uuid in the properties
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def torch_allocator_stats(torch_module: Any = None) -> list[dict[str, Any]]:
+    """PyTorch's caching-allocator figures for every device this process's allocator holds memory on.
+
+    Per device: ``device``, ``gpu_uuid`` (when torch tells it), ``reserved_bytes``
+    (``torch.cuda.memory_reserved``), ``allocated_bytes`` (``memory_allocated``), ``max_reserved_bytes``
+    (``max_memory_reserved``), ``num_alloc_retries`` and ``num_ooms`` (``torch.cuda.memory_stats``).
+    Empty when torch is not importable, CUDA is not initialised in this process, or anything fails:
+    devices other processes use (other ranks) hold nothing in this allocator and are left out.
+    """
+    try:
+        if torch_module is None:
+            import torch as torch_module  # type: ignore[import-not-found, no-redef]
+        cuda = torch_module.cuda
+        if not cuda.is_available() or not cuda.is_initialized():
+            return []
+        out = []
+        for index in range(cuda.device_count()):
+            reserved = int(cuda.memory_reserved(index))
+            stats = cuda.memory_stats(index) or {}
+            retries, ooms = stats.get("num_alloc_retries"), stats.get("num_ooms")
+            if reserved <= 0 and not retries and not ooms:
+                continue
+            out.append({"device": index, "gpu_uuid": _device_uuid(cuda, index), "reserved_bytes": reserved,
+                        "allocated_bytes": int(cuda.memory_allocated(index)),
+                        "max_reserved_bytes": int(cuda.max_memory_reserved(index)),
+                        "num_alloc_retries": retries, "num_ooms": ooms})
+        return out
+    except Exception:
+        return []
+
+
+def report_torch_allocator(reporter: ProgressReporter | None = None, torch_module: Any = None) -> None:
+    """Collect :func:`torch_allocator_stats` and report them; never raises."""
+    try:
+        devices = torch_allocator_stats(torch_module)
+        if devices:
+            (reporter or _reporter()).report_allocator(devices)
+    except Exception:
+        return
+
+
 class _StepCounter:
     """Turns a framework's cumulative step / token counters into increments."""
 
     def __init__(self, tokens_per_step: float | None, samples_per_step: float | None,
-                 reporter: ProgressReporter | None) -> None:
+                 reporter: ProgressReporter | None, allocator: bool = True) -> None:
         self.tokens_per_step = tokens_per_step
         self.samples_per_step = samples_per_step
         self.reporter = reporter
+        self.allocator = allocator
         self.last_step: float | None = None
         self.last_tokens: float | None = None
+        self._allocator_at: float | None = None
+
+    def allocator_stats(self, force: bool = False) -> None:
+        """This process's allocator figures, at most once per the reporter's interval (every rank)."""
+        if not self.allocator:
+            return
+        reporter = self.reporter or _reporter()
+        now = time.monotonic()
+        if force or self._allocator_at is None or now - self._allocator_at >= reporter.min_interval_s:
+            self._allocator_at = now
+            report_torch_allocator(reporter)
 
     def update(self, global_step: Any, tokens_seen: Any = None) -> None:
         try:
@@ -198,21 +344,24 @@ class _StepCounter:
 
 
 def transformers_callback(tokens_per_step: float | None = None, samples_per_step: float | None = None,
-                          reporter: ProgressReporter | None = None) -> Any:
+                          reporter: ProgressReporter | None = None, allocator: bool = True) -> Any:
     """A ``transformers.TrainerCallback`` reporting optimizer steps (``state.global_step``).
 
     Tokens come from ``state.num_input_tokens_seen`` when the Trainer counts them
     (``include_num_input_tokens_seen=True``), else ``tokens_per_step`` per step. Only the local
-    main process of each pod reports. Use: ``Trainer(..., callbacks=[transformers_callback()])``.
+    main process of each pod reports steps; with ``allocator`` every process also reports its
+    caching allocator's figures (:func:`torch_allocator_stats`) after steps, at most once per interval.
+    Use: ``Trainer(..., callbacks=[transformers_callback()])``.
     """
     from transformers import TrainerCallback
 
-    counter = _StepCounter(tokens_per_step, samples_per_step, reporter)
+    counter = _StepCounter(tokens_per_step, samples_per_step, reporter, allocator)
 
     class GpulensProgressCallback(TrainerCallback):  # type: ignore[misc, valid-type]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             if getattr(state, "is_local_process_zero", True):
                 counter.update(getattr(state, "global_step", None), getattr(state, "num_input_tokens_seen", None))
+            counter.allocator_stats()
             return control
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> Any:
@@ -221,32 +370,36 @@ def transformers_callback(tokens_per_step: float | None = None, samples_per_step
             return control
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            return self.on_log(args, state, control)
+            counter.allocator_stats(force=True)
+            counter.flush()  # steps only from the local main process (others have none pending)
+            return control
 
     return GpulensProgressCallback()
 
 
 def lightning_callback(tokens_per_step: float | None = None, samples_per_step: float | None = None,
-                       reporter: ProgressReporter | None = None) -> Any:
+                       reporter: ProgressReporter | None = None, allocator: bool = True) -> Any:
     """A PyTorch Lightning ``Callback`` reporting ``trainer.global_step`` after each training batch.
 
-    Imports ``lightning.pytorch``, or the older ``pytorch_lightning``. Only local rank 0 reports.
-    Use: ``Trainer(callbacks=[lightning_callback(tokens_per_step=batch * seq_len)])``.
+    Imports ``lightning.pytorch``, or the older ``pytorch_lightning``. Only local rank 0 reports
+    steps; with ``allocator`` every rank reports its caching allocator's figures, at most once per
+    interval. Use: ``Trainer(callbacks=[lightning_callback(tokens_per_step=batch * seq_len)])``.
     """
     try:
         from lightning.pytorch import Callback
     except ImportError:
         from pytorch_lightning import Callback
 
-    counter = _StepCounter(tokens_per_step, samples_per_step, reporter)
+    counter = _StepCounter(tokens_per_step, samples_per_step, reporter, allocator)
 
     class GpulensProgressCallback(Callback):  # type: ignore[misc, valid-type]
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if getattr(trainer, "local_rank", 0) == 0:
                 counter.update(getattr(trainer, "global_step", None))
+            counter.allocator_stats()
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            if getattr(trainer, "local_rank", 0) == 0:
-                counter.flush()
+            counter.allocator_stats(force=True)
+            counter.flush()
 
     return GpulensProgressCallback()

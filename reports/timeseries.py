@@ -156,6 +156,24 @@ ORDER BY gpu_hours DESC, namespace, pod
 LIMIT {int(limit)}"""))
 
 
+def allocator_by_pod(reader: SqlReader, limit: int = 40) -> Rows:
+    """Per pod and GPU that reported its caching allocator's statistics: the most VRAM reserved but
+    unused (reserved - allocated) in any window, the last reserved and allocated figures, and the
+    allocation retries and OOMs over the period; retries and OOMs first (fragmentation that hurts),
+    then the most unused. Pods without allocator statistics are left out (no made-up zero)."""
+    return round_floats(query_rows(reader, f"""
+SELECT namespace, pod, if(team = '', '(none)', team) AS team, node, gpu_uuid,
+       max(max_reserved_unused_bytes) AS max_reserved_unused_bytes,
+       argMax(alloc_reserved_bytes, window_start) AS reserved_bytes,
+       argMax(alloc_allocated_bytes, window_start) AS allocated_bytes,
+       sum(alloc_retries) AS alloc_retries, sum(alloc_ooms) AS alloc_ooms,
+       max(max_mem_used_bytes) AS peak_mem_bytes
+FROM (SELECT * FROM pod_windows FINAL WHERE max_reserved_unused_bytes IS NOT NULL AND {IN_CLUSTER})
+GROUP BY namespace, pod, team, node, gpu_uuid
+ORDER BY alloc_retries + alloc_ooms DESC, max_reserved_unused_bytes DESC, namespace, pod, gpu_uuid
+LIMIT {int(limit)}"""))
+
+
 def firing_alerts(reader: SqlReader, limit: int = 200) -> Rows:
     """Alerts whose last transition is ``firing``, most severe and oldest first, with their age at the
     end of the data (the store's latest window, not the wall clock: a replayed or demo history is dated

@@ -68,6 +68,10 @@ def all_examples() -> dict[str, m.Message]:
                                     involved_namespace="research", involved_name="train-4"),
         "workload.progress.v1": m.WorkloadProgress(pod_uid="p-1", namespace="research", pod="train-llm-0", ts=TS,
                                                    steps_total=1200.0, tokens_total=4.9e9),
+        "workload.allocator.v1": m.WorkloadAllocator(
+            pod_uid="p-1", namespace="research", pod="train-llm-0", node="gpu-a", ts=TS,
+            devices=[m.AllocatorDevice(device=0, gpu_uuid="GPU-0", reserved_bytes=60 * GIB, allocated_bytes=12 * GIB,
+                                       max_reserved_bytes=62 * GIB, alloc_retries_total=14, ooms_total=0)]),
         "pod.windows.v1": m.PodWindow(window_id="w-1", pod_uid="p-1", namespace="research", pod="train-llm-0",
                                       node="gpu-a", gpu_uuid="GPU-0", gpu_model="NVIDIA H100 80GB HBM3",
                                       window_start=TS, window_end=TS, allocated_s=60, busy_s=60, idle_s=0,

@@ -355,6 +355,49 @@ class WorkloadProgress(Message):
     samples_total: NonNegFloat | None = None
 
 
+# --------------------------------------------------------------------------- workload.allocator.v1
+
+MAX_ALLOCATOR_BYTES = 2**50
+"""Largest byte figure an allocator report may carry (1 PiB: far above any GPU, below a typo)."""
+MAX_ALLOCATOR_COUNT = 10**12
+"""Largest retry or OOM total an allocator report may carry."""
+AllocatorBytes = Annotated[int, Field(ge=0, le=MAX_ALLOCATOR_BYTES)]
+AllocatorCount = Annotated[int, Field(ge=0, le=MAX_ALLOCATOR_COUNT)]
+
+
+class AllocatorDevice(Part):
+    """What a framework's caching allocator (PyTorch's) holds on one device of one process.
+
+    ``reserved_bytes`` is what the allocator took from the driver (what NVML sees as used);
+    ``allocated_bytes`` what live tensors use of it; the difference is reserved but unused.
+    Totals count since the process started (a restarted process counts from zero again)."""
+
+    device: Annotated[int, Field(ge=0, le=255)]
+    """The CUDA device index as the process sees it (``torch.cuda.current_device()``)."""
+    gpu_uuid: str | None = None
+    """The device's NVML UUID when the process could tell it (``GPU-...`` / ``MIG-...``)."""
+    reserved_bytes: AllocatorBytes
+    allocated_bytes: AllocatorBytes
+    max_reserved_bytes: AllocatorBytes | None = None
+    alloc_retries_total: AllocatorCount | None = None
+    """``num_alloc_retries``: allocations that failed, freed the cache and were retried."""
+    ooms_total: AllocatorCount | None = None
+    """``num_ooms``: out-of-memory errors the allocator raised."""
+
+
+class WorkloadAllocator(Message):
+    """The latest allocator statistics of one pod's devices, from the node agent that received them
+    (the pod is taken from the sender's kernel identity, as for progress); key = pod uid."""
+
+    pod_uid: str
+    namespace: str
+    pod: str
+    node: str
+    """The node of the agent that received the report (routes it to that node's stage)."""
+    ts: UtcDatetime
+    devices: Annotated[list[AllocatorDevice], Field(min_length=1, max_length=64)]
+
+
 # --------------------------------------------------------------------------- pod.windows.v1
 
 
@@ -396,6 +439,14 @@ class PodWindow(Message):
     avg_power_w: NonNegFloat | None = None
     """Mean power draw of the whole device over the seconds with a power figure (not the pod's share:
     ``energy_j`` is)."""
+    # The pod's caching allocator on this GPU (workload.allocator.v1; absent: no report in the
+    # window): reserved and allocated bytes at the window's last report, the most reserved-but-unused
+    # bytes at any report, and the allocation retries and OOMs (growth of the totals) in the window.
+    alloc_reserved_bytes: NonNegInt | None = None
+    alloc_allocated_bytes: NonNegInt | None = None
+    max_reserved_unused_bytes: NonNegInt | None = None
+    alloc_retries: NonNegInt | None = None
+    alloc_ooms: NonNegInt | None = None
 
 
 # --------------------------------------------------------------------------- cluster.capacity.v1
@@ -463,6 +514,13 @@ class PodLifecycle(Message):
     end_reason: EndReason
     steps: NonNegFloat | None = None
     cost_per_step_usd: NonNegFloat | None = None
+    max_reserved_unused_bytes: NonNegInt | None = None
+    """The most reserved-but-unused bytes of the pod's caching allocator on one GPU at any report
+    (absent: the pod reported no allocator statistics)."""
+    alloc_retries: NonNegInt | None = None
+    """Allocation retries reported over the pod's life (all its GPUs)."""
+    alloc_ooms: NonNegInt | None = None
+    """Allocator OOMs reported over the pod's life (all its GPUs)."""
 
 
 # --------------------------------------------------------------------------- alerts.v1
@@ -476,6 +534,7 @@ AlertType = Literal[  # the alert types gpulens emits today (docs/alerts.md); th
     "gang_partial",
     "crashloop_gpu",
     "idle_node",
+    "allocator_fragmentation",
 ]
 KNOWN_ALERT_TYPES: tuple[str, ...] = get_args(AlertType)
 

@@ -21,6 +21,7 @@ from schemas.messages import (
     PodLifecycle,
     PodState,
     PodWindow,
+    WorkloadAllocator,
     WorkloadProgress,
     WorkloadState,
 )
@@ -78,6 +79,10 @@ WORKLOAD_PROGRESS = TopicSpec(
     "workload.progress.v1", "pod uid", WorkloadProgress, 3, "delete", 7 * _DAY_MS,
     "counters workloads report (steps, tokens, samples)",
 )
+WORKLOAD_ALLOCATOR = TopicSpec(
+    "workload.allocator.v1", "pod uid", WorkloadAllocator, 3, "delete", 7 * _DAY_MS,
+    "caching-allocator statistics workloads report per device (reserved, allocated, retries, OOMs)",
+)
 POD_WINDOWS = TopicSpec(
     "pod.windows.v1", "pod uid", PodWindow, 6, "delete", 7 * _DAY_MS,
     "per pod, per GPU, per window utilisation and cost",
@@ -111,6 +116,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     ALERTS,
     DEADLETTER,
     K8S_WORKLOADS,
+    WORKLOAD_ALLOCATOR,
 )
 
 

@@ -96,6 +96,9 @@ def _alert_key(alert: Alert) -> tuple[Any, ...]:
 
 POD_FIGURES = ("team", "project", "gpus", "node", "pending_s", "running_s", "gpu_hours", "idle_gpu_hours",
                "avg_sm_util_pct", "peak_mem_bytes", "cost_usd", "end_reason", "steps", "cost_per_step_usd")
+ALLOCATOR_FIGURES = ("max_reserved_unused_bytes", "alloc_retries", "alloc_ooms")
+"""Pod figures of the caching allocator: in the report only where the scenario has ``allocator:`` pods,
+so the reports of other scenarios keep their shape."""
 
 
 def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[int, str],
@@ -111,12 +114,13 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
             seen_alerts.add((alert.id, alert.state))
             unique_alerts.append(alert)
     lifecycle = {m.pod_uid: m for m in outputs if isinstance(m, PodLifecycle)}
+    allocator = any(spec.allocator is not None for spec in scenario.pods)
     pods: list[dict[str, Any]] = []
     for spec in scenario.pods:
         record = lifecycle.get(pod_uids[spec.index])
         if record is None:
             pods.append({"namespace": spec.namespace, "name": spec.name, "seen": False}
-                        | dict.fromkeys(POD_FIGURES))
+                        | dict.fromkeys(POD_FIGURES + (ALLOCATOR_FIGURES if allocator else ())))
             continue
         pods.append({
             "namespace": record.namespace, "name": record.name, "seen": True, "team": record.team,
@@ -126,7 +130,7 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
             "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
             "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
             "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
-        })
+        } | ({name: getattr(record, name) for name in ALLOCATOR_FIGURES} if allocator else {}))
     windows = [m for m in outputs if isinstance(m, ClusterCapacity)]
     total = sum(w.gpu_s_total or 0.0 for w in windows)
     allocated = sum(w.gpu_s_allocated or 0.0 for w in windows)

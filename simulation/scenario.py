@@ -82,6 +82,20 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class AllocatorSpec:
+    """Extension: what the pod's caching allocator (PyTorch's) reports through the node agent's
+    progress path, per GPU of the pod, every sample interval from ``start`` (after the pod started
+    running) until ``until``. Totals of retries and OOMs grow at the given rates from ``start``."""
+
+    reserved_gib: float
+    allocated_gib: float
+    retries_per_min: float = 0.0
+    ooms_per_min: float = 0.0
+    start: float = 0.0
+    until: float | None = None
+
+
+@dataclass(frozen=True)
 class PodSpec:
     index: int
     name: str
@@ -110,6 +124,8 @@ class PodSpec:
     workload: str | None = None
     """Extension: the Kueue workload (same namespace) this pod belongs to; ``create`` then counts from
     the workload's admission, and a workload never admitted never creates it."""
+    allocator: AllocatorSpec | None = None
+    """Extension: allocator statistics the pod reports (docs/scenarios.md)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +261,10 @@ def _pod(raw: PodFile, index: int) -> PodSpec:
                    node=raw.node, create=raw.create, run_for=raw.run_for, delete=raw.delete, end=raw.end,
                    util=raw.util, memory_gib=raw.memory_gib, processes=raw.processes, gang=raw.gang,
                    crashloop=raw.crashloop, steps_per_s=raw.steps_per_s, image=raw.image, resource=raw.resource,
-                   owner=raw.owner, active_gpus=raw.active_gpus, workload=raw.workload)
+                   owner=raw.owner, active_gpus=raw.active_gpus, workload=raw.workload,
+                   allocator=None if raw.allocator is None else AllocatorSpec(
+                       raw.allocator.reserved_gib, raw.allocator.allocated_gib, raw.allocator.retries_per_min,
+                       raw.allocator.ooms_per_min, raw.allocator.start, raw.allocator.until))
 
 
 def _workload(raw: WorkloadFile, index: int) -> WorkloadSpec:

@@ -223,6 +223,32 @@ class NodeFile(FileModel):
         return self
 
 
+class AllocatorFile(FileModel):
+    """Extension ``pods[].allocator``: what the pod's caching allocator reports (docs/scenarios.md)."""
+
+    reserved_gib: float
+    allocated_gib: float
+    retries_per_min: float = 0
+    ooms_per_min: float = 0
+    start: float = Field(default=0, alias="from")
+    until: float | None = None
+
+    _gib = field_validator("reserved_gib", "allocated_gib", mode="before")(
+        lambda v: number(v, 0.0, 2**20))  # the agent's bound: 1 PiB
+    _rates = field_validator("retries_per_min", "ooms_per_min", mode="before")(lambda v: number(v, 0.0))
+    _start = field_validator("start", mode="before")(lambda v: duration_s(v))
+    _until = field_validator("until", mode="before")(lambda v: _optional_duration(v))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AllocatorFile:
+        if self.allocated_gib > self.reserved_gib:
+            raise field_error(f"must be <= {self.reserved_gib:g} (reserved_gib), got {self.allocated_gib:g}",
+                              ".allocated_gib")
+        if self.until is not None and self.until <= self.start:
+            raise field_error("must be after from", ".until")
+        return self
+
+
 class PodFile(FileModel):
     name: str
     namespace: str = "default"
@@ -244,6 +270,7 @@ class PodFile(FileModel):
     owner: tuple[str, str] | None = None
     active_gpus: int | None = None
     workload: str | None = None
+    allocator: AllocatorFile | None = None
 
     _names = field_validator("name", "namespace", mode="before")(lambda v: k8s_name(v))
     _labels = field_validator("labels", mode="before")(lambda v: labels(v))
@@ -447,7 +474,7 @@ class ScenarioFile(FileModel):
             try:
                 if name in Thresholds.DURATIONS:
                     values[name] = duration_s(item)
-                elif name in ("idle_util_pct", "vram_pressure_pct"):
+                elif name in ("idle_util_pct", "vram_pressure_pct", "allocator_unused_pct"):
                     values[name] = number(item, 0.0, 100.0)
                 else:
                     values[name] = number(item, 0.0)
@@ -477,7 +504,7 @@ class ScenarioFile(FileModel):
 
 _MODEL_OF_LIST: dict[str, type[FileModel]] = {
     "nodes": NodeFile, "pods": PodFile, "workloads": WorkloadFile, "pod_sets": PodSetFile, "faults": FaultFile,
-    "agent_gaps": GapFile, "late_samples": LateFile, "poison": PoisonFile}
+    "agent_gaps": GapFile, "late_samples": LateFile, "poison": PoisonFile, "allocator": AllocatorFile}
 
 
 _GAP_KEYS = {"start": "from", "end": "to"}
@@ -500,7 +527,7 @@ def error_text(exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
     error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(error["loc"])
-    if loc[:1] == ("agent_gaps",) and loc[-1] in _GAP_KEYS:
+    if (loc[:1] == ("agent_gaps",) or "allocator" in loc) and loc[-1] in _GAP_KEYS:
         loc = (*loc[:-1], _GAP_KEYS[str(loc[-1])])
     ctx = error.get("ctx") or {}
     kind = error["type"]

@@ -42,6 +42,7 @@ from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
+from simulation.allocator_play import AllocatorPlayer
 from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
 from simulation.scenario import NodeSpec, Scenario, step_value
 from simulation.scenario_file import OWNER_API_VERSIONS
@@ -68,6 +69,7 @@ class FleetSimulator:
         self.start_id = uuidlib.uuid4().hex
         """Fresh per start, like a real agent's boot id: two runs into one store never share a sample key."""
         self.dt = scenario.sample_interval_s
+        self.allocator = AllocatorPlayer(scenario)
         self.nodes: dict[str, SimNode] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
         self.pods: list[SimPod] = [
             SimPod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
@@ -323,6 +325,7 @@ class FleetSimulator:
                     records.append(self._encode(K8S_EVENTS.suffix, pod.uid, event))
             records.extend(self._progress(t, ts))
             records.extend(self._samples(t, ts))
+            records.extend(self.allocator.records(t, ts, self.pods, self._encode))
             due = [rec for at, rec in self._late if at <= t + EPS]
             self._late = [(at, rec) for at, rec in self._late if at > t + EPS]
             records.extend(due)

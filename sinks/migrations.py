@@ -779,6 +779,23 @@ class Migration:
     """Steps that need to look at the store first (run after ``statements``)."""
 
 
+def _m9_allocator(ttl: TtlDays) -> list[str]:
+    """The pods' caching-allocator figures (workload.allocator.v1 through the stream jobs) in their
+    windows and lifecycle records. Added columns only (no rebuild): rows from before read NULL, as
+    do pods that report no allocator statistics. Independent of migration 8 (another change), so
+    the two apply in either order."""
+    return [
+        "ALTER TABLE pod_windows ADD COLUMN IF NOT EXISTS alloc_reserved_bytes Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS alloc_allocated_bytes Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS max_reserved_unused_bytes Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS alloc_retries Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS alloc_ooms Nullable(UInt64)",
+        "ALTER TABLE pod_lifecycle ADD COLUMN IF NOT EXISTS max_reserved_unused_bytes Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS alloc_retries Nullable(UInt64), "
+        "ADD COLUMN IF NOT EXISTS alloc_ooms Nullable(UInt64)",
+    ]
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "core tables", _m1_core),
     Migration(2, "hourly and daily rollups", _m2_rollups),
@@ -789,6 +806,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "v_advise_windows: the advisor's per-pod GPU windows", _m6_advise_windows),
     Migration(7, "cluster: a column of every table, first in every sorting key, in every view",
               lambda ttl: [], _m7_cluster),
+    Migration(9, "allocator figures (reserved but unused, retries, OOMs) in pod windows and lifecycle",
+              _m9_allocator),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

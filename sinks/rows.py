@@ -41,11 +41,13 @@ from schemas.topics import (
     K8S_WORKLOADS,
     POD_LIFECYCLE,
     POD_WINDOWS,
+    WORKLOAD_ALLOCATOR,
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
 
-SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS if spec not in (DEADLETTER, K8S_WORKLOADS))
+SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS
+                                           if spec not in (DEADLETTER, K8S_WORKLOADS, WORKLOAD_ALLOCATOR))
 """The topics the sink stores: every topic except the dead-letter topic it writes to and, for now,
 Kueue workload states (their demand reaches ClickHouse through ``cluster_capacity``)."""
 
@@ -352,6 +354,11 @@ def window_rows(msg: PodWindow, partition: int, offset: int) -> Iterator[tuple[s
         "cost_usd": msg.cost_usd,
         "steps": msg.steps,
         "tokens": msg.tokens,
+        "alloc_reserved_bytes": msg.alloc_reserved_bytes,
+        "alloc_allocated_bytes": msg.alloc_allocated_bytes,
+        "max_reserved_unused_bytes": msg.max_reserved_unused_bytes,
+        "alloc_retries": msg.alloc_retries,
+        "alloc_ooms": msg.alloc_ooms,
         "kafka_partition": partition, "kafka_offset": offset,
     }
 
@@ -406,6 +413,9 @@ def lifecycle_rows(msg: PodLifecycle, partition: int, offset: int) -> Iterator[t
         "end_reason": msg.end_reason,
         "steps": msg.steps,
         "cost_per_step_usd": msg.cost_per_step_usd,
+        "max_reserved_unused_bytes": msg.max_reserved_unused_bytes,
+        "alloc_retries": msg.alloc_retries,
+        "alloc_ooms": msg.alloc_ooms,
         "kafka_partition": partition, "kafka_offset": offset,
     }
 

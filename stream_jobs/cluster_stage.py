@@ -294,6 +294,8 @@ class ClusterStage(Stage):
             avg_sm_util_pct=min(100.0, usage["util_s"] / usage["data_s"]) if usage.get("data_s") else None,
             cost_usd=cost, end_reason=reason,  # type: ignore[arg-type]
             steps=steps, cost_per_step_usd=cost / steps if steps else None,
+            max_reserved_unused_bytes=usage.get("max_reserved_unused_bytes"), alloc_retries=usage.get("alloc_retries"),
+            alloc_ooms=usage.get("alloc_ooms"),
         ))
         if pod.end is not None:
             self.done[uid] = pod.end

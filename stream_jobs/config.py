@@ -33,10 +33,16 @@ class Thresholds:
     gpu_health_clear_after: float = 300.0
     gap_intervals: float = 3.0
     """A silence longer than this many sample intervals is a gap (not idle)."""
+    allocator_unused_pct: float = 30.0
+    """``allocator_fragmentation``: reserved-but-unused VRAM of a pod's caching allocator, as a share
+    of the GPU's memory, at or above which the condition holds."""
+    allocator_fragmentation_after: float = 300.0
+    """``allocator_fragmentation``: how long the condition must hold, and the window in which
+    allocation retries or OOMs must occur."""
 
     DURATIONS = (
         "idle_after", "vram_pressure_after", "pending_after", "fragmentation_after", "gang_after",
-        "idle_node_after", "crashloop_window", "gpu_health_clear_after",
+        "idle_node_after", "crashloop_window", "gpu_health_clear_after", "allocator_fragmentation_after",
     )
 
     @classmethod

@@ -69,3 +69,7 @@ class PodUsage(Message):
     peak_mem_bytes: NonNegInt | None = None
     samples: NonNegInt = 0
     share_estimated: bool = False
+    max_reserved_unused_bytes: NonNegInt | None = None
+    """The pod's caching allocator (workload.allocator.v1): most reserved-but-unused bytes on one GPU."""
+    alloc_retries: NonNegInt | None = None
+    alloc_ooms: NonNegInt | None = None

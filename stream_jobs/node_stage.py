@@ -4,7 +4,8 @@ Inputs, in event-time order through a reorder buffer: the node's state, the stat
 bound to it (re-keyed by node), and its agent's samples. For every sample it attributes each GPU
 to the pod(s) the kubelet assigned it to, accumulates per-pod per-GPU windows and usage, and runs
 the node-local alert rules: ``idle_gpu``, ``vram_pressure``, ``gpu_health``, ``crashloop_gpu`` and
-``idle_node``. It tells the cluster stage what it saw (:class:`NodeSummary` per sample,
+``idle_node``; the pods' caching-allocator reports go to :mod:`stream_jobs.allocator`
+(``allocator_fragmentation``). It tells the cluster stage what it saw (:class:`NodeSummary` per sample,
 :class:`PodUsage` when a pod leaves the node).
 
 Time rules: a sample at ``t`` stands for ``[t, t + interval)``; a silence longer than
@@ -20,8 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState
+from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, WorkloadAllocator
 from stream_jobs import alerts, rules
+from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary
@@ -36,6 +38,7 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "node": (0, NodeState),
     "pod": (1, PodState),
     "sample": (3, GpuSample),
+    "allocator": (4, WorkloadAllocator),  # after the sample of the same instant (the GPU's memory)
 }
 _ENDED_KEEP = 2000
 
@@ -84,10 +87,15 @@ class NodeStage(Stage):
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
+        self.allocator = AllocatorTracker(node, config.thresholds, config.window_s)
+        """The pods' caching-allocator reports (``workload.allocator.v1``): figures and allocator_fragmentation."""
 
     # ------------------------------------------------------------------ driving (stage.Stage hooks)
 
     def _late(self, kind: str, ts: float, message: Message) -> None:
+        if kind == "allocator":  # a gauge: the window it belongs to may be closed already
+            self.counters["late_allocator"] = self.counters.get("late_allocator", 0) + 1
+            return
         if kind == "sample":
             self.counters["late_samples"] += 1
             log.info("late sample dropped", node=self.node, ts=iso(ts), watermark=iso(self.wm or ts))
@@ -168,10 +176,20 @@ class NodeStage(Stage):
             for old in sorted(self.ended, key=lambda k: self.ended[k])[: len(self.ended) - _ENDED_KEEP]:
                 del self.ended[old]
         self._emit_usage(pod, ts, open_=False)
+        self._out += self.allocator.end_pod(uid, ts, why)
 
     def _emit_usage(self, pod: NodePod, ts: float, open_: bool) -> None:
         usage = self.usage[pod.uid] if open_ else self.usage.pop(pod.uid)
-        self._out.append(usage.message(pod.uid, self.node, ts, open_))
+        message = usage.message(pod.uid, self.node, ts, open_)
+        figures = self.allocator.usage(pod.uid)
+        self._out.append(message.model_copy(update=figures) if figures else message)
+
+    # ------------------------------------------------------------------ allocator reports
+
+    def _on_allocator(self, ts: float, message: WorkloadAllocator) -> None:
+        pod = self.pods.get(message.pod_uid)
+        identity = PodIdentity(pod.uid, pod.namespace, pod.name) if pod is not None else None
+        self._out += self.allocator.report(ts, message, identity)
 
     # ------------------------------------------------------------------ crash loops
 
@@ -300,6 +318,7 @@ class NodeStage(Stage):
         usage.cost_units_s += dt * unit * share.share
         usage.gpu_model = reading.model
         usage.share_estimated = usage.share_estimated or share.estimated
+        self.allocator.saw(pod.uid, reading)
         idle = util is not None and util < th.idle_util_pct
         if util is not None:
             usage.data_s += dt
@@ -379,8 +398,11 @@ class NodeStage(Stage):
         width = self.config.window_s
         done = [(w.window_start, w.pod_uid, w.gpu_uuid, key) for key, w in self.windows.items()
                 if final or w.window_start + width <= watermark + EPS]
-        for _ws, _uid, _gpu, key in sorted(done):
-            self._out.append(self.windows.pop(key).message(self.node, width))
+        for ws, _uid, _gpu, key in sorted(done):
+            message = self.windows.pop(key).message(self.node, width)
+            figures = self.allocator.window_figures(message.pod_uid, message.gpu_uuid, ws)
+            self._out.append(message.model_copy(update=figures) if figures else message)
+        self.allocator.forget_windows(watermark if not final else float("inf"))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -393,7 +415,7 @@ class NodeStage(Stage):
             "last_sample": self.last_sample, "usage": {uid: u.to_dict() for uid, u in self.usage.items()},
             "windows": {key: w.to_dict() for key, w in self.windows.items()},
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
-            "counters": self.counters,
+            "counters": self.counters, "allocator": self.allocator.to_dict(),
         }
 
     @classmethod
@@ -409,5 +431,7 @@ class NodeStage(Stage):
         stage.windows = {key: PodGpuWindow.from_dict(w) for key, w in data["windows"].items()}
         stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.counters = data["counters"]
+        stage.allocator = AllocatorTracker.from_dict(data.get("allocator"), stage.node, config.thresholds,
+                                                     config.window_s)
         return stage
 

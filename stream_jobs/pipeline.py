@@ -24,6 +24,7 @@ from schemas.messages import (
     Message,
     NodeState,
     PodState,
+    WorkloadAllocator,
     WorkloadProgress,
     WorkloadState,
 )
@@ -33,6 +34,7 @@ from schemas.topics import (
     K8S_NODES,
     K8S_PODS,
     K8S_WORKLOADS,
+    WORKLOAD_ALLOCATOR,
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
@@ -43,7 +45,8 @@ from stream_jobs.node_stage import NodeStage
 from stream_jobs.scoping import node_key
 from stream_jobs.timeutil import epoch, iso
 
-INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES, K8S_WORKLOADS)
+INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES, K8S_WORKLOADS,
+                                       WORKLOAD_ALLOCATOR)
 _BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
 COMPACTED_SUFFIXES = {K8S_PODS.suffix, K8S_NODES.suffix, K8S_WORKLOADS.suffix}
 
@@ -91,6 +94,8 @@ def route(message: Message) -> list[tuple[str, str | None]]:
         return targets
     if isinstance(message, NodeState):
         return [("node", node_key(message.cluster, message.node)), ("cluster", None)]
+    if isinstance(message, WorkloadAllocator):
+        return [("node", node_key(message.cluster, message.node))]
     if isinstance(message, K8sEvent | WorkloadProgress | WorkloadState | NodeSummary | PodUsage):
         return [("cluster", None)]
     raise TypeError(f"no route for {type(message).__name__}")
@@ -112,7 +117,7 @@ class LocalPipeline:
         self.deadletters: list[DeadLetter] = []
         self.counters: dict[str, int] = {"records": 0, "tombstones": 0, "deadletters": 0}
 
-    def node_stage(self, key: str, message: GpuSample | PodState | NodeState) -> NodeStage:
+    def node_stage(self, key: str, message: GpuSample | PodState | NodeState | WorkloadAllocator) -> NodeStage:
         """The stage of ``message``'s node (``key``: its node key), started by its first input."""
         stage = self.nodes.get(key)
         if stage is None:
@@ -145,7 +150,7 @@ class LocalPipeline:
     def submit(self, message: Message) -> None:
         for stage, key in route(message):
             if stage == "node":
-                assert key is not None and isinstance(message, GpuSample | PodState | NodeState)
+                assert key is not None and isinstance(message, GpuSample | PodState | NodeState | WorkloadAllocator)
                 self.node_stage(key, message).submit(message)
             else:
                 self.cluster.submit(message)

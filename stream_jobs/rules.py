@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from schemas.messages import Alert, GpuReading
+from schemas.messages import Alert, AllocatorDevice, GpuReading
 from stream_jobs import alerts
 from stream_jobs.attribution import Share
 from stream_jobs.config import Thresholds
@@ -424,11 +424,84 @@ GANG_PARTIAL: SustainedRule[Gang] = SustainedRule(
 """A gang with members holding GPUs while others wait, for ``gang_after``; the cluster stage steps
 it for partial gangs only and sweeps the others after all fired (the order of transitions)."""
 
+@dataclass(frozen=True)
+class AllocatorGpu:
+    """One caching-allocator report of one pod's GPU (:mod:`stream_jobs.allocator` builds it)."""
+
+    node: str
+    namespace: str
+    pod: str
+    gpu_uuid: str
+    gpu_index: int | None
+    device: AllocatorDevice
+    gpu_mem_total_bytes: int | None
+    reserved_unused_bytes: int
+    reserved_unused_pct: float | None
+    """None: the GPU's memory is not known (no sample gave it)."""
+    over_since: float | None
+    """The first report of the current run at or above ``allocator_unused_pct`` (the rule's timer)."""
+    alloc_retries: int
+    """Retries in the window: the total now minus that of the window's earliest report."""
+    alloc_ooms: int
+    thresholds: Thresholds
+
+    @property
+    def over(self) -> bool:
+        return self.reserved_unused_pct is not None and \
+            self.reserved_unused_pct >= self.thresholds.allocator_unused_pct - 1e-6
+
+
+def _allocator_condition(c: AllocatorGpu) -> bool | None:
+    if c.reserved_unused_pct is None:
+        return None
+    return c.over and c.alloc_retries + c.alloc_ooms > 0
+
+
+def _allocator_describe(c: AllocatorGpu, since: float, t: float) -> tuple[str, Details]:
+    after = c.thresholds.allocator_fragmentation_after
+    total = c.gpu_mem_total_bytes or 0
+    pct = c.reserved_unused_pct or 0.0
+    details = {
+        "gpu_index": c.gpu_index, "device": c.device.device, "reserved_bytes": c.device.reserved_bytes,
+        "allocated_bytes": c.device.allocated_bytes, "reserved_unused_bytes": c.reserved_unused_bytes,
+        "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
+        "alloc_retries": c.alloc_retries, "alloc_ooms": c.alloc_ooms,
+        "max_reserved_bytes": c.device.max_reserved_bytes, "threshold_pct": c.thresholds.allocator_unused_pct,
+        "window_s": after, "since": iso(since),
+    }
+    summary = (f"{c.namespace}/{c.pod}: the caching allocator on GPU {c.gpu_index} on {c.node} holds "
+               f"{c.reserved_unused_bytes / 2**30:.1f} GiB reserved but unused ({pct:.0f}% of {total / 2**30:.0f} "
+               f"GiB) for {fmt_duration(t - since)}, with {c.alloc_retries} allocation retries and {c.alloc_ooms} "
+               f"OOMs in {fmt_duration(after)}")
+    return summary, details
+
+
+def _allocator_resolution(c: AllocatorGpu, _alert: AlertRecord, _t: float) -> Resolution:
+    if not c.over:
+        return Resolution(f"reserved but unused below {c.thresholds.allocator_unused_pct:g}% of the GPU",
+                          {"reserved_unused_pct": round(c.reserved_unused_pct or 0.0, 2)})
+    return Resolution(f"no allocation retry or OOM for {fmt_duration(c.thresholds.allocator_fragmentation_after)}")
+
+
+ALLOCATOR_FRAGMENTATION: SustainedRule[AllocatorGpu] = SustainedRule(
+    alert_type="allocator_fragmentation",
+    after="allocator_fragmentation_after",
+    condition=_allocator_condition,
+    subject=lambda c: alerts.subject("pod", c.namespace, c.pod, c.node, c.gpu_uuid),
+    describe=_allocator_describe,
+    resolution=_allocator_resolution,
+    since=lambda c: c.over_since if c.over_since is not None else 0.0,
+)
+"""A pod's caching allocator holds ``allocator_unused_pct`` of the GPU reserved but unused since a
+report ``allocator_fragmentation_after`` ago (the timer runs from the data: the run above the share,
+not the retries), with allocation retries or OOMs within that window. Stepped at each allocator
+report by :class:`stream_jobs.allocator.AllocatorTracker`, which keeps its table."""
+
 NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE)
 """The node stage's rules (it keeps one :data:`RuleTable` per rule)."""
 
 CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL)
 """The cluster stage's rules (it keeps one :data:`RuleTable` per rule)."""
 
-RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES)
+RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES, ALLOCATOR_FRAGMENTATION)
 """Every declared sustained-condition rule (a test checks their thresholds and severities exist)."""

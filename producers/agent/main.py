@@ -47,7 +47,7 @@ from producers.agent.service import (
 )
 from producers.agent.source import SampleSource
 from schemas.codec import encode
-from schemas.messages import DEFAULT_CLUSTER, GpuSample, WorkloadProgress, scoped_key
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, WorkloadAllocator, WorkloadProgress, scoped_key
 
 log = logs.get_logger(__name__)
 
@@ -158,7 +158,7 @@ def start_progress(settings: AgentSettings, resolver: ProcessResolver, metrics: 
         resolver, ProcNetPodAddresses(settings.proc_root, resolver), ProgressMetrics(metrics.registry),
         limits=ProgressLimits(max_datagram_bytes=settings.progress_max_datagram_bytes,
                               rate_per_s=settings.progress_rate_per_s),
-        pod_names=pod_names)
+        pod_names=pod_names, node=settings.node_name or (SIMULATED_NODE_NAME if settings.simulate else ""))
     cluster = settings.cluster_name(real=not settings.simulate)
 
     def send(message: WorkloadProgress) -> bool:
@@ -166,8 +166,13 @@ def start_progress(settings: AgentSettings, resolver: ProcessResolver, metrics: 
             message = message.model_copy(update={"cluster": cluster})
         return sink.send_progress(scoped_key(cluster, message.pod_uid), encode(message))
 
-    listener = ProgressListener(collector, send,
-                                interval_s=settings.progress_interval_s, socket_path=socket_path, udp=udp)
+    def send_allocator(message: WorkloadAllocator) -> bool:
+        if cluster != DEFAULT_CLUSTER:
+            message = message.model_copy(update={"cluster": cluster})
+        return sink.send_allocator(scoped_key(cluster, message.pod_uid), encode(message))
+
+    listener = ProgressListener(collector, send, interval_s=settings.progress_interval_s, socket_path=socket_path,
+                                udp=udp, emit_allocator=send_allocator)
     if not listener.listening:
         listener.close()
         return None

@@ -15,6 +15,8 @@ pod from what the kernel says about the sender, never from the line itself:
   read from ``/proc/<pid>/net`` of one of its processes, with the host PID namespace the agent
   already has). Addresses shared by several pods (host network) attribute to nobody.
 
+Allocator lines (``allocator device=0 reserved=N ...``, :mod:`producers.agent.allocator`) ride the
+same paths and attribution and become ``workload.allocator.v1``.
 Lines are increments (``key=+N``, keys ``steps``, ``tokens``, ``samples``); the agent keeps one
 running total per pod and emits the totals every ``interval_s`` for the pods that reported since
 (key = pod uid), which is what ``workload_progress`` and cost per step downstream expect.
@@ -44,8 +46,9 @@ from typing import Literal, Protocol
 from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
+from producers.agent.allocator import AllocatorLedger, MalformedAllocatorLine, is_allocator_line, parse_allocator_line
 from producers.agent.cgroup import ProcessResolver
-from schemas.messages import WorkloadProgress
+from schemas.messages import AllocatorDevice, WorkloadAllocator, WorkloadProgress
 
 log = get_logger(__name__)
 
@@ -273,9 +276,9 @@ class ProgressMetrics:
         self.malformed = registry.counter(
             "agent_progress_malformed_total", "Malformed progress lines by path and reason", ("path", "reason"))
         self.messages = registry.counter(
-            "agent_progress_messages_total", "workload.progress.v1 messages handed to the sink")
+            "agent_progress_messages_total", "progress and allocator messages handed to the sink")
         self.dropped = registry.counter(
-            "agent_progress_messages_dropped_total", "workload.progress.v1 messages dropped (local buffer full)")
+            "agent_progress_messages_dropped_total", "progress and allocator messages dropped (local buffer full)")
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ class ProgressCollector:
 
     def __init__(self, resolver: ProcessResolver, addresses: PodAddressBook, metrics: ProgressMetrics, *,
                  limits: ProgressLimits | None = None, pod_names: PodNames | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, node: str = "") -> None:
         self.resolver = resolver
         self.addresses = addresses
         self.metrics = metrics
@@ -318,6 +321,9 @@ class ProgressCollector:
         self.pod_names = pod_names
         self.clock = clock
         self.ledger = ProgressLedger(self.limits.max_pods)
+        self.allocator = AllocatorLedger(self.limits.max_pods)
+        self.node = node
+        """This agent's node, on the ``workload.allocator.v1`` messages."""
         self._senders: OrderedDict[tuple[str, str], _Sender] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -372,10 +378,14 @@ class ProgressCollector:
                 self._reject(path, sender_id, sender, "malformed", "not_utf8", "not UTF-8 text")
                 return None
             deltas: list[ProgressDelta] = []
+            devices: list[AllocatorDevice] = []
             for line in text.splitlines() or [""]:
                 try:
-                    deltas.append(parse_progress_line(line))
-                except MalformedLine as exc:
+                    if is_allocator_line(line):
+                        devices.append(parse_allocator_line(line))
+                    else:
+                        deltas.append(parse_progress_line(line))
+                except (MalformedLine, MalformedAllocatorLine) as exc:
                     self._reject(path, sender_id, sender, "malformed", exc.reason, str(exc))
                     return None
             pod_uid = attribute()
@@ -385,7 +395,9 @@ class ProgressCollector:
                 return None
             for delta in deltas:
                 self.ledger.add(pod_uid, delta)
-            self.metrics.lines.labels(path, "accepted").inc(len(deltas))
+            for device in devices:
+                self.allocator.add(pod_uid, device)
+            self.metrics.lines.labels(path, "accepted").inc(len(deltas) + len(devices))
             return pod_uid
 
     def drain(self, ts: datetime) -> list[WorkloadProgress]:
@@ -399,6 +411,11 @@ class ProgressCollector:
             out.append(WorkloadProgress(pod_uid=pod_uid, namespace=namespace, pod=pod, ts=ts, steps_total=steps,
                                         tokens_total=tokens, samples_total=samples))
         return out
+
+    def drain_allocator(self, ts: datetime) -> list[WorkloadAllocator]:
+        """One ``workload.allocator.v1`` per pod that reported allocator figures since the last drain."""
+        with self._lock:
+            return self.allocator.drain(ts, self.node, self.pod_names)
 
 
 def bind_unix_datagram(path: Path) -> socket.socket:
@@ -455,15 +472,18 @@ def _sender_pid(ancdata: list[tuple[int, int, bytes]]) -> int | None:
 class ProgressListener:
     """The agent's progress paths on one thread: receive, attribute, and every ``interval_s`` emit.
 
-    ``emit`` gets each ``WorkloadProgress`` (the agent's Kafka or stdout sink); ``wall_clock`` gives
-    the messages' timestamps (seconds since the epoch).
+    ``emit`` gets each ``WorkloadProgress``, ``emit_allocator`` each ``WorkloadAllocator`` (the agent's
+    Kafka or stdout sink; without it allocator figures are kept, never sent); ``wall_clock`` gives the
+    messages' timestamps (seconds since the epoch).
     """
 
     def __init__(self, collector: ProgressCollector, emit: Callable[[WorkloadProgress], bool], *,
                  interval_s: float, socket_path: Path | None = None, udp: tuple[str, int] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 emit_allocator: Callable[[WorkloadAllocator], bool] | None = None) -> None:
         self.collector = collector
         self.emit = emit
+        self.emit_allocator = emit_allocator
         self.interval_s = interval_s
         self.wall_clock = wall_clock
         self.socket_path = socket_path
@@ -499,13 +519,12 @@ class ProgressListener:
     def flush(self) -> int:
         """Emit the totals of every pod that reported since the last flush; returns messages emitted."""
         ts = datetime.fromtimestamp(self.wall_clock(), UTC)
-        sent = 0
-        for message in self.collector.drain(ts):
-            if self.emit(message):
-                sent += 1
-                self.collector.metrics.messages.inc()
-            else:
-                self.collector.metrics.dropped.inc()
+        outcomes = [self.emit(message) for message in self.collector.drain(ts)]
+        if self.emit_allocator is not None:
+            outcomes += [self.emit_allocator(message) for message in self.collector.drain_allocator(ts)]
+        sent = sum(outcomes)
+        self.collector.metrics.messages.inc(sent)
+        self.collector.metrics.dropped.inc(len(outcomes) - sent)
         return sent
 
     def _read_unix(self, sock: socket.socket) -> None:

@@ -36,7 +36,7 @@ from producers.agent.nvml_api import NvmlLibraryNotFound
 from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, scoped_key
-from schemas.topics import GPU_SAMPLES, WORKLOAD_PROGRESS
+from schemas.topics import GPU_SAMPLES, WORKLOAD_ALLOCATOR, WORKLOAD_PROGRESS
 
 log = get_logger(__name__)
 
@@ -94,6 +94,9 @@ class ProgressSink(Protocol):
     def send_progress(self, key: str, payload: bytes) -> bool:
         """Queue one encoded ``workload.progress.v1`` message (key = pod uid); may run on another thread."""
 
+    def send_allocator(self, key: str, payload: bytes) -> bool:
+        """Queue one encoded ``workload.allocator.v1`` message (key = pod uid); may run on another thread."""
+
     def poll(self) -> None: ...
 
 
@@ -111,6 +114,9 @@ class AgentStdoutSink:
         return True
 
     def send_progress(self, key: str, payload: bytes) -> bool:
+        return self.send(key, payload)
+
+    def send_allocator(self, key: str, payload: bytes) -> bool:
         return self.send(key, payload)
 
     def poll(self) -> None:
@@ -141,6 +147,7 @@ class AgentKafkaSink:
         )
         self.topic = GPU_SAMPLES.name(settings.topic_prefix)
         self.progress_topic = WORKLOAD_PROGRESS.name(settings.topic_prefix)
+        self.allocator_topic = WORKLOAD_ALLOCATOR.name(settings.topic_prefix)
         self._metrics = metrics
         self.producer = BoundedProducer(settings.kafka, producer_settings, on_delivery=self._delivered)
 
@@ -153,6 +160,9 @@ class AgentKafkaSink:
 
     def send_progress(self, key: str, payload: bytes) -> bool:
         return self.producer.produce(self.progress_topic, key, payload)
+
+    def send_allocator(self, key: str, payload: bytes) -> bool:
+        return self.producer.produce(self.allocator_topic, key, payload)
 
     def poll(self) -> None:
         self.producer.poll(0)

@@ -24,6 +24,7 @@ from common.settings import AdviseThresholds
 from reports import timeseries
 from reports.advise import advice_rows, advise
 from reports.analyses import ANALYSES, SqlReader, run_report, scoped
+from reports.html.allocator import allocator_section
 from reports.html.format import FONT, WIDTH, as_number, esc, fmt_ts
 from reports.html.pieces import team_colors, team_filter, team_links
 from reports.html.sections import (
@@ -95,7 +96,8 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 
 SECTION_LINKS = (("summary", "Summary"), ("utilisation", "Utilisation"), ("fleet-states", "GPU states"),
                  ("idle", "Idle GPU-hours"), ("pending", "Pending time"), ("pending-reasons", "Pending reasons"),
-                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"), ("reclaimable", "Reclaimable"),
+                 ("stranded", "Stranded GPUs"), ("cost", "Cost"), ("vram", "VRAM"),
+                 ("allocator", "Allocator"), ("reclaimable", "Reclaimable"),
                  ("firing", "Firing alerts"),
                  ("lifecycle", "Lifecycle"), ("more", "More"))
 
@@ -120,6 +122,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         stranded_section(data, bucket_s),
         cost_section(data),
         vram_section(data),
+        allocator_section(data),
         advice_section(data),
         firing_section(data),
         lifecycle_section(data),
@@ -158,6 +161,7 @@ def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds |
     data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
     data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
     data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
+    data["allocator_by_pod"] = timeseries.allocator_by_pod(reader)
     data["firing_alerts"] = timeseries.firing_alerts(reader)
     return data
 

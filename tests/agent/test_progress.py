@@ -191,6 +191,9 @@ class KafkaSinkStandIn:
     def send_progress(self, key: str, payload: bytes) -> bool:
         raise AssertionError("nothing may be sent with both paths off")
 
+    def send_allocator(self, key: str, payload: bytes) -> bool:
+        raise AssertionError("nothing may be sent with both paths off")
+
     def poll(self) -> None:
         return None
 

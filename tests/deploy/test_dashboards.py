@@ -32,6 +32,8 @@ QUESTIONS = {
     "stranded GPUs over time": (("stranded",), "cluster_capacity"),
     "cost per team": (("cost", "team"), "pod_windows"),
     "active alerts": (("active", "alerts"), "v_alerts"),
+    "VRAM reserved but unused inside pods": (("reserved but unused", "pod"), "pod_windows"),
+    "allocation retries and OOMs": (("retries", "ooms"), "pod_windows"),
 }
 
 
@@ -156,6 +158,15 @@ _SEED = [
         window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction, avg_sm_util_pct)
      VALUES ('w3', 'u2', 'nb', 'notebook-0', 'n1', 'GPU-2', 'NVIDIA H100 80GB HBM3', {now} - 3540,
       {now} - 3480, '', 60, 0, 60, 6, 0.0667, 1, 0)""",
+    # a training pod's caching allocator: 48 then 50 GiB reserved but unused, 3 + 4 retries, one OOM
+    """INSERT INTO pod_windows (window_id, pod_uid, namespace, pod, node, gpu_uuid, gpu_model, window_start,
+        window_end, team, allocated_s, busy_s, idle_s, samples, cost_usd, share_fraction, avg_sm_util_pct,
+        alloc_reserved_bytes, alloc_allocated_bytes, max_reserved_unused_bytes, alloc_retries, alloc_ooms)
+     VALUES
+     ('w4', 'u1', 'ml', 'train-0', 'n1', 'GPU-1', 'NVIDIA H100 80GB HBM3', {now} - 3540, {now} - 3480,
+      'vision', 60, 60, 0, 6, 0.0667, 1, 97, 64424509440, 12884901888, 51539607552, 3, 0),
+     ('w5', 'u1', 'ml', 'train-0', 'n1', 'GPU-1', 'NVIDIA H100 80GB HBM3', {now} - 3480, {now} - 3420,
+      'vision', 60, 60, 0, 6, 0.0667, 1, 97, 64424509440, 10737418240, 53687091200, 4, 1)""",
     """INSERT INTO cluster_capacity (window_id, window_start, window_end, gpus_total, gpus_allocated, gpus_busy,
         gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods, pending_gpu_demand)
      VALUES ('c1', {now} - 600, {now} - 540, 16, 10, 6, 4, 6, 2, 3, 1, 4)""",
@@ -228,7 +239,15 @@ def test_panels_show_the_right_figures(results: dict[str, dict[str, Any]]) -> No
     assert [row["type"] for row in active] == ["idle_gpu"], "a resolved alert is not active"
 
     cost = {row["team_name"]: row["total_cost_usd"] for row in results["Cost per team"]["rows"]}
-    assert cost == pytest.approx({"nb": 2 * 0.0667, "vision": 0.0667})
+    assert cost == pytest.approx({"nb": 2 * 0.0667, "vision": 3 * 0.0667})
+
+    unused = results["VRAM reserved but unused per pod (caching allocator)"]["rows"]
+    assert [(row["pod_name"], row["reserved_unused_bytes"]) for row in unused] == [
+        ("ml/train-0", 48 * 2**30), ("ml/train-0", 50 * 2**30)]  # pods without allocator statistics: no line
+    (retries,) = results["Allocation retries and OOMs per pod (caching allocator)"]["rows"]
+    assert (retries["pod_name"], retries["retries"], retries["ooms"], retries["most_reserved_unused_bytes"],
+            retries["allocated_bytes"]) == ("ml/train-0", 7, 1, 50 * 2**30, 10 * 2**30)
+    assert results["namespace=nb,x:Allocation retries and OOMs per pod (caching allocator)"]["rows"] == []
 
 
 def test_variables_list_teams_and_namespaces_and_panels_follow_them(results: dict[str, dict[str, Any]]) -> None:

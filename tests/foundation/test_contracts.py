@@ -23,6 +23,7 @@ def test_registry_covers_the_topics_of_the_design() -> None:
         "gpulens.gpu.samples.v1", "gpulens.k8s.pods.v1", "gpulens.k8s.nodes.v1", "gpulens.k8s.events.v1",
         "gpulens.workload.progress.v1", "gpulens.pod.windows.v1", "gpulens.cluster.capacity.v1",
         "gpulens.pod.lifecycle.v1", "gpulens.alerts.v1", "gpulens.deadletter.v1", "gpulens.k8s.workloads.v1",
+        "gpulens.workload.allocator.v1",
     }
     assert by_suffix("k8s.pods.v1").cleanup_policy == "compact"
     assert by_suffix("k8s.workloads.v1").cleanup_policy == "compact"

@@ -21,6 +21,7 @@ from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
+from sinks.rows import SINK_TOPICS
 from sinks.service import load_prices
 
 PREFIX = "gpulens"
@@ -52,7 +53,8 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
         reports.append(result.report)
         for tick in FleetSimulator(scenario).run():
             for r in tick.records:
-                by_topic.setdefault(by_suffix(r.topic).name(PREFIX), []).append((r.key, r.value))
+                if by_suffix(r.topic) in SINK_TOPICS:  # what `gpulens sink` subscribes to
+                    by_topic.setdefault(by_suffix(r.topic).name(PREFIX), []).append((r.key, r.value))
         for message in result.outputs:
             topic, key = _output_record(message)
             by_topic.setdefault(topic, []).append((key, encode(message)))

@@ -71,6 +71,10 @@ def sample_data() -> dict[str, Any]:
             {"namespace": "ml", "pod": EVIL_POD, "team": EVIL_TEAM, "gpu_model": "NVIDIA H100 80GB HBM3", "gpus": 2,
              "gpu_hours": 0.6, "peak_mem_bytes": 6 * GIB, "p95_mem_bytes": 5 * GIB, "gpu_mem_bytes": 80 * GIB,
              "peak_share": 0.075}],
+        "allocator_by_pod": [
+            {"namespace": "ml", "pod": "big-train", "team": "nlp", "node": "gpu-b", "gpu_uuid": "GPU-b0",
+             "max_reserved_unused_bytes": 48 * GIB, "reserved_bytes": 60 * GIB, "allocated_bytes": 12 * GIB,
+             "alloc_retries": 19, "alloc_ooms": 1, "peak_mem_bytes": 60 * GIB}],
         "firing_alerts": [
             {"alert_type": "idle_gpu", "severity": "warning", "kind": "pod", "namespace": "ml", "name": EVIL_POD,
              "node": "gpu-a", "first_at": "2026-01-05T09:08:00Z", "age_s": 600, "summary": "idle for 10m"}],

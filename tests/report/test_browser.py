@@ -23,7 +23,7 @@ from tests.report.dom import parse
 
 SCENARIO = Path(__file__).parent / "scenarios" / "report-fleet.yaml"
 SECTIONS = ["summary", "utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost",
-            "vram", "reclaimable", "firing", "lifecycle", "more"]
+            "vram", "allocator", "reclaimable", "firing", "lifecycle", "more"]
 CARD_BG = (255, 255, 255)
 PAGE_BG = (246, 248, 250)
 PENDING_PURPLE = "#b07aa1"

@@ -13,9 +13,9 @@ from tests.report.dom import parse
 from tests.report.sample import EVIL_POD, EVIL_REASON, EVIL_TEAM, sample_data
 
 SECTIONS = ["summary", "utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost",
-            "vram", "reclaimable", "firing", "lifecycle", "more"]
-CHARTS = ["utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost", "vram", "firing",
-          "lifecycle"]
+            "vram", "allocator", "reclaimable", "firing", "lifecycle", "more"]
+CHARTS = ["utilisation", "fleet-states", "idle", "pending", "pending-reasons", "stranded", "cost", "vram", "allocator",
+          "firing", "lifecycle"]
 
 
 def test_every_section_has_a_titled_chart_with_data_marks_legend_and_table() -> None:
@@ -58,6 +58,11 @@ def test_charts_show_the_figures_of_the_data() -> None:
     # VRAM: the peak and the memory it never used add up to the GPU's memory, in GiB
     assert page.series_values("vram", "peak VRAM") == [70.0, 6.0]
     assert page.series_values("vram", "never used") == [10.0, 74.0]
+    # the caching allocator: reserved at the last report = allocated + reserved but unused, in GiB
+    assert page.series_values("allocator", "allocated") == [12.0]
+    assert page.series_values("allocator", "reserved but unused") == [48.0]
+    (allocator_row,) = page.records("allocator")
+    assert allocator_row["allocation retries"] == "19" and allocator_row["OOMs"] == "1"
     vram_rows = page.records("vram")
     assert [row["fits in"] for row in vram_rows] == ["whole GPU", "MIG 1g.10gb"]
     assert vram_rows[0]["peak VRAM"] == "70.0 GiB"

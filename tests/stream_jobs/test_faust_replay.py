@@ -17,10 +17,10 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
-from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
+from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS, WORKLOAD_ALLOCATOR
 from simulation.fleet_state import SimulatedRecord
 from simulation.kafka_replay import KafkaReplay
-from simulation.replay import run_in_process
+from simulation.replay import compare_report, run_in_process
 from simulation.scenario import PoisonSpec, load_scenario
 from simulation.simulator import FleetSimulator
 from stream_jobs.pipeline import INPUT_TOPICS
@@ -56,6 +56,20 @@ def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSe
     assert _json(report) == _json(expected)
     assert {a["subject"]["kind"] for a in report["alerts"]} == {"workload"}
     assert report["cluster"]["max_queued_gpu_demand"] == 6
+
+
+def test_allocator_statistics_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
+                                                            tmp_path: Path) -> None:
+    """Allocator reports travel on workload.allocator.v1 to the node stage of the faust workers."""
+    path = REPO_ROOT / "simulation" / "scenarios" / "allocator-fragmentation.yaml"
+    scenario = load_scenario(path)
+    expected = run_in_process(scenario).report
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert [(a["type"], a["state"]) for a in report["alerts"]] == [
+        ("allocator_fragmentation", "firing"), ("allocator_fragmentation", "resolved")]
+    assert compare_report(report, orjson.loads(path.with_name("allocator-fragmentation.expected.json").read_bytes()),
+                          scenario.sample_interval_s) == []
 
 
 def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSettings, topic_prefix: str,
@@ -105,14 +119,16 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
 def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
     golden = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "late-and-poison.yaml")
-    # the golden file poisons the five topics it predates; the Kueue workloads topic is added here
-    scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}")))
+    # the golden file poisons the five topics it predates; the Kueue workloads and the allocator
+    # statistics topics are added here
+    scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}"),
+                                       PoisonSpec(100.0, WORKLOAD_ALLOCATOR.suffix, "{\"devices\": []}")))
     assert {p.topic for p in scenario.poison} == {spec.suffix for spec in INPUT_TOPICS}
     expected = run_in_process(scenario)
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix)
     report = replay.run(timeout_s=180)
     assert _json(report) == _json(expected.report)
-    assert report["stream"]["deadletters"] == 6 and report["stream"]["late_samples_dropped"] == 1
+    assert report["stream"]["deadletters"] == 7 and report["stream"]["late_samples_dropped"] == 1
     assert any(a["type"] == "idle_gpu" for a in report["alerts"]), "alerts after the poison still fire"
     letters = read_to_end(kafka_settings, DEADLETTER.name(topic_prefix))
     sources = set()
