@@ -118,7 +118,7 @@ def clock_event_reasons(mask: int) -> list[str]:
 
 
 @dataclass
-class _Device:
+class _DcgmDevice:
     index: int
     uuid: str
     model: str
@@ -152,7 +152,8 @@ class ExporterReadings:
     errors: list[str]
 
 
-def _device_for(series: Sample, devices: dict[tuple[int, int | None], _Device], errors: list[str]) -> _Device | None:
+def _device_for(series: Sample, devices: dict[tuple[int, int | None], _DcgmDevice],
+                errors: list[str]) -> _DcgmDevice | None:
     labels = series.labels
     try:
         index = int(labels["gpu"])
@@ -165,7 +166,7 @@ def _device_for(series: Sample, devices: dict[tuple[int, int | None], _Device], 
         return None
     device = devices.get((index, instance))
     if device is None:
-        device = devices[(index, instance)] = _Device(index, uuid, labels.get("modelName") or "unknown",
+        device = devices[(index, instance)] = _DcgmDevice(index, uuid, labels.get("modelName") or "unknown",
                                                        instance, labels.get("GPU_I_PROFILE") or None)
     return device
 
@@ -182,7 +183,7 @@ def readings_from_exposition(text: str, last_xids: dict[str, int] | None = None,
     except ExpositionError as exc:
         raise DcgmExporterUnavailable(f"dcgm-exporter: {exc}", kind="exporter_bad_text") from None
     errors: list[str] = []
-    devices: dict[tuple[int, int | None], _Device] = {}
+    devices: dict[tuple[int, int | None], _DcgmDevice] = {}
     driver: str | None = None
     for series in samples:
         if not series.name.startswith("DCGM_FI_"):
@@ -218,7 +219,7 @@ def readings_from_exposition(text: str, last_xids: dict[str, int] | None = None,
         physical = devices.get((index, None))
         if physical is None:  # a MIG GPU: its physical fields come with each instance's series
             first = instances[0]
-            physical = _Device(index, first.uuid, first.model, clock_mask=first.clock_mask, last_xid=first.last_xid,
+            physical = _DcgmDevice(index, first.uuid, first.model, clock_mask=first.clock_mask, last_xid=first.last_xid,
                                fields={k: v for k, v in first.fields.items() if k in PHYSICAL_FIELDS})
         gpus.append(_reading(physical, None if instances else physical, last_xids, at))
         for instance in instances:
@@ -226,7 +227,8 @@ def readings_from_exposition(text: str, last_xids: dict[str, int] | None = None,
     return ExporterReadings(gpus, driver, errors)
 
 
-def _reading(device: _Device, parent: _Device | None, last_xids: dict[str, int], at: datetime | None) -> GpuReading:
+def _reading(device: _DcgmDevice, parent: _DcgmDevice | None, last_xids: dict[str, int],
+             at: datetime | None) -> GpuReading:
     """``parent`` is None for a MIG GPU's physical reading, the device itself for a plain GPU, and
     the physical GPU for a MIG instance."""
     mig = device.instance_id is not None

@@ -85,7 +85,7 @@ def mig_profile(name: str) -> str | None:
 
 
 @dataclass
-class _Device:
+class _ReadingDraft:
     """A reading under construction (GpuReading is immutable)."""
 
     fields: dict[str, Any]
@@ -177,7 +177,7 @@ class NodeSampler:
         errors: list[str] = []
         driver, cuda = self._read_versions(errors)
         count = self.nvml.device_count()
-        devices: list[_Device] = []
+        devices: list[_ReadingDraft] = []
         for index in range(count):
             devices.extend(self._read_gpu(index, ts, errors))
         self._attach_xids(devices, self.nvml.drain_xids(), ts, errors)
@@ -214,7 +214,7 @@ class NodeSampler:
                 return None, None
         return self._versions
 
-    def _field(self, device: _Device, what: str, call: Callable[[], T], errors: list[str]) -> T | None:
+    def _field(self, device: _ReadingDraft, what: str, call: Callable[[], T], errors: list[str]) -> T | None:
         try:
             return call()
         except NvmlNotSupported:
@@ -225,17 +225,17 @@ class NodeSampler:
             self._field_failed(device, what, exc, errors)
             return None
 
-    def _field_failed(self, device: _Device, what: str, exc: NvmlError, errors: list[str]) -> None:
+    def _field_failed(self, device: _ReadingDraft, what: str, exc: NvmlError, errors: list[str]) -> None:
         """One reading of one device failed: count it, mark the device, and say so in the sample."""
         self._report(exc.kind)
         device.issues.append(f"{what} ({exc.kind})")
         errors.append(f"gpu {device.fields['index']} {device.uuid}: {what}: {exc.kind}: {exc}")
 
-    def _unreadable(self, index: int, health: str, reason: str) -> _Device:
+    def _unreadable(self, index: int, health: str, reason: str) -> _ReadingDraft:
         uuid, model = self._identity.get(index, (f"GPU-unknown-{self.node_name}-{index}", "unknown"))
-        return _Device({"uuid": uuid, "index": index, "model": model, "health": health, "health_reason": reason})
+        return _ReadingDraft({"uuid": uuid, "index": index, "model": model, "health": health, "health_reason": reason})
 
-    def _read_gpu(self, index: int, ts: datetime, errors: list[str]) -> list[_Device]:
+    def _read_gpu(self, index: int, ts: datetime, errors: list[str]) -> list[_ReadingDraft]:
         nvml = self.nvml
         try:
             handle = nvml.device_by_index(index)
@@ -251,7 +251,7 @@ class NodeSampler:
             errors.append(f"gpu {index}: cannot open: {exc.kind}: {exc}")
             return [self._unreadable(index, "error", f"{exc.kind}: {exc}")]
         known = self._identity.get(index)
-        device = _Device({"uuid": uuid, "index": index, "model": known[1] if known and known[0] == uuid else ""})
+        device = _ReadingDraft({"uuid": uuid, "index": index, "model": known[1] if known and known[0] == uuid else ""})
         try:
             return self._read_physical(device, handle, index, ts, errors)
         except NvmlGpuLost as exc:
@@ -260,8 +260,8 @@ class NodeSampler:
             return [self._unreadable(index, "lost", str(exc))]
 
     def _read_physical(
-        self, device: _Device, handle: Device, index: int, ts: datetime, errors: list[str]
-    ) -> list[_Device]:
+        self, device: _ReadingDraft, handle: Device, index: int, ts: datetime, errors: list[str]
+    ) -> list[_ReadingDraft]:
         nvml, f, uuid = self.nvml, device.fields, device.uuid
         name = self._field(device, "name", lambda: nvml.name(handle), errors)
         f["model"] = name or f["model"] or "unknown"
@@ -298,10 +298,10 @@ class NodeSampler:
                 self._field_failed(device, "mig device", exc, errors)
         return readings
 
-    def _read_mig(self, parent: _Device, handle: Device, errors: list[str]) -> _Device:
+    def _read_mig(self, parent: _ReadingDraft, handle: Device, errors: list[str]) -> _ReadingDraft:
         nvml = self.nvml
         uuid = nvml.uuid(handle)
-        device = _Device(
+        device = _ReadingDraft(
             {
                 "uuid": uuid,
                 "index": parent.fields["index"],
@@ -337,7 +337,7 @@ class NodeSampler:
         return (totals[0] - previous[1]) / seconds, (totals[1] - previous[2]) / seconds
 
     def _processes(
-        self, device: _Device, handle: Device, errors: list[str], per_process_util: bool
+        self, device: _ReadingDraft, handle: Device, errors: list[str], per_process_util: bool
     ) -> list[dict[str, Any]]:
         nvml = self.nvml
         infos = self._field(device, "processes", lambda: nvml.compute_processes(handle), errors) or []
@@ -374,7 +374,7 @@ class NodeSampler:
     # ------------------------------------------------------------------ XIDs
 
     def _attach_xids(
-        self, devices: list[_Device], records: list[XidRecord], ts: datetime, errors: list[str]
+        self, devices: list[_ReadingDraft], records: list[XidRecord], ts: datetime, errors: list[str]
     ) -> None:
         physical = {d.uuid: d for d in devices if not d.is_mig}
         for record in records:
@@ -405,7 +405,7 @@ class NodeSampler:
         self._last_assignments = (self.seq, mapping)
         return mapping
 
-    def _attribute(self, devices: list[_Device], raw: dict[str, list[PodRef]]) -> None:
+    def _attribute(self, devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> None:
         by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
         assigned: dict[str, list[PodRef]] = {}
         for device_id, refs in raw.items():
@@ -431,7 +431,7 @@ class NodeSampler:
                     proc["container_name"] = next(iter(containers))
 
     @staticmethod
-    def _bind_uids(devices: list[_Device]) -> dict[str, tuple[str, str]]:
+    def _bind_uids(devices: list[_ReadingDraft]) -> dict[str, tuple[str, str]]:
         """Pod UID -> (namespace, pod): from PodRef.pod_uid, then by elimination per device."""
         bound: dict[str, tuple[str, str]] = {}
         for device in devices:

@@ -43,7 +43,7 @@ def _stable_uuid(kind: str, node: str, n: int) -> str:
 
 
 @dataclass(frozen=True)
-class SimPod:
+class HostContainer:
     namespace: str
     name: str
     container: str
@@ -53,7 +53,7 @@ class SimPod:
     """The process's /proc/<pid>/cgroup content."""
 
 
-def _pod(namespace: str, name: str, container: str, n: int, style: str) -> SimPod:
+def _pod(namespace: str, name: str, container: str, n: int, style: str) -> HostContainer:
     uid = f"{n:08x}-5a1e-4c0d-9e2f-{n * 7919:012x}"
     cid = f"{n:02x}" * 32
     slice_uid = uid.replace("-", "_")
@@ -66,7 +66,7 @@ def _pod(namespace: str, name: str, container: str, n: int, style: str) -> SimPo
     else:  # containerd, systemd driver, cgroup v2
         path = f"/kubepods.slice/kubepods-pod{slice_uid}.slice/cri-containerd-{cid}.scope"
         text = f"0::{path}\n"
-    return SimPod(namespace, name, container, uid, cid, text)
+    return HostContainer(namespace, name, container, uid, cid, text)
 
 
 @dataclass
@@ -77,7 +77,7 @@ class SimulatedNode:
     pod_resources: KubeletPodResources
     resolver: ProcFsResolver
     workdir: Path
-    pods: dict[str, SimPod] = field(default_factory=dict)
+    pods: dict[str, HostContainer] = field(default_factory=dict)
     _last_ts: datetime | None = None
     _owns_workdir: bool = True
 
@@ -146,9 +146,9 @@ def build_simulated_node(node_name: str = "sim-node-0", workdir: Path | None = N
         "ocr": _pod("inference", "ocr-1", "ocr", 7, "crio-systemd"),
     }
     gpus = [FakeGpu(uuid=_stable_uuid("GPU", node_name, i), index=i) for i in range(8)]
-    pid_of: dict[int, SimPod] = {}
+    pid_of: dict[int, HostContainer] = {}
 
-    def run(gpu_or_mig: FakeGpu | FakeMigDevice, pod: SimPod, pid: int, mem_gib: float) -> None:
+    def run(gpu_or_mig: FakeGpu | FakeMigDevice, pod: HostContainer, pid: int, mem_gib: float) -> None:
         gpu_or_mig.processes.append(FakeProcess(pid=pid, used_gpu_memory_bytes=int(mem_gib * GIB)))
         gpu_or_mig.mem_used_bytes += int(mem_gib * GIB) + 512 * 2**20  # + driver/context overhead
         pid_of[pid] = pod
