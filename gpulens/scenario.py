@@ -6,7 +6,8 @@ field (``pods[2].util: ...``); the CLI prints it as one line and exits 2. Durati
 (a typo must not silently change a what-if analysis).
 
 Besides FORMAT.md's fields, optional extensions exercise what the format cannot express:
-``nodes[].mig`` (MIG mode), ``nodes[].time_slicing`` (shared GPUs), ``nodes[].process_stats``,
+``nodes[].mig`` (MIG mode), ``nodes[].mig_layout`` / ``mig_relayout`` (per-GPU MIG layouts),
+``nodes[].time_slicing`` (shared GPUs), ``nodes[].process_stats``,
 ``nodes[].unschedulable``, ``pods[].resource``, and the top-level ``faults`` (XIDs, lost GPUs),
 ``agent_gaps`` (silent agents), ``late_samples`` (delayed delivery) and ``poison`` (bad records).
 ``workloads`` are Kueue Workloads: demand a queue holds before any pod exists; ``pods[].workload``
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import yaml
 
 from gpulens.errors import UserError
+from gpulens.mig_layouts import MAX_INSTANCES_PER_GPU, GpuLayout, MigLayoutError, MigRelayout, parse_node_layouts
 from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 from stream_jobs.config import Thresholds
 
@@ -62,6 +64,10 @@ class NodeSpec:
     """Extension: replicas per GPU (``nvidia.com/gpu`` advertised ``gpus x time_slicing``)."""
     process_stats: bool = True
     """Extension: False = NVML gives no per-process memory or utilisation on this node."""
+    mig_layout: tuple[GpuLayout, ...] | None = None
+    """Extension: every GPU in MIG mode with its own instances (``gpulens.mig_layouts``)."""
+    mig_relayout: tuple[MigRelayout, ...] = ()
+    """Extension: changes of one GPU's MIG layout at a time."""
 
     @property
     def resource(self) -> str:
@@ -69,6 +75,8 @@ class NodeSpec:
 
     @property
     def mig_per_gpu(self) -> int:
+        if self.mig_layout is not None:
+            return MAX_INSTANCES_PER_GPU
         if not self.mig:
             return 1
         match = _MIG_PROFILE.match(self.mig)
@@ -78,7 +86,7 @@ class NodeSpec:
     @property
     def units(self) -> int:
         """Schedulable units of :attr:`resource`."""
-        return self.gpus * (self.mig_per_gpu if self.mig else self.time_slicing)
+        return self.gpus * (self.mig_per_gpu if self.mig or self.mig_layout is not None else self.time_slicing)
 
 
 @dataclass(frozen=True)
@@ -356,7 +364,7 @@ def _start(value: Any) -> datetime:
 
 
 _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels", "ready_until", "unschedulable",
-              "mig", "time_slicing", "process_stats"}
+              "mig", "time_slicing", "process_stats", "mig_layout", "mig_relayout"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
              "active_gpus", "workload"}
@@ -393,6 +401,12 @@ def _node(raw: Any, path: str) -> NodeSpec:
     )
     if node.mig and node.time_slicing > 1:
         raise _fail(f"{path}.time_slicing", "cannot be combined with mig")
+    try:
+        layouts, changes = parse_node_layouts(data, path, node.gpus, node.model, node.memory_gib)
+    except MigLayoutError as exc:
+        raise ScenarioError(str(exc)) from None
+    if layouts is not None:
+        node = replace(node, mig_layout=layouts, mig_relayout=changes)
     return node
 
 

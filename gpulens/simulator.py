@@ -27,6 +27,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from gpulens.mig_layouts import (
+    MAX_INSTANCES_PER_GPU,
+    fake_devices,
+    relayout_slots,
+    slot_resources,
+    with_placements,
+)
 from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
@@ -88,6 +95,8 @@ class _Node:
     """Schedulable unit -> index of the pod holding it."""
     removed: bool = False
     state: Any = None
+    slot_res: list[str | None] | None = None
+    """A ``mig_layout`` node: the resource of each slot (None: no instance there)."""
 
 
 @dataclass
@@ -160,6 +169,8 @@ class FleetSimulator:
                                   gpu_instance_id=j * slices, compute_instance_id=0, mem_total_bytes=mig_mem)
                     for j in range(spec.mig_per_gpu)
                 ]
+            if spec.mig_layout is not None:
+                gpu.mig_devices = fake_devices(name, spec.name, index, spec.mig_layout[index], spec.memory_gib)
             if not spec.process_stats:
                 gpu.unsupported.add("process_utilization")
             gpus.append(gpu)
@@ -168,7 +179,10 @@ class FleetSimulator:
         resources = StaticPodResources()
         sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
                               boot_id=_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
-        return _Node(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+        node = _Node(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+        if spec.mig_layout is not None:
+            node.slot_res = slot_resources([g.mig_devices for g in gpus])
+        return node
 
     # ------------------------------------------------------------------ Kubernetes objects
 
@@ -183,9 +197,11 @@ class FleetSimulator:
             "nvidia.com/cuda.driver-version.full": spec.driver,
             "nvidia.com/cuda.runtime-version.full": spec.cuda,
         } | spec.labels
-        if spec.mig:
+        if spec.mig or node.slot_res is not None:
             labels["nvidia.com/mig.strategy"] = "mixed"
         amount = {spec.resource: str(spec.units)}
+        if node.slot_res is not None:
+            amount = {res: str(node.slot_res.count(res)) for res in sorted({r for r in node.slot_res if r})}
         return {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": spec.name, "uid": node.uid, "labels": labels,
@@ -365,6 +381,7 @@ class FleetSimulator:
                         records.append(self._encode(K8S_NODES.suffix, node.spec.name, node_state))
             records.extend(self._workload_records(t, ts))
             self._lifecycle(t, ts, changed, records)
+            records.extend(self._relayouts(t, ts))
             failed = self._schedule(t, changed)
             self._crashloops(t, changed)
             gpu_nodes = set(self.nodes)
@@ -391,6 +408,32 @@ class FleetSimulator:
                 bad = poison.pop(0)
                 records.append(Record(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
             yield Tick(t, ts, records)
+
+    def _relayouts(self, t: float, ts: datetime) -> list[Record]:
+        """Apply the ``mig_relayout`` changes due at ``t``; a changed node's state is sent again."""
+        out = []
+        for node in self.nodes.values():
+            due = [c for c in node.spec.mig_relayout if t - self.dt < c.at <= t + EPS]
+            if node.removed or not due:
+                continue
+            for change in due:
+                gpu = node.gpus[change.gpu]
+                new = fake_devices(self.scenario.name, node.spec.name, change.gpu, change.layout, node.spec.memory_gib)
+                base = change.gpu * MAX_INSTANCES_PER_GPU
+                owners = node.slots[base:base + MAX_INSTANCES_PER_GPU]
+                where = f"{node.spec.name}: mig_relayout at {t:g}s on GPU {change.gpu}"
+                node.slots[base:base + MAX_INSTANCES_PER_GPU] = relayout_slots(gpu.mig_devices, new, owners, where)
+                for pod in self.pods:  # a kept device may move to another slot index
+                    if pod.node == node.spec.name and pod.phase == "running":
+                        pod.slots = [i for i, owner in enumerate(node.slots) if owner == pod.spec.index]
+                gpu.mig_devices = new
+                for device in new:
+                    device.parent = gpu
+            node.slot_res = slot_resources([g.mig_devices for g in node.gpus])
+            node.state = node_to_state(self._node_object(node, ts), ts)
+            if node.state is not None:
+                out.append(self._encode(K8S_NODES.suffix, node.spec.name, node.state))
+        return out
 
     def _key(self, key: str) -> str:
         return scoped_key(self.scenario.cluster, key)
@@ -445,7 +488,8 @@ class FleetSimulator:
             for node in live:
                 why = self._misfit(pod, node)
                 if why is None:
-                    free = [i for i, owner in enumerate(node.slots) if owner is None]
+                    free = [i for i, owner in enumerate(node.slots)
+                            if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)]
                     taken = free[: pod.spec.gpus]
                     for slot in taken:
                         node.slots[slot] = pod.spec.index
@@ -472,6 +516,10 @@ class FleetSimulator:
             return "node(s) were unschedulable"
         if pod.spec.gpus == 0:
             return None
+        if node.slot_res is not None:
+            free = sum(1 for owner, res in zip(node.slots, node.slot_res, strict=True)
+                       if owner is None and res == pod.resource)
+            return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
         if node.spec.resource != pod.resource:
             return f"Insufficient {pod.resource}"
         free = sum(1 for owner in node.slots if owner is None)
@@ -513,6 +561,8 @@ class FleetSimulator:
                 continue
             self._dress(node, t)
             sample = node.sampler.sample(ts)
+            if node.slot_res is not None:
+                sample = with_placements(sample, [g.mig_devices for g in node.gpus])
             record = self._encode(GPU_SAMPLES.suffix, node.spec.name, sample)
             delay = next((late.by for late in sc.late_samples
                           if late.node == node.spec.name and abs(late.at - t) < self.dt / 2), None)
@@ -561,10 +611,11 @@ class FleetSimulator:
         by_index = {p.spec.index: p for p in self.pods}
         mapping: dict[str, list[PodRef]] = {}
         resolver: dict[int, ContainerRef] = {}
-        per_gpu = spec.mig_per_gpu if spec.mig else spec.time_slicing
+        mig_mode = bool(spec.mig) or spec.mig_layout is not None
+        per_gpu = spec.mig_per_gpu if mig_mode else spec.time_slicing
         for gpu in node.gpus:
             owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
-            if spec.mig:
+            if mig_mode:
                 for k, mig in enumerate(gpu.mig_devices):
                     owner = owners[k]
                     mig.processes, mig.mem_used_bytes = [], 0

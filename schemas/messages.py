@@ -122,6 +122,9 @@ class GpuReading(Part):
     mig_profile: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    mig_placement_start: NonNegInt | None = Field(
+        default=None, description="A MIG device's first memory slice on its parent (the GPU instance's placement "
+        "start, 0-7); absent when the agent cannot read it (the stream then assumes the driver's default packing)")
     gpu_util_pct: Percent | None = None
     mem_util_pct: Percent | None = None
     mem_used_bytes: NonNegInt | None = None
@@ -401,6 +404,49 @@ class PodWindow(Message):
 # --------------------------------------------------------------------------- cluster.capacity.v1
 
 
+class MigInstanceInfo(Part):
+    """One MIG GPU instance on its parent GPU."""
+
+    profile: str
+    start: NonNegInt
+    """First memory slice (placement start)."""
+    used: bool
+    """A pod holds it (the kubelet assigned it, or a process runs on it)."""
+    uuid: str | None = None
+    idle_s: NonNegFloat | None = None
+    """How long it has been empty (in capacity windows; absent while used)."""
+
+
+class MigGpuLayout(Part):
+    """A MIG-enabled GPU's instances as one sample saw them (node stage -> cluster stage)."""
+
+    gpu_uuid: str
+    gpu_index: NonNegInt
+    model: str
+    mem_total_bytes: NonNegInt | None = None
+    instances: list[MigInstanceInfo] = Field(default_factory=list)
+    placement_inferred: bool = False
+    """The sample gave no placement starts: these are the driver's default packing of the profiles."""
+
+
+class MigGpuWindow(Part):
+    """One MIG GPU's layout and free slices at a capacity window's last instant."""
+
+    node: str
+    gpu_index: NonNegInt
+    gpu_uuid: str
+    profile_table: str
+    instances: list[MigInstanceInfo] = Field(default_factory=list)
+    free_compute_slices: NonNegInt
+    """Of 7: slices no instance in use holds (an empty instance's count as free)."""
+    free_memory_slices: NonNegInt
+    """Of 8, likewise."""
+    largest_creatable_profile: str | None = None
+    """The largest profile that can still be created without destroying an instance."""
+    largest_after_relayout: str | None = None
+    """The largest profile that could be created once the empty instances are destroyed."""
+
+
 class ClusterCapacity(Message):
     window_id: str
     window_start: UtcDatetime
@@ -428,6 +474,20 @@ class ClusterCapacity(Message):
     """Workloads a queue (Kueue) holds that are not admitted and have no pods yet; their GPUs are
     ``queued_gpu_demand``, which ``pending_gpu_demand`` includes (``pending_pods`` counts pods only)."""
     queued_gpu_demand: NonNegInt | None = None
+    # MIG (absent on a fleet without MIG GPUs): free compute and memory slices are counted
+    # separately, placement follows NVIDIA's profile table (stream_jobs/mig.py)
+    mig_gpus: NonNegInt | None = None
+    mig_free_compute_slices: NonNegInt | None = None
+    mig_free_memory_slices: NonNegInt | None = None
+    mig_free_instances_by_profile: dict[str, NonNegInt] | None = None
+    """Empty MIG devices by profile: what pods can be placed on now."""
+    mig_relayout_capacity_by_profile: dict[str, NonNegInt] | None = None
+    """Per profile, how many could exist at once if every empty instance were destroyed (summed over GPUs)."""
+    mig_free_by_node: dict[str, dict[str, NonNegInt]] | None = None
+    """Empty MIG devices by node and profile."""
+    mig_pending_by_profile: dict[str, NonNegInt] | None = None
+    """MIG devices pending pods ask for, by profile."""
+    mig_layouts: list[MigGpuWindow] | None = None
 
 
 # --------------------------------------------------------------------------- pod.lifecycle.v1
@@ -476,6 +536,7 @@ AlertType = Literal[  # the alert types gpulens emits today (docs/alerts.md); th
     "gang_partial",
     "crashloop_gpu",
     "idle_node",
+    "mig_fragmentation",
 ]
 KNOWN_ALERT_TYPES: tuple[str, ...] = get_args(AlertType)
 

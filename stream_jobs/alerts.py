@@ -21,6 +21,7 @@ SEVERITY: dict[str, str] = {
     "gang_partial": "warning",
     "crashloop_gpu": "critical",
     "idle_node": "info",
+    "mig_fragmentation": "warning",
 }
 
 # the order of alert types when several transitions share a timestamp (report order)

@@ -43,6 +43,7 @@ from schemas.messages import (
 from stream_jobs import alerts
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
+from stream_jobs.mig_rules import MigTracker
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, stable_id, window_start
@@ -99,6 +100,7 @@ class ClusterStage:
         self.frag: dict[str, dict[str, Any]] = {}
         self.gangs: dict[str, dict[str, Any]] = {}
         self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
+        self.mig = MigTracker()
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
         self._out: list[Message] = []
@@ -268,6 +270,7 @@ class ClusterStage:
     def _on_summary(self, ts: float, summary: NodeSummary) -> None:
         self.summaries[summary.node] = {"ts": ts, "dt": summary.sample_interval_s, "busy": summary.busy,
                                         "idle": summary.idle_allocated}
+        self.mig.on_summary(summary.node, summary.mig)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -382,6 +385,10 @@ class ClusterStage:
         acc["stranded_max"] = max(acc["stranded_max"], stranded)
         acc["last"] = snap
 
+        live = {n for n, node in self.nodes.items() if node.get("ready") and not node.get("deleted")}
+        self._out.extend(self.mig.evaluate(t, live, set(free), pending, self.config.thresholds))
+        if self.mig.snapshot is not None:
+            snap["mig"] = self.mig.snapshot
         self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
 
@@ -543,6 +550,7 @@ class ClusterStage:
                 gpu_s_total=acc["total"], gpu_s_allocated=acc["allocated"], gpu_s_busy=acc["busy"],
                 gpu_s_idle_allocated=acc["idle"], gpu_s_free=acc["free"], stranded_gpus_max=acc["stranded_max"],
                 queued_workloads=snap.get("queued", 0), queued_gpu_demand=snap.get("queued_demand", 0),
+                **snap.get("mig", {}),
             ))
 
     # ------------------------------------------------------------------ checkpoint
@@ -553,7 +561,7 @@ class ClusterStage:
             "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
             "pending_alerts": self.pending_alerts, "frag": self.frag, "gangs": self.gangs, "cap": self.cap,
-            "counters": self.counters,
+            "counters": self.counters, "mig": self.mig.to_dict(),
         }
 
     @classmethod
@@ -565,4 +573,5 @@ class ClusterStage:
                      "counters"):
             setattr(stage, name, data[name])
         stage.workloads = data.get("workloads", {})
+        stage.mig = MigTracker.from_dict(data.get("mig"))
         return stage

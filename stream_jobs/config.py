@@ -33,10 +33,15 @@ class Thresholds:
     gpu_health_clear_after: float = 300.0
     gap_intervals: float = 3.0
     """A silence longer than this many sample intervals is a gap (not idle)."""
+    mig_fragmentation_after: float = 120.0
+    """A pending MIG pod no empty instance can host while free slices exist: alert after this long."""
+    mig_unused_after: float = 1800.0
+    """An empty MIG instance counts as unused slices in the report after this long."""
 
     DURATIONS = (
         "idle_after", "vram_pressure_after", "pending_after", "fragmentation_after", "gang_after",
-        "idle_node_after", "crashloop_window", "gpu_health_clear_after",
+        "idle_node_after", "crashloop_window", "gpu_health_clear_after", "mig_fragmentation_after",
+        "mig_unused_after",
     )
 
     @classmethod

@@ -9,7 +9,16 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime, WorkloadState
+from schemas.messages import (
+    Message,
+    MigGpuLayout,
+    NodeState,
+    NonNegFloat,
+    NonNegInt,
+    PodState,
+    UtcDatetime,
+    WorkloadState,
+)
 
 MAX_NAME_CHARS = 256
 """Longest team / project / gang name a stage keeps (longer ones are cut)."""
@@ -45,6 +54,8 @@ class NodeSummary(Message):
     allocated: NonNegInt
     busy: NonNegInt
     idle_allocated: NonNegInt
+    mig: list[MigGpuLayout] | None = None
+    """The node's MIG-enabled GPUs and their instances (None: the node has none)."""
 
 
 class PodUsage(Message):

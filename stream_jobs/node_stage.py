@@ -25,6 +25,7 @@ from stream_jobs import alerts
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage, kept
+from stream_jobs.mig import layouts_from_sample
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.scoping import stamped
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, stable_id, window_start
@@ -282,7 +283,8 @@ class NodeStage:
                 else:
                     idle_alloc += 1
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
-                                     allocated=allocated, busy=busy, idle_allocated=idle_alloc))
+                                     allocated=allocated, busy=busy, idle_allocated=idle_alloc,
+                                     mig=layouts_from_sample(sample.gpus)))
         self._idle_node(ts, units, physical, price, allocated > 0)
         for uid in sorted(self.pods):
             pod = self.pods[uid]
