@@ -223,6 +223,9 @@ class PodState(Message):
     phase: PodPhase
     conditions: list[PodCondition] = Field(default_factory=list)
     gpu_requests: dict[str, NonNegInt] = Field(default_factory=dict)
+    vram_request_bytes: NonNegInt | None = Field(
+        default=None, description="Device memory the pod needs per GPU on a shared GPU: HAMi's nvidia.com/gpumem "
+        "(MiB, summed over containers), else the annotation gpulens.io/vram-request; absent when neither is set")
     owners: list[OwnerRef] = Field(default_factory=list)
     team: str | None = None
     project: str | None = None
