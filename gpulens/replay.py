@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from gpulens.mig_report import mig_report
+from gpulens.fragmentation_report import mig_report, shared_report
 from gpulens.scenario import Scenario
 from gpulens.simulator import FleetSimulator, Tick
 from schemas.messages import Alert, ClusterCapacity, DeadLetter, Message, PodLifecycle, PodWindow
@@ -145,6 +145,7 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
             "max_queued_workloads": max((w.queued_workloads or 0 for w in windows), default=0),
         }
     cluster |= mig_report(windows, scenario.thresholds.mig_unused_after)  # empty without MIG GPUs
+    cluster |= shared_report(windows)  # empty without shared GPUs
     pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
     return {
         "scenario": scenario.name,

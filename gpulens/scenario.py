@@ -118,6 +118,9 @@ class PodSpec:
     workload: str | None = None
     """Extension: the Kueue workload (same namespace) this pod belongs to; ``create`` then counts from
     the workload's admission, and a workload never admitted never creates it."""
+    vram_request_gib: float | None = None
+    """Extension: the pod's device memory need per GPU (annotation ``gpulens.io/vram-request``); on a
+    shared GPU it is placed only where that much is free, as HAMi's scheduler does."""
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,7 @@ _NODE_KEYS = {"name", "gpus", "model", "memory_gib", "driver", "cuda", "labels",
               "mig", "time_slicing", "process_stats", "mig_layout", "mig_relayout"}
 _POD_KEYS = {"name", "namespace", "labels", "gpus", "node", "create", "run_for", "delete", "end", "util",
              "memory_gib", "processes", "gang", "crashloop", "steps_per_s", "image", "resource", "owner",
-             "active_gpus", "workload"}
+             "active_gpus", "workload", "vram_request_gib"}
 _TOP_KEYS = {"name", "start", "duration", "sample_interval", "window", "thresholds", "prices", "nodes", "pods",
              "faults", "agent_gaps", "late_samples", "poison", "description", "workloads", "cluster"}
 _WORKLOAD_KEYS = {"name", "namespace", "queue", "labels", "pod_sets", "create", "admit", "delete", "reason"}
@@ -450,6 +453,8 @@ def _pod(raw: Any, index: int, path: str) -> PodSpec:
         owner=None if data.get("owner") is None else _owner(data["owner"], f"{path}.owner"),
         active_gpus=active_gpus,
         workload=None if data.get("workload") is None else _k8s_name(data["workload"], f"{path}.workload"),
+        vram_request_gib=None if data.get("vram_request_gib") is None
+        else _number(data["vram_request_gib"], f"{path}.vram_request_gib", 0.0),
     )
 
 

@@ -47,6 +47,7 @@ from producers.watcher.translate import (
     node_to_state,
     pod_to_state,
 )
+from producers.watcher.vram import VRAM_ANNOTATION
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, PodState, WorkloadProgress, scoped_key
@@ -232,6 +233,8 @@ class FleetSimulator:
             labels[QUEUE_LABEL] = workload.spec.queue
             meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.workload,
                                         "uid": workload.job_uid, "controller": True}]
+        if spec.vram_request_gib is not None:
+            meta["annotations"] = {VRAM_ANNOTATION: str(int(spec.vram_request_gib * GIB))}
         if pod.deleted and pod.ended is not None:
             meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
         amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
@@ -486,10 +489,11 @@ class FleetSimulator:
         for pod in pending:
             reasons: dict[str, int] = {}
             for node in live:
-                why = self._misfit(pod, node)
+                why = self._misfit(pod, node, t)
                 if why is None:
                     free = [i for i, owner in enumerate(node.slots)
-                            if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)]
+                            if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)
+                            and self._vram_fits(pod, node, i, t)]
                     taken = free[: pod.spec.gpus]
                     for slot in taken:
                         node.slots[slot] = pod.spec.index
@@ -509,7 +513,7 @@ class FleetSimulator:
                     failed.append(pod)
         return failed
 
-    def _misfit(self, pod: _Pod, node: _Node) -> str | None:
+    def _misfit(self, pod: _Pod, node: _Node, t: float) -> str | None:
         if pod.spec.node is not None and pod.spec.node != node.spec.name:
             return "node(s) didn't match Pod's node affinity/selector"
         if node.spec.unschedulable:
@@ -522,8 +526,30 @@ class FleetSimulator:
             return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
         if node.spec.resource != pod.resource:
             return f"Insufficient {pod.resource}"
+        if pod.spec.vram_request_gib is not None and node.spec.time_slicing > 1:
+            roomy = sum(1 for i, owner in enumerate(node.slots) if owner is None and self._vram_fits(pod, node, i, t))
+            return None if roomy >= pod.spec.gpus else "Insufficient nvidia.com/gpumem"
         free = sum(1 for owner in node.slots if owner is None)
         return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
+
+    def _vram_fits(self, pod: _Pod, node: _Node, slot: int, t: float) -> bool:
+        """On a time-sliced node, whether ``slot``'s GPU has ``pod``'s declared memory free: its size
+        minus its tenants' declared needs (their use where they declare none), as HAMi accounts."""
+        need = pod.spec.vram_request_gib
+        if need is None or node.spec.time_slicing <= 1:
+            return True
+        per_gpu = node.spec.time_slicing
+        gpu = slot // per_gpu
+        by_index = {p.spec.index: p for p in self.pods}
+        held = 0.0
+        for owner in node.slots[gpu * per_gpu:(gpu + 1) * per_gpu]:
+            if owner is None or owner == pod.spec.index:
+                continue
+            tenant = by_index[owner]
+            declared = tenant.spec.vram_request_gib
+            used = step_value(tenant.spec.memory_gib, t - (tenant.scheduled or t))
+            held += declared if declared is not None else used
+        return node.spec.memory_gib - held >= need - 1e-9
 
     def _crashloops(self, t: float, changed: list[_Pod]) -> None:
         for pod in self.pods:

@@ -450,6 +450,40 @@ class MigGpuWindow(Part):
     """The largest profile that could be created once the empty instances are destroyed."""
 
 
+class SharedPodVram(Part):
+    """A pod on a shared GPU and its device memory there."""
+
+    namespace: str
+    name: str
+    mem_bytes: NonNegInt | None = None
+    """Now (its processes' memory; None when NVML gives no per-process figure)."""
+    peak_bytes: NonNegInt | None = None
+    """The most it has held on this GPU."""
+
+
+class SharedGpuState(Part):
+    """A shared GPU (time-slicing, MPS) as one sample saw it (node stage -> cluster stage)."""
+
+    gpu_uuid: str
+    gpu_index: NonNegInt
+    model: str
+    mem_total_bytes: NonNegInt
+    mem_used_bytes: NonNegInt | None = None
+    pods: list[SharedPodVram] = Field(default_factory=list)
+
+
+class SharedGpuWindow(Part):
+    """One shared GPU's memory and tenants at a capacity window's last instant."""
+
+    node: str
+    gpu_index: NonNegInt
+    gpu_uuid: str
+    mem_total_bytes: NonNegInt
+    mem_used_bytes: NonNegInt | None = None
+    free_bytes: NonNegInt
+    pods: list[SharedPodVram] = Field(default_factory=list)
+
+
 class ClusterCapacity(Message):
     window_id: str
     window_start: UtcDatetime
@@ -491,6 +525,18 @@ class ClusterCapacity(Message):
     mig_pending_by_profile: dict[str, NonNegInt] | None = None
     """MIG devices pending pods ask for, by profile."""
     mig_layouts: list[MigGpuWindow] | None = None
+    # shared GPUs (absent on a fleet without time-slicing or MPS): device memory, which sharing
+    # does not isolate and Kubernetes does not schedule (stream_jobs/shared_vram.py)
+    shared_gpus: NonNegInt | None = None
+    shared_vram_free_bytes: NonNegInt | None = None
+    shared_vram_largest_free_bytes: NonNegInt | None = None
+    """The most free VRAM on one shared GPU."""
+    shared_vram_stranded_bytes: NonNegInt | None = None
+    """Free VRAM on schedulable shared GPUs that each have less than the smallest pending pod's need
+    (0 with no pending pod that declares one)."""
+    shared_vram_pending_bytes: NonNegInt | None = None
+    """The memory needs pending pods declare (HAMi nvidia.com/gpumem, gpulens.io/vram-request), summed."""
+    shared_gpu_layouts: list[SharedGpuWindow] | None = None
 
 
 # --------------------------------------------------------------------------- pod.lifecycle.v1
@@ -540,6 +586,8 @@ AlertType = Literal[  # the alert types gpulens emits today (docs/alerts.md); th
     "crashloop_gpu",
     "idle_node",
     "mig_fragmentation",
+    "vram_fragmentation",
+    "noisy_neighbour",
 ]
 KNOWN_ALERT_TYPES: tuple[str, ...] = get_args(AlertType)
 

@@ -22,6 +22,8 @@ SEVERITY: dict[str, str] = {
     "crashloop_gpu": "critical",
     "idle_node": "info",
     "mig_fragmentation": "warning",
+    "vram_fragmentation": "warning",
+    "noisy_neighbour": "warning",
 }
 
 # the order of alert types when several transitions share a timestamp (report order)

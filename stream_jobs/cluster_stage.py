@@ -46,6 +46,7 @@ from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.mig_rules import MigTracker
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.shared_vram import VramTracker
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, stable_id, window_start
 
 KINDS: dict[str, tuple[int, type[Message]]] = {
@@ -101,6 +102,7 @@ class ClusterStage:
         self.gangs: dict[str, dict[str, Any]] = {}
         self.cap: dict[str, Any] = {"t": None, "snap": None, "windows": {}}
         self.mig = MigTracker()
+        self.vram = VramTracker()
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
         self._out: list[Message] = []
@@ -193,6 +195,7 @@ class ClusterStage:
         pod.update(ns=state.namespace, name=state.name, team=state.team, project=state.project,
                    gang=state.gang_id, owner_uids=sorted(o.uid for o in state.owners if o.uid),
                    requests=dict(state.gpu_requests), gpus=sum(state.gpu_requests.values()),
+                   vram_need=state.vram_request_bytes,
                    created=epoch(state.created_at))
         if state.node and pod["node"] is None:
             pod["node"] = state.node
@@ -271,6 +274,7 @@ class ClusterStage:
         self.summaries[summary.node] = {"ts": ts, "dt": summary.sample_interval_s, "busy": summary.busy,
                                         "idle": summary.idle_allocated}
         self.mig.on_summary(summary.node, summary.mig)
+        self.vram.on_summary(summary.node, summary.shared)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -389,6 +393,9 @@ class ClusterStage:
         self._out.extend(self.mig.evaluate(t, live, set(free), pending, self.config.thresholds))
         if self.mig.snapshot is not None:
             snap["mig"] = self.mig.snapshot
+        self._out.extend(self.vram.evaluate(t, live, set(free), pending, self.config.thresholds))
+        if self.vram.snapshot is not None:
+            snap["shared"] = self.vram.snapshot
         self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
 
@@ -550,7 +557,7 @@ class ClusterStage:
                 gpu_s_total=acc["total"], gpu_s_allocated=acc["allocated"], gpu_s_busy=acc["busy"],
                 gpu_s_idle_allocated=acc["idle"], gpu_s_free=acc["free"], stranded_gpus_max=acc["stranded_max"],
                 queued_workloads=snap.get("queued", 0), queued_gpu_demand=snap.get("queued_demand", 0),
-                **snap.get("mig", {}),
+                **snap.get("mig", {}), **snap.get("shared", {}),
             ))
 
     # ------------------------------------------------------------------ checkpoint
@@ -561,7 +568,7 @@ class ClusterStage:
             "workloads": self.workloads,
             "done": self.done, "early": self.early, "summaries": self.summaries,
             "pending_alerts": self.pending_alerts, "frag": self.frag, "gangs": self.gangs, "cap": self.cap,
-            "counters": self.counters, "mig": self.mig.to_dict(),
+            "counters": self.counters, "mig": self.mig.to_dict(), "vram": self.vram.to_dict(),
         }
 
     @classmethod
@@ -574,4 +581,5 @@ class ClusterStage:
             setattr(stage, name, data[name])
         stage.workloads = data.get("workloads", {})
         stage.mig = MigTracker.from_dict(data.get("mig"))
+        stage.vram = VramTracker(data.get("vram"))
         return stage

@@ -16,6 +16,7 @@ from schemas.messages import (
     NonNegFloat,
     NonNegInt,
     PodState,
+    SharedGpuState,
     UtcDatetime,
     WorkloadState,
 )
@@ -56,6 +57,8 @@ class NodeSummary(Message):
     idle_allocated: NonNegInt
     mig: list[MigGpuLayout] | None = None
     """The node's MIG-enabled GPUs and their instances (None: the node has none)."""
+    shared: list[SharedGpuState] | None = None
+    """The node's shared GPUs with their memory and tenants (None: the node has none)."""
 
 
 class PodUsage(Message):

@@ -20,7 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, PodWindow
+from schemas.messages import (
+    DEFAULT_CLUSTER,
+    GpuReading,
+    GpuSample,
+    Message,
+    NodeState,
+    PodState,
+    PodWindow,
+    SharedGpuState,
+)
 from stream_jobs import alerts
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
@@ -28,6 +37,7 @@ from stream_jobs.internal import NodeSummary, PodUsage, kept
 from stream_jobs.mig import layouts_from_sample
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.scoping import stamped
+from stream_jobs.shared_vram import NoisyNeighbours, replicas_per_gpu
 from stream_jobs.timeutil import EPS, elapsed, epoch, fmt_duration, from_epoch, iso, stable_id, window_start
 
 log = get_logger(__name__)
@@ -90,6 +100,7 @@ class NodeStage:
         self.pg: dict[str, dict[str, Any]] = {}
         self.windows: dict[str, dict[str, Any]] = {}
         self.idle_node: dict[str, Any] = {"since": None, "alert": None, "gpus": 0}
+        self.shared = NoisyNeighbours()
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
         self._out: list[Message] = []
@@ -143,7 +154,7 @@ class NodeStage:
 
     def _on_node(self, ts: float, state: NodeState) -> None:
         self.info.update(ready=state.ready and not state.deleted, deleted=state.deleted,
-                         product=state.gpu_product or self.info["product"])
+                         product=state.gpu_product or self.info["product"], replicas=replicas_per_gpu(state))
         if state.driver_version:
             self.info["driver"] = state.driver_version
         if state.cuda_driver_version:
@@ -254,6 +265,7 @@ class NodeStage:
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
+        shared: list[SharedGpuState] = []
         for reading in sample.gpus:
             self._health(reading, ts)
             if reading.mig_parent_uuid is None:
@@ -263,6 +275,11 @@ class NodeStage:
                 continue  # a MIG parent is not an allocation unit; its MIG devices are
             units += 1
             shares = attribute(reading, uid_by_name)
+            if reading.mig_parent_uuid is None and (reading.shared or self.info.get("replicas", 1.0) > 1.0):
+                gpu_state, transitions = self.shared.observe(
+                    ts, self.node, reading, [(s.pod_uid, s.namespace, s.pod, s.mem_bytes) for s in shares], th)
+                shared += [gpu_state] if gpu_state is not None else []
+                self._out.extend(transitions)
             if not shares:
                 continue
             allocated += 1
@@ -284,7 +301,8 @@ class NodeStage:
                     idle_alloc += 1
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
                                      allocated=allocated, busy=busy, idle_allocated=idle_alloc,
-                                     mig=layouts_from_sample(sample.gpus)))
+                                     mig=layouts_from_sample(sample.gpus), shared=shared or None))
+        self.shared.forget({g.gpu_uuid for g in shared})
         self._idle_node(ts, units, physical, price, allocated > 0)
         for uid in sorted(self.pods):
             pod = self.pods[uid]
@@ -531,7 +549,7 @@ class NodeStage:
             "node": self.node, "cluster": self.cluster, "wm": self.wm, "buffer": self.buffer.to_dict(),
             "info": self.info,
             "pods": self.pods, "ended": self.ended, "gpus": self.gpus, "pg": self.pg, "windows": self.windows,
-            "idle_node": self.idle_node, "counters": self.counters,
+            "idle_node": self.idle_node, "counters": self.counters, "shared": self.shared.to_dict(),
         }
 
     @classmethod
@@ -547,5 +565,6 @@ class NodeStage:
         stage.windows = data["windows"]
         stage.idle_node = data["idle_node"]
         stage.counters = data["counters"]
+        stage.shared = NoisyNeighbours(data.get("shared"))
         return stage
 

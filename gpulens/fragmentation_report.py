@@ -1,7 +1,8 @@
-"""The MIG figures of a replay report, from the capacity windows the pipeline emitted.
+"""The MIG and shared-GPU VRAM figures of a replay report, from the capacity windows emitted.
 
-Only a fleet with MIG GPUs (windows carrying ``mig_gpus``) gets them, so other reports keep their
-shape. ``mig_unused_slices`` is the figure of empty instances: those empty for at least
+Only a fleet with MIG GPUs (windows carrying ``mig_gpus``) gets the MIG figures, and only one with
+shared GPUs (``shared_gpus``) the VRAM ones, so other reports keep their shape.
+``mig_unused_slices`` is the figure of empty instances: those empty for at least
 ``mig_unused_after`` at the last window's last instant, with the profiles pending pods asked for
 meanwhile (what the layout should offer instead).
 """
@@ -34,4 +35,15 @@ def mig_report(windows: list[ClusterCapacity], unused_after_s: float) -> dict[st
         "max_mig_free_memory_slices": max(w.mig_free_memory_slices or 0 for w in mig),
         "mig_unused_slices": {"instances": unused, "count": len(unused),
                               "pending_profiles": dict(sorted(pending.items()))},
+    }
+
+
+def shared_report(windows: list[ClusterCapacity]) -> dict[str, Any]:
+    shared = [w for w in windows if w.shared_gpus is not None]
+    if not shared:
+        return {}
+    return {
+        "shared_gpus": shared[-1].shared_gpus,
+        "max_shared_vram_stranded_bytes": max(w.shared_vram_stranded_bytes or 0 for w in shared),
+        "max_shared_vram_pending_bytes": max(w.shared_vram_pending_bytes or 0 for w in shared),
     }
