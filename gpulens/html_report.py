@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import AdviseThresholds
+from gpulens.html_fragmentation import fragmentation_section
 from schemas.messages import DEFAULT_CLUSTER
 from sinks import timeseries
 from sinks.advise import advice_rows, advise, pack_text
 from sinks.analyses import ANALYSES, Reader, run_report, scoped
+from sinks.fragmentation_series import fragmentation_over_time
 
 Rows = list[dict[str, Any]]
 
@@ -1067,6 +1069,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         _pending_section(data),
         _pending_reasons_section(data),
         _stranded_section(data, bucket_s),
+        fragmentation_section(data, bucket_s),
         _cost_section(data),
         _vram_section(data),
         _advice_section(data),
@@ -1105,6 +1108,7 @@ def collect_report_data(reader: Reader, advise_thresholds: AdviseThresholds | No
     data["bucket_s"] = bucket_s
     data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s)
     data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
+    data["fragmentation_series"] = fragmentation_over_time(reader, bucket_s)
     data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
     data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
     data["firing_alerts"] = timeseries.firing_alerts(reader)
