@@ -17,7 +17,6 @@ from typing import Any
 
 from gpulens.errors import UserError
 from producers.agent.fake_nvml import FakeMigDevice
-from schemas.messages import GpuSample
 from stream_jobs.mig import MigInstance, check_layout, creatable_starts, table_for
 
 GIB = 2**30
@@ -117,7 +116,7 @@ def fake_devices(scenario: str, node: str, gpu: int, layout: GpuLayout, memory_g
     for inst in layout:
         profile = table.profile(inst.profile) if table else None
         devices.append(FakeMigDevice(uuid=mig_device_uuid(scenario, node, gpu, inst), profile=inst.profile,
-                                     gpu_instance_id=inst.start + 1, compute_instance_id=0,
+                                     gpu_instance_id=inst.start + 1, compute_instance_id=0, placement_start=inst.start,
                                      mem_total_bytes=int((profile.memory_gib if profile else 0) * GIB)))
     return devices
 
@@ -143,13 +142,3 @@ def relayout_slots(old: list[FakeMigDevice], new: list[FakeMigDevice], owners: l
             raise MigLayoutError(f"{where}: the re-layout destroys the {device.profile} instance that a pod holds")
     out = [kept.get(d.uuid) for d in new]
     return out + [None] * (MAX_INSTANCES_PER_GPU - len(out))
-
-
-def with_placements(sample: GpuSample, devices_per_gpu: list[list[FakeMigDevice]]) -> GpuSample:
-    """The sample with each MIG device's placement start, as an agent reading the GPU instance's
-    placement reports it (the fake NVML has no placement call; the simulator numbers a GPU
-    instance ``start + 1``, see :func:`fake_devices`)."""
-    starts = {d.uuid: d.gpu_instance_id - 1 for devices in devices_per_gpu for d in devices}
-    gpus = [g.model_copy(update={"mig_placement_start": starts[g.uuid]}) if g.uuid in starts else g
-            for g in sample.gpus]
-    return sample.model_copy(update={"gpus": gpus})

@@ -32,7 +32,6 @@ from gpulens.mig_layouts import (
     fake_devices,
     relayout_slots,
     slot_resources,
-    with_placements,
 )
 from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
@@ -587,8 +586,6 @@ class FleetSimulator:
                 continue
             self._dress(node, t)
             sample = node.sampler.sample(ts)
-            if node.slot_res is not None:
-                sample = with_placements(sample, [g.mig_devices for g in node.gpus])
             record = self._encode(GPU_SAMPLES.suffix, node.spec.name, sample)
             delay = next((late.by for late in sc.late_samples
                           if late.node == node.spec.name and abs(late.at - t) < self.dt / 2), None)

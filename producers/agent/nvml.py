@@ -181,6 +181,10 @@ class NvmlBackend(Protocol):
     def mig_instance_ids(self, mig_device: Device) -> tuple[int, int]:
         """(GPU instance id, compute instance id) of a MIG device."""
 
+    def mig_placement_start(self, mig_device: Device) -> int:
+        """A MIG device's first memory slice on its parent (its GPU instance's placement start).
+        Raises :class:`NvmlNotSupported` when it cannot be read (GPU instance calls need privileges)."""
+
     def drain_xids(self) -> list[XidRecord]:
         """XID events seen since the previous call, oldest first."""
 
@@ -608,3 +612,13 @@ class PynvmlBackend:
         gi = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig_device))
         ci = int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig_device))
         return gi, ci
+
+    def mig_placement_start(self, mig_device: Device) -> int:
+        try:
+            parent = _call(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, mig_device)
+            gi_id = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig_device))
+            instance = _call(pynvml.nvmlDeviceGetGpuInstanceById, parent, gi_id)
+            return int(_call(pynvml.nvmlGpuInstanceGetInfo, instance).placement.start)
+        except NvmlNoPermission as exc:
+            # an unprivileged agent cannot open GPU instances: the placement is absent, not an error
+            raise NvmlNotSupported(str(exc)) from None
