@@ -277,7 +277,9 @@ class NodeStage:
             shares = attribute(reading, uid_by_name)
             if reading.mig_parent_uuid is None and (reading.shared or self.info.get("replicas", 1.0) > 1.0):
                 gpu_state, transitions = self.shared.observe(
-                    ts, self.node, reading, [(s.pod_uid, s.namespace, s.pod, s.mem_bytes) for s in shares], th)
+                    ts, self.node, reading,
+                    # an estimated share has no memory of its own (an even split of the device's)
+                    [(s.pod_uid, s.namespace, s.pod, None if s.estimated else s.mem_bytes) for s in shares], th)
                 shared += [gpu_state] if gpu_state is not None else []
                 self._out.extend(transitions)
             if not shares:
