@@ -18,6 +18,8 @@ COPY common ./common
 COPY producers ./producers
 COPY stream_jobs ./stream_jobs
 COPY sinks ./sinks
+COPY simulation ./simulation
+COPY reports ./reports
 COPY gpulens ./gpulens
 RUN python -m venv /opt/gpulens \
  && /opt/gpulens/bin/pip install --upgrade pip

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from benchmarks.harness import Context, Result
-from gpulens.replay import run_in_process
-from gpulens.scenario import Scenario, parse_scenario
+from simulation.replay import run_in_process
+from simulation.scenario import Scenario, parse_scenario
 
 
 def fleet_scenario(nodes: int = 8, gpus_per_node: int = 8, duration: str = "1h") -> Scenario:

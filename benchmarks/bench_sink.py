@@ -23,7 +23,7 @@ from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef
 from schemas.topics import GPU_SAMPLES
 from sinks.rows import TableColumns, rows_for
 from sinks.service import prepare_store
-from sinks.sink import Sink
+from sinks.sink import ClickHouseSink
 
 BENCH = "sink"
 GIB = 1024**3
@@ -80,7 +80,7 @@ def run(ctx: Context) -> list[Result]:
                             batch_max_rows=2000)
     store = prepare_store(settings)
     try:
-        sink = Sink(settings, store)
+        sink = ClickHouseSink(settings, store)
         cpu_started = time.process_time()
         totals = sink.run(exit_when_idle_s=2.0)
         sink_cpu_s = time.process_time() - cpu_started

@@ -26,12 +26,12 @@ from benchmarks.bench_replay import fleet_scenario
 from benchmarks.harness import Context, Result
 from common.kafka import ensure_topics, read_to_end
 from common.settings import CommonSettings, load_settings
-from gpulens.kafka_replay import KafkaReplay
-from gpulens.scenario import Scenario, parse_scenario
-from gpulens.simulator import Tick
 from schemas.codec import decode
 from schemas.messages import Alert
 from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
+from simulation.fleet_state import Tick
+from simulation.kafka_replay import KafkaReplay
+from simulation.scenario import Scenario, parse_scenario
 
 BENCH = "stream"
 

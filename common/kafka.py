@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from common.errors import RetriableError, UserError
 from common.settings import KafkaSettings, ProducerSettings
 from schemas.codec import WIRE_HEADERS
 from schemas.topics import TopicSpec
@@ -53,8 +54,26 @@ def _client_conf(kafka: KafkaSettings) -> dict[str, Any]:
     return kafka.to_librdkafka() | {"logger": _LIBRDKAFKA_LOG}
 
 
-class BrokerUnavailable(Exception):
+class BrokerUnavailable(RetriableError):
     """No broker answered at the configured bootstrap servers."""
+
+
+def broker_unavailable(exc: Exception, *, env_hint: bool = True, also: str | None = None) -> UserError:
+    """The one user error for a Kafka broker that did not answer: what failed, and how to get one
+    (the local broker, the bootstrap servers setting unless the command took them as a flag, and
+    the command's own way around it, ``also``)."""
+    ways = ["Start one with `gpulens kafka up`"]
+    if env_hint:
+        ways.append("set GPULENS_KAFKA__BOOTSTRAP_SERVERS")
+    if also:
+        ways.append(also)
+    if len(ways) == 1:
+        text = ways[0]
+    elif len(ways) == 2:
+        text = f"{ways[0]} or {ways[1]}"
+    else:
+        text = ", ".join(ways[:-1]) + f", or {ways[-1]}"
+    return UserError(f"{exc}. {text}.")
 
 
 @dataclass

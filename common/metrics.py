@@ -16,6 +16,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from common.errors import PermanentError
+
 __all__ = [
     "Counter",
     "ExpositionError",
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 
-class ExpositionError(ValueError):
+class ExpositionError(PermanentError, ValueError):
     """The text is not in the Prometheus exposition format."""
 
 

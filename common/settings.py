@@ -31,12 +31,13 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from common.errors import UserError
 from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 
 ENV_PREFIX = "GPULENS_"
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """Invalid configuration: the message names the setting and what it accepts."""
 
 

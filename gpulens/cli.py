@@ -1,9 +1,11 @@
 """The ``gpulens`` command line: one entry point for every part of the product.
 
-Each part contributes a click command from ``gpulens/commands``. Settings are loaded and
-validated once per command (flags over ``GPULENS_*`` environment over defaults). User errors —
-bad flags, bad configuration, a broker that is down — print one clear line and exit 2; a
-traceback means a bug.
+Each part contributes a click command from ``gpulens/commands`` (registered by name in
+``gpulens/commands/__init__.py``; the flags they share are in ``gpulens/commands/base.py``, so no
+command module imports this one). Settings are loaded and validated once per command (flags over
+``GPULENS_*`` environment over defaults). This module alone turns errors into exit codes:
+:class:`~common.errors.UserError` (bad flags, bad configuration — ``ConfigError`` is one — a
+broker that is down) prints one clear line and exits 2; a traceback means a bug.
 
 Start-up is kept short (``gpulens --help`` and ``gpulens <command> --help`` well under 0.3 s): this
 module imports only click, a part's command module is imported when that command is called
@@ -13,45 +15,16 @@ the commands that use them.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from common.errors import UserError
 from gpulens import __version__
-from gpulens.commands import PART_COMMANDS
-from gpulens.errors import UserError
-
-common_options = [
-    click.option("--bootstrap-servers", "bootstrap_servers", default=None,
-                 help="Kafka bootstrap servers [env GPULENS_KAFKA__BOOTSTRAP_SERVERS]"),
-    click.option("--topic-prefix", default=None, help="topic name prefix [env GPULENS_TOPIC_PREFIX]"),
-    click.option("--data-dir", default=None, type=click.Path(path_type=Path),
-                 help="local state directory [env GPULENS_DATA_DIR]"),
-    click.option("--log-level", default=None, help="DEBUG|INFO|WARNING|ERROR [env GPULENS_LOG_LEVEL]"),
-]
-
-
-def with_common_options(func: Any) -> Any:
-    for option in reversed(common_options):
-        func = option(func)
-    return func
-
-
-def settings_from_flags(settings_type: type[Any], **flags: Any) -> Any:
-    """Load ``settings_type`` with the common flags folded into their nested places."""
-    from common import logs
-    from common.settings import load_settings
-
-    bootstrap = flags.pop("bootstrap_servers", None)
-    settings = load_settings(settings_type, **flags)
-    if bootstrap is not None:
-        kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
-        settings = load_settings(settings_type, **(flags | {"kafka": kafka.model_dump()}))
-    logs.configure(settings.log_level, settings.log_format)
-    return settings
+from gpulens.commands import PART_COMMANDS, load_part_command
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 class LazyGroup(click.Group):
@@ -62,9 +35,7 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in PART_COMMANDS:
-            module = importlib.import_module(f"gpulens.commands.{PART_COMMANDS[cmd_name][0]}")
-            for command in module.COMMANDS:
-                self.add_command(command)
+            self.add_command(load_part_command(cmd_name))
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -135,7 +106,7 @@ def topics() -> None:
               help="replicas per partition (3 on a production cluster)")
 def topics_create(replication_factor: int, **flags: Any) -> None:
     """Create every topic with its partitions and cleanup policy (idempotent)."""
-    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
     from common.settings import CommonSettings
     from schemas.topics import ALL_TOPICS
 
@@ -143,7 +114,7 @@ def topics_create(replication_factor: int, **flags: Any) -> None:
     try:
         report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix, replication_factor)
     except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+        raise broker_unavailable(exc) from None
     for name in report.created:
         click.echo(f"created  {name}")
     for name in report.existing:
@@ -233,11 +204,6 @@ def _missing_extra(exc: ModuleNotFoundError) -> str | None:
     return EXTRA_OF_MODULE.get((exc.name or "").split(".")[0])
 
 
-def _is_config_error(exc: Exception) -> bool:
-    settings = sys.modules.get("common.settings")  # a ConfigError exists only once settings were loaded
-    return settings is not None and isinstance(exc, settings.ConfigError)
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="gpulens", standalone_mode=False)
@@ -269,11 +235,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f'gpulens: this command needs {exc.name}, which is not installed here; '
                    f'install it with: pip install "gpulens[{extra}]" (or "gpulens[all]")', err=True)
-        return 2
-    except Exception as exc:
-        if not _is_config_error(exc):
-            raise
-        click.echo(f"gpulens: {exc}", err=True)
         return 2
     return 0
 

@@ -2,7 +2,7 @@
 
 It starts (or reuses) the local Kafka broker, creates the topics, starts the stream workers and the
 ClickHouse sink as child processes — the same commands an operator runs — and plays a seeded fleet
-(:mod:`gpulens.demo_fleet`) through the simulator at wall-clock pace: the agents' sampling code and
+(:mod:`simulation.demo_fleet`) through the simulator at wall-clock pace: the agents' sampling code and
 the watcher's translation code produce every record, exactly as in production. A live view
 (:mod:`gpulens.top`) shows what the pipeline reports. On Ctrl-C or after ``--duration`` it ends the
 fleet, lets the workers and the sink catch up, stops everything it started, and says where to look
@@ -24,17 +24,17 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from common.errors import UserError
 from common.kafka import group_lag
 from common.logs import get_logger
 from common.settings import AdviseThresholds, CommonSettings, KafkaSettings
-from gpulens.demo_fleet import demo_scenario
-from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
-from gpulens.kafka_replay import KafkaReplay, WorkerProcess, child_env
-from gpulens.scenario import Scenario, parse_scenario
-from gpulens.simulator import FleetSimulator
 from gpulens.top import FleetView, drain_topics, render
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, DEADLETTER, POD_LIFECYCLE, POD_WINDOWS
+from simulation.demo_fleet import demo_scenario
+from simulation.kafka_replay import KafkaReplay, WorkerProcess, child_env
+from simulation.scenario import Scenario, parse_scenario
+from simulation.simulator import FleetSimulator
 
 log = get_logger(__name__)
 
@@ -281,7 +281,7 @@ DEMO_ADVISE_FLAGS = "--min-evidence 5m --idle-stretch 5m --bucket 5m"
 
 def _advice_headline(settings: CommonSettings) -> str:
     """The advisor's headline over what the demo stored ("N GPUs (P %) reclaimable, $X/month")."""
-    from sinks.advise import advise, headline_text
+    from reports.advise import advise
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
     from sinks.readonly import ReadLimits
@@ -295,4 +295,4 @@ def _advice_headline(settings: CommonSettings) -> str:
             reader.close()
     except StoreError as exc:
         return f"not available ({exc})"
-    return headline_text(advice["headline"])
+    return str(advice["headline_text"])

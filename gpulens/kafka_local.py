@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import UserError
 from common.kafka import broker_reachable
 from common.processes import pid_alive
 from common.settings import CommonSettings, KafkaSettings
-from gpulens.errors import UserError
 
 SCALA = "2.13"
 SLF4J_VERSION = "1.7.36"
@@ -154,7 +154,7 @@ class LocalKafka:
         return f"Kafka stopped (pid {pid})"
 
     def stop(self) -> None:
-        """Stop the broker (a chaos replay's outage: ``gpulens.kafka_replay.BrokerControl``);
+        """Stop the broker (a chaos replay's outage: ``simulation.kafka_replay.BrokerControl``);
         refuses when no broker started by gpulens runs (an outage that stops nothing tests nothing)."""
         if self.running_pid() is None:
             raise UserError(f"no broker started by gpulens runs from {self.home}: nothing to stop")

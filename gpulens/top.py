@@ -30,7 +30,7 @@ VIEW_TOPICS: tuple[TopicSpec, ...] = (CLUSTER_CAPACITY, POD_WINDOWS, K8S_PODS, K
 
 
 @dataclass
-class PodUsage:
+class PodUsageRow:
     namespace: str
     pod: str
     team: str
@@ -48,7 +48,7 @@ class FleetView:
 
     capacity: ClusterCapacity | None = None
     pods: dict[str, PodState] = field(default_factory=dict)
-    usage: dict[str, PodUsage] = field(default_factory=dict)
+    usage: dict[str, PodUsageRow] = field(default_factory=dict)
     pending_reason: dict[str, str] = field(default_factory=dict)
     alerts: dict[str, Alert] = field(default_factory=dict)
     messages_seen: int = 0
@@ -99,7 +99,7 @@ class FleetView:
     def _apply_window(self, window: PodWindow) -> None:
         usage = self.usage.get(window.pod_uid)
         if usage is None:
-            usage = self.usage[window.pod_uid] = PodUsage(
+            usage = self.usage[window.pod_uid] = PodUsageRow(
                 window.namespace, window.pod, window.team or window.namespace, window.node
             )
         usage.gpus.add(window.gpu_uuid)
@@ -134,7 +134,7 @@ class FleetView:
         rows = [(team, gpus[team], busy[team] / allocated[team] if allocated[team] else 0.0) for team in allocated]
         return sorted(rows, key=lambda row: (-row[1], row[0]))
 
-    def idlest_pods(self, limit: int = 8) -> list[PodUsage]:
+    def idlest_pods(self, limit: int = 8) -> list[PodUsageRow]:
         live = [u for uid, u in self.usage.items() if uid in self.pods and u.allocated_s > 0]
         return sorted(live, key=lambda u: (-u.idle_s, u.namespace, u.pod))[:limit]
 

@@ -7,6 +7,7 @@ time-bounded streams.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from schemas.messages import (
@@ -128,6 +129,13 @@ INTERNAL_CONTROL = TopicSpec(
     "internal: watermark marks from a replay driver or the worker's clock; done markers",
 )
 INTERNAL_TOPICS: tuple[TopicSpec, ...] = (INTERNAL_NODE_INPUTS, INTERNAL_CLUSTER_INPUTS, INTERNAL_CONTROL)
+
+
+def internal_topics(node_input_partitions: int) -> list[TopicSpec]:
+    """The internal topics with ``node_input_partitions`` partitions of the node inputs (the one
+    setting a deployment sizes: it bounds how many node-stage workers share the work)."""
+    return [dataclasses.replace(spec, partitions=node_input_partitions)
+            if spec.suffix == INTERNAL_NODE_INPUTS.suffix else spec for spec in INTERNAL_TOPICS]
 
 
 def by_suffix(suffix: str) -> TopicSpec:

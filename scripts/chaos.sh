@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make chaos`: every golden scenario (gpulens/scenarios, and the shared examples in
+# `make chaos`: every golden scenario (simulation/scenarios, and the shared examples in
 # tests/data/scenarios or $GPULENS_SHARED_SCENARIOS) and tests/stream_jobs/scenarios through the local
 # broker with `replay --kafka --workers 3 --chaos` (workers SIGKILLed and restarted on a seeded
 # schedule, one added and one removed); each report must equal the in-process one byte for byte.
@@ -21,7 +21,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
 # the goldens (those with expected results) and the chaos test's 2-hour, 64-GPU fleet
-for scenario in gpulens/scenarios/*.yaml ${shared:+"$shared"/*.yaml} tests/stream_jobs/scenarios/*.yaml; do
+for scenario in simulation/scenarios/*.yaml ${shared:+"$shared"/*.yaml} tests/stream_jobs/scenarios/*.yaml; do
   [ -f "${scenario%.yaml}.expected.json" ] || [[ "$scenario" == tests/stream_jobs/* ]] || continue
   name=$(basename "$scenario" .yaml)
   gpulens replay "$scenario" --json > "$work/$name.in-process.json"

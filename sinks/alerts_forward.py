@@ -16,9 +16,9 @@ PagerDuty) or a chat webhook; gpulens publishes alerts on Kafka. This consumer b
 - **At least once.** Records are consumed in batches; the offsets of a batch are committed only
   after every record of it was delivered to every destination (or dead-lettered, and the dead
   letter acknowledged by Kafka). A failed delivery is retried with jittered exponential backoff
-  (:class:`sinks.sink.Backoff`); after ``max_attempts`` failures to one destination, or at once
+  (:class:`common.backoff.Backoff`); after ``max_attempts`` failures to one destination, or at once
   when the destination rejects the request as malformed (HTTP 4xx other than 408 / 429), the
-  record goes to ``deadletter.v1`` (:func:`sinks.sink.dead_letter`) with the destination and the
+  record goes to ``deadletter.v1`` (:func:`schemas.dead_letters.dead_letter`) with the destination and the
   reason. A crash between delivery and commit delivers the batch again: Alertmanager identifies an
   alert by its labels, so a repeated transition changes nothing it shows or notifies.
 """
@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from common.backoff import Backoff
+from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_offsets, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -43,7 +45,7 @@ from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
 from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.sink import Backoff, Record, dead_letter
+from sinks.batches import ConsumedRecord, encoded_dead_letter
 
 log = get_logger(__name__)
 
@@ -175,7 +177,7 @@ class PodTeams:
 # --------------------------------------------------------------------------- delivery
 
 
-class DeliveryFailed(Exception):
+class DeliveryFailed(GpulensError):
     """One POST did not succeed; ``permanent`` when retrying the same request cannot help."""
 
     def __init__(self, reason: str, permanent: bool = False) -> None:
@@ -245,7 +247,7 @@ class ForwardTotals:
     batches: int = 0
 
 
-class ForwarderStopped(Exception):
+class ForwarderStopped(GpulensError):
     """Stop was requested while a delivery was failing: leave without committing."""
 
 
@@ -262,7 +264,7 @@ class AlertForwarder:
         self.stop = stop or threading.Event()
         self.now = now or (lambda: datetime.now(UTC))
         self.destinations = destinations(settings)
-        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self.backoff = Backoff(base_s=settings.retry_initial_s, cap_s=settings.retry_max_s)
         self.totals = ForwardTotals()
 
     def payload(self, alert: Alert, destination: Destination) -> Any:
@@ -275,7 +277,7 @@ class AlertForwarder:
         return webhook_body(alert, cluster=cluster, runbook_base_url=s.runbook_base_url,
                             body_format=s.webhook_format, team=team)
 
-    def deliver(self, record: Record) -> list[str]:
+    def deliver(self, record: ConsumedRecord) -> list[str]:
         """Deliver one record to every destination; returns the reasons to dead-letter it (none
         when it was delivered everywhere). Raises :class:`ForwarderStopped` on stop."""
         if record.value is None:
@@ -293,7 +295,7 @@ class AlertForwarder:
                 self.metrics.dead_letters.labels(destination.kind).inc()
         return reasons
 
-    def _deliver_to(self, destination: Destination, alert: Alert, record: Record) -> str | None:
+    def _deliver_to(self, destination: Destination, alert: Alert, record: ConsumedRecord) -> str | None:
         attempts = 0
         while True:
             try:
@@ -305,7 +307,7 @@ class AlertForwarder:
                 if exc.permanent or attempts >= self.settings.max_attempts:
                     why = "rejected" if exc.permanent else f"failed {attempts} times"
                     return f"{destination.kind} delivery {why}: {exc}"
-                delay = self.backoff.next_delay()
+                delay = self.backoff.next_delay_s()
                 self.metrics.backoff.set(delay)
                 log.warning("alert delivery failed; retrying", destination=destination.kind, alert=alert.id,
                             state=alert.state, attempt=attempts, retry_in_s=round(delay, 2), error=str(exc))
@@ -357,8 +359,9 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
             messages = [] if first is None else [first]
             if first is not None and settings.batch_max_records > 1:
                 messages += consumer.consume(settings.batch_max_records - 1, 0)
-            records = [Record(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0), _bytes(m.key()),
-                              m.value(), m.timestamp()[1]) for m in messages if m.error() is None]
+            records = [ConsumedRecord(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0),
+                                      _bytes(m.key()), m.value(), m.timestamp()[1])
+                       for m in messages if m.error() is None]
             if not records:
                 if exit_when_idle_s is not None and time.monotonic() - idle_since >= exit_when_idle_s:
                     break
@@ -393,12 +396,12 @@ def _bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-def _forward_batch(forwarder: AlertForwarder, records: list[Record], producer: BoundedProducer,
+def _forward_batch(forwarder: AlertForwarder, records: list[ConsumedRecord], producer: BoundedProducer,
                    dlq_topic: str) -> None:
-    letters: list[tuple[Record, bytes, list[tuple[str, str | bytes | None]]]] = []
+    letters: list[tuple[ConsumedRecord, bytes, list[tuple[str, str | bytes | None]]]] = []
     for record in records:
         for reason in forwarder.deliver(record):
-            value, headers = dead_letter(record, reason)
+            value, headers = encoded_dead_letter(record, reason)
             letters.append((record, value, headers))
             log.error("alert dead-lettered", partition=record.partition, offset=record.offset, reason=reason[:300])
     while letters:  # the dead letters must be in Kafka before the batch is committed
@@ -409,7 +412,7 @@ def _forward_batch(forwarder: AlertForwarder, records: list[Record], producer: B
         if producer.flush(30.0) == 0 and producer.stats.failed == failed_before:
             forwarder.totals.dead_letters += len(letters)
             return
-        delay = forwarder.backoff.next_delay()
+        delay = forwarder.backoff.next_delay_s()
         log.warning("dead-letter delivery failed; retrying", retry_in_s=round(delay, 2),
                     error=producer.stats.last_error)
         if forwarder.stop.wait(delay):

@@ -41,6 +41,7 @@ from clickhouse_connect.driver.exceptions import (
     ProgrammingError,
 )
 
+from common.errors import GpulensError, PermanentError, RetriableError
 from sinks.readonly import ReadLimits, ReadOnlyViolation, guard
 
 # ClickHouse error codes that mean "this data can never be stored as is".
@@ -79,7 +80,7 @@ READ_REFUSAL_CODES = frozenset({
 """Errors of a read query that are the query's own doing (a limit or the read-only rules), not an outage."""
 
 
-class StoreError(Exception):
+class StoreError(GpulensError):
     """Base of the adapter's errors; ``code`` is ClickHouse's numeric error code when known."""
 
     def __init__(self, message: str, code: int | None = None) -> None:
@@ -87,15 +88,15 @@ class StoreError(Exception):
         self.code = code
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, RetriableError):
     """Transient: retry later with the same data and deduplication token."""
 
 
-class StoreRejected(StoreError):
+class StoreRejected(StoreError, PermanentError):
     """Permanent: ClickHouse refuses this data; retrying the same rows cannot succeed."""
 
 
-class StoreLocked(StoreError):
+class StoreLocked(StoreError, PermanentError):
     """The embedded data directory is owned by another running process."""
 
 

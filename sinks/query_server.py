@@ -49,7 +49,7 @@ TOKEN_HEADER = "X-Gpulens-Token"
 MAX_CONCURRENT_QUERIES = 4
 
 
-class Reader(Protocol):
+class ClosableSqlReader(Protocol):
     """Anything that answers read-only SQL (a store, or the sink's endpoint)."""
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
@@ -305,7 +305,7 @@ def running_sink_endpoint(url: str, data_dir: Path) -> RemoteReader | None:
     return reader if reader.healthy() else None
 
 
-def open_reader(url: str, data_dir: Path, limits: ReadLimits | None = None) -> Reader:
+def open_reader(url: str, data_dir: Path, limits: ReadLimits | None = None) -> ClosableSqlReader:
     """A read-only reader for ``url``: the server, the running sink's endpoint, or the engine itself."""
     if not is_embedded(url):
         return ClickHouseStore(url, read_only=True, limits=limits)

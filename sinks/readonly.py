@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.errors import PermanentError
 from common.settings import ClickHouseSettings
 
 ALLOWED_FIRST_WORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS"})
@@ -40,7 +41,7 @@ DENIED_PREFIXES = ("iceberg", "deltalake", "hudi", "paimon")
 """Families of lake/object-store table functions (``icebergS3``, ``deltaLakeAzure``, ...)."""
 
 
-class ReadOnlyViolation(ValueError):
+class ReadOnlyViolation(PermanentError, ValueError):
     """The SQL is not a single read-only query; the message says why in one line."""
 
 

@@ -17,12 +17,13 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
+from sinks.batches import FlushOutcome
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.query_server import QueryServer
 from sinks.readonly import ReadLimits
 from sinks.rows import SINK_TOPICS
-from sinks.sink import FlushOutcome, Sink
+from sinks.sink import ClickHouseSink
 
 log = get_logger(__name__)
 
@@ -74,7 +75,7 @@ def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, crea
         ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix)
     store = prepare_store(settings)
     registry = MetricsRegistry()
-    sink = Sink(settings, store, registry)
+    sink = ClickHouseSink(settings, store, registry)
     previous: dict[signal.Signals, object] = {}
 
     def _stop(signum: int, frame: FrameType | None) -> None:

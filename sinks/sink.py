@@ -30,407 +30,45 @@ and no row is stored twice.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import gc
-import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
+from common.backoff import Backoff
+from common.errors import GpulensError
 from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
-from schemas.codec import MessageError, decode, decode_plain, encode
-from schemas.messages import DeadLetter
-from schemas.topics import DEADLETTER, K8S_NODES, K8S_PODS, spec_for_name
-from sinks.clickhouse import StoreRejected, StoreUnavailable
-from sinks.migrations import TTL_TABLES, TtlDays
-from sinks.rows import PLAIN_TYPES, SINK_TOPICS, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
+from schemas.topics import DEADLETTER
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, FlushOutcome, SinkMetrics, Store, encoded_dead_letter
+from sinks.clickhouse import StoreUnavailable
+from sinks.migrations import TtlDays
+from sinks.rows import SINK_TOPICS
 
 log = get_logger(__name__)
 
 
-class Store(Protocol):
-    """What the sink needs from ClickHouse (``sinks.clickhouse.ClickHouseStore``)."""
-
-    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
-               repeated_timestamps: bool = False) -> int: ...
-
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
-
-    def command(self, sql: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class Record:
-    """One Kafka record, detached from the client library."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int | None = None
-
-
-@dataclass
-class Batch:
-    topic: str
-    partition: int
-    records: list[Record]
-    first_offset: int
-    last_offset: int
-    replayed: bool = False
-
-    @property
-    def token(self) -> str:
-        return f"{self.topic}:{self.partition}:{self.first_offset}-{self.last_offset}"
-
-
 @dataclass
 class PartitionBuffer:
-    records: list[Record] = field(default_factory=list)
+    records: list[ConsumedRecord] = field(default_factory=list)
     opened_at: float = 0.0
     plans: list[tuple[int, int]] | None = None
     """Journalled (first, last) ranges still to replay exactly; None until looked up."""
 
 
-@dataclass
-class FlushOutcome:
-    rows_by_table: dict[str, int] = field(default_factory=dict)
-    dead_letters: int = 0
-    skipped_duplicates: int = 0
-    first_record_at: float | None = None
-    """``time.perf_counter()`` when the first record was buffered (for throughput figures)."""
-    last_commit_at: float | None = None
-
-
-class SinkMetrics:
-    def __init__(self, registry: MetricsRegistry) -> None:
-        self.rows = registry.counter("sink_rows_written_total", "Rows written per table", ("table",))
-        self.batches = registry.counter("sink_batches_total", "Batches committed per topic", ("topic",))
-        self.latency = registry.histogram(
-            "sink_batch_latency_seconds", "Decode+insert+commit time per batch", ("topic",)
-        )
-        self.errors = registry.counter("sink_errors_total", "Errors by kind", ("kind",))
-        self.dead_letters = registry.counter(
-            "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic",)
-        )
-        self.duplicates = registry.counter(
-            "sink_duplicates_skipped_total", "Records whose id was already stored", ("table",)
-        )
-        self.lag = registry.gauge("sink_consumer_lag", "Messages not yet consumed", ("topic", "partition"))
-        self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
-
-
-class SinkStopped(Exception):
+class SinkStopped(GpulensError):
     """Stop was requested while ClickHouse was failing: leave without committing the batch."""
 
 
-class Backoff:
-    """Exponential backoff with full jitter, reset on success."""
-
-    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self.attempt = 0
-        self.rng = rng or random.Random()
-
-    def next_delay(self) -> float:
-        ceiling = min(self.max_s, self.initial_s * (2 ** min(self.attempt, 30)))
-        self.attempt += 1
-        return self.rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
-TTL_MARGIN = timedelta(minutes=1)
 NO_ASSIGNMENT_S = 30.0
-"""How long ``Sink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
+"""How long ``ClickHouseSink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
 counts the time as idle anyway."""
-"""Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a batch is decoded, pivoted and inserted.
-
-    A batch allocates a few objects per value and frees them by reference counting (models, rows
-    and columns hold no cycles); without the pause the collector scans every live object, the
-    batch's included, dozens of times per batch, which cost about as much as the decoding itself.
-    Memory stays bounded by the batch size; the collector runs again once the batch is written.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _ts(record: Record) -> datetime:
-    if record.timestamp_ms and record.timestamp_ms > 0:
-        return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
-    return _now()
-
-
-class BatchWriter:
-    """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
-
-    def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str, ttl: TtlDays | None = None,
-                 now: Callable[[], datetime] | None = None) -> None:
-        self.store = store
-        self.metrics = metrics
-        self.prefix = topic_prefix
-        self.now = now or _now
-        ttl = ttl or TtlDays()
-        self.ttl_by_table: dict[str, tuple[str, int]] = {
-            table: (expr.removeprefix("toDateTime(").removesuffix(")"), getattr(ttl, kind))
-            for table, (expr, kind) in TTL_TABLES.items()
-        }
-        """table -> (column its TTL counts from, days)"""
-
-    def _any_expired(self, tables: dict[str, TableColumns], now: datetime) -> bool:
-        """Whether any row of the batch is old enough for its table's TTL (one ``min`` per column)."""
-        for table, columns in tables.items():
-            rule = self.ttl_by_table.get(table)
-            if rule is None:
-                continue
-            column, days = rule
-            values = columns.column(column)
-            try:
-                oldest = min(values)
-            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
-                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
-            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
-                return True
-        return False
-
-    def expired(self, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> str | None:
-        """Why the table TTL would drop one of these rows on insert (None when all are kept)."""
-        for table, row in rows:
-            rule = self.ttl_by_table.get(table)
-            if rule is None:
-                continue
-            column, days = rule
-            value = row.get(column)
-            if isinstance(value, datetime) and value + timedelta(days=days) <= now + TTL_MARGIN:
-                return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
-                        "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
-        return None
-
-    # ---------------------------------------------------------------- decode
-
-    def decode(self, record: Record) -> tuple[Decoded | None, str | None]:
-        """The message of one record, or the reason it goes to the dead-letter topic."""
-        spec = spec_for_name(record.topic)
-        if record.value is None:
-            if spec in (K8S_PODS, K8S_NODES):
-                key = (record.key or b"").decode(errors="replace")
-                return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
-            return None, "empty value (tombstone) on a topic that has no tombstones"
-        try:
-            if spec.message in PLAIN_TYPES:
-                return Plain(spec.message, decode_plain(record.value, spec.message)), None
-            return decode(record.value, spec.message), None
-        except MessageError as exc:
-            return None, f"invalid {spec.suffix} message: {exc}"
-
-    # ---------------------------------------------------------------- write
-
-    def plan(self, batch: Batch) -> None:
-        self.store.insert(
-            "sink_batches",
-            {
-                "topic": [batch.topic],
-                "partition": [batch.partition],
-                "first_offset": [batch.first_offset],
-                "last_offset": [batch.last_offset],
-                "planned_at": [_now()],
-            },
-            dedup_token=f"plan:{batch.token}",
-        )
-
-    def pending_plans(self, topic: str, partition: int, from_offset: int) -> list[tuple[int, int]]:
-        result = self.store.query(
-            "SELECT first_offset, last_offset FROM sink_batches "
-            "WHERE topic = {topic:String} AND partition = {partition:UInt16} AND last_offset >= {offset:UInt64} "
-            "GROUP BY first_offset, last_offset ORDER BY last_offset",
-            {"topic": topic, "partition": partition, "offset": from_offset},
-        )
-        return [(int(r[0]), int(r[1])) for r in result.rows]
-
-    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
-        """Insert a batch; returns what was written and the records for the dead-letter topic.
-
-        Raises :class:`StoreUnavailable` when ClickHouse cannot be reached: nothing may be committed.
-        """
-        with _gc_paused():
-            return self._write(batch)
-
-    def _write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[Record, str]]]:
-        outcome = FlushOutcome()
-        rejected: list[tuple[Record, str]] = []
-        decoded: list[tuple[Record, Decoded]] = []
-        for record in batch.records:
-            message, reason = self.decode(record)
-            if reason is not None:
-                rejected.append((record, reason))
-            elif message is not None:
-                decoded.append((record, message))
-        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
-        now = self.now()
-        if self._any_expired(tables, now):
-            # rare: find the records concerned and leave them out of this batch's blocks
-            fresh: list[tuple[Record, Decoded]] = []
-            for record, message in decoded:
-                reason = self.expired(rows_for(message, record.partition, record.offset), now)
-                if reason is not None:
-                    rejected.append((record, reason))
-                else:
-                    fresh.append((record, message))
-            decoded = fresh
-            tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
-        outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
-        self.plan(batch)
-        written: set[str] = set()
-        try:
-            for table, columns in tables.items():
-                self.store.insert(table, columns.columns, dedup_token=batch.token, repeated_timestamps=True)
-                written.add(table)
-                outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
-        except StoreRejected as exc:
-            log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
-                        error=str(exc), tables_written=sorted(written))
-            kept = {table: tables[table] for table in tables if table not in written}
-            per_record = [(record, rows_for(message, record.partition, record.offset)) for record, message in decoded]
-            rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
-        outcome.dead_letters = len(rejected)
-        return outcome, rejected
-
-    def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
-        tables: dict[str, TableColumns] = {}
-        for table, row in rows:
-            columns = tables.get(table)
-            if columns is None:
-                columns = tables[table] = TableColumns()
-            columns.append(row)
-        return tables
-
-    def _drop_stored_windows(self, batch: Batch, tables: dict[str, TableColumns]) -> int:
-        """Remove windows whose id an earlier batch already stored (the rollups must not see them twice).
-
-        Rows of this very batch's offset range are not "earlier": a retried batch filters to the same
-        rows, so its deduplication token still matches.
-        """
-        windows = tables.get("pod_windows")
-        if windows is None or windows.n_rows == 0:
-            return 0
-        ids = windows.column("window_id")
-        starts = windows.column("window_start")
-        result = self.store.query(
-            "SELECT DISTINCT window_id FROM pod_windows "
-            "WHERE window_start >= {lo:DateTime64(3, 'UTC')} AND window_start <= {hi:DateTime64(3, 'UTC')} "
-            "AND window_id IN {ids:Array(String)} "
-            "AND NOT (kafka_partition = {p:UInt16} AND kafka_offset BETWEEN {first:UInt64} AND {last:UInt64})",
-            {
-                "lo": min(starts), "hi": max(starts), "ids": sorted(set(ids)),
-                "p": batch.partition, "first": batch.first_offset, "last": batch.last_offset,
-            },
-        )
-        seen = {str(r[0]) for r in result.rows}
-        keep: list[int] = []
-        for i, window_id in enumerate(ids):
-            if window_id not in seen:  # the first of an id repeated within the batch stays
-                seen.add(window_id)
-                keep.append(i)
-        dropped = windows.n_rows - len(keep)
-        if dropped:
-            windows.keep(keep)
-            self.metrics.duplicates.labels(table="pod_windows").inc(dropped)
-            if windows.n_rows == 0:
-                del tables["pod_windows"]
-        return dropped
-
-    def _write_one_by_one(
-        self,
-        batch: Batch,
-        per_record: list[tuple[Record, list[tuple[str, dict[str, Any]]]]],
-        remaining: dict[str, TableColumns],
-        outcome: FlushOutcome,
-    ) -> list[tuple[Record, str]]:
-        """Write the tables not yet written, one record at a time; return the records ClickHouse refused.
-
-        Only rows the batch still carries (``remaining``: windows filtered as stored are not re-added)
-        are written, each block under a token of its own record, so a retry of this batch stores
-        nothing twice either.
-        """
-        rejected: list[tuple[Record, str]] = []
-        left = {table: _row_keys(columns) for table, columns in remaining.items()}
-        for record, rows in per_record:
-            token = f"{batch.token}:{record.offset}"
-            mine = [(table, row) for table, row in rows if _row_key(row) in left.get(table, set())]
-            stored: list[str] = []
-            try:
-                for table, columns in self._pivot(mine).items():
-                    self.store.insert(table, columns.columns, dedup_token=token)
-                    stored.append(table)
-                    outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
-            except StoreRejected as exc:
-                # all or nothing per record: rows of it that other tables already took come out again
-                for table in sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored)):
-                    self.store.command(f"DELETE FROM {table} WHERE kafka_partition = {int(record.partition)} "
-                                       f"AND kafka_offset = {int(record.offset)}")
-                rejected.append((record, f"rejected by ClickHouse: {exc}"))
-        return rejected
-
-
-def _row_key(row: dict[str, Any]) -> tuple[int, int]:
-    return (int(row["kafka_partition"]), int(row["kafka_offset"]))
-
-
-def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
-    return set(zip(columns.column("kafka_partition"), columns.column("kafka_offset"), strict=True))
-
-
-def dead_letter(record: Record, reason: str) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
-    payload_text: str | None = None
-    payload_b64: str | None = None
-    if record.value is not None:
-        try:
-            payload_text = record.value.decode()
-        except UnicodeDecodeError:
-            payload_b64 = base64.b64encode(record.value).decode()
-    message = DeadLetter(
-        error=reason[:4000],
-        source_topic=record.topic,
-        source_partition=record.partition,
-        source_offset=record.offset,
-        at=_now(),
-        payload_text=payload_text[:500_000] if payload_text else None,
-        payload_b64=payload_b64[:500_000] if payload_b64 else None,
-    )
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("error", reason[:4000]),
-        ("source_topic", record.topic),
-        ("source_partition", str(record.partition)),
-        ("source_offset", str(record.offset)),
-    ]
-    return encode(message), headers
-
-
-class Sink:
+class ClickHouseSink:
     """The consumer loop: buffers per partition, writes batches, commits after acknowledgement."""
 
     def __init__(
@@ -451,7 +89,7 @@ class Sink:
         self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
         self._quiet_since = clock()
         self._assigned = False
-        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s)
+        self.backoff = Backoff(base_s=settings.retry_initial_s, cap_s=settings.retry_max_s)
         self.stopping = threading.Event()
         self.totals = FlushOutcome()
         self._consumer: Any = None
@@ -522,7 +160,7 @@ class Sink:
                         self.metrics.errors.labels(kind="kafka").inc()
                         log.warning("consume error", error=str(msg.error()))
                         continue
-                    self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                         msg.timestamp()[1]))
                 if self._flush_due(now) or messages:
                     # A flush that waited out an outage paused consumption (and librdkafka dropped
@@ -542,7 +180,7 @@ class Sink:
 
     # ---------------------------------------------------------------- batching
 
-    def _buffer(self, record: Record) -> None:
+    def _buffer(self, record: ConsumedRecord) -> None:
         if self.totals.first_record_at is None:
             self.totals.first_record_at = time.perf_counter()
         buffer = self.buffers.setdefault((record.topic, record.partition), PartitionBuffer())
@@ -607,7 +245,7 @@ class Sink:
                 except StoreUnavailable as exc:
                     if self.stopping.is_set():
                         raise SinkStopped(str(exc)) from None
-                    delay = self.backoff.next_delay()
+                    delay = self.backoff.next_delay_s()
                     self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
                     self.metrics.retry_backoff.set(delay)
                     log.warning("clickhouse unavailable, retrying", error=str(exc), retry_in_s=round(delay, 2))
@@ -626,7 +264,7 @@ class Sink:
                 # partitions are paused: this returns nothing but keeps the group membership alive
                 for msg in self._consumer.consume(num_messages=1, timeout=min(0.2, delay_s)):
                     if msg.error() is None:
-                        self._buffer(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                        self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                             msg.timestamp()[1]))
             else:
                 time.sleep(min(0.2, delay_s))
@@ -649,9 +287,9 @@ class Sink:
         self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - started)
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
 
-    def _send_dead_letter(self, record: Record, reason: str) -> None:
+    def _send_dead_letter(self, record: ConsumedRecord, reason: str) -> None:
         assert self._producer is not None
-        value, headers = dead_letter(record, reason)
+        value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):
             self._producer.poll(0.5)
         self.metrics.dead_letters.labels(topic=record.topic).inc()

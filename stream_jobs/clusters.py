@@ -20,6 +20,7 @@ from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.scoping import stamped
+from stream_jobs.state import ClusterPod
 
 
 class ClusterStages:
@@ -55,7 +56,7 @@ class ClusterStages:
         return total
 
     @property
-    def pods(self) -> dict[str, dict[str, Any]]:
+    def pods(self) -> dict[str, ClusterPod]:
         """Every cluster's pods, by cluster-scoped uid (a view for inspection; the stages own them)."""
         return {scoped_key(name, uid): pod for name, stage in self.stages.items() for uid, pod in stage.pods.items()}
 

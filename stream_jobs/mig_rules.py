@@ -14,16 +14,18 @@ the placement rules of :mod:`stream_jobs.mig`:
   re-layout or summed over the fleet. Held for ``mig_fragmentation_after``; the details name the
   GPUs a re-layout could use and the instances it would destroy.
 
-A fleet without MIG GPUs and without MIG requests produces nothing here: no figures, no alerts.
-State is plain JSON-serialisable data.
+The rule itself is declared in :mod:`stream_jobs.rules` (``MIG_FRAGMENTATION``); this builds its
+context. A fleet without MIG GPUs and without MIG requests produces nothing here: no figures, no
+alerts. State is plain JSON-serialisable data.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from schemas.messages import Alert, MigGpuLayout
-from stream_jobs import alerts
+from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.mig import (
     MigInstance,
@@ -35,7 +37,7 @@ from stream_jobs.mig import (
     relayout_starts,
     table_for,
 )
-from stream_jobs.timeutil import elapsed, fmt_duration
+from stream_jobs.state import ClusterPod
 
 _MAX_CANDIDATES = 20
 
@@ -61,7 +63,6 @@ class MigTracker:
     def __init__(self) -> None:
         self.layouts: dict[str, list[dict[str, Any]]] = {}
         self.idle_since: dict[str, float] = {}
-        self.frag: dict[str, dict[str, Any]] = {}
         self.snapshot: dict[str, Any] | None = None
 
     def on_summary(self, node: str, layouts: list[MigGpuLayout] | None) -> None:
@@ -72,13 +73,15 @@ class MigTracker:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, t: float, live: set[str], schedulable: set[str], pending: list[dict[str, Any]],
-                 thresholds: Thresholds) -> list[Alert]:
-        """Figures at ``t`` (kept in :attr:`snapshot`) and the rule's transitions. ``live``: Ready
-        nodes; ``schedulable``: those that take new pods; ``pending``: unscheduled pod records."""
+    def evaluate(self, t: float, live: set[str], schedulable: set[str], pending: Sequence[ClusterPod],
+                 thresholds: Thresholds, table: rules.RuleTable, why_not_pending: Callable[[str], str]) -> list[Alert]:
+        """Figures at ``t`` (kept in :attr:`snapshot`) and ``mig_fragmentation``'s transitions (its
+        timers and open alerts in ``table``, the stage's). ``live``: Ready nodes; ``schedulable``:
+        those that take new pods; ``pending``: unscheduled pods; ``why_not_pending(uid)``: why a pod
+        that waited no longer does."""
         demand: dict[str, int] = {}
         for pod in pending:
-            want = _mig_request(pod["requests"])
+            want = _mig_request(pod.requests)
             if want is not None:
                 demand[want[0]] = demand.get(want[0], 0) + want[1]
         gpus = [(node, gpu) for node in sorted(self.layouts) if node in live for gpu in self.layouts[node]]
@@ -87,7 +90,8 @@ class MigTracker:
             self.snapshot = None
         else:
             self.snapshot = self._figures(t, gpus, demand)
-        return self._rule(t, [(n, g) for n, g in gpus if n in schedulable], pending, thresholds)
+        return self._rule(t, [(n, g) for n, g in gpus if n in schedulable], pending, thresholds, table,
+                          why_not_pending)
 
     def _track_idle(self, t: float, gpus: list[tuple[str, dict[str, Any]]]) -> None:
         seen = set()
@@ -177,57 +181,29 @@ class MigTracker:
                 "candidates": candidates[:_MAX_CANDIDATES], "free_compute_slices": free_c,
                 "free_memory_slices": free_m, "need_compute_slices": need_c, "need_memory_slices": need_m}
 
-    def _rule(self, t: float, gpus: list[tuple[str, dict[str, Any]]], pending: list[dict[str, Any]],
-              th: Thresholds) -> list[Alert]:
+    def _rule(self, t: float, gpus: list[tuple[str, dict[str, Any]]], pending: Sequence[ClusterPod],
+              th: Thresholds, table: rules.RuleTable, why_not_pending: Callable[[str], str]) -> list[Alert]:
         out: list[Alert] = []
         waiting: set[str] = set()
         for pod in pending:
-            want = _mig_request(pod["requests"])
+            want = _mig_request(pod.requests)
             if want is None:
                 continue
             profile, count = want
-            uid = pod["uid"]
-            waiting.add(uid)
+            waiting.add(pod.uid)
             found = self._assess(gpus, profile, count)
-            condition = not found["hostable"] and (found["relayout_node"] or found["fleet"])
-            state = self.frag.get(uid)
-            if not condition:
-                if state is not None:
-                    del self.frag[uid]
-                    if state["alert"] is not None:
-                        why = (f"an empty {profile} exists" if found["hostable"]
-                               else f"not enough free slices for {profile}")
-                        out.append(alerts.resolve(state["alert"], t, why))
-                continue
-            if state is None:
-                state = self.frag[uid] = {"since": t, "alert": None}
-            if state["alert"] is None and elapsed(t, state["since"], th.mig_fragmentation_after):
-                where = (f"a re-layout of {found['candidates'][0]['node']} GPU {found['candidates'][0]['gpu_index']} "
-                         f"could host it" if found["relayout_node"] and found["candidates"]
-                         else f"{found['free_compute_slices']} compute and {found['free_memory_slices']} memory "
-                         f"slices are free across the fleet")
-                summary = (f"{pod['ns']}/{pod['name']} needs {count} x MIG {profile}; none is free as partitioned "
-                           f"for {fmt_duration(t - state['since'])}, but {where}")
-                details = {"profile": profile, "count": count, "request": pod["requests"],
-                           "fits_after_relayout_on_one_node": found["relayout_node"],
-                           "fits_fleet_free_slices": found["fleet"], "relayout_candidates": found["candidates"],
-                           "free_compute_slices": found["free_compute_slices"],
-                           "free_memory_slices": found["free_memory_slices"],
-                           "need_compute_slices": found["need_compute_slices"],
-                           "need_memory_slices": found["need_memory_slices"]}
-                subj = alerts.subject("pod", pod["ns"], pod["name"])
-                state["alert"], message = alerts.fire("mig_fragmentation", subj, t, summary, details)
-                out.append(message)
-        for uid in sorted(set(self.frag) - waiting):
-            state = self.frag.pop(uid)
-            if state["alert"] is not None:
-                out.append(alerts.resolve(state["alert"], t, "no longer pending"))
-        return out
+            figures = {"relayout_candidates": found["candidates"]} | {
+                key: found[key] for key in ("free_compute_slices", "free_memory_slices", "need_compute_slices",
+                                            "need_memory_slices")}
+            context = rules.MigWaiting(pod, profile, count, found["hostable"], found["relayout_node"], found["fleet"],
+                                       figures)
+            out += rules.step(rules.MIG_FRAGMENTATION, table, pod.uid, context, t, th)
+        return out + rules.sweep(table, waiting, t, why_not_pending)
 
     # ------------------------------------------------------------------ checkpoint
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layouts": self.layouts, "idle_since": self.idle_since, "frag": self.frag, "snapshot": self.snapshot}
+        return {"layouts": self.layouts, "idle_since": self.idle_since, "snapshot": self.snapshot}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> MigTracker:
@@ -235,6 +211,5 @@ class MigTracker:
         if data:
             tracker.layouts = data.get("layouts", {})
             tracker.idle_since = data.get("idle_since", {})
-            tracker.frag = data.get("frag", {})
             tracker.snapshot = data.get("snapshot")
         return tracker

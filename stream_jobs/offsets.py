@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from common.errors import RetriableError
+
 T = TypeVar("T")
 
 EXIT_STALLED = 70
@@ -37,7 +39,7 @@ EXIT_STALLED = 70
 failed mid-mark): it resumes from its checkpoints; nothing is lost."""
 
 
-class PartitionStalled(RuntimeError):
+class PartitionStalled(RetriableError, RuntimeError):
     """A partition's records did not come although the log holds them, and seeking back did not
     help: the worker must restart."""
 

@@ -11,12 +11,12 @@ workload progress and Kueue workload states to the cluster stage. Node-stage out
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from schemas.codec import MessageError, decode
+from schemas.dead_letters import dead_letter
 from schemas.messages import (
     DeadLetter,
     GpuSample,
@@ -77,19 +77,6 @@ def event_time_error(message: Message, clock: float, config: EngineConfig) -> st
         return (f"event time {iso(ts)} is more than {config.horizon_s:g} s behind the stream's clock "
                 f"{iso(clock)} (horizon_s)")
     return None
-
-
-def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, partition: int | None = None,
-                offset: int | None = None) -> DeadLetter:
-    text: str | None = None
-    b64: str | None = None
-    if value is not None:
-        try:
-            text = value.decode("utf-8")[:65536]
-        except UnicodeDecodeError:
-            b64 = base64.b64encode(value[:65536]).decode()
-    return DeadLetter(error=error, source_topic=topic, source_partition=partition, source_offset=offset, at=at,
-                      payload_text=text, payload_b64=b64)
 
 
 def route(message: Message) -> list[tuple[str, str | None]]:

@@ -1,11 +1,17 @@
 """CLI commands contributed by each part of the product (agent, watcher, worker, sink, ...).
 
-Each module defines click commands in ``COMMANDS``. :data:`PART_COMMANDS` names them with their
-one-line help, so ``gpulens --help`` lists them without importing any part (and its clients);
-``gpulens.cli.LazyGroup`` imports a module when one of its commands is called.
+Each module defines click commands in ``COMMANDS``. :data:`PART_COMMANDS` is the registry: every
+command by name, with its module and its one-line help, so ``gpulens --help`` lists them without
+importing any part (and its clients); ``gpulens.cli.LazyGroup`` imports a module through
+:func:`load_part_command` when one of its commands is called. A registered module that is missing,
+or that does not define the registered command, is an ``ImportError``, never a silently absent
+command. A new command: a module here (shared flags from ``base.py``), a row in the table.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 PART_COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "Sample every GPU of this node and produce to the gpu.samples topic."),
@@ -24,3 +30,17 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
 """Command name -> (module under ``gpulens.commands``, the command's one-line help)."""
 
 _MODULES = tuple(dict.fromkeys(module for module, _ in PART_COMMANDS.values()))
+
+
+def load_part_command(name: str) -> Any:
+    """Import the module of the registered command ``name`` and return its click command.
+
+    Raises ``ImportError`` when the module is missing or does not define ``name`` in ``COMMANDS``.
+    """
+    module_name = f"{__name__}.{PART_COMMANDS[name][0]}"
+    module = importlib.import_module(module_name)
+    for command in getattr(module, "COMMANDS", ()):
+        if command.name == name:
+            return command
+    raise ImportError(f"{module_name} does not define the command {name!r} that gpulens.commands registers",
+                      name=module_name)

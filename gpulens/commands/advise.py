@@ -1,7 +1,7 @@
 """``gpulens advise``: how many GPUs the fleet could free, the pods behind it, and the money.
 
 Reads the history the pipeline stored (the same stores as ``gpulens report``); the analysis is
-:func:`sinks.advise.advise`, the method docs/advise.md. Thresholds come from ``GPULENS_ADVISE__*``
+:func:`reports.advise.advise`, the method docs/advise.md. Thresholds come from ``GPULENS_ADVISE__*``
 settings; the flags here override them.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 import click
 import orjson
 
-from gpulens.cli import settings_from_flags, with_common_options
+from common.errors import UserError
 from gpulens.commands.analysis import clickhouse_option, format_table, human, open_analysis_reader
-from gpulens.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reclaim", "Reclaim: pods that held GPUs while idle",
@@ -37,14 +37,14 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 def duration_s(value: str | None, flag: str) -> float | None:
     """``7d``, ``36h``, ``90m``, ``600s`` or bare seconds; a clear one-line error otherwise."""
-    from gpulens.scenario import parse_duration
+    from simulation.scenario import parse_duration
 
     return None if value is None else parse_duration(value, flag, allow_zero=False)
 
 
 def render_text(advice: dict[str, Any]) -> str:
     """The advisor's findings for people: headline, pack line, reconciliation, then each list."""
-    from sinks.advise import pack_text
+    from reports.advise import pack_text
 
     if advice["headline"] is None:
         return str(advice["headline_text"])
@@ -92,8 +92,8 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     from pydantic import ValidationError
 
     from common.settings import AdvisorSettings
-    from sinks.advise import advise as run_advice
-    from sinks.analyses import ClusterError, scoped
+    from reports.advise import advise as run_advice
+    from reports.analyses import ClusterError, scoped
     from sinks.clickhouse import StoreError
 
     overrides = {"since_s": ("--since", duration_s(since, "--since")),

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
+from common.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 if TYPE_CHECKING:
     from common.settings import AgentSettings
@@ -40,7 +40,7 @@ def agent(once: bool, to_stdout: bool, **flags: Any) -> None:
     """Sample every GPU of this node and produce to the gpu.samples topic."""
     from common.settings import AgentSettings, ConfigError
     from producers.agent.main import run_agent
-    from producers.agent.nvml import NvmlLibraryNotFound
+    from producers.agent.nvml_api import NvmlLibraryNotFound
     from producers.agent.service import AgentError
 
     settings: AgentSettings = settings_from_flags(AgentSettings, **flags)

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
+from common.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 @click.group("alerts")

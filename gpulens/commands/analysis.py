@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
-from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
-from sinks.analyses import ANALYSES
+from common.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
+from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:
     from sinks.clickhouse import QueryResult
-    from sinks.query_server import Reader
+    from sinks.query_server import ClosableSqlReader
 
 clickhouse_option = click.option(
     "--clickhouse-url", default=None,
     help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]")
 
 
-def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> Reader:
+def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> ClosableSqlReader:
     from common.settings import CommonSettings
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
@@ -79,7 +79,7 @@ def render(result: QueryResult, fmt: str) -> str:
     return format_table(result.columns, result.rows)
 
 
-def query_interruptibly(reader: Reader, sql: str) -> QueryResult:
+def query_interruptibly(reader: ClosableSqlReader, sql: str) -> QueryResult:
     """Run ``sql`` so that Ctrl-C cancels it in the engine, not only in this process.
 
     Through the sink's endpoint, closing the connection is enough (the endpoint kills the query of
@@ -150,8 +150,8 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
            clickhouse_url: str | None, **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
-    from gpulens.html_report import write_html_report
-    from sinks.analyses import TITLES, ClusterError, run_report
+    from reports.analyses import TITLES, ClusterError, run_report
+    from reports.html.page import write_html_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
@@ -184,7 +184,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
 def human(column: str, value: Any) -> Any:
     """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers);
     the same formats as the HTML report's."""
-    from gpulens.html_report import fmt_duration, fmt_gib, fmt_pct, fmt_usd
+    from reports.html.format import fmt_duration, fmt_gib, fmt_pct, fmt_usd
 
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpulens.cli import settings_from_flags, with_common_options
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 @click.command("demo")
@@ -23,7 +23,7 @@ from gpulens.cli import settings_from_flags, with_common_options
 def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, seed: int, no_view: bool,
          print_scenario: bool, **flags: Any) -> None:
     """Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."""
-    from gpulens.demo_fleet import demo_scenario
+    from simulation.demo_fleet import demo_scenario
 
     if print_scenario:
         import yaml
@@ -32,7 +32,7 @@ def demo(duration: str | None, speed: float, nodes: int, gpus_per_node: int, see
         return
     from common.settings import CommonSettings
     from gpulens.demo import DemoOptions, run_demo
-    from gpulens.scenario import parse_duration
+    from simulation.scenario import parse_duration
 
     settings = settings_from_flags(CommonSettings, **flags)
     duration_s = None if duration is None else parse_duration(duration, "--duration", allow_zero=False)
@@ -50,8 +50,8 @@ def top(duration: str | None, once: bool, cluster: str | None, **flags: Any) -> 
     import orjson
 
     from common.settings import CommonSettings
-    from gpulens.scenario import parse_duration
     from gpulens.top import prefixes_with_data, read_view_once, run_top
+    from simulation.scenario import parse_duration
 
     settings = settings_from_flags(CommonSettings, **flags)
     if once:

@@ -2,7 +2,7 @@
 
 In-process by default (no broker): the simulator's records go through the same decoding, routing
 and stages as the faust workers. ``--kafka BOOTSTRAP`` plays them through real topics and a
-``gpulens worker`` child process instead (:mod:`gpulens.kafka_replay`); both give the same report.
+``gpulens worker`` child process instead (:mod:`simulation.kafka_replay`); both give the same report.
 ``--json`` prints the report (deterministic: the same file gives byte-identical output);
 otherwise a readable summary.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import click
 import orjson
 
-from gpulens.errors import UserError
+from common.errors import UserError
 
 
 def _dump(report: dict[str, Any]) -> str:
@@ -82,8 +82,8 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
            topic_prefix: str | None, expected_path: Path | None, chaos: bool, seed: int | None,
            kills: int, workers: int, outage_s: float) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
-    from gpulens.replay import DEFAULT_LATENESS_S, run_in_process
-    from gpulens.scenario import load_scenario
+    from simulation.replay import DEFAULT_LATENESS_S, run_in_process
+    from simulation.scenario import load_scenario
 
     parsed = load_scenario(scenario)
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
@@ -100,8 +100,8 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
     if bootstrap:
         import random
 
-        from common.kafka import BrokerUnavailable
-        from gpulens.kafka_replay import run_through_kafka
+        from common.kafka import BrokerUnavailable, broker_unavailable
+        from simulation.kafka_replay import run_through_kafka
 
         chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None
         broker = _local_broker(bootstrap) if outage_s else None
@@ -110,7 +110,7 @@ def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: flo
                                        chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
                                        broker=broker, say=lambda line: click.echo(line, err=True))
         except BrokerUnavailable as exc:
-            raise UserError(f"{exc}. Start one with `gpulens kafka up`.") from None
+            raise broker_unavailable(exc, env_hint=False) from None
     else:
         report = run_in_process(parsed, lateness_s=lateness).report
     if as_json:
@@ -134,7 +134,7 @@ def _local_broker(bootstrap: str) -> Any:
 
 
 def _check_expected(report: dict[str, Any], path: Path, sample_interval_s: float) -> None:
-    from gpulens.replay import compare_report
+    from simulation.replay import compare_report
 
     try:
         expected = orjson.loads(path.read_bytes())

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
+from common.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 @click.command("sink")
@@ -24,7 +24,7 @@ from gpulens.errors import UserError
               help="exit once caught up and idle for this many seconds (one-shot catch-up)")
 def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: Any) -> None:
     """Consume every gpulens topic into ClickHouse (embedded chDB by default)."""
-    from common.kafka import BrokerUnavailable
+    from common.kafka import BrokerUnavailable, broker_unavailable
     from common.settings import SinkSettings
     from sinks.clickhouse import StoreError, StoreLocked
     from sinks.service import run_sink
@@ -35,7 +35,7 @@ def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: An
     try:
         totals = run_sink(settings, exit_when_idle_s=exit_when_idle_s)
     except BrokerUnavailable as exc:
-        raise UserError(f"{exc}. Start one with `gpulens kafka up` or set GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+        raise broker_unavailable(exc) from None
     except StoreLocked as exc:
         raise UserError(f"{exc}; is another `gpulens sink` running on {Path(settings.data_dir)}?") from None
     except StoreError as exc:

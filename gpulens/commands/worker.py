@@ -9,26 +9,15 @@ start workers with ``control`` and drive event time themselves (see docs/stream_
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpulens.cli import settings_from_flags, with_common_options
-from gpulens.errors import UserError
+from gpulens.commands.base import settings_from_flags, with_common_options
 
 if TYPE_CHECKING:
     from common.settings import WorkerSettings
-    from schemas.topics import TopicSpec
-
-
-def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
-    """The internal topics with the configured node-inputs partition count."""
-    from schemas.topics import INTERNAL_NODE_INPUTS, INTERNAL_TOPICS
-
-    return [dataclasses.replace(spec, partitions=settings.node_input_partitions)
-            if spec.suffix == INTERNAL_NODE_INPUTS.suffix else spec for spec in INTERNAL_TOPICS]
 
 
 @click.command("worker")
@@ -46,9 +35,10 @@ def internal_topics(settings: WorkerSettings) -> list[TopicSpec]:
 @with_common_options
 def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
-    from common.kafka import BrokerUnavailable, ensure_topics
+    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
     from common.logs import get_logger
     from common.settings import WorkerSettings
+    from schemas.topics import internal_topics
     from stream_jobs.faust_app import WorkerMetrics, app_id, changelog_topics, run_worker
     from stream_jobs.fleet_metrics import FleetSeries
 
@@ -58,14 +48,14 @@ def worker(**flags: Any) -> None:
     delay = 1.0
     while True:
         try:
-            ensure_topics(settings.kafka, internal_topics(settings), settings.topic_prefix, timeout_s=3.0)
+            ensure_topics(settings.kafka, internal_topics(settings.node_input_partitions), settings.topic_prefix,
+                          timeout_s=3.0)
             ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), timeout_s=3.0)
             break
         except BrokerUnavailable as exc:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise UserError(f"{exc}. Start one with `gpulens kafka up` or set "
-                                "GPULENS_KAFKA__BOOTSTRAP_SERVERS.") from None
+                raise broker_unavailable(exc) from None
             log.warning("waiting for the Kafka broker", retry_in_s=min(delay, remaining), error=str(exc),
                         gives_up_in_s=round(remaining))
             time.sleep(min(delay, remaining))

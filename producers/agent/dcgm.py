@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import Any
 
 from common.metrics import ExpositionError, Sample, parse_exposition
-from producers.agent.nvml import XidRecord
+from producers.agent.nvml_api import XidRecord
 from producers.agent.sampler import xid_event
 from producers.agent.source import SourceUnavailable
 from schemas.messages import GpuReading, GpuSample, PodRef, XidEvent

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from producers.agent.nvml import (
+from producers.agent.nvml_api import (
     Clock,
     Device,
     MemoryInfo,

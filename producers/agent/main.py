@@ -26,7 +26,8 @@ from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ConfigError, load_settings
 from producers.agent.cgroup import ProcessResolver, ProcFsResolver
 from producers.agent.dcgm import DcgmExporterSource
-from producers.agent.nvml import NvmlBackend, NvmlLibraryNotFound, PynvmlBackend
+from producers.agent.nvml import PynvmlBackend
+from producers.agent.nvml_api import NvmlBackend, NvmlLibraryNotFound
 from producers.agent.podresources import KubeletPodResources, PodResourcesSource
 from producers.agent.progress import (
     ProcNetPodAddresses,
@@ -36,7 +37,14 @@ from producers.agent.progress import (
     ProgressMetrics,
 )
 from producers.agent.sampler import NodeSampler
-from producers.agent.service import AgentError, AgentMetrics, AgentService, KafkaSink, ProgressSink, StdoutSink
+from producers.agent.service import (
+    AgentError,
+    AgentKafkaSink,
+    AgentMetrics,
+    AgentService,
+    AgentStdoutSink,
+    ProgressSink,
+)
 from producers.agent.source import SampleSource
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, WorkloadProgress, scoped_key
@@ -113,7 +121,7 @@ def _serve_metrics(settings: AgentSettings) -> AgentMetrics:
 def _run(settings: AgentSettings, source: SampleSource, metrics: AgentMetrics, stop: threading.Event, *,
          once: bool, to_stdout: bool, resolver: ProcessResolver,
          before_sample: Callable[[datetime], None] | None = None) -> int:
-    sink: StdoutSink | KafkaSink = StdoutSink() if to_stdout else KafkaSink(settings, metrics)
+    sink: AgentStdoutSink | AgentKafkaSink = AgentStdoutSink() if to_stdout else AgentKafkaSink(settings, metrics)
     service = AgentService(source, sink, metrics, backoff_max_s=settings.nvml_backoff_max_s,
                            before_sample=before_sample, cluster=settings.cluster_name(real=not settings.simulate))
     if threading.current_thread() is threading.main_thread():

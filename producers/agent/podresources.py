@@ -40,6 +40,7 @@ import h2.connection
 import h2.events
 import h2.exceptions
 
+from common.errors import RetriableError
 from common.logs import get_logger
 from schemas.messages import PodRef
 
@@ -56,7 +57,7 @@ GRPC_STATUS = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEE
 """gRPC status code -> name (the codes are fixed by the gRPC protocol)."""
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(RetriableError):
     """The kubelet did not answer; the message says why (socket, status code, details)."""
 
 
@@ -94,7 +95,7 @@ def unix_target(socket_path: Path) -> str:
     return f"unix://{socket_path.absolute()}"
 
 
-class _CallFailed(Exception):
+class _CallFailed(RetriableError):
     def __init__(self, code: str, details: str) -> None:
         super().__init__(f"{code}: {details}")
 

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
 
+from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from producers.agent.cgroup import ProcessResolver
@@ -55,7 +56,7 @@ MAX_INCREMENT = 1e12
 _UCRED = struct.Struct("iII")
 
 
-class MalformedLine(ValueError):
+class MalformedLine(PermanentError, ValueError):
     """A line the agent does not accept; ``reason`` is the counter label (a short fixed word)."""
 
     def __init__(self, reason: str, detail: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from common.logs import get_logger
 from producers.agent.cgroup import ProcessResolver
-from producers.agent.nvml import (
+from producers.agent.nvml_api import (
     Device,
     NvmlBackend,
     NvmlError,

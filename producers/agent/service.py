@@ -27,10 +27,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import IO, Protocol
 
+from common.backoff import backoff_delay_s
+from common.errors import PermanentError
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ProducerSettings
-from producers.agent.nvml import NvmlLibraryNotFound
+from producers.agent.nvml_api import NvmlLibraryNotFound
 from producers.agent.source import SampleSource, SourceError, SourceUnavailable
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, scoped_key
@@ -39,7 +41,7 @@ from schemas.topics import GPU_SAMPLES, WORKLOAD_PROGRESS
 log = get_logger(__name__)
 
 
-class AgentError(Exception):
+class AgentError(PermanentError):
     """The agent cannot do what was asked (e.g. ``--once`` without a working NVML)."""
 
 
@@ -95,7 +97,7 @@ class ProgressSink(Protocol):
     def poll(self) -> None: ...
 
 
-class StdoutSink:
+class AgentStdoutSink:
     """One JSON document per line on stdout (``--stdout``)."""
 
     def __init__(self, stream: IO[bytes] | None = None) -> None:
@@ -122,7 +124,7 @@ class StdoutSink:
         return 0
 
 
-class KafkaSink:
+class AgentKafkaSink:
     """Produces to ``<prefix>.gpu.samples.v1`` keyed by node, through the bounded shared producer."""
 
     def __init__(self, settings: AgentSettings, metrics: AgentMetrics) -> None:
@@ -224,7 +226,7 @@ class AgentService:
             raise
         except SourceError as exc:
             self._init_failures += 1
-            delay = min(self.backoff_max_s, 2.0 ** (self._init_failures - 1))
+            delay = backoff_delay_s(self._init_failures, base_s=1.0, cap_s=self.backoff_max_s, jitter=0.0)
             self._next_init_at = now_s + delay
             self.metrics.source_failures.labels(source, exc.kind).inc()
             if self.is_nvml:

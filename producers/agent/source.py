@@ -12,10 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
+from common.errors import GpulensError, RetriableError
 from schemas.messages import GpuSample
 
 
-class SourceError(Exception):
+class SourceError(GpulensError):
     """The source failed; ``kind`` is a short stable label (metrics, logs)."""
 
     kind = "unknown"
@@ -26,7 +27,7 @@ class SourceError(Exception):
             self.kind = kind
 
 
-class SourceUnavailable(SourceError):
+class SourceUnavailable(SourceError, RetriableError):
     """The source as a whole cannot give a sample now: the loop re-initialises it with backoff."""
 
     kind = "unavailable"

@@ -8,8 +8,8 @@ the API server with informer semantics and produces ``k8s.pods.v1``, ``k8s.nodes
 Modules:
 - ``translate``      pure functions from API-server JSON to the message types (also driven by the
                      fleet simulator), plus the change filter;
-- ``informer``       list + watch + resume + 410 re-list semantics over an abstract source;
-- ``backoff``        the retry schedule (exponential, jittered, capped);
+- ``informer``       list + watch + resume + 410 re-list semantics over an abstract source,
+                     retried on the schedule of ``common/backoff.py``;
 - ``kube``           the only module that imports the ``kubernetes`` client;
 - ``service``        wiring: informers -> translation -> Kafka / stdout, self-metrics;
 - ``fake_apiserver`` an HTTP server that behaves like the API server for tests and ``--simulate``;

@@ -27,19 +27,20 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from common.backoff import Backoff
+from common.errors import RetriableError
 from common.logs import get_logger
-from producers.watcher.backoff import Backoff
 
 log = get_logger(__name__)
 
 RawObject = dict[str, Any]
 
 
-class Gone(Exception):
+class Gone(RetriableError):
     """HTTP 410: the resourceVersion we asked for is older than the server retains."""
 
 
-class SourceError(Exception):
+class WatchRequestError(RetriableError):
     """A failed list or watch request (server error, dropped connection, timeout)."""
 
     def __init__(self, message: str, status: int = 0) -> None:
@@ -228,7 +229,7 @@ class Informer:
                 code = obj.get("code")
                 if code == 410:
                     raise Gone(str(obj.get("message", "resource version too old")))
-                raise SourceError(f"watch error: {obj.get('reason')}: {obj.get('message')}", int(code or 0))
+                raise WatchRequestError(f"watch error: {obj.get('reason')}: {obj.get('message')}", int(code or 0))
             version = _resource_version(obj)
             if kind in ("ADDED", "MODIFIED"):
                 key = self.key(obj)

@@ -22,7 +22,8 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from producers.watcher.informer import Gone, RawObject, SourceError
+from common.errors import UserError
+from producers.watcher.informer import Gone, RawObject, WatchRequestError
 
 RESOURCES = ("pods", "nodes", "events", "core-events", "workloads")
 """``events`` = events.k8s.io/v1 (the current API); ``core-events`` = core/v1 Events; ``workloads`` =
@@ -30,7 +31,7 @@ Kueue's ``kueue.x-k8s.io/v1beta1`` Workloads (a CRD: ask :func:`serves_workloads
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta1"
 
 
-class KubeConfigError(Exception):
+class KubeConfigError(UserError):
     """No usable cluster configuration (no in-cluster service account, no kubeconfig)."""
 
 
@@ -60,17 +61,17 @@ def api_client(kubeconfig: Path | None = None, host: str | None = None, context:
 def serves_workloads(api: Any, request_timeout_s: float = 30.0) -> bool:
     """Whether the server serves Kueue's Workloads, by discovery (``GET /apis/kueue.x-k8s.io/v1beta1``,
     readable by every authenticated user): False on 404, the answer of a cluster without the CRD.
-    Any other failure raises :class:`SourceError`, so a flaky start-up is not taken for "no Kueue"."""
+    Any other failure raises :class:`WatchRequestError`, so a flaky start-up is not taken for "no Kueue"."""
     try:
         resources = k8s_client.CustomObjectsApi(api).get_api_resources(
             KUEUE_GROUP, KUEUE_VERSION, _request_timeout=request_timeout_s)
     except ApiException as exc:
         if exc.status == 404:
             return False
-        raise SourceError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {exc.status} {exc.reason}",
+        raise WatchRequestError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {exc.status} {exc.reason}",
                           int(exc.status or 0)) from None
     except Exception as exc:
-        raise SourceError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {type(exc).__name__}: {exc}") from None
+        raise WatchRequestError(f"discover {KUEUE_GROUP}/{KUEUE_VERSION}: {type(exc).__name__}: {exc}") from None
     return any(r.name == "workloads" and "watch" in (r.verbs or []) for r in resources.resources or [])
 
 
@@ -141,9 +142,10 @@ class KubeSource:
                 response = self._func(**kwargs)
                 body = json.loads(response.data)
             except ApiException as exc:
-                raise SourceError(f"list {self.resource}: {exc.status} {exc.reason}", int(exc.status or 0)) from None
+                raise WatchRequestError(f"list {self.resource}: {exc.status} {exc.reason}",
+                                        int(exc.status or 0)) from None
             except Exception as exc:
-                raise SourceError(f"list {self.resource}: {type(exc).__name__}: {exc}") from None
+                raise WatchRequestError(f"list {self.resource}: {type(exc).__name__}: {exc}") from None
             metadata = body.get("metadata") or {}
             if not resource_version:
                 resource_version = str(metadata.get("resourceVersion") or "")
@@ -169,11 +171,11 @@ class KubeSource:
         except ApiException as exc:
             if exc.status == 410:
                 raise Gone(str(exc.reason)) from None
-            raise SourceError(f"watch {self.resource}: {exc.status} {exc.reason}", int(exc.status or 0)) from None
-        except (Gone, SourceError, GeneratorExit):
+            raise WatchRequestError(f"watch {self.resource}: {exc.status} {exc.reason}", int(exc.status or 0)) from None
+        except (Gone, WatchRequestError, GeneratorExit):
             raise
         except Exception as exc:
-            raise SourceError(f"watch {self.resource}: {type(exc).__name__}: {exc}") from None
+            raise WatchRequestError(f"watch {self.resource}: {type(exc).__name__}: {exc}") from None
         finally:
             with self._lock:
                 self._watches.discard(watcher)

@@ -31,17 +31,17 @@ from typing import IO, Any, Protocol
 
 import orjson
 
+from common.backoff import Backoff
 from common.kafka import BoundedProducer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WatcherSettings
-from producers.watcher.backoff import Backoff
 from producers.watcher.informer import (
     Clock,
     Informer,
     RawObject,
-    SourceError,
     SystemClock,
+    WatchRequestError,
     WatchSource,
     drop_managed_fields,
     name_key,
@@ -70,13 +70,13 @@ log = get_logger(__name__)
 # --------------------------------------------------------------------------- sinks
 
 
-class Sink(Protocol):
+class WatcherSink(Protocol):
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None: ...
 
     def flush(self) -> None: ...
 
 
-class KafkaSink:
+class WatcherKafkaSink:
     """Produces through :class:`BoundedProducer`; ``None`` is a tombstone."""
 
     def __init__(self, producer: BoundedProducer, prefix: str) -> None:
@@ -92,7 +92,7 @@ class KafkaSink:
         self.producer.flush()
 
 
-class StdoutSink:
+class WatcherStdoutSink:
     """One JSON line per record: ``{"topic", "key", "value"}`` (``value`` null for a tombstone)."""
 
     def __init__(self, prefix: str, stream: IO[str] | None = None,
@@ -126,27 +126,27 @@ class StdoutSink:
 
 
 @dataclass
-class Record:
+class ProducedRecord:
     topic: str
     key: str
     message: Message | None
 
 
-class MemorySink:
+class WatcherMemorySink:
     """Keeps records in a list (tests, the in-process demo)."""
 
     def __init__(self) -> None:
-        self.records: list[Record] = []
+        self.records: list[ProducedRecord] = []
         self._lock = threading.Lock()
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
         with self._lock:
-            self.records.append(Record(topic.suffix, key, message))
+            self.records.append(ProducedRecord(topic.suffix, key, message))
 
     def flush(self) -> None:
         pass
 
-    def of(self, topic: TopicSpec) -> list[Record]:
+    def of(self, topic: TopicSpec) -> list[ProducedRecord]:
         with self._lock:
             return [r for r in self.records if r.topic == topic.suffix]
 
@@ -228,7 +228,7 @@ class WatcherConfig:
 class Pipeline:
     """The state shared by the three handlers: GPU nodes, reported pods, change filters."""
 
-    def __init__(self, sink: Sink, config: WatcherConfig, clock: Clock, metrics: WatcherMetrics) -> None:
+    def __init__(self, sink: WatcherSink, config: WatcherConfig, clock: Clock, metrics: WatcherMetrics) -> None:
         self.sink = sink
         self.config = config
         self.clock = clock
@@ -455,7 +455,7 @@ class Sources:
 class WatcherService:
     """Runs one informer per source; ``run`` blocks until ``stop`` is set."""
 
-    def __init__(self, sources: Sources, sink: Sink, config: WatcherConfig | None = None, *,
+    def __init__(self, sources: Sources, sink: WatcherSink, config: WatcherConfig | None = None, *,
                  clock: Clock | None = None, metrics: WatcherMetrics | None = None,
                  backoff_factory: Callable[[], Backoff] = Backoff) -> None:
         self.sources = sources
@@ -536,7 +536,7 @@ def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callab
     for attempt in range(1, attempts + 1):
         try:
             served = ask()
-        except SourceError as exc:
+        except WatchRequestError as exc:
             if attempt == attempts:
                 log.warning("kueue discovery failed; workloads are not followed", error=str(exc))
                 return False

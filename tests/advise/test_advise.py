@@ -18,7 +18,7 @@ import pytest
 
 from common.settings import AdviseThresholds
 from gpulens.cli import main
-from sinks.advise import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
+from reports.packing import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.report.dom import parse
@@ -268,3 +268,14 @@ def test_right_size_rules() -> None:
     assert right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8, 8], [90, 0]), cfg) is None
     fewer = right_size(_evidence("NVIDIA H100 80GB HBM3", 80, [8, 0, 0], [90, 0, 4]), cfg)
     assert fewer is not None and (fewer.kind, fewer.demand.whole_gpus, fewer.confidence) == ("fewer_gpus", 1, "medium")
+
+
+def test_a_store_shorter_than_the_evidence_asked_says_so_instead_of_zero(stored: Callable[[str], Path]) -> None:
+    advice = advise_json(stored("advise-fleet"), "--min-evidence", "24h", "--idle-stretch", "24h")
+    assert advice["totals"]["reclaimable_gpu_hours"] == 0
+    minutes = round(advice["totals"]["span_hours"] * 60)
+    assert advice["headline_text"] == (
+        f"not enough history yet: {minutes} min of data, the advisor needs 1440 min of evidence "
+        "(--min-evidence) before it names reclaimable GPUs")
+    # with the evidence the data can give, the same store names figures, not this line
+    assert advise_json(stored("advise-fleet"))["headline_text"].endswith("/month")

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from gpulens.demo import DEMO_ADVISE
-from gpulens.demo_fleet import demo_scenario
-from sinks.advise import advise, headline_text
+from reports.advise import advise, headline_text
+from simulation.demo_fleet import demo_scenario
 from sinks.clickhouse import open_store
 from tests.report.loader import store_scenarios
 

@@ -21,7 +21,7 @@ import pytest
 
 from common.metrics import MetricsRegistry
 from producers.agent.dcgm import DcgmExporterSource, DcgmExporterUnavailable, readings_from_exposition
-from producers.agent.service import AgentMetrics, AgentService, StdoutSink
+from producers.agent.service import AgentMetrics, AgentService, AgentStdoutSink
 from schemas.codec import decode, encode
 from schemas.messages import GpuReading, GpuSample
 from stream_jobs.attribution import attribute
@@ -173,7 +173,7 @@ def test_exporter_down_then_up_and_bad_text_mid_run_are_retried_and_the_agent_ke
     out = io.BytesIO()
     metrics = AgentMetrics(MetricsRegistry())
     source = DcgmExporterSource("gpu-node-7", f"http://127.0.0.1:{port}/metrics", "boot", 10.0, timeout_s=2)
-    service = AgentService(source, StdoutSink(out), metrics, backoff_max_s=8, clock=lambda: now[0])
+    service = AgentService(source, AgentStdoutSink(out), metrics, backoff_max_s=8, clock=lambda: now[0])
     up = {"source": "dcgm-exporter"}
     assert service.step() is None and _metric(metrics, "agent_source_up", up) == 0
     assert _metric(metrics, "agent_source_failures_total", up | {"kind": "exporter_unreachable"}) == 1

@@ -9,7 +9,7 @@ import pytest
 from common.kafka import ensure_topics, make_consumer
 from common.settings import AgentSettings, KafkaSettings, load_settings
 from producers.agent.sampler import NodeSampler
-from producers.agent.service import AgentMetrics, AgentService, KafkaSink
+from producers.agent.service import AgentKafkaSink, AgentMetrics, AgentService
 from producers.agent.simulate import build_simulated_node
 from schemas.codec import decode
 from schemas.messages import GpuSample
@@ -41,7 +41,7 @@ def test_agent_service_produces_samples_a_consumer_reads(kafka_settings: KafkaSe
     metrics = AgentMetrics()
     with build_simulated_node("kafka-node-1") as node:
         sampler = NodeSampler(node.node_name, node.nvml, node.pod_resources, node.resolver, "boot-k", 1.0)
-        service = AgentService(sampler, KafkaSink(settings, metrics), metrics, before_sample=node.advance)
+        service = AgentService(sampler, AgentKafkaSink(settings, metrics), metrics, before_sample=node.advance)
         for _ in range(3):
             assert service.step() is not None
         assert service.sink.close(15.0) == 0

@@ -20,7 +20,8 @@ from tests.agent.fakenvml import VARIANTS, standard_node
 from tests.conftest import REPO_ROOT
 
 HEAVY = ("chdb", "faust", "pandas", "pyarrow", "clickhouse_connect", "kubernetes", "aiokafka", "mode")
-SOURCES = ("pyproject.toml", "README.md", "schemas", "common", "producers", "stream_jobs", "sinks", "gpulens")
+SOURCES = ("pyproject.toml", "README.md", "schemas", "common", "producers", "stream_jobs", "sinks", "simulation",
+           "reports", "gpulens")
 SCHEMA = json.loads((REPO_ROOT / "schemas" / "json" / "gpu.samples.v1.schema.json").read_text())
 
 

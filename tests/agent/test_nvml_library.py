@@ -19,13 +19,8 @@ import pytest
 
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
-from producers.agent.nvml import (
-    NvmlFunctionNotFound,
-    NvmlLibraryNotFound,
-    NvmlUnavailable,
-    PynvmlBackend,
-    _call,
-)
+from producers.agent.nvml import PynvmlBackend, _call
+from producers.agent.nvml_api import NvmlFunctionNotFound, NvmlLibraryNotFound, NvmlUnavailable
 from producers.agent.sampler import NodeSampler
 from producers.agent.service import AgentMetrics, AgentService
 from schemas.messages import GpuSample

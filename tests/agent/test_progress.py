@@ -31,9 +31,6 @@ import pytest
 from common.kafka import ensure_topics
 from common.metrics import MetricsRegistry
 from common.settings import AgentSettings, ConfigError, KafkaSettings, load_settings
-from gpulens.replay import run_in_process
-from gpulens.scenario import parse_scenario
-from gpulens.simulator import FleetSimulator, Record, Tick
 from producers.agent.cgroup import ContainerRef, ProcFsResolver, StaticProcessResolver
 from producers.agent.fake_kubelet import FakePodResourcesServer
 from producers.agent.main import start_progress
@@ -48,10 +45,14 @@ from producers.agent.progress import (
     StaticPodAddresses,
     parse_progress_line,
 )
-from producers.agent.service import AgentMetrics, KafkaSink
+from producers.agent.service import AgentKafkaSink, AgentMetrics
 from schemas.codec import decode, encode
 from schemas.messages import WorkloadProgress
 from schemas.topics import WORKLOAD_PROGRESS
+from simulation.fleet_state import SimulatedRecord, Tick
+from simulation.replay import run_in_process
+from simulation.scenario import parse_scenario
+from simulation.simulator import FleetSimulator
 from tests.agent.fakenvml import VARIANTS, standard_node
 from tests.agent.test_agent_process import assignments, pod_name, pod_uid, write_proc
 from tests.agent.test_kafka_integration import read
@@ -459,7 +460,7 @@ def test_progress_reaches_kafka_through_the_agents_wiring(kafka_settings: KafkaS
                              progress_socket=str(socket_path), proc_root=proc.root, progress_interval_s=1.0,
                              cluster="east")
     metrics = AgentMetrics()
-    sink = KafkaSink(settings, metrics)
+    sink = AgentKafkaSink(settings, metrics)
     listener = start_progress(settings, ProcFsResolver(proc.root), metrics, sink, lambda: None)
     assert listener is not None
     try:
@@ -500,7 +501,7 @@ def test_agent_progress_gives_cost_per_step_in_the_replay_report() -> None:
         now[0] = tick.offset_s
         if 0 < tick.offset_s < 15 * 60:
             assert collector.from_unix(b"steps=+25 tokens=+102400", 4242) == uid
-            tick.records.extend(Record(WORKLOAD_PROGRESS.suffix, m.pod_uid, encode(m))
+            tick.records.extend(SimulatedRecord(WORKLOAD_PROGRESS.suffix, m.pod_uid, encode(m))
                                 for m in collector.drain(tick.ts))
         ticks.append(tick)
     fed = sum(1 for t in ticks if 0 < t.offset_s < 15 * 60)

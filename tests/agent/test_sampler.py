@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeProcess
-from producers.agent.nvml import NvmlUnavailable
+from producers.agent.nvml_api import NvmlUnavailable
 from tests.agent.helpers import GIB, at, by_uuid, container, gpu_uuid, make_sampler, pod_uid, ref
 
 

@@ -13,9 +13,9 @@ import pytest
 from common.settings import AgentSettings, KafkaSettings, ProducerSettings, load_settings
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_nvml import FakeGpu, FakeNvml
-from producers.agent.nvml import NvmlLibraryNotFound
+from producers.agent.nvml_api import NvmlLibraryNotFound
 from producers.agent.sampler import NodeSampler
-from producers.agent.service import AgentError, AgentMetrics, AgentService, KafkaSink, next_tick
+from producers.agent.service import AgentError, AgentKafkaSink, AgentMetrics, AgentService, next_tick
 from tests.agent.helpers import gpu_uuid
 
 
@@ -132,7 +132,7 @@ def test_broker_unreachable_buffers_up_to_the_bound_then_drops() -> None:
     )
     nvml = FakeNvml([FakeGpu(gpu_uuid(i), i) for i in range(8)])
     metrics = AgentMetrics()
-    sink = KafkaSink(settings, metrics)
+    sink = AgentKafkaSink(settings, metrics)
     sampler = NodeSampler("node-a", nvml, None, StaticProcessResolver({}), "boot", 1.0)
     service = AgentService(sampler, sink, metrics, clock=Clock())
     for _ in range(25):

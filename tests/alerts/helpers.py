@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import KafkaSettings
+from tests.child_process import GpulensChild
 from tests.conftest import REPO_ROOT
 
 
@@ -169,41 +168,6 @@ def forwarder_env(kafka: KafkaSettings, prefix: str, **settings: str) -> dict[st
     return env
 
 
-class ForwarderProcess:
+def start_forwarder(env: dict[str, str]) -> GpulensChild:
     """``gpulens alerts forward`` as a child process, its log collected."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpulens", "alerts", "forward"], cwd=REPO_ROOT,
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.assigned = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if "partitions assigned" in line:
-                self.assigned.set()
-
-    def wait_assigned(self, timeout_s: float = 60) -> None:
-        if not self.assigned.wait(timeout_s):
-            raise AssertionError("forwarder got no partitions:\n" + self.log())
-
-    def log(self) -> str:
-        return "".join(self.lines[-60:])
-
-    def logged(self, text: str) -> int:
-        return sum(text in line for line in list(self.lines))
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=20)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        code = self.proc.wait(timeout=30)
-        self._reader.join(timeout=5)
-        return code
+    return GpulensChild(env, "alerts", "forward")

@@ -14,22 +14,23 @@ import pytest
 
 from common.kafka import BoundedProducer, ensure_topics, group_lag, read_to_end
 from common.settings import KafkaSettings
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
 from schemas.codec import decode, encode
 from schemas.messages import Alert, DeadLetter, PodState
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
 from sinks.alerts_forward import DeliveryFailed, post_json
 from tests.alerts.helpers import (
     Alertmanager,
-    ForwarderProcess,
     Received,
     Receiver,
     alertmanager_binary,
     forwarder_env,
     free_port,
+    start_forwarder,
     wait_for,
 )
+from tests.child_process import GpulensChild
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.kafka
@@ -47,7 +48,7 @@ def am_binary() -> Path:
 def scenario_alerts() -> list[Alert]:
     """The crashloop scenario's transitions as the stream jobs emit them: a crash-looping pod
     (critical) whose two GPUs also go idle (two alerts that differ only by GPU), all resolved."""
-    result = run_in_process(load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "crashloop.yaml"))
+    result = run_in_process(load_scenario(REPO_ROOT / "simulation" / "scenarios" / "crashloop.yaml"))
     alerts = [m for m in result.outputs if isinstance(m, Alert)]
     assert [a.state for a in alerts].count("firing") == 3 and [a.state for a in alerts].count("resolved") == 3
     return alerts
@@ -112,7 +113,7 @@ def test_scenario_alerts_arrive_firing_then_resolved_with_labels_and_runbooks(
     assert producer.produce(K8S_PODS.name(topic_prefix), pod.uid, encode(pod)) and producer.flush(30) == 0
     am = Alertmanager(am_binary, receiver.url)
     am.start()
-    forwarder = ForwarderProcess(forwarder_env(kafka_settings, topic_prefix, alertmanager_url=am.url))
+    forwarder = start_forwarder(forwarder_env(kafka_settings, topic_prefix, alertmanager_url=am.url))
     try:
         forwarder.wait_assigned()
         # paced: the transitions in the stream's order, one at a time; a resolved one only once
@@ -151,7 +152,7 @@ def test_alertmanager_down_then_up_loses_nothing_and_commits_only_after_delivery
         kafka_settings: KafkaSettings, topic_prefix: str, topics: str, am_binary: Path, receiver: Receiver,
         scenario_alerts: list[Alert]) -> None:
     am = Alertmanager(am_binary, receiver.url, port=free_port())  # not started yet
-    forwarder = ForwarderProcess(forwarder_env(kafka_settings, topic_prefix, alertmanager_url=am.url,
+    forwarder = start_forwarder(forwarder_env(kafka_settings, topic_prefix, alertmanager_url=am.url,
                                                max_attempts="1000"))
     firing = [a for a in scenario_alerts if a.state == "firing"]
     try:
@@ -177,7 +178,7 @@ def test_alertmanager_down_then_up_loses_nothing_and_commits_only_after_delivery
 def test_a_webhook_that_always_fails_gets_dead_letters_after_n_attempts(
         kafka_settings: KafkaSettings, topic_prefix: str, topics: str, scenario_alerts: list[Alert]) -> None:
     failing = Receiver(status=503)
-    forwarder = ForwarderProcess(forwarder_env(kafka_settings, topic_prefix, webhook_url=failing.url,
+    forwarder = start_forwarder(forwarder_env(kafka_settings, topic_prefix, webhook_url=failing.url,
                                                max_attempts="3"))
     sent = scenario_alerts[:2]
     try:
@@ -208,7 +209,7 @@ def test_a_duplicate_delivery_after_a_forwarder_kill_is_harmless(
     # a proxy in front of Alertmanager: the first request reaches Alertmanager, then the
     # forwarder is killed before it hears the answer, so that transition is delivered but not committed
     proxy = Receiver()
-    state: dict[str, ForwarderProcess] = {}
+    state: dict[str, GpulensChild] = {}
 
     def pass_through(item: Received) -> None:
         try:
@@ -222,7 +223,7 @@ def test_a_duplicate_delivery_after_a_forwarder_kill_is_harmless(
     alert = scenario_alerts[0]
     resolved = next(a for a in scenario_alerts if a.id == alert.id and a.state == "resolved")
     env = forwarder_env(kafka_settings, topic_prefix, alertmanager_url=proxy.url.rstrip("/"))
-    first = state["first"] = ForwarderProcess(env)
+    first = state["first"] = start_forwarder(env)
     second = None
     try:
         first.wait_assigned()
@@ -230,7 +231,7 @@ def test_a_duplicate_delivery_after_a_forwarder_kill_is_harmless(
         wait_for(lambda: first.proc.poll() is not None, 60, "the first forwarder killed mid-delivery")
         assert _lag(kafka_settings, topic_prefix) == 1, "the unacknowledged delivery must not be committed"
         wait_for(lambda: bool(_seen(receiver, alert, "firing")), 60, "firing notification")
-        second = ForwarderProcess(env)
+        second = start_forwarder(env)
         second.wait_assigned()
         wait_for(lambda: len(proxy.received) >= 2, 60, "the transition delivered again")
         wait_for(lambda: _lag(kafka_settings, topic_prefix) == 0, 30, "offsets committed")

@@ -24,7 +24,7 @@ from sinks.alerts_forward import (
     runbook_url,
     webhook_body,
 )
-from sinks.sink import Record
+from sinks.batches import ConsumedRecord
 from tests.conftest import REPO_ROOT
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
@@ -120,8 +120,8 @@ def _forwarder(post: FlakyPoster, **settings: Any) -> AlertForwarder:
     return AlertForwarder(s, ForwardMetrics(MetricsRegistry()), post=post, now=lambda: NOW)
 
 
-def _record(value: bytes | None) -> Record:
-    return Record("p.alerts.v1", 0, 7, b"a1", value, None)
+def _record(value: bytes | None) -> ConsumedRecord:
+    return ConsumedRecord("p.alerts.v1", 0, 7, b"a1", value, None)
 
 
 def test_transient_failures_are_retried_until_delivered() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from common.settings import AgentSettings, ConfigError, WatcherSettings, load_settings
 from producers.watcher.informer import SystemClock
-from producers.watcher.service import MemorySink, Pipeline, WatcherConfig, WatcherMetrics
+from producers.watcher.service import Pipeline, WatcherConfig, WatcherMemorySink, WatcherMetrics
 from schemas import codec
 from schemas.examples import all_examples
 from schemas.messages import NodeState, PodWindow, scoped_key
@@ -55,7 +55,7 @@ def test_a_version_1_message_without_cluster_reads_as_cluster_default(spec) -> N
 
 
 def test_the_watcher_stamps_its_cluster_and_scopes_its_keys() -> None:
-    sink = MemorySink()
+    sink = WatcherMemorySink()
     state = NodeState(node="gpu-a", ts=TS, ready=True)
     for cluster in ("default", "east"):
         pipeline = Pipeline(sink, WatcherConfig(cluster=cluster), SystemClock(), WatcherMetrics())

@@ -21,18 +21,19 @@ import yaml
 from common.metrics import MetricsRegistry
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
-from gpulens.kafka_replay import KafkaReplay
-from gpulens.replay import build_report, engine_config, feed_tick, run_in_process
-from gpulens.scenario import Scenario, ScenarioError, parse_scenario
-from gpulens.simulator import FleetSimulator, Tick
+from reports.analyses import ClusterError, run_report
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
-from sinks.analyses import ClusterError, run_report
+from simulation.fleet_state import Tick
+from simulation.kafka_replay import KafkaReplay
+from simulation.replay import build_report, engine_config, feed_tick, run_in_process
+from simulation.scenario import Scenario, ScenarioError, parse_scenario
+from simulation.simulator import FleetSimulator
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
-from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 from tests.conftest import REPO_ROOT
@@ -183,7 +184,7 @@ def _store(url: str, ticks: list[Tick], outputs: list[Message], scenario: Scenar
         load_prices(store, scenario.prices)
         writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl)
         for topic in sorted(by_topic):
-            records = [Record(topic, 0, offset, None if key is None else key.encode(), value)
+            records = [ConsumedRecord(topic, 0, offset, None if key is None else key.encode(), value)
                        for offset, (key, value) in enumerate(by_topic[topic])]
             _outcome, rejected = writer.write(Batch(topic, 0, records, 0, len(records) - 1))
             assert not rejected, rejected[:3]

@@ -18,7 +18,7 @@ import pytest
 
 from common.processes import pid_alive
 from common.settings import KafkaSettings
-from gpulens.html_report import fmt_hours, fmt_usd
+from reports.html.format import fmt_hours, fmt_usd
 from tests.report.dom import Page, parse
 
 pytestmark = pytest.mark.kafka

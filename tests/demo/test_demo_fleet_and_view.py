@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from rich.console import Console
 
-from gpulens.demo_fleet import demo_scenario
-from gpulens.replay import run_in_process
-from gpulens.scenario import parse_scenario
 from gpulens.top import FleetView, render
 from schemas.messages import Alert, AlertSubject, ClusterCapacity, K8sEvent, PodState, PodWindow
+from simulation.demo_fleet import demo_scenario
+from simulation.replay import run_in_process
+from simulation.scenario import parse_scenario
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from common.errors import UserError
 from common.kafka import BoundedProducer, broker_reachable, ensure_topics, make_consumer, read_to_end
 from common.settings import KafkaSettings, ProducerSettings
 from gpulens import kafka_local
-from gpulens.errors import UserError
 from gpulens.kafka_local import LocalKafka
 from schemas import codec
 from schemas.examples import all_examples

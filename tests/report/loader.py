@@ -2,7 +2,7 @@
 
 The replay runs in-process (simulator + stream stages). Its inputs (samples, pods, nodes, events,
 progress, as the simulator produces them) and its outputs (windows, capacity, lifecycle, alerts)
-become Kafka-shaped records that the sink's Kafka-free half (:class:`sinks.sink.BatchWriter`)
+become Kafka-shaped records that the sink's Kafka-free half (:class:`sinks.batches.BatchWriter`)
 decodes and inserts, one batch per topic, exactly as ``gpulens sink`` would. No broker is needed.
 """
 
@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import MetricsRegistry
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.service import load_prices
-from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 
 PREFIX = "gpulens"
 
@@ -64,7 +64,7 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
         load_prices(store, prices)
         writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl)
         for topic in sorted(by_topic):
-            records = [Record(topic, 0, offset, None if key is None else key.encode(), value)
+            records = [ConsumedRecord(topic, 0, offset, None if key is None else key.encode(), value)
                        for offset, (key, value) in enumerate(by_topic[topic])]
             _outcome, rejected = writer.write(Batch(topic, 0, records, 0, len(records) - 1))
             assert not rejected, rejected[:3]

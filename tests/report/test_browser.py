@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from gpulens.html_report import GANTT_COLORS, IDLE_CLASS_COLORS, PALETTE, STATE_COLORS
+from reports.html.charts import GANTT_COLORS
+from reports.html.format import IDLE_CLASS_COLORS, PALETTE, STATE_COLORS
 from tests.report.conftest import StoredReport
 from tests.report.dom import parse
 

@@ -16,7 +16,7 @@ from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 from tests.report.conftest import StoredReport
 from tests.report.dom import parse
 
-GOLDENS = REPO_ROOT / "gpulens" / "scenarios"
+GOLDENS = REPO_ROOT / "simulation" / "scenarios"
 
 
 def test_mig_slices_over_time(stored_report: Callable[[Path], StoredReport]) -> None:

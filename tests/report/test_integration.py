@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpulens.cli import main
-from gpulens.html_report import fmt_gib, fmt_hours, fmt_usd
+from reports.html.format import fmt_gib, fmt_hours, fmt_usd
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
 from tests.conftest import SHARED_SCENARIOS

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from gpulens.html_report import fits_in, render_html
+from reports.html.page import render_html
+from reports.html.sections import fits_in
 from tests.report.dom import parse
 from tests.report.sample import EVIL_POD, EVIL_REASON, EVIL_TEAM, sample_data
 

@@ -1,7 +1,7 @@
 """Golden tests: every scenario with an expected-results file replays to a matching report.
 
 The shared examples (copied into ``tests/data/scenarios``) and the product's own scenarios
-(``gpulens/scenarios``) are compared with FORMAT.md's tolerances by ``compare_report``: alert
+(``simulation/scenarios``) are compared with FORMAT.md's tolerances by ``compare_report``: alert
 times within two sample intervals, numbers to four decimals, only the fields the expected file
 names — and the expected alert list is complete, so an extra alert fails the test.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpulens.replay import POD_FIGURES, build_report, compare_report, run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.messages import PodLifecycle
+from simulation.replay import POD_FIGURES, build_report, compare_report, run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
-OWN_SCENARIOS = REPO_ROOT / "gpulens" / "scenarios"
+OWN_SCENARIOS = REPO_ROOT / "simulation" / "scenarios"
 
 
 def _cases() -> list[Path]:

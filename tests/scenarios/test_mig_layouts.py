@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpulens.mig_layouts import MigLayoutError
-from gpulens.replay import run_in_process
-from gpulens.scenario import ScenarioError, parse_scenario
 from schemas.messages import ClusterCapacity
+from simulation.mig_layouts import MigLayoutError
+from simulation.replay import run_in_process
+from simulation.scenario import ScenarioError, parse_scenario
 
 
 def _scenario(nodes: list[dict], pods: list[dict], **extra: object) -> dict:

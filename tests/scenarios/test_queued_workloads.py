@@ -10,15 +10,15 @@ from datetime import datetime
 import pytest
 import yaml
 
-from gpulens.replay import run_in_process
-from gpulens.scenario import ScenarioError, load_scenario, parse_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode
 from schemas.messages import ClusterCapacity, PodState, WorkloadState
 from schemas.topics import K8S_PODS, K8S_WORKLOADS
+from simulation.replay import run_in_process
+from simulation.scenario import ScenarioError, load_scenario, parse_scenario
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT
 
-SCENARIO = REPO_ROOT / "gpulens" / "scenarios" / "queued-workloads.yaml"
+SCENARIO = REPO_ROOT / "simulation" / "scenarios" / "queued-workloads.yaml"
 
 
 def _parse(text: str):  # type: ignore[no-untyped-def]

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpulens.replay import run_in_process
-from gpulens.scenario import ScenarioError, parse_duration, parse_scenario, step_value
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode
 from schemas.messages import PodState, WorkloadProgress
 from schemas.topics import K8S_PODS, WORKLOAD_PROGRESS
+from simulation.replay import run_in_process
+from simulation.scenario import ScenarioError, parse_duration, parse_scenario, step_value
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 
@@ -67,6 +67,18 @@ def test_threshold_overrides_accept_durations_and_seconds() -> None:
     ("duration: 5m\npods: [{name: a, owner: Job/Bad_Name}]", "pods[0].owner: 'Bad_Name' is not a valid"),
     ("duration: 5m\npods: [{name: a, gpus: 2, active_gpus: 3}]", "pods[0].active_gpus: must be <= gpus (2), got 3"),
     ("duration: 5m\npods: [{name: a, active_gpus: -1}]", "pods[0].active_gpus: must be >= 0"),
+    ("duration: 5m\npods: [{name: a}, {name: b}, {name: c}, {name: d, gpus: 1.5}]",
+     "pods[3].gpus: expected a whole number, got 1.5"),
+    ("duration: 5m\npods: [{name: a, labels: {team: [ml]}}]", "pods[0].labels.team: expected a string value"),
+    ("duration: 5m\nworkloads: [{name: w, pod_sets: [{count: 0}]}]", "workloads[0].pod_sets[0].count: must be >= 1"),
+    ("duration: 5m\nworkloads: [{name: w, pod_sets: [{size: 2}]}]",
+     "workloads[0].pod_sets[0].size: unknown field; known fields: count, gpus, name, resource"),
+    ("duration: 5m\nnodes: [{name: a}]\nagent_gaps: [{node: a, from: 5m, until: 9m}]",
+     "agent_gaps[0].until: unknown field; known fields: from, node, to"),
+    ("duration: 5m\nnodes: [{name: a}]\nagent_gaps: [{node: a, from: 5m}]",
+     "agent_gaps[0].to: expected a duration like 90s, 10m or 1.5h, got None"),
+    ("duration: 5m\nnodes: [7]", "nodes[0]: expected a mapping, got int"),
+    ("duration: 5m\nprices: {H100: -2}", "prices.H100: must be >= 0"),
 ])
 def test_invalid_files_name_the_field(text: str, message: str) -> None:
     with pytest.raises(ScenarioError) as info:
@@ -91,7 +103,7 @@ def test_cli_reports_a_bad_file_in_one_line_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_cli_json_is_the_report_and_byte_identical(tmp_path: Path) -> None:
-    path = REPO_ROOT / "gpulens" / "scenarios" / "gang-partial.yaml"
+    path = REPO_ROOT / "simulation" / "scenarios" / "gang-partial.yaml"
     first = _cli("replay", str(path), "--json")
     second = _cli("replay", str(path), "--json")
     assert first.returncode == 0, first.stderr
@@ -105,7 +117,7 @@ def test_cli_json_is_the_report_and_byte_identical(tmp_path: Path) -> None:
 
 
 def test_cli_summary_is_readable() -> None:
-    result = _cli("replay", str(REPO_ROOT / "gpulens" / "scenarios" / "idle-node.yaml"))
+    result = _cli("replay", str(REPO_ROOT / "simulation" / "scenarios" / "idle-node.yaml"))
     assert result.returncode == 0, result.stderr
     assert "idle_node" in result.stdout and "late-job" in result.stdout
 

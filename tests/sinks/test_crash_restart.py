@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +20,7 @@ from gpulens.cli import main
 from schemas.topics import CLUSTER_CAPACITY, GPU_SAMPLES, POD_WINDOWS
 from sinks.clickhouse import StoreError, open_store
 from sinks.query_server import RemoteReader, endpoint_file
-from tests.conftest import REPO_ROOT
+from tests.child_process import GpulensChild
 from tests.sinks import factories as f
 from tests.sinks.conftest import Item
 
@@ -44,30 +42,6 @@ def _dataset() -> list[Item]:
             items += [(POD_WINDOWS, p, f.window(p, g, minute, busy_s=30.0)) for g in range(GPUS_PER_POD)]
         items.append((CLUSTER_CAPACITY, "cluster", f.capacity(minute)))
     return items
-
-
-class SinkProcess:
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpulens.cli", "sink", *args], cwd=REPO_ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        self.lines: list[str] = []
-        self.assigned = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if "partitions assigned" in line:
-                self.assigned.set()
-
-    def wait(self, timeout_s: float) -> int:
-        code = self.proc.wait(timeout=timeout_s)
-        self._reader.join(timeout=5)
-        return code
 
 
 def _env(kafka: KafkaSettings, prefix: str, data_dir: Path) -> dict[str, str]:
@@ -97,18 +71,18 @@ def test_sigkill_at_random_points_then_restart_stores_every_row_once(
     rng = random.Random(seed)
     replays = 0
     for _ in range(4):
-        sink = SinkProcess(env)
+        sink = GpulensChild(env, "sink")
         assert sink.assigned.wait(60), "".join(sink.lines)
         time.sleep(rng.uniform(0.05, 1.5))
         sink.proc.send_signal(signal.SIGKILL)
         assert sink.wait(30) == -signal.SIGKILL
         replays += sum("replaying journalled batches" in line for line in sink.lines)
 
-    final = SinkProcess(env, "--exit-when-idle", "2")
+    final = GpulensChild(env, "sink", "--exit-when-idle", "2")
     assert final.wait(120) == 0, "".join(final.lines[-30:])
 
     # the sink runs again (nothing new to consume): queries go through its endpoint
-    serving = SinkProcess(env)
+    serving = GpulensChild(env, "sink")
     try:
         deadline = time.monotonic() + 60
         while not endpoint_file(tmp_path).exists() and time.monotonic() < deadline:
@@ -153,7 +127,7 @@ def test_sigterm_stops_the_sink_within_10_s_while_a_long_read_runs(
 ) -> None:
     env = _env(kafka_settings, topic_prefix, tmp_path)
     env["GPULENS_CLICKHOUSE__QUERY_MAX_EXECUTION_TIME_S"] = "300"
-    sink = SinkProcess(env)
+    sink = GpulensChild(env, "sink")
     deadline = time.monotonic() + 60
     while not endpoint_file(tmp_path).exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -31,7 +31,7 @@ from schemas.topics import (
 from sinks.clickhouse import ClickHouseStore, StoreUnavailable, open_store
 from sinks.migrations import MIGRATIONS
 from sinks.service import prepare_store, run_sink
-from sinks.sink import Sink
+from sinks.sink import ClickHouseSink
 from tests.sinks import factories as f
 from tests.sinks.conftest import Item
 
@@ -189,7 +189,7 @@ def test_clickhouse_outage_mid_stream_ends_with_every_row_once(
     settings = sink_settings.model_copy(update={"batch_max_rows": 7})
     store = prepare_store(settings)
     flaky = FlakyStore(store, down=6, lost_acks=4)
-    sink = Sink(settings, flaky)
+    sink = ClickHouseSink(settings, flaky)
     try:
         totals = sink.run(exit_when_idle_s=1.5)
         assert flaky.failures == 10 and flaky.lost_acks == 0

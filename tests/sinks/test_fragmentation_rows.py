@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from common.metrics import MetricsRegistry
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
 from schemas.codec import encode
 from schemas.messages import ClusterCapacity
 from schemas.topics import CLUSTER_CAPACITY
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.migrations import TtlDays, migrate
-from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 from tests.conftest import REPO_ROOT
 
 PREFIX = "gpulens"
@@ -32,12 +32,12 @@ def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
 
 
 def test_mig_windows_and_capacity_columns(store: ClickHouseStore) -> None:
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "mig-fragmentation.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "mig-fragmentation.yaml")
     ttl = TtlDays.keeping(scenario.start)
     migrate(store, ttl)
     windows = [m for m in run_in_process(scenario).outputs if isinstance(m, ClusterCapacity)]
     topic = CLUSTER_CAPACITY.name(PREFIX)
-    records = [Record(topic, 0, i, None, encode(w)) for i, w in enumerate(windows)]
+    records = [ConsumedRecord(topic, 0, i, None, encode(w)) for i, w in enumerate(windows)]
     writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl)
     writer.write(Batch(topic, 0, records, 0, len(records) - 1))
     # 12 one-minute windows, one MIG GPU each
@@ -61,12 +61,12 @@ def test_mig_windows_and_capacity_columns(store: ClickHouseStore) -> None:
 
 
 def test_shared_gpu_windows_and_capacity_columns(store: ClickHouseStore) -> None:
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "vram-fragmentation.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "vram-fragmentation.yaml")
     ttl = TtlDays.keeping(scenario.start)
     migrate(store, ttl)
     windows = [m for m in run_in_process(scenario).outputs if isinstance(m, ClusterCapacity)]
     topic = CLUSTER_CAPACITY.name(PREFIX)
-    records = [Record(topic, 0, i, None, encode(w)) for i, w in enumerate(windows)]
+    records = [ConsumedRecord(topic, 0, i, None, encode(w)) for i, w in enumerate(windows)]
     BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, ttl).write(Batch(topic, 0, records, 0, len(records) - 1))
     # 12 windows x 4 shared GPUs
     assert store.query("SELECT count() FROM shared_gpu_windows FINAL").rows == [[48]]

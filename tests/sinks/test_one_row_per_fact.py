@@ -14,16 +14,16 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
 from common.metrics import MetricsRegistry
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode, encode
 from schemas.messages import Alert, ClusterCapacity, GpuSample, Message, PodLifecycle, PodWindow, XidEvent
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE, POD_WINDOWS, by_suffix
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
 from sinks.migrations import TtlDays, migrate
 from sinks.rows import TableColumns, rows_for
-from sinks.sink import Batch, BatchWriter, Record, SinkMetrics
 from tests.sinks import factories as f
 
 PREFIX = "gpulens"
@@ -107,7 +107,8 @@ def test_redelivery_replays_and_a_rejected_record_leave_one_row_per_fact(store: 
         records = by_topic[topic]
         n = len(records)
         # every record twice, the second time at new offsets (a producer retry / a worker replay)
-        doubled = [Record(topic, 0, offset, key, value) for offset, (key, value) in enumerate(records + records)]
+        doubled = [ConsumedRecord(topic, 0, offset, key, value)
+                   for offset, (key, value) in enumerate(records + records)]
         size = max(1, n // 3)
         batches = [Batch(topic, 0, doubled[i:i + size], doubled[i].offset, doubled[min(i + size, 2 * n) - 1].offset)
                    for i in range(0, 2 * n, size)]
@@ -163,7 +164,7 @@ def test_two_simulator_runs_into_one_store_keep_both(store: ClickHouseStore) -> 
         values = [r.value for tick in FleetSimulator(scenario).run() for r in tick.records
                   if by_suffix(r.topic) is GPU_SAMPLES]
         per_run.append(sum(len(GpuSample.model_validate_json(v).gpus) for v in values if v))
-        records = [Record(topic, run, offset, None, value) for offset, value in enumerate(values)]
+        records = [ConsumedRecord(topic, run, offset, None, value) for offset, value in enumerate(values)]
         assert writer.write(Batch(topic, run, records, 0, len(records) - 1))[1] == []
     assert per_run[0] == per_run[1] > 0
     assert store.query("SELECT count() FROM gpu_samples FINAL").rows == [[per_run[0] * 2]]
@@ -177,7 +178,7 @@ def test_records_the_ttl_would_drop_are_dead_lettered(store: ClickHouseStore) ->
     old = f.sample("node-old", 1, gpus=1).model_copy(update={"ts": datetime(1970, 1, 2, tzinfo=UTC)})
     edge = f.sample("node-edge", 1, gpus=1).model_copy(update={"ts": datetime.now(UTC) - timedelta(days=14)})
     fresh = f.sample("node-new", 1, gpus=1)
-    records = [Record(topic, 0, i, None, encode(m)) for i, m in enumerate([old, edge, fresh])]
+    records = [ConsumedRecord(topic, 0, i, None, encode(m)) for i, m in enumerate([old, edge, fresh])]
     outcome, rejected = writer.write(Batch(topic, 0, records, 0, 2))
     assert [(r.offset, "14-day TTL" in reason) for r, reason in rejected] == [(0, True), (1, True)]
     assert store.query("SELECT node FROM gpu_samples").rows == [["node-new"]]
@@ -199,7 +200,7 @@ def test_a_pid_the_column_cannot_hold_is_refused_by_the_schema(store: ClickHouse
     topic = GPU_SAMPLES.name(PREFIX)
     payload = encode(f.sample("node-a", 1, gpus=1)).replace(b'"pid":1000', b'"pid":4294967296')
     assert b"4294967296" in payload
-    _outcome, rejected = writer.write(Batch(topic, 0, [Record(topic, 0, 0, None, payload)], 0, 0))
+    _outcome, rejected = writer.write(Batch(topic, 0, [ConsumedRecord(topic, 0, 0, None, payload)], 0, 0))
     assert len(rejected) == 1 and "invalid gpu.samples" in rejected[0][1] and "pid" in rejected[0][1]
     assert store.query("SELECT count() FROM gpu_samples").rows == [[0]]
 
@@ -242,7 +243,8 @@ def test_writing_a_batch_leaves_garbage_collection_on(store: ClickHouseStore) ->
     migrate(store)
     writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays())
     topic = GPU_SAMPLES.name(PREFIX)
-    records = [Record(topic, 0, 0, None, encode(f.sample("node-a", 1, gpus=1))), Record(topic, 0, 1, None, b"{")]
+    records = [ConsumedRecord(topic, 0, 0, None, encode(f.sample("node-a", 1, gpus=1))),
+               ConsumedRecord(topic, 0, 1, None, b"{")]
     assert gc.isenabled()
     _outcome, rejected = writer.write(Batch(topic, 0, records, 0, 1))
     assert [r.offset for r, _ in rejected] == [1]

@@ -17,12 +17,12 @@ import pytest
 
 from common.settings import KafkaSettings
 from gpulens.cli import main
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
+from reports.analyses import ANALYSES
 from schemas.messages import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
-from sinks.analyses import ANALYSES
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from sinks.service import run_sink
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 from tests.sinks.conftest import Item, make_sink_settings

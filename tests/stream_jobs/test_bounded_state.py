@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gpulens.replay import engine_config, feed_tick
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import encode
 from schemas.topics import GPU_SAMPLES, K8S_PODS
+from simulation.fleet_state import SimulatedRecord
+from simulation.replay import engine_config, feed_tick
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import MAX_NAME_CHARS
@@ -93,13 +94,13 @@ def test_stages_keep_no_labels_and_cut_long_names() -> None:
     assert len(state) < 100_000, "50 pods with 30 KB of labels each"
     stage.advance(epoch(at(100)))
     kept = stage.pods["uid-p1"]
-    assert kept["team"] == huge[:MAX_NAME_CHARS]
+    assert kept.team == huge[:MAX_NAME_CHARS]
 
 
-def _dated(ts: datetime) -> list[Record]:
+def _dated(ts: datetime) -> list[SimulatedRecord]:
     sample = orjson.loads(encode(pod("dated", t=0)))
     sample["ts"] = ts.isoformat()
-    return [Record(K8S_PODS.suffix, "uid-dated", orjson.dumps(sample))]
+    return [SimulatedRecord(K8S_PODS.suffix, "uid-dated", orjson.dumps(sample))]
 
 
 def test_records_far_ahead_or_behind_the_clock_are_dead_lettered_with_their_reason() -> None:
@@ -124,7 +125,7 @@ def test_records_far_ahead_or_behind_the_clock_are_dead_lettered_with_their_reas
     assert all("ahead of the stream's clock" in r for r in reasons[1:])
     assert any("2100-01-01" in r for r in reasons) and any("(max_skew_s)" in r for r in reasons)
     assert pipeline.stats()["deadletters"] == 3
-    assert not any(p.get("name") == "dated" for p in pipeline.cluster.pods.values())
+    assert not any(p.name == "dated" for p in pipeline.cluster.pods.values())
 
 
 def test_compacted_inputs_keep_every_state_for_the_horizon() -> None:

@@ -4,10 +4,10 @@ end, where no sample stands any more and busy/idle would read 0."""
 
 from __future__ import annotations
 
-from gpulens.demo_fleet import demo_scenario
-from gpulens.replay import run_in_process
-from gpulens.scenario import parse_scenario
 from schemas.messages import ClusterCapacity, Message
+from simulation.demo_fleet import demo_scenario
+from simulation.replay import run_in_process
+from simulation.scenario import parse_scenario
 from stream_jobs.config import EngineConfig
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch

@@ -14,13 +14,14 @@ import pytest
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from gpulens.kafka_local import LocalKafka
-from gpulens.kafka_replay import ChaosPlan, KafkaReplay
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator, Tick
 from schemas.codec import decode
 from schemas.messages import GpuSample, PodWindow
 from schemas.topics import GPU_SAMPLES, INTERNAL_CONTROL
+from simulation.fleet_state import Tick
+from simulation.kafka_replay import ChaosPlan, KafkaReplay
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 pytestmark = pytest.mark.kafka
@@ -78,7 +79,7 @@ def test_a_golden_with_three_workers_under_chaos(kafka_settings: KafkaSettings,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """One of the goldens and shared examples, rotating daily (``make chaos`` plays them all),
     through ``gpulens replay --kafka --workers 3 --chaos``: byte for byte the in-process report."""
-    paths = sorted([*(REPO_ROOT / "gpulens" / "scenarios").glob("*.yaml"), *SHARED_SCENARIOS.glob("*.yaml")])
+    paths = sorted([*(REPO_ROOT / "simulation" / "scenarios").glob("*.yaml"), *SHARED_SCENARIOS.glob("*.yaml")])
     day = int(time.time() // 86400)
     path = paths[day % len(paths)]
     expected = run_in_process(load_scenario(path)).report

@@ -15,13 +15,14 @@ import pytest
 from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
-from gpulens.kafka_replay import KafkaReplay
-from gpulens.replay import run_in_process
-from gpulens.scenario import PoisonSpec, load_scenario
-from gpulens.simulator import FleetSimulator, Record
 from schemas.codec import decode
 from schemas.messages import Alert, DeadLetter
 from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS
+from simulation.fleet_state import SimulatedRecord
+from simulation.kafka_replay import KafkaReplay
+from simulation.replay import run_in_process
+from simulation.scenario import PoisonSpec, load_scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -51,7 +52,7 @@ def test_fragmentation_goldens_through_kafka_match_in_process(name: str, kafka_s
                                                               topic_prefix: str, tmp_path: Path) -> None:
     """MIG layouts and shared-GPU tenants travel in the node summaries on the internal topic, and the
     cluster stage's MIG and VRAM state survives the faust runtime: same report, same new alerts."""
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / f"{name}.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / f"{name}.yaml")
     expected = run_in_process(scenario).report
     report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
     assert _json(report) == _json(expected)
@@ -61,7 +62,7 @@ def test_fragmentation_goldens_through_kafka_match_in_process(name: str, kafka_s
 def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
                                                          tmp_path: Path) -> None:
     """Kueue workload states travel on their own compacted topic through the faust workers."""
-    scenario = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "queued-workloads.yaml")
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "queued-workloads.yaml")
     expected = run_in_process(scenario).report
     report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
     assert _json(report) == _json(expected)
@@ -115,7 +116,7 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
 
 def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
         kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
-    golden = load_scenario(REPO_ROOT / "gpulens" / "scenarios" / "late-and-poison.yaml")
+    golden = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "late-and-poison.yaml")
     # the golden file poisons the five topics it predates; the Kueue workloads topic is added here
     scenario = replace(golden, poison=(*golden.poison, PoisonSpec(90.0, K8S_WORKLOADS.suffix, "{\"uid\": 1}")))
     assert {p.topic for p in scenario.poison} == {spec.suffix for spec in INPUT_TOPICS}
@@ -171,7 +172,7 @@ pods:
             original = next(r for t in [tick, *ticks] for r in t.records if r.topic == suffix and r.value is not None)
             assert original.value is not None
             dated = orjson.loads(original.value) | {"ts": when}
-            tick.records.append(Record(suffix, original.key, orjson.dumps(dated)))
+            tick.records.append(SimulatedRecord(suffix, original.key, orjson.dumps(dated)))
     expected = run_in_process(scenario, ticks=ticks)
     assert expected.report["stream"]["deadletters"] == 6
     replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix,

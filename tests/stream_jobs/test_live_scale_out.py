@@ -15,13 +15,13 @@ import pytest
 
 from common.kafka import BoundedProducer, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
-from gpulens.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
-from gpulens.replay import run_in_process
-from gpulens.scenario import Scenario, parse_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import decode
 from schemas.messages import PodWindow
 from schemas.topics import INTERNAL_CLUSTER_INPUTS, POD_WINDOWS
+from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
+from simulation.replay import run_in_process
+from simulation.scenario import Scenario, parse_scenario
+from simulation.simulator import FleetSimulator
 
 pytestmark = pytest.mark.kafka
 

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from common.settings import CommonSettings, KafkaSettings, load_settings
-from gpulens.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
 from schemas.messages import PodWindow
+from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
 from stream_jobs.fleet_metrics import METRICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 

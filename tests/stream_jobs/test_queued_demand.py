@@ -27,7 +27,7 @@ GPU = "nvidia.com/gpu"
     ({"a": 5}, [[0, 4]], True),
 ])
 def test_placement_is_largest_first_first_fit(free: dict[str, int], sets: list[list[int]], fits: bool) -> None:
-    assert _places({n: {GPU: f} for n, f in free.items()}, [[c, {GPU: g}] for c, g in sets]) is fits
+    assert _places({n: {GPU: f} for n, f in free.items()}, [(c, {GPU: g}) for c, g in sets]) is fits
 
 
 def workload(count: int, gpus: int, t: float = 0.0, phase: str = "queued") -> WorkloadState:
@@ -62,4 +62,4 @@ def test_admission_resolves_the_workload_alerts() -> None:
     resolved = [m for m in stage.advance(epoch(T0) + 120) if isinstance(m, Alert)]
     assert sorted((m.type, m.state, m.details["resolved_reason"]) for m in resolved) == [
         ("fragmentation", "resolved", "admitted"), ("pending_gpu", "resolved", "admitted")]
-    assert stage.workloads["w1"]["admitted"]
+    assert stage.workloads["w1"].admitted

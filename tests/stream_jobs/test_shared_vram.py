@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.messages import GpuReading, NodeState, SharedGpuState, SharedPodVram
+from schemas.messages import Alert, GpuReading, NodeState, SharedGpuState, SharedPodVram
+from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.shared_vram import NoisyNeighbours, VramTracker, replicas_per_gpu
+from stream_jobs.state import ClusterPod
 
 GIB = 2**30
 TH = Thresholds(vram_pressure_after=60.0, vram_fragmentation_after=120.0)
@@ -22,10 +24,12 @@ def _reading(used_gib: float) -> GpuReading:
 
 def _run(steps: Sequence[tuple[float, Sequence[tuple[str, float]]]]) -> list[tuple[str, float, str | None]]:
     tracker = NoisyNeighbours()
+    table: rules.RuleTable = {}
     out: list[tuple[str, float, str | None]] = []
     for t, tenants in steps:
         used = sum(mem for _, mem in tenants)
-        _state, alerts = tracker.observe(t, "n1", _reading(used), [(u, "ns", u, int(m * GIB)) for u, m in tenants], TH)
+        _state, alerts = tracker.observe(t, "n1", _reading(used), [(u, "ns", u, int(m * GIB)) for u, m in tenants], TH,
+                                        table)
         out += [(a.state, t, a.subject.name) for a in alerts]
     return out
 
@@ -61,9 +65,13 @@ def _gpu(index: int, free_gib: float) -> SharedGpuState:
                           pods=[SharedPodVram(namespace="ns", name=f"t{index}", mem_bytes=int((24 - free_gib) * GIB))])
 
 
-def _pending(need_gib: float) -> dict:
-    return {"uid": "u1", "ns": "ns", "name": "big", "requests": {"nvidia.com/gpu": 1},
-            "vram_need": int(need_gib * GIB)}
+def _pending(need_gib: float | None) -> ClusterPod:
+    return ClusterPod(uid="u1", namespace="ns", name="big", requests={"nvidia.com/gpu": 1}, gpus=1,
+                      vram_need_bytes=None if need_gib is None else int(need_gib * GIB))
+
+
+def _why(uid: str) -> str:
+    return "no longer pending"
 
 
 def test_vram_fragmentation_only_when_the_total_fits_and_no_single_gpu_does() -> None:
@@ -71,9 +79,10 @@ def test_vram_fragmentation_only_when_the_total_fits_and_no_single_gpu_does() ->
         tracker = VramTracker()
         tracker.on_summary("n1", [_gpu(0, 10), _gpu(1, 10)])
         tracker.on_summary("n2", [_gpu(0, 10), _gpu(1, 10)])
-        out = []
+        out: list[Alert] = []
+        table: rules.RuleTable = {}
         for t in range(0, 130, 10):
-            out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1", "n2"}, [_pending(need)], TH)
+            out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1", "n2"}, [_pending(need)], TH, table, _why)
         assert [a.type for a in out] == (["vram_fragmentation"] if fires else []), need
         snap = tracker.snapshot
         assert snap is not None and snap["shared_vram_free_bytes"] == 40 * GIB
@@ -85,10 +94,11 @@ def test_an_unschedulable_node_does_not_count_and_no_need_no_alert() -> None:
     tracker = VramTracker()
     tracker.on_summary("n1", [_gpu(0, 10), _gpu(1, 10)])
     tracker.on_summary("n2", [_gpu(0, 10), _gpu(1, 10)])
-    out = []
+    out: list[Alert] = []
+    table: rules.RuleTable = {}
     for t in range(0, 200, 10):  # only n1 takes pods: 20 GiB free there, 25 needed
-        out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1"}, [_pending(25)], TH)
-        out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1", "n2"}, [_pending(0) | {"vram_need": None}], TH)
+        out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1"}, [_pending(25)], TH, table, _why)
+        out += tracker.evaluate(float(t), {"n1", "n2"}, {"n1", "n2"}, [_pending(None)], TH, table, _why)
     assert out == []
 
 

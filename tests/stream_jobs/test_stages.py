@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import orjson
 
-from gpulens.replay import run_in_process
-from gpulens.scenario import load_scenario
-from gpulens.simulator import FleetSimulator
 from schemas.codec import encode
 from schemas.messages import Alert, ClusterCapacity, K8sEvent, Message, PodLifecycle, PodWindow
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.internal import NodeSummary, PodUsage
@@ -134,7 +134,7 @@ def test_cluster_stage_pending_fragmentation_and_lifecycle() -> None:
 def _checkpointed_replay(path: str, cut_tick: int) -> dict[str, object]:
     from datetime import timedelta
 
-    from gpulens.replay import build_report, engine_config, feed_tick
+    from simulation.replay import build_report, engine_config, feed_tick
 
     scenario = load_scenario(path)
     config = engine_config(scenario)
@@ -155,7 +155,7 @@ def _checkpointed_replay(path: str, cut_tick: int) -> dict[str, object]:
 
 def test_state_restored_from_json_mid_scenario_gives_the_same_report() -> None:
     for name in ("crashloop", "gang-partial", "sample-gaps"):
-        path = str(REPO_ROOT / "gpulens" / "scenarios" / f"{name}.yaml")
+        path = str(REPO_ROOT / "simulation" / "scenarios" / f"{name}.yaml")
         full = run_in_process(load_scenario(path)).report
         resumed = _checkpointed_replay(path, 37)
         assert resumed.pop("stream") == {k: v for k, v in full.pop("stream").items()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.settings import CommonSettings, KafkaSettings, WorkerSettings, load_settings
-from gpulens.kafka_replay import WorkerProcess, child_env
+from simulation.kafka_replay import WorkerProcess, child_env
 
 
 def _free_port() -> int:

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulens.kube_local import LocalKube, build_binaries
-from producers.watcher.backoff import Backoff
+from common.backoff import Backoff
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_node, make_pod, set_running
 from producers.watcher.kube import api_client
-from producers.watcher.service import MemorySink, Sink, WatcherConfig, WatcherService, kube_sources
+from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherService, WatcherSink, kube_sources
+from simulation.kube_local import LocalKube, build_binaries
 
 
 class FakeClock:
@@ -72,15 +72,15 @@ def populate(server: FakeApiServer) -> dict[str, str]:
     return uids
 
 
-Factory = Callable[..., tuple[WatcherService, MemorySink, FakeClock]]
+Factory = Callable[..., tuple[WatcherService, WatcherMemorySink, FakeClock]]
 
 
 @pytest.fixture
 def make_service(server: FakeApiServer) -> Factory:
     def build(namespaces: tuple[str, ...] = (), page_size: int = 500, events_api: str = "events.k8s.io",
-              sink: Sink | None = None) -> tuple[WatcherService, MemorySink, FakeClock]:
+              sink: WatcherSink | None = None) -> tuple[WatcherService, WatcherMemorySink, FakeClock]:
         clock = FakeClock()
-        memory = MemorySink()
+        memory = WatcherMemorySink()
         api = api_client(host=server.url)
         sources = kube_sources(api, namespaces, events_api)
         for source in sources.all():

@@ -8,18 +8,18 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 
-from producers.watcher.backoff import Backoff, backoff_delay_s
+from common.backoff import Backoff, backoff_delay_s
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, make_node, make_pod, set_finished
 from producers.watcher.informer import Informer
 from producers.watcher.kube import KubeSource, api_client
-from producers.watcher.service import MemorySink
+from producers.watcher.service import WatcherMemorySink
 from schemas.messages import PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
 from tests.watcher.conftest import Factory, FakeClock, populate
 
 
-def pod_keys(sink: MemorySink) -> Counter[str]:
+def pod_keys(sink: WatcherMemorySink) -> Counter[str]:
     return Counter(r.key for r in sink.of(K8S_PODS))
 
 

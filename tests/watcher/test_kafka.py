@@ -16,7 +16,7 @@ from common.kafka import BoundedProducer, ensure_topics, make_consumer
 from common.settings import KafkaSettings
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, set_finished
-from producers.watcher.service import KafkaSink
+from producers.watcher.service import WatcherKafkaSink
 from schemas.json_schema import COMMITTED_DIR
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
 from tests.watcher.conftest import Factory, populate
@@ -55,7 +55,7 @@ def test_watcher_produces_schema_valid_records(
     server.put("events", make_event(pending, "FailedScheduling", text, datetime(2024, 5, 6, 8, tzinfo=UTC)))
     ensure_topics(kafka_settings, TOPICS, topic_prefix)
     producer = BoundedProducer(kafka_settings)
-    service, _, _ = make_service(sink=KafkaSink(producer, topic_prefix))
+    service, _, _ = make_service(sink=WatcherKafkaSink(producer, topic_prefix))
     stop = threading.Event()
     service.sync(stop)
     informer = service.pod_informers[0]

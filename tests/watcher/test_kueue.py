@@ -18,16 +18,15 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
-from producers.watcher.informer import SourceError
+from producers.watcher.informer import WatchRequestError
 from producers.watcher.kube import api_client, serves_workloads
 from producers.watcher.service import (
-    MemorySink,
-    Record,
+    ProducedRecord,
     WatcherConfig,
+    WatcherMemorySink,
     WatcherService,
     discover_workloads,
     kube_sources,
@@ -36,6 +35,7 @@ from producers.watcher.translate import TranslateConfig
 from producers.watcher.workloads import workload_to_state
 from schemas.messages import WorkloadState
 from schemas.topics import K8S_WORKLOADS
+from simulation.kube_local import KubeApiError, LocalKube
 from tests.conftest import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -194,8 +194,8 @@ def workload(name: str, gpus: int, count: int = 2) -> dict[str, Any]:
 
 
 @contextmanager
-def watch(api: Any, namespace: str) -> Iterator[tuple[WatcherService, MemorySink]]:
-    sink = MemorySink()
+def watch(api: Any, namespace: str) -> Iterator[tuple[WatcherService, WatcherMemorySink]]:
+    sink = WatcherMemorySink()
     service = WatcherService(kube_sources(api, (namespace,)), sink,
                              WatcherConfig(namespaces=(namespace,), watch_timeout_s=3))
     stop = threading.Event()
@@ -207,11 +207,11 @@ def watch(api: Any, namespace: str) -> Iterator[tuple[WatcherService, MemorySink
         service.shutdown(stop, timeout_s=10)
 
 
-def states(sink: MemorySink, uid: str | None = None) -> list[Record]:
+def states(sink: WatcherMemorySink, uid: str | None = None) -> list[ProducedRecord]:
     return [r for r in sink.of(K8S_WORKLOADS) if uid is None or r.key == uid]
 
 
-def exercise(backend: Backend, service: WatcherService, sink: MemorySink, namespace: str) -> None:
+def exercise(backend: Backend, service: WatcherService, sink: WatcherMemorySink, namespace: str) -> None:
     """Queued -> admitted -> deleted: one record per change, then a tombstone; CPU-only never."""
     assert len(service.workload_informers) == 1
     backend.create(namespace, workload("cpu-only", 0))
@@ -273,7 +273,7 @@ def test_the_simulated_cluster_of_watch_simulate_has_a_queued_workload() -> None
 
 
 def test_discovery_retries_a_failing_server_then_goes_on_without_workloads() -> None:
-    answers: list[bool | Exception] = [SourceError("503", 503), SourceError("refused"), True]
+    answers: list[bool | Exception] = [WatchRequestError("503", 503), WatchRequestError("refused"), True]
 
     def ask() -> bool:
         answer = answers.pop(0)
@@ -285,7 +285,7 @@ def test_discovery_retries_a_failing_server_then_goes_on_without_workloads() -> 
     assert discover_workloads(ask, sleep=sleeps.append) is True and len(sleeps) == 2
 
     def down() -> bool:
-        raise SourceError("connection refused")
+        raise WatchRequestError("connection refused")
 
     assert discover_workloads(down, attempts=3, sleep=sleeps.append) is False
     with FakeApiServer(kueue=True) as server:

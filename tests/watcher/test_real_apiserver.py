@@ -1,4 +1,4 @@
-"""The watcher against a real kube-apiserver and etcd (``gpulens/kube_local.py``), with the token
+"""The watcher against a real kube-apiserver and etcd (``simulation/kube_local.py``), with the token
 bound to exactly the ClusterRole that ``deploy/k8s/watcher.yaml`` ships: what the simulated server
 stands in for, checked on the real one."""
 
@@ -18,12 +18,19 @@ from typing import Any
 
 import pytest
 
-from gpulens.kube_local import KubeApiError, LocalKube
 from producers.watcher.fake_cluster import iso, make_node, make_pod, set_finished, set_running
 from producers.watcher.kube import api_client
-from producers.watcher.service import MemorySink, Record, WatcherConfig, WatcherMetrics, WatcherService, kube_sources
+from producers.watcher.service import (
+    ProducedRecord,
+    WatcherConfig,
+    WatcherMemorySink,
+    WatcherMetrics,
+    WatcherService,
+    kube_sources,
+)
 from schemas.messages import K8sEvent, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from simulation.kube_local import KubeApiError, LocalKube
 from tests.conftest import REPO_ROOT
 
 
@@ -70,19 +77,19 @@ def namespace(kube: LocalKube) -> str:
 
 
 class Running:
-    def __init__(self, service: WatcherService, sink: MemorySink, metrics: CountingMetrics) -> None:
+    def __init__(self, service: WatcherService, sink: WatcherMemorySink, metrics: CountingMetrics) -> None:
         self.service = service
         self.sink = sink
         self.metrics = metrics
 
-    def pods(self, uid: str) -> list[Record]:
+    def pods(self, uid: str) -> list[ProducedRecord]:
         return [r for r in self.sink.of(K8S_PODS) if r.key == uid]
 
 
 @pytest.fixture
 def running(kube: LocalKube, namespace: str) -> Iterator[Running]:
     """``WatcherService`` on the real server through the watcher's kubeconfig, in its threads."""
-    sink = MemorySink()
+    sink = WatcherMemorySink()
     metrics = CountingMetrics()
     api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, (namespace,)), sink,
@@ -197,7 +204,7 @@ def test_410_after_compaction_and_restart_relists_and_deletes_what_vanished_once
         kube: LocalKube, namespace: str) -> None:
     uids = {name: kube.create_pod(make_pod(name, namespace=namespace, gpus=1))["metadata"]["uid"]
             for name in ("keep", "gone-1", "gone-2")}
-    sink = MemorySink()
+    sink = WatcherMemorySink()
     metrics = CountingMetrics()
     api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, (namespace,)), sink,
@@ -222,7 +229,7 @@ def test_410_after_compaction_and_restart_relists_and_deletes_what_vanished_once
     assert informer.synced and informer.resource_version != old_version
     assert metrics.seen_relists[-1] == (informer.resource, "gone", 2)
     fresh = sink.records[before:]
-    by_key: dict[str, list[Record]] = {}
+    by_key: dict[str, list[ProducedRecord]] = {}
     for record in fresh:
         by_key.setdefault(record.key, []).append(record)
     for name in ("gone-1", "gone-2"):

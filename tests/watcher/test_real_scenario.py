@@ -1,4 +1,4 @@
-"""A scenario played at real speed through a real kube-apiserver (``gpulens/kube_replay.py``): the
+"""A scenario played at real speed through a real kube-apiserver (``simulation/kube_replay.py``): the
 watcher's records from the server, with the simulator's GPU samples, must give the same report as
 the in-process replay of the same scenario (FORMAT.md's tolerances)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from common.processes import pid_alive
-from gpulens.kube_local import LocalKube, build_binaries
-from gpulens.kube_replay import run_through_apiserver, starting_now
-from gpulens.replay import compare_report, run_in_process
-from gpulens.scenario import load_scenario
+from simulation.kube_local import LocalKube, build_binaries
+from simulation.kube_replay import run_through_apiserver, starting_now
+from simulation.replay import compare_report, run_in_process
+from simulation.scenario import load_scenario
 
 SCENARIO = Path(__file__).parent / "fixtures" / "apiserver-short.yaml"
 

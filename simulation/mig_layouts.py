@@ -15,7 +15,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from gpulens.errors import UserError
+from common.errors import UserError
 from producers.agent.fake_nvml import FakeMigDevice
 from stream_jobs.mig import MigInstance, check_layout, creatable_starts, table_for
 
@@ -72,7 +72,9 @@ def parse_gpu_layout(value: Any, path: str, model: str, memory_gib: float) -> Gp
 def parse_node_layouts(data: dict[str, Any], path: str, gpus: int, model: str, memory_gib: float
                        ) -> tuple[tuple[GpuLayout, ...] | None, tuple[MigRelayout, ...]]:
     """``nodes[i].mig_layout`` (one list per GPU) and ``nodes[i].mig_relayout`` of a node mapping."""
-    from gpulens.scenario import parse_duration
+    from pydantic_core import PydanticCustomError
+
+    from simulation.scenario_file import duration_s
 
     raw = data.get("mig_layout")
     if raw is None:
@@ -96,8 +98,11 @@ def parse_node_layouts(data: dict[str, Any], path: str, gpus: int, model: str, m
         gpu = item.get("gpu", 0)
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus:
             raise MigLayoutError(f"{where}.gpu: expected a GPU index 0..{gpus - 1}, got {gpu!r}")
-        changes.append(MigRelayout(parse_duration(item.get("at", 0), f"{where}.at"), gpu,
-                                   parse_gpu_layout(item["layout"], f"{where}.layout", model, memory_gib)))
+        try:
+            at = duration_s(item.get("at", 0))
+        except PydanticCustomError as exc:
+            raise MigLayoutError(f"{where}.at: {exc.message()}") from None
+        changes.append(MigRelayout(at, gpu, parse_gpu_layout(item["layout"], f"{where}.layout", model, memory_gib)))
     return layouts, tuple(sorted(changes, key=lambda c: (c.at, c.gpu)))
 
 

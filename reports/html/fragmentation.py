@@ -1,6 +1,6 @@
-"""The HTML report's "MIG and VRAM fragmentation over time" section (``gpulens.html_report``).
+"""The HTML report's "MIG and VRAM fragmentation over time" section (``reports.html.page``).
 
-Two charts from ``sinks.fragmentation_series``: MIG slices (free compute and memory slices, empty
+Two charts from ``reports.fragmentation_series``: MIG slices (free compute and memory slices, empty
 instances, pending MIG devices) and shared-GPU VRAM (free, largest free piece, stranded, pending).
 A store without MIG or shared GPUs gets no section at all, so such reports stay as they were.
 """
@@ -9,27 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from reports.html.charts import Series, line_chart
+from reports.html.format import as_number, fmt_number, fmt_ts, parse_ts
+from reports.html.pieces import Column, legend, section, table
+from reports.html.sections import _bucket_label as bucket_label
+
 
 def fragmentation_section(data: dict[str, Any], bucket_s: int) -> str:
-    from gpulens.html_report import (
-        Column,
-        Series,
-        _bucket_label,
-        _num,
-        fmt_number,
-        fmt_ts,
-        legend,
-        line_chart,
-        parse_ts,
-        section,
-        table,
-    )
-
     rows = data.get("fragmentation_series") or []
     if not rows:
         return ""
     title = "MIG and VRAM fragmentation over time"
-    lede = (f"Per {_bucket_label(bucket_s)} bucket. MIG: free compute and memory slices (an empty instance's "
+    lede = (f"Per {bucket_label(bucket_s)} bucket. MIG: free compute and memory slices (an empty instance's "
             f"slices count as free: a re-layout can take them), empty instances and the MIG devices pending "
             f"pods ask for. Shared GPUs: free VRAM, the largest free piece on one GPU, VRAM stranded on GPUs "
             f"with less than the smallest pending need, and the VRAM pending pods declare.")
@@ -38,7 +29,7 @@ def fragmentation_section(data: dict[str, Any], bucket_s: int) -> str:
     x_range = (buckets[0], buckets[-1] + bucket_s)
 
     def points(key: str) -> list[tuple[float, float | None]]:
-        return [(at + half, _num(r.get(key))) for at, r in zip(buckets, rows, strict=True)]
+        return [(at + half, as_number(r.get(key))) for at, r in zip(buckets, rows, strict=True)]
 
     body = ""
     if any(r.get("max_mig_gpus") is not None for r in rows):

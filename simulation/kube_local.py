@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from common.errors import PermanentError
 from common.processes import pid_alive
 
 KUBE_VERSION = "1.37.2"
@@ -48,11 +49,11 @@ ADMIN_USER = "gpulens-admin"
 Obj = dict[str, Any]
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneError(PermanentError):
     """The control plane could not be built, started or reached."""
 
 
-class KubeApiError(Exception):
+class KubeApiError(PermanentError):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
         super().__init__(f"{method} {path}: {status} {body[:500]}")
         self.status = status

@@ -1,4 +1,4 @@
-"""MIG and shared-GPU VRAM fragmentation over time, for the HTML report's chart (``sinks.timeseries``'
+"""MIG and shared-GPU VRAM fragmentation over time, for the HTML report's chart (``reports.timeseries``'
 conventions: one query, buckets that follow the span of the data, plain rows).
 
 Per bucket, the peaks over its capacity windows: MIG free compute and memory slices, empty MIG
@@ -9,12 +9,12 @@ without MIG or shared GPUs (migration 8's columns are NULL there).
 
 from __future__ import annotations
 
-from sinks.analyses import IN_CLUSTER, Reader, Rows, query_rows, round_floats
+from reports.analyses import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
 
 _GIB = "pow(2, 30)"
 
 
-def fragmentation_over_time(reader: Reader, bucket_s: int) -> Rows:
+def fragmentation_over_time(reader: SqlReader, bucket_s: int) -> Rows:
     return round_floats(query_rows(reader, f"""
 SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
        max(mig_gpus) AS max_mig_gpus,

@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from common.errors import UserError
+
 if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
     from sinks.clickhouse import QueryResult
 
 
-class Reader(Protocol):
+class SqlReader(Protocol):
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
 
 
@@ -42,7 +44,7 @@ SELECT DISTINCT cluster FROM (
 ) ORDER BY cluster"""
 
 
-class ClusterError(ValueError):
+class ClusterError(UserError, ValueError):
     """No one cluster to report on: the store holds several and none was named, or the named one has
     no data (the message lists the clusters there are)."""
 
@@ -50,7 +52,7 @@ class ClusterError(ValueError):
 class ClusterScope:
     """A reader whose queries are bound to one cluster (the ``cluster`` query parameter)."""
 
-    def __init__(self, reader: Reader, cluster: str) -> None:
+    def __init__(self, reader: SqlReader, cluster: str) -> None:
         self.reader = reader
         self.cluster = cluster
 
@@ -60,13 +62,13 @@ class ClusterScope:
         return self.reader.query(sql, parameters)
 
 
-def clusters(reader: Reader) -> list[str]:
+def clusters(reader: SqlReader) -> list[str]:
     """The clusters the store holds data of, by name."""
     base = reader.reader if isinstance(reader, ClusterScope) else reader
     return [str(row[0]) for row in base.query(_CLUSTERS_SQL).rows]
 
 
-def scoped(reader: Reader, cluster: str | None = None) -> ClusterScope:
+def scoped(reader: SqlReader, cluster: str | None = None) -> ClusterScope:
     """``reader`` bound to ``cluster``, else to the store's only cluster (``default`` when empty).
 
     Raises :class:`ClusterError` when the store holds several and none is named, or for a named
@@ -98,7 +100,7 @@ def _label(column: str) -> str:
     return f"if({column} = '', {NONE}, {column})"
 
 
-def query_rows(reader: Reader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
+def query_rows(reader: SqlReader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
     """Rows of ``sql`` as dicts; a query that names ``{cluster:String}`` reads :func:`scoped` ``reader``."""
     if "{cluster:String}" in sql:
         return scoped(reader).query(sql, parameters).dicts()
@@ -113,7 +115,7 @@ def round_floats(rows: Rows, digits: int = 6) -> Rows:
     return rows
 
 
-def summary(reader: Reader) -> Rows:
+def summary(reader: SqlReader) -> Rows:
     """Fleet totals: allocated, busy, idle GPU-hours and cost from windows; capacity from capacity windows."""
     windows = query_rows(reader, f"""
 SELECT count() AS windows, uniqExact(pod_uid) AS pods,
@@ -139,7 +141,7 @@ FROM pod_lifecycle FINAL WHERE {IN_CLUSTER}""")
     return round_floats([windows[0] | capacity[0] | lifecycle[0]])
 
 
-def top_consumers(reader: Reader, by: str, limit: int = 20) -> Rows:
+def top_consumers(reader: SqlReader, by: str, limit: int = 20) -> Rows:
     """GPU-hours, utilisation and cost per team, project or pod, biggest first."""
     keys = {
         "team": f"{_label('team')} AS team",
@@ -161,7 +163,7 @@ ORDER BY gpu_hours DESC, {group}
 LIMIT {int(limit)}"""))
 
 
-def idle_by_team_and_class(reader: Reader) -> Rows:
+def idle_by_team_and_class(reader: SqlReader) -> Rows:
     """Idle GPU-hours by team and why: no process at all, VRAM held but no compute, or partly idle windows.
 
     Gaps in the data are reported separately (missing data is never idle).
@@ -179,7 +181,7 @@ GROUP BY team, idle_class
 ORDER BY idle_gpu_hours DESC, team, idle_class"""))
 
 
-def pending_distribution(reader: Reader) -> Rows:
+def pending_distribution(reader: SqlReader) -> Rows:
     """How long GPU pods waited to be scheduled, in buckets, from the lifecycle records."""
     return round_floats(query_rows(reader, f"""
 SELECT multiIf(pending_s < 60, '< 1m', pending_s < 300, '1-5m', pending_s < 900, '5-15m',
@@ -192,7 +194,7 @@ GROUP BY bucket
 ORDER BY bucket_floor_s"""))
 
 
-def pending_reasons(reader: Reader, limit: int = 20) -> Rows:
+def pending_reasons(reader: SqlReader, limit: int = 20) -> Rows:
     """Why pods waited: the reasons on lifecycle records, with the scheduler's failure events."""
     return round_floats(query_rows(reader, f"""
 SELECT reason, sum(pods) AS pods, sum(pending_hours) AS pending_hours, sum(events) AS scheduler_events
@@ -209,7 +211,7 @@ ORDER BY pending_hours DESC, scheduler_events DESC, reason
 LIMIT {int(limit)}"""))
 
 
-def fragmentation_over_time(reader: Reader) -> Rows:
+def fragmentation_over_time(reader: SqlReader) -> Rows:
     """Per hour: free GPUs, the largest free block, stranded GPUs and pending GPU demand."""
     return round_floats(query_rows(reader, f"""
 SELECT toStartOfHour(window_start) AS hour, count() AS windows,
@@ -224,7 +226,7 @@ GROUP BY hour
 ORDER BY hour"""))
 
 
-def nodes_to_scale_down(reader: Reader, limit: int = 20) -> Rows:
+def nodes_to_scale_down(reader: SqlReader, limit: int = 20) -> Rows:
     """Nodes whose GPUs sat unallocated, with the cost burned (unallocated GPU-hours x list price)."""
     return round_floats(query_rows(reader, f"""
 WITH s AS (
@@ -254,7 +256,7 @@ ORDER BY unallocated_share DESC, cost_burned_usd DESC, node
 LIMIT {int(limit)}"""))
 
 
-def cost_by_team(reader: Reader) -> Rows:
+def cost_by_team(reader: SqlReader) -> Rows:
     """Cost per team and project: window cost, list-price cost, and the idle part of it."""
     return round_floats(query_rows(reader, f"""
 SELECT {_label('w.team')} AS team, {_label('w.project')} AS project,
@@ -270,7 +272,7 @@ GROUP BY team, project
 ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))
 
 
-def cost_per_unit_of_work(reader: Reader, limit: int = 50) -> Rows:
+def cost_per_unit_of_work(reader: SqlReader, limit: int = 50) -> Rows:
     """Cost per training step and per 1k tokens for pods that report progress."""
     return round_floats(query_rows(reader, f"""
 SELECT namespace, pod, {_label('team')} AS team, {_label('project')} AS project, gpu_hours, cost_usd,
@@ -281,7 +283,7 @@ ORDER BY cost_usd DESC, namespace, pod
 LIMIT {int(limit)}"""), 9)
 
 
-def shared_gpu_cost(reader: Reader, limit: int = 50) -> Rows:
+def shared_gpu_cost(reader: SqlReader, limit: int = 50) -> Rows:
     """Pods on shared GPUs: request-based versus usage-based cost."""
     return round_floats(query_rows(reader, f"""
 SELECT namespace, pod, {_label('team')} AS team, requested_gpu_hours, usage_gpu_hours,
@@ -292,7 +294,7 @@ ORDER BY usage_based_cost_usd DESC, namespace, pod
 LIMIT {int(limit)}"""))
 
 
-def pods(reader: Reader) -> Rows:
+def pods(reader: SqlReader) -> Rows:
     """Per pod: GPU-hours, idle GPU-hours, utilisation and cost from its windows, and how it ended."""
     return round_floats(query_rows(reader, f"""
 WITH w AS (
@@ -313,7 +315,7 @@ FROM w LEFT JOIN l ON l.pod_uid = w.pod_uid
 ORDER BY namespace, name"""))
 
 
-def lifecycle_timeline(reader: Reader, limit: int = 200) -> Rows:
+def lifecycle_timeline(reader: SqlReader, limit: int = 200) -> Rows:
     """GPU pods from creation to end: when they were scheduled, started, finished, and what they cost."""
     return round_floats(query_rows(reader, f"""
 SELECT namespace, name, {_label('team')} AS team, {_label('project')} AS project, node, gpus, gpu_model,
@@ -326,7 +328,7 @@ ORDER BY created_at, namespace, name
 LIMIT {int(limit)}"""))
 
 
-def alerts_by_type(reader: Reader) -> Rows:
+def alerts_by_type(reader: SqlReader) -> Rows:
     """Alert counts per type: how many fired, are still firing, and their mean duration."""
     return round_floats(query_rows(reader, f"""
 SELECT alert_type AS type, count() AS alerts, countIf(current_state = 'firing') AS still_firing,
@@ -337,16 +339,16 @@ GROUP BY type
 ORDER BY alerts DESC, type"""))
 
 
-def reclaimable_capacity(reader: Reader, thresholds: AdviseThresholds | None = None) -> Rows:
+def reclaimable_capacity(reader: SqlReader, thresholds: AdviseThresholds | None = None) -> Rows:
     """The reclaimable-capacity advisor (``gpulens advise``, docs/advise.md) as one table: the headline,
     then each recommendation with its GPU-hours and money."""
     from common.settings import AdviseThresholds
-    from sinks.advise import advice_rows, advise  # builds on this module's reader and queries
+    from reports.advise import advice_rows, advise  # builds on this module's reader and queries
 
     return advice_rows(advise(reader, thresholds or AdviseThresholds()))
 
 
-ANALYSES: dict[str, Callable[[Reader], Rows]] = {
+ANALYSES: dict[str, Callable[[SqlReader], Rows]] = {
     "summary": summary,
     "top_teams": lambda r: top_consumers(r, "team"),
     "top_projects": lambda r: top_consumers(r, "project"),
@@ -386,7 +388,7 @@ TITLES: dict[str, str] = {
 }
 
 
-def run_report(reader: Reader, sections: list[str] | None = None,
+def run_report(reader: SqlReader, sections: list[str] | None = None,
                advise_thresholds: AdviseThresholds | None = None, cluster: str | None = None) -> dict[str, Rows]:
     """Every analysis (or the named ones), in display order, of ``cluster`` (see :func:`scoped`); the
     advisor's section with ``advise_thresholds`` (its defaults when None)."""

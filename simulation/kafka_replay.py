@@ -11,7 +11,7 @@ driver knows nothing about replays: the demo uses it at wall-clock pace.
 ``gpulens worker`` child processes of one consumer group (``watermark_source=control``, each with
 its own data dir, log and static member id), the driver, a wait for the workers' ``done`` marker,
 then the output topics are read back and turned into FORMAT.md's report by the same
-:func:`gpulens.replay.build_report` as in-process. Outputs are read deduplicated by their
+:func:`simulation.replay.build_report` as in-process. Outputs are read deduplicated by their
 deterministic ids (at-least-once transport may deliver one twice after a worker restart). A
 :class:`ChaosPlan` kills, adds and removes workers and stops the broker while the driver sends.
 """
@@ -36,12 +36,9 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from common.errors import UserError
 from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
-from gpulens.errors import UserError
-from gpulens.replay import DEFAULT_LATENESS_S, build_report, engine_config
-from gpulens.scenario import Scenario
-from gpulens.simulator import FleetSimulator, Tick
 from schemas.codec import MessageError, decode
 from schemas.messages import Message
 from schemas.topics import (
@@ -50,13 +47,17 @@ from schemas.topics import (
     CLUSTER_CAPACITY,
     DEADLETTER,
     INTERNAL_CONTROL,
-    INTERNAL_NODE_INPUTS,
-    INTERNAL_TOPICS,
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
+    internal_topics,
 )
+from simulation.fleet_state import Tick
+from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
+from simulation.scenario import Scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.offsets import EXIT_STALLED
+from stream_jobs.watermark import Mark
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
 DEFAULT_NODE_PARTITIONS = 4
@@ -106,9 +107,9 @@ class KafkaFleetDriver:
             raise RuntimeError(f"could not deliver to Kafka ({left} queued, failed: {sorted(set(self._failed))})")
 
     def _mark(self, ts: datetime, end: bool) -> dict[str, Any]:
-        mark = {"k": "m", "seq": self._next_seq(), "ts": _epoch(ts), "off": dict(self._offsets), "end": end}
-        self._produce(self.control_topic, None, orjson.dumps(mark))
-        return mark
+        mark = Mark(seq=self._next_seq(), ts=_epoch(ts), offsets=dict(self._offsets), end=end)
+        self._produce(self.control_topic, None, mark.encode())
+        return mark.to_dict()
 
     def send_tick(self, tick: Tick) -> dict[str, Any]:
         """Produce the tick's records, wait for their delivery, then write its mark."""
@@ -304,10 +305,7 @@ class KafkaReplay:
             worker.start()
 
     def create_topics(self) -> None:
-        internal = [spec if spec.suffix != INTERNAL_NODE_INPUTS.suffix else
-                    TopicSpec(spec.suffix, spec.key, spec.message, self.node_partitions, spec.cleanup_policy,
-                              spec.retention_ms, spec.description) for spec in INTERNAL_TOPICS]
-        ensure_topics(self.kafka, [*ALL_TOPICS, *internal], self.prefix)
+        ensure_topics(self.kafka, [*ALL_TOPICS, *internal_topics(self.node_partitions)], self.prefix)
 
     def ticks(self) -> list[Tick]:
         return list(self.simulator.run())

@@ -1,12 +1,12 @@
 """Time series and per-pod rows the HTML report plots, beside the canned analyses.
 
-``sinks.analyses`` answers the report's questions as totals (per team, per class, per hour);
+``reports.analyses`` answers the report's questions as totals (per team, per class, per hour);
 charts over time need finer, evenly spaced buckets whose size follows the span of the data (a
 30-minute replay and a month of production data should both give a readable line). Each function
 here is one SQL query over the sink's tables, the same on chDB and on a server, through the same
-:class:`~sinks.analyses.Reader` protocol, and returns plain JSON-friendly rows.
+:class:`~reports.analyses.SqlReader` protocol, and returns plain JSON-friendly rows.
 
-Conventions follow ``sinks.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
+Conventions follow ``reports.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
 team, UTC ISO timestamps. GPU counts are time-averaged over the part of the bucket the data covers
 (GPU-seconds / covered seconds, with ``covered_s`` in each row): a bucket the data only partly
 covers (the first and last of a series, a replay shorter than a bucket) shows the fleet as it was in
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sinks.analyses import IN_CLUSTER, Reader, Rows, query_rows, round_floats
+from reports.analyses import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)
@@ -38,7 +38,7 @@ def _epoch(value: str | None) -> float | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def data_span(reader: Reader) -> Rows:
+def data_span(reader: SqlReader) -> Rows:
     """First and last instant covered by pod windows and capacity windows (one row; None when empty)."""
     return query_rows(reader, f"""
 SELECT minOrNull(start) AS first_at, maxOrNull(end) AS last_at
@@ -58,7 +58,7 @@ def bucket_for_span(span_s: float, max_points: int = 120) -> int:
     return NICE_BUCKETS_S[-1]
 
 
-def choose_bucket_s(reader: Reader, max_points: int = 120) -> int:
+def choose_bucket_s(reader: SqlReader, max_points: int = 120) -> int:
     span = data_span(reader)
     first, last = (_epoch(span[0]["first_at"]), _epoch(span[0]["last_at"])) if span else (None, None)
     if first is None or last is None:
@@ -66,7 +66,7 @@ def choose_bucket_s(reader: Reader, max_points: int = 120) -> int:
     return bucket_for_span(last - first, max_points)
 
 
-def utilisation_by_team(reader: Reader, bucket_s: int) -> Rows:
+def utilisation_by_team(reader: SqlReader, bucket_s: int) -> Rows:
     """Per time bucket and team: GPUs allocated, busy and idle (time-averaged), SM utilisation, cost.
 
     ``avg_sm_util_pct`` is weighted by allocated seconds and ignores windows without a reading, so a
@@ -92,7 +92,7 @@ GROUP BY bucket, team_label
 ORDER BY bucket, team_label""", {"bucket_s": int(bucket_s)}))
 
 
-def capacity_over_time(reader: Reader, bucket_s: int) -> Rows:
+def capacity_over_time(reader: SqlReader, bucket_s: int) -> Rows:
     """Per time bucket: fleet GPUs by state (time-averaged), stranded GPUs (peak and average), pending demand.
 
     Stranded GPUs are free GPUs that no pending pod can use because they are spread over nodes
@@ -119,7 +119,7 @@ GROUP BY bucket
 ORDER BY bucket""", {"bucket_s": int(bucket_s)}))
 
 
-def longest_waiting_pods(reader: Reader, limit: int = 15) -> Rows:
+def longest_waiting_pods(reader: SqlReader, limit: int = 15) -> Rows:
     """The GPU pods that waited longest to be scheduled (then the earliest), with their whole lifecycle."""
     return round_floats(query_rows(reader, f"""
 SELECT namespace, name, if(team = '', '(none)', team) AS team, node, gpus, created_at, scheduled_at,
@@ -132,7 +132,7 @@ LIMIT {int(limit)}"""))
 
 
 
-def pod_vram_peaks(reader: Reader, limit: int = 40) -> Rows:
+def pod_vram_peaks(reader: SqlReader, limit: int = 40) -> Rows:
     """Per pod: the VRAM it used at its peak and at its 95th percentile window, against the memory of
     the GPUs it held (NVML's total from the samples, else the node's advertised GPU memory: raw samples
     expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
@@ -156,7 +156,7 @@ ORDER BY gpu_hours DESC, namespace, pod
 LIMIT {int(limit)}"""))
 
 
-def firing_alerts(reader: Reader, limit: int = 200) -> Rows:
+def firing_alerts(reader: SqlReader, limit: int = 200) -> Rows:
     """Alerts whose last transition is ``firing``, most severe and oldest first, with their age at the
     end of the data (the store's latest window, not the wall clock: a replayed or demo history is dated
     in the past or the future)."""

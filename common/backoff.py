@@ -1,7 +1,9 @@
-"""Retry schedule for the watcher: exponential, jittered, capped.
+"""The one retry schedule: exponential, jittered, capped. The watcher's informers, the sink
+while ClickHouse is down, the alert forwarder and the agent's source re-initialisation (without
+jitter) all wait by it.
 
-A watcher that retries in a tight loop hammers an API server that is already struggling, and many
-watchers retrying in lock-step make it worse; so each failure doubles the wait (from ``base_s``),
+A client that retries in a tight loop hammers an API server that is already struggling, and many
+clients retrying in lock-step make it worse; so each failure doubles the wait (from ``base_s``),
 a random factor in ``[1 - jitter, 1]`` spreads clients apart, and ``cap_s`` (about 30 s) bounds
 how stale we get once the server is back. The schedule is a pure function of the attempt number
 and a random source, so tests check it directly.

@@ -23,16 +23,14 @@ right-size takes the freed whole GPUs out of pack, scale-to-zero counts unalloca
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.settings import AdviseThresholds
-from sinks.analyses import IN_CLUSTER, Reader, query_rows
+from reports.analyses import IN_CLUSTER, SqlReader, query_rows
+from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 
-GIB = 1024**3
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
 
@@ -40,85 +38,10 @@ POOL_LABELS = ("pool", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool",
                "kubernetes.azure.com/agentpool", "agentpool")
 """Node labels that name a node pool, first found wins; without one a node's pool is its GPU model."""
 
-EPS = 1e-9
 
 
-@dataclass(frozen=True)
-class MigProfile:
-    name: str
-    compute_slices: int
-    memory_slices: int
-    compute_of: int
-    memory_of: int
 
-    @property
-    def gpu_fraction(self) -> float:
-        """The share of the GPU the profile takes when packed: the larger of its compute and memory shares."""
-        return max(self.compute_slices / self.compute_of, self.memory_slices / self.memory_of)
-
-    def memory_bytes(self, gpu_memory_bytes: float) -> float:
-        return gpu_memory_bytes * self.memory_slices / self.memory_of
-
-
-_MIG_7 = ((1, 1), (1, 2), (2, 2), (3, 4), (4, 4), (7, 8))
-"""(compute slices of 7, memory slices of 8) of the A100/H100/H200/B200 family's MIG profiles."""
-_MIG_4 = ((1, 1), (2, 2), (4, 4))
-"""(compute slices of 4, memory slices of 4) of the A30's MIG profiles."""
-MIG_FAMILIES: tuple[tuple[str, tuple[tuple[int, int], ...], int, int], ...] = (
-    ("A30", _MIG_4, 4, 4),
-    ("A100", _MIG_7, 7, 8), ("A800", _MIG_7, 7, 8), ("H100", _MIG_7, 7, 8), ("H800", _MIG_7, 7, 8),
-    ("H200", _MIG_7, 7, 8), ("H20", _MIG_7, 7, 8), ("GB200", _MIG_7, 7, 8), ("B200", _MIG_7, 7, 8),
-)
-"""Model-name substring -> MIG profile shapes (compute slices, memory slices, of how many); first match wins."""
-
-
-def mig_table(model: str, gpu_memory_bytes: float) -> list[MigProfile]:
-    """The MIG profiles of a GPU model, smallest first, named like NVIDIA's (``1g.10gb`` on an 80 GB GPU:
-    1 compute slice, one eighth of the memory); empty for models without MIG."""
-    for family, shapes, compute_of, memory_of in MIG_FAMILIES:
-        if family in model:
-            gb = gpu_memory_bytes / GIB
-            return [MigProfile(f"{c}g.{math.floor(gb * m / memory_of + 0.5)}gb", c, m, compute_of, memory_of)
-                    for c, m in shapes]
-    return []
-
-
-@dataclass
-class Demand:
-    """What one pod needs per time bucket: whole GPUs, or a fraction of one GPU."""
-
-    whole_gpus: int = 0
-    fraction: float = 0.0
-
-
-@dataclass
-class PodEvidence:
-    pod_uid: str
-    namespace: str
-    pod: str
-    team: str
-    project: str
-    node: str
-    pool: str
-    gpu_model: str
-    owner: str
-    gang: str
-    gpus: int
-    share: float
-    gpu_memory_bytes: float | None
-    usd_per_gpu_hour: float
-    active_s: float = 0.0
-    active_windows: int = 0
-    sm_pct: list[float | None] = field(default_factory=list)
-    """Per GPU: the percentile of the per-window SM peaks over the pod's active windows (None: no reading)."""
-    peak_sm_pct: float | None = None
-    peak_mem_bytes: list[int] = field(default_factory=list)
-    """Per GPU: the peak VRAM over the pod's active windows."""
-    pct_mem_bytes: float = 0.0
-    last_busy: str | None = None
-
-
-def _period(reader: Reader, since_s: float) -> tuple[datetime, datetime] | None:
+def _period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
     rows = query_rows(reader, f"""
 SELECT maxOrNull(e) AS data_end FROM (
     SELECT max(window_end) AS e FROM pod_windows WHERE {IN_CLUSTER}
@@ -135,10 +58,6 @@ def _ts(value: Any) -> datetime:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _sql_ts(value: datetime) -> str:
@@ -158,7 +77,7 @@ def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, di
     return where, params
 
 
-def _nodes(reader: Reader) -> dict[str, dict[str, Any]]:
+def _nodes(reader: SqlReader) -> dict[str, dict[str, Any]]:
     rows = query_rows(reader, f"""
 SELECT node, argMax(labels, ts) AS labels, argMax(gpu_memory_bytes, ts) AS gpu_memory_bytes,
        argMax(gpu_product, ts) AS gpu_product
@@ -174,7 +93,7 @@ def _pool(node: dict[str, Any] | None, model: str) -> str:
     return model or "(unknown model)"
 
 
-def _evidence(reader: Reader, start: datetime, team: str | None, cfg: AdviseThresholds,
+def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds,
               nodes: dict[str, dict[str, Any]]) -> dict[str, PodEvidence]:
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
@@ -222,72 +141,12 @@ FROM pod_states WHERE {IN_CLUSTER} GROUP BY uid""")}
         ev.peak_mem_bytes.append(int(r["peak_mem"] or 0))
         ev.pct_mem_bytes = max(ev.pct_mem_bytes, float(r["pct_mem"] or 0.0))
         if r["busy_windows"]:
-            last = _iso(_ts(r["last_busy"]))
+            last = iso_utc(_ts(r["last_busy"]))
             ev.last_busy = max(ev.last_busy or last, last)
     return pods
 
 
-@dataclass
-class RightSize:
-    demand: Demand
-    recommendation: str
-    kind: str
-    """``fewer_gpus``, ``mig`` or ``time_slice``."""
-    confidence: str
-
-
-def right_size(ev: PodEvidence, cfg: AdviseThresholds) -> RightSize | None:
-    """A smaller unit for the pod, or None (too little evidence, a gang member, or nothing smaller fits)."""
-    if ev.gang or ev.active_s + EPS < cfg.min_evidence_s:
-        return None
-    confidence = "high" if ev.active_s >= 4 * cfg.min_evidence_s else "medium"
-    headroom = 1 + cfg.headroom_pct / 100
-    used = sum(1 for sm, mem in zip(ev.sm_pct, ev.peak_mem_bytes, strict=True)
-               if mem > 0 or (sm is not None and sm >= cfg.idle_util_pct))
-    if ev.gpus > 1:
-        keep = max(used, 1)
-        if keep < ev.gpus:
-            return RightSize(Demand(whole_gpus=keep), f"{keep} GPU{'s' if keep > 1 else ''} instead of {ev.gpus}",
-                             "fewer_gpus", confidence)
-        return None
-    sm = ev.sm_pct[0]
-    if sm is None or ev.gpu_memory_bytes is None:
-        return None  # no SM reading (MIG device, no process stats) or unknown memory: no fractional advice
-    need_mem = ev.peak_mem_bytes[0] * headroom
-    need_sm = min(sm * headroom / 100, 1.0)
-    for profile in mig_table(ev.gpu_model, ev.gpu_memory_bytes):
-        fits = (profile.memory_bytes(ev.gpu_memory_bytes) + EPS >= need_mem
-                and profile.compute_slices / profile.compute_of + EPS >= need_sm)
-        if fits and profile.gpu_fraction < ev.share - EPS:
-            return RightSize(Demand(fraction=profile.gpu_fraction),
-                             f"MIG {profile.name} instead of a whole GPU", "mig", confidence)
-        if fits:
-            return None
-    if mig_table(ev.gpu_model, ev.gpu_memory_bytes):
-        return None
-    share = math.ceil(max(need_mem / ev.gpu_memory_bytes, need_sm) * 20 - EPS) / 20
-    if share < ev.share - EPS:
-        return RightSize(Demand(fraction=share),
-                         f"a {share:.0%} time-sliced share instead of {ev.share:.0%} of a GPU", "time_slice",
-                         confidence)
-    return None
-
-
-def first_fit_decreasing(fractions: list[tuple[float, float, str]]) -> list[tuple[float, float, list[str]]]:
-    """Pack (fraction of a GPU, seconds present, pod) items onto GPUs, largest first, each into the first
-    GPU with room; returns the GPUs as (fraction used, seconds needed = longest item present, pods)."""
-    bins: list[tuple[float, float, list[str]]] = []
-    for fraction, present_s, pod in sorted(fractions, key=lambda item: (-item[0], item[2])):
-        for i, (used, seconds, pods) in enumerate(bins):
-            if used + fraction <= 1 + EPS:
-                bins[i] = (used + fraction, max(seconds, present_s), [*pods, pod])
-                break
-        else:
-            bins.append((fraction, present_s, [pod]))
-    return bins
-
-
-def advise(reader: Reader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
+def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
     """The advisor's findings as plain, JSON-friendly data (see the module docstring and docs/advise.md)."""
     period = _period(reader, cfg.since_s)
     if period is None:
@@ -314,9 +173,9 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
         b["busy_s"] += float(r["busy_s"])
         b["peak_mem"] = max(b["peak_mem"], float(r["peak_mem"]))
 
-    reclaim_rows, reclaimed = _reclaim(pods, per_pod, cfg)
+    reclaim_rows, reclaimed = reclaimable_by_pod(pods, per_pod, cfg)
     sized = {uid: rs for uid, ev in pods.items() if (rs := right_size(ev, cfg)) is not None}
-    right_rows, pack_rows, pod_hours = _pack(pods, per_pod, reclaimed, sized, cfg)
+    right_rows, pack_rows, pod_hours = pack_pods(pods, per_pod, reclaimed, sized, cfg)
     capacity = _capacity(reader, start)
     scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
     queue_rows = _queue(reader, start, end, team)
@@ -355,12 +214,20 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
         "queue_delayed_gpu_hours": sum(r["delayed_gpu_hours"] for r in queue_rows),
     }
     return _rounded({
-        "period": {"start": _iso(start), "end": _iso(end), "team": team},
-        "headline": headline, "headline_text": headline_text(headline, team),
+        "period": {"start": iso_utc(start), "end": iso_utc(end), "team": team},
+        "headline": headline, "headline_text": _too_short(span_h, reclaimable_h, cfg) or headline_text(headline, team),
         "thresholds": cfg.model_dump(),
         "reclaim": reclaim_rows, "scale_to_zero": scale_rows, "right_size": right_rows, "pack": pack_rows,
         "queue": queue_rows, "totals": totals,
     })
+
+
+def _too_short(span_h: float, reclaimable_h: float, cfg: AdviseThresholds) -> str | None:
+    """Why a zero headline means nothing yet: the data covers less than the evidence the advisor asks."""
+    if reclaimable_h > EPS or span_h * 3600 + EPS >= cfg.min_evidence_s:
+        return None
+    return (f"not enough history yet: {span_h * 60:.0f} min of data, the advisor needs "
+            f"{cfg.min_evidence_s / 60:.0f} min of evidence (--min-evidence) before it names reclaimable GPUs")
 
 
 def headline_text(headline: dict[str, float] | None, team: str | None = None) -> str:
@@ -377,113 +244,7 @@ def pack_text(headline: dict[str, float]) -> str:
             "from pods")
 
 
-def _reclaim(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
-             cfg: AdviseThresholds) -> tuple[list[dict[str, Any]], set[tuple[str, int]]]:
-    rows: list[dict[str, Any]] = []
-    reclaimed: set[tuple[str, int]] = set()
-    step = int(cfg.bucket_s)
-    for uid, by_bucket in per_pod.items():
-        ev = pods[uid]
-        runs: list[list[int]] = []
-        for b in sorted(by_bucket):
-            if by_bucket[b]["busy_s"] > 0:
-                continue
-            if runs and runs[-1][-1] + step == b:
-                runs[-1].append(b)
-            else:
-                runs.append([b])
-        taken = [b for run in runs if sum(by_bucket[b]["present_s"] for b in run) + EPS >= cfg.idle_stretch_s
-                 for b in run]
-        if not taken:
-            continue
-        reclaimed.update((uid, b) for b in taken)
-        hours = sum(by_bucket[b]["held_s"] for b in taken) / 3600
-        vram = max(by_bucket[b]["peak_mem"] for b in taken)
-        rows.append({
-            "namespace": ev.namespace, "pod": ev.pod, "owner": ev.owner, "team": ev.team, "node": ev.node,
-            "gpus": ev.gpus, "idle_class": "vram_held" if vram > 0 else "no_process", "idle_vram_bytes": vram,
-            "idle_since": _iso(datetime.fromtimestamp(min(taken), UTC)), "last_busy": ev.last_busy,
-            "gpu_hours": hours, "cost_usd": hours * ev.usd_per_gpu_hour,
-        })
-    rows.sort(key=lambda r: (-r["gpu_hours"], r["namespace"], r["pod"]))
-    return rows, reclaimed
-
-
-def _pod_demand(ev: PodEvidence, rs: RightSize | None) -> Demand:
-    if rs is not None:
-        return rs.demand
-    if ev.share < 1 - EPS and ev.gpus == 1:
-        return Demand(fraction=ev.share)
-    return Demand(whole_gpus=ev.gpus)
-
-
-def _pack(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
-          reclaimed: set[tuple[str, int]], sized: dict[str, RightSize], cfg: AdviseThresholds,
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
-    freed_by_pod: dict[str, float] = defaultdict(float)
-    pools: dict[str, dict[str, Any]] = {}
-    held_h = held_usd = 0.0
-    items: dict[tuple[str, int], list[tuple[str, float, float, Demand]]] = defaultdict(list)
-    for uid, by_bucket in per_pod.items():
-        ev = pods[uid]
-        demand = _pod_demand(ev, sized.get(uid))
-        for b, figures in by_bucket.items():
-            held_h += figures["held_s"] / 3600
-            held_usd += figures["held_s"] / 3600 * ev.usd_per_gpu_hour
-            if (uid, b) in reclaimed:
-                continue
-            items[(ev.pool, b)].append((uid, figures["held_s"], figures["present_s"], demand))
-    for (pool, _b), entries in sorted(items.items()):
-        acc = pools.setdefault(pool, {"held_s": 0.0, "right_size_s": 0.0, "needed_s": 0.0, "usd": 0.0,
-                                      "pods": set(), "packed": set()})
-        fractions = []
-        for uid, held_s, present_s, demand in entries:
-            ev = pods[uid]
-            acc["held_s"] += held_s
-            acc["pods"].add(uid)
-            acc["usd"] = ev.usd_per_gpu_hour
-            if demand.whole_gpus:
-                freed = held_s * (ev.gpus - demand.whole_gpus) / ev.gpus if demand.whole_gpus < ev.gpus else 0.0
-                freed_by_pod[uid] += freed
-                acc["right_size_s"] += freed
-                acc["needed_s"] += demand.whole_gpus * present_s
-            else:
-                fractions.append((demand.fraction, present_s, uid))
-        for _used, seconds, members in first_fit_decreasing(fractions):
-            acc["needed_s"] += seconds
-            if len(members) > 1:
-                acc["packed"].update(members)
-    right_rows: list[dict[str, Any]] = []
-    for uid, rs in sorted(sized.items(), key=lambda kv: (pods[kv[0]].namespace, pods[kv[0]].pod)):
-        ev = pods[uid]
-        freed = freed_by_pod.get(uid, 0.0) / 3600
-        right_rows.append({
-            "namespace": ev.namespace, "pod": ev.pod, "owner": ev.owner, "team": ev.team, "node": ev.node,
-            "gpu_model": ev.gpu_model, "gpus": ev.gpus, "recommendation": rs.recommendation, "kind": rs.kind,
-            "unit_gpus": rs.demand.whole_gpus or rs.demand.fraction,
-            "evidence_hours": ev.active_s / 3600, "evidence_windows": ev.active_windows,
-            "percentile": cfg.percentile, "percentile_sm_pct_per_gpu": ev.sm_pct, "peak_sm_pct": ev.peak_sm_pct,
-            "peak_vram_bytes_per_gpu": ev.peak_mem_bytes, "percentile_vram_bytes": ev.pct_mem_bytes,
-            "gpu_memory_bytes": ev.gpu_memory_bytes, "confidence": rs.confidence,
-            "freed_gpu_hours": freed, "freed_cost_usd": freed * ev.usd_per_gpu_hour,
-            "freed_in": "right_size" if rs.demand.whole_gpus else "pack",
-        })
-    right_rows.sort(key=lambda r: (-r["freed_gpu_hours"], r["namespace"], r["pod"]))
-    pack_rows = []
-    for pool, acc in sorted(pools.items()):
-        freed_h = max(0.0, acc["held_s"] - acc["right_size_s"] - acc["needed_s"]) / 3600
-        pack_rows.append({
-            "pool": pool, "pods": len(acc["pods"]),
-            "held_gpu_hours": acc["held_s"] / 3600, "right_size_gpu_hours": acc["right_size_s"] / 3600,
-            "needed_gpu_hours": acc["needed_s"] / 3600, "freed_gpu_hours": freed_h,
-            "freed_cost_usd": freed_h * acc["usd"],
-            "packed_pods": sorted(f"{pods[u].namespace}/{pods[u].pod}" for u in acc["packed"]),
-        })
-    pack_rows.sort(key=lambda r: (-r["freed_gpu_hours"], r["pool"]))
-    return right_rows, pack_rows, {"held_gpu_hours": held_h, "held_cost_usd": held_usd}
-
-
-def _capacity(reader: Reader, start: datetime) -> dict[str, float]:
+def _capacity(reader: SqlReader, start: datetime) -> dict[str, float]:
     cap = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_start, window_end) / 1000)) / 3600
            AS capacity_gpu_hours,
@@ -507,7 +268,7 @@ _PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gp
           "FROM gpu_prices GROUP BY gpu_model)")
 
 
-def _scale_to_zero(reader: Reader, start: datetime, cfg: AdviseThresholds,
+def _scale_to_zero(reader: SqlReader, start: datetime, cfg: AdviseThresholds,
                    nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     rows = query_rows(reader, f"""
 SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.mig_parent_uuid = '') AS gpus,
@@ -532,14 +293,14 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
         node = nodes.get(r["node"])
         labels = (node or {}).get("labels") or {}
         out.append({"node": r["node"], "pool": _pool(node, r["gpu_model"]), "gpu_model": r["gpu_model"],
-                    "gpus": int(r["gpus"]), "first_seen": _iso(_ts(r["first_seen"])),
-                    "last_seen": _iso(_ts(r["last_seen"])), "gpu_hours": float(r["gpu_hours"]),
+                    "gpus": int(r["gpus"]), "first_seen": iso_utc(_ts(r["first_seen"])),
+                    "last_seen": iso_utc(_ts(r["last_seen"])), "gpu_hours": float(r["gpu_hours"]),
                     "cost_usd": float(r["gpu_hours"]) * float(r["usd_per_gpu_hour"]),
                     "labels": {k: v for k, v in sorted(labels.items()) if k in POOL_LABELS}})
     return out
 
 
-def _queue(reader: Reader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
+def _queue(reader: SqlReader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
 WITH toDateTime64({{end:String}}, 3, 'UTC') AS data_end,
@@ -566,11 +327,11 @@ ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": _sql_ts(start),
                                                         **({"team": team} if team is not None else {})})
     return [{
         "namespace": r["namespace"], "pod": r["pod"], "team": _label(r["team"]), "gpus": int(r["gpus"]),
-        "created_at": _iso(_ts(r["created_at"])),
-        "scheduled_at": _iso(_ts(r["scheduled_at"])) if r["scheduled_at"] else None,
+        "created_at": iso_utc(_ts(r["created_at"])),
+        "scheduled_at": iso_utc(_ts(r["scheduled_at"])) if r["scheduled_at"] else None,
         "pending_s": float(r["pending_s"]), "fragmented_pending_s": float(r["fragmented_pending_s"]),
         "delayed_gpu_hours": int(r["gpus"]) * float(r["fragmented_pending_s"]) / 3600,
-        "defrag_would_place_at": _iso(_ts(r["first_fragmented_at"])),
+        "defrag_would_place_at": iso_utc(_ts(r["first_fragmented_at"])),
         "free_gpus": int(r["free_gpus"]), "largest_free_block": int(r["largest_free_block"]),
         "gpus_to_move": int(r["gpus"]) - int(r["largest_free_block"]),
     } for r in rows]

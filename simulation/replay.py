@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from gpulens.fragmentation_report import mig_report, shared_report
-from gpulens.scenario import Scenario
-from gpulens.simulator import FleetSimulator, Tick
 from schemas.messages import Alert, ClusterCapacity, DeadLetter, Message, PodLifecycle, PodWindow
+from simulation.fleet_state import Tick
+from simulation.fragmentation_report import mig_report, shared_report
+from simulation.scenario import Scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.alerts import TYPE_ORDER
 from stream_jobs.config import EngineConfig
 from stream_jobs.pipeline import LocalPipeline

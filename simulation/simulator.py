@@ -23,17 +23,9 @@ from __future__ import annotations
 import hashlib
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from gpulens.mig_layouts import (
-    MAX_INSTANCES_PER_GPU,
-    fake_devices,
-    relayout_slots,
-    slot_resources,
-)
-from gpulens.scenario import OWNER_API_VERSIONS, NodeSpec, PodSpec, Scenario, WorkloadSpec, step_value
 from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
@@ -49,8 +41,17 @@ from producers.watcher.translate import (
 from producers.watcher.vram import VRAM_ANNOTATION
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
-from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, PodState, WorkloadProgress, scoped_key
+from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
+from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
+from simulation.mig_layouts import (
+    MAX_INSTANCES_PER_GPU,
+    fake_devices,
+    relayout_slots,
+    slot_resources,
+)
+from simulation.scenario import NodeSpec, Scenario, step_value
+from simulation.scenario_file import OWNER_API_VERSIONS
 
 GIB = 2**30
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -67,70 +68,6 @@ def _iso(ts: datetime) -> str:
     return ts.isoformat().replace("+00:00", "Z")
 
 
-@dataclass
-class Record:
-    """One Kafka record as a producer would send it (``value`` None = tombstone)."""
-
-    topic: str
-    key: str | None
-    value: bytes | None
-
-
-@dataclass
-class Tick:
-    offset_s: float
-    ts: datetime
-    records: list[Record]
-
-
-@dataclass
-class _Node:
-    spec: NodeSpec
-    uid: str
-    nvml: FakeNvml
-    gpus: list[FakeGpu]
-    resources: StaticPodResources
-    sampler: NodeSampler
-    slots: list[int | None]
-    """Schedulable unit -> index of the pod holding it."""
-    removed: bool = False
-    state: Any = None
-    slot_res: list[str | None] | None = None
-    """A ``mig_layout`` node: the resource of each slot (None: no instance there)."""
-
-
-@dataclass
-class _Pod:
-    spec: PodSpec
-    uid: str
-    container_id: str
-    phase: str = "new"  # new | pending | running | ended
-    created: float | None = None
-    scheduled: float | None = None
-    node: str | None = None
-    slots: list[int] = field(default_factory=list)
-    end_reason: str | None = None
-    ended: float | None = None
-    deleted: bool = False
-    restarts: int = 0
-    last_message: str | None = None
-    event_count: int = 0
-    state: PodState | None = None
-
-    @property
-    def resource(self) -> str:
-        return self.spec.resource or "nvidia.com/gpu"
-
-
-@dataclass
-class _Workload:
-    spec: WorkloadSpec
-    uid: str
-    job_uid: str
-    """The suspended batch Job that owns the workload (and, once admitted, its pods)."""
-    phase: str = "new"  # new | queued | admitted | deleted
-
-
 class FleetSimulator:
     def __init__(self, scenario: Scenario, translate_config: TranslateConfig | None = None) -> None:
         self.scenario = scenario
@@ -138,23 +75,23 @@ class FleetSimulator:
         self.start_id = uuidlib.uuid4().hex
         """Fresh per start, like a real agent's boot id: two runs into one store never share a sample key."""
         self.dt = scenario.sample_interval_s
-        self.nodes: dict[str, _Node] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
-        self.pods: list[_Pod] = [
-            _Pod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
+        self.nodes: dict[str, SimNode] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
+        self.pods: list[SimPod] = [
+            SimPod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
                  hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
             for spec in scenario.pods
         ]
-        self.workloads: dict[tuple[str, str], _Workload] = {
-            (spec.namespace, spec.name): _Workload(spec, _uid(scenario.name, "workload", spec.namespace, spec.name),
+        self.workloads: dict[tuple[str, str], SimWorkload] = {
+            (spec.namespace, spec.name): SimWorkload(spec, _uid(scenario.name, "workload", spec.namespace, spec.name),
                                                    _uid(scenario.name, "job", spec.namespace, spec.name))
             for spec in scenario.workloads
         }
-        self._late: list[tuple[float, Record]] = []
+        self._late: list[tuple[float, SimulatedRecord]] = []
         self._fired_xids: set[int] = set()
 
     # ------------------------------------------------------------------ set-up
 
-    def _make_node(self, spec: NodeSpec) -> _Node:
+    def _make_node(self, spec: NodeSpec) -> SimNode:
         name = self.scenario.name
         gpus = []
         mem_total = int(spec.memory_gib * GIB)
@@ -179,14 +116,14 @@ class FleetSimulator:
         resources = StaticPodResources()
         sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
                               boot_id=_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
-        node = _Node(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+        node = SimNode(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
         if spec.mig_layout is not None:
             node.slot_res = slot_resources([g.mig_devices for g in gpus])
         return node
 
     # ------------------------------------------------------------------ Kubernetes objects
 
-    def _node_object(self, node: _Node, ts: datetime) -> dict[str, Any]:
+    def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
         spec = node.spec
         labels = {
             "kubernetes.io/hostname": spec.name,
@@ -214,7 +151,7 @@ class FleetSimulator:
             },
         }
 
-    def _pod_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         spec = pod.spec
         start = self.scenario.start
         labels = dict(spec.labels)
@@ -283,7 +220,7 @@ class FleetSimulator:
             status["containerStatuses"] = [cstatus]
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec, "status": status}
 
-    def _workload_object(self, workload: _Workload, ts: datetime) -> dict[str, Any]:
+    def _workload_object(self, workload: SimWorkload, ts: datetime) -> dict[str, Any]:
         """The Workload Kueue creates for a suspended Job, as the API server serves it."""
         spec = workload.spec
         start = self.scenario.start
@@ -319,8 +256,8 @@ class FleetSimulator:
         return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": meta,
                 "spec": {"queueName": spec.queue, "podSets": pod_sets, "active": True}, "status": status}
 
-    def _workload_records(self, t: float, ts: datetime) -> list[Record]:
-        out: list[Record] = []
+    def _workload_records(self, t: float, ts: datetime) -> list[SimulatedRecord]:
+        out: list[SimulatedRecord] = []
         for workload in self.workloads.values():
             spec = workload.spec
             before = workload.phase
@@ -337,19 +274,19 @@ class FleetSimulator:
                 continue
             if workload.phase == "deleted":
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, deleted_workload(state, ts)))
-                out.append(Record(K8S_WORKLOADS.suffix, self._key(workload.uid), None))
+                out.append(SimulatedRecord(K8S_WORKLOADS.suffix, self._key(workload.uid), None))
             else:
                 out.append(self._encode(K8S_WORKLOADS.suffix, workload.uid, state))
         return out
 
-    def _create_at(self, pod: _Pod) -> float | None:
+    def _create_at(self, pod: SimPod) -> float | None:
         """When a pod is created: its ``create``, counted from its workload's admission if it has one."""
         if pod.spec.workload is None:
             return pod.spec.create
         admit = self.workloads[(pod.spec.namespace, pod.spec.workload)].spec.admit
         return None if admit is None else admit + pod.spec.create
 
-    def _event_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _event_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         pod.event_count += 1
         spec = pod.spec
         first = self.scenario.start + timedelta(seconds=pod.created or 0.0)
@@ -373,8 +310,8 @@ class FleetSimulator:
         for i in range(sc.ticks):
             t = i * self.dt
             ts = sc.start + timedelta(seconds=t)
-            records: list[Record] = []
-            changed: list[_Pod] = []
+            records: list[SimulatedRecord] = []
+            changed: list[SimPod] = []
             if i == 0:
                 for node in self.nodes.values():
                     node_state = node_to_state(self._node_object(node, ts), ts)
@@ -396,7 +333,7 @@ class FleetSimulator:
                 pod.state = state
                 records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
                 if pod.deleted:
-                    records.append(Record(K8S_PODS.suffix, self._key(pod.uid), None))
+                    records.append(SimulatedRecord(K8S_PODS.suffix, self._key(pod.uid), None))
             for pod in failed:
                 event = event_to_message(self._event_object(pod, ts))
                 if event is not None:
@@ -408,10 +345,10 @@ class FleetSimulator:
             records.extend(due)
             while poison and poison[0].at <= t + EPS:
                 bad = poison.pop(0)
-                records.append(Record(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
+                records.append(SimulatedRecord(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
             yield Tick(t, ts, records)
 
-    def _relayouts(self, t: float, ts: datetime) -> list[Record]:
+    def _relayouts(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         """Apply the ``mig_relayout`` changes due at ``t``; a changed node's state is sent again."""
         out = []
         for node in self.nodes.values():
@@ -440,25 +377,25 @@ class FleetSimulator:
     def _key(self, key: str) -> str:
         return scoped_key(self.scenario.cluster, key)
 
-    def _encode(self, topic: str, key: str, message: Message) -> Record:
+    def _encode(self, topic: str, key: str, message: Message) -> SimulatedRecord:
         """The record of ``message`` as the scenario's cluster's agent or watcher produces it."""
         if self.scenario.cluster != DEFAULT_CLUSTER:
             message = message.model_copy(update={"cluster": self.scenario.cluster})
-        return Record(topic, self._key(key), encode(message))
+        return SimulatedRecord(topic, self._key(key), encode(message))
 
-    def _release(self, pod: _Pod) -> None:
+    def _release(self, pod: SimPod) -> None:
         if pod.node is not None:
             node = self.nodes[pod.node]
             for slot in pod.slots:
                 if node.slots[slot] == pod.spec.index:
                     node.slots[slot] = None
 
-    def _end(self, pod: _Pod, t: float, reason: str, changed: list[_Pod], deleted: bool = False) -> None:
+    def _end(self, pod: SimPod, t: float, reason: str, changed: list[SimPod], deleted: bool = False) -> None:
         self._release(pod)
         pod.phase, pod.end_reason, pod.ended, pod.deleted = "ended", reason, t, deleted
         changed.append(pod)
 
-    def _lifecycle(self, t: float, ts: datetime, changed: list[_Pod], records: list[Record]) -> None:
+    def _lifecycle(self, t: float, ts: datetime, changed: list[SimPod], records: list[SimulatedRecord]) -> None:
         for pod in self.pods:
             create = self._create_at(pod)
             if pod.phase == "new" and create is not None and create <= t + EPS:
@@ -476,12 +413,12 @@ class FleetSimulator:
                 node.removed = True
                 if node.state is not None:
                     records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
-                    records.append(Record(K8S_NODES.suffix, self._key(node.spec.name), None))
+                    records.append(SimulatedRecord(K8S_NODES.suffix, self._key(node.spec.name), None))
                 for pod in self.pods:
                     if pod.phase == "running" and pod.node == node.spec.name:
                         self._end(pod, t, "Evicted", changed)
 
-    def _schedule(self, t: float, changed: list[_Pod]) -> list[_Pod]:
+    def _schedule(self, t: float, changed: list[SimPod]) -> list[SimPod]:
         failed = []
         pending = sorted((p for p in self.pods if p.phase == "pending"), key=lambda p: (p.created, p.spec.index))
         live = [n for n in self.nodes.values() if not n.removed]
@@ -512,7 +449,7 @@ class FleetSimulator:
                     failed.append(pod)
         return failed
 
-    def _misfit(self, pod: _Pod, node: _Node, t: float) -> str | None:
+    def _misfit(self, pod: SimPod, node: SimNode, t: float) -> str | None:
         if pod.spec.node is not None and pod.spec.node != node.spec.name:
             return "node(s) didn't match Pod's node affinity/selector"
         if node.spec.unschedulable:
@@ -531,7 +468,7 @@ class FleetSimulator:
         free = sum(1 for owner in node.slots if owner is None)
         return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
 
-    def _vram_fits(self, pod: _Pod, node: _Node, slot: int, t: float) -> bool:
+    def _vram_fits(self, pod: SimPod, node: SimNode, slot: int, t: float) -> bool:
         """On a time-sliced node, whether ``slot``'s GPU has ``pod``'s declared memory free: its size
         minus its tenants' declared needs (their use where they declare none), as HAMi accounts."""
         need = pod.spec.vram_request_gib
@@ -550,7 +487,7 @@ class FleetSimulator:
             held += declared if declared is not None else used
         return node.spec.memory_gib - held >= need - 1e-9
 
-    def _crashloops(self, t: float, changed: list[_Pod]) -> None:
+    def _crashloops(self, t: float, changed: list[SimPod]) -> None:
         for pod in self.pods:
             if pod.phase == "running" and pod.spec.crashloop and pod.scheduled is not None:
                 restarts = int((t - pod.scheduled + EPS) // 60.0)
@@ -558,7 +495,7 @@ class FleetSimulator:
                     pod.restarts = restarts
                     changed.append(pod)
 
-    def _progress(self, t: float, ts: datetime) -> list[Record]:
+    def _progress(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         out = []
         for pod in self.pods:
             if pod.spec.steps_per_s is None or pod.scheduled is None:
@@ -575,7 +512,7 @@ class FleetSimulator:
 
     # ------------------------------------------------------------------ samples
 
-    def _samples(self, t: float, ts: datetime) -> list[Record]:
+    def _samples(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         sc = self.scenario
         out = []
         for node in self.nodes.values():
@@ -595,7 +532,7 @@ class FleetSimulator:
                 out.append(record)
         return out
 
-    def _apply_faults(self, node: _Node, t: float) -> None:
+    def _apply_faults(self, node: SimNode, t: float) -> None:
         for i, fault in enumerate(self.scenario.faults):
             if fault.node != node.spec.name:
                 continue
@@ -606,7 +543,7 @@ class FleetSimulator:
             if fault.lost:
                 gpu.lost = fault.at <= t + EPS and (fault.until is None or t + EPS < fault.until)
 
-    def _load(self, pod: _Pod, t: float, capacity: int, ordinal: int) -> tuple[float, int, int]:
+    def _load(self, pod: SimPod, t: float, capacity: int, ordinal: int) -> tuple[float, int, int]:
         """(util %, memory bytes, processes) of the pod's ``ordinal``-th device at ``t``."""
         spec = pod.spec
         idle_device = spec.active_gpus is not None and ordinal >= spec.active_gpus
@@ -617,7 +554,7 @@ class FleetSimulator:
         mem = min(int(step_value(spec.memory_gib, offset) * GIB), capacity)
         return util, mem, spec.processes
 
-    def _procs(self, pod: _Pod, ordinal: int, util: float, mem: int, count: int, stats: bool,
+    def _procs(self, pod: SimPod, ordinal: int, util: float, mem: int, count: int, stats: bool,
                resolver: dict[int, ContainerRef]) -> list[FakeProcess]:
         procs = []
         for j in range(count):
@@ -628,7 +565,7 @@ class FleetSimulator:
             resolver[pid] = ContainerRef(pod.container_id, pod.uid, "containerd")
         return procs
 
-    def _dress(self, node: _Node, t: float) -> None:
+    def _dress(self, node: SimNode, t: float) -> None:
         """Set the fake GPUs, the kubelet's assignments and the process map for this tick."""
         spec = node.spec
         by_index = {p.spec.index: p for p in self.pods}

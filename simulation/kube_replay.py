@@ -1,7 +1,7 @@
 """A scenario played through a real control plane, compared with the in-process replay.
 
 The in-process replay translates the simulator's Kubernetes objects with the watcher's own code;
-this plays the same scenario at real speed against a real kube-apiserver (``gpulens/kube_local.py``):
+this plays the same scenario at real speed against a real kube-apiserver (``simulation/kube_local.py``):
 the simulator's nodes (with their GPU capacity) and pods become API objects, pods are bound through
 ``pods/binding``, their status is written as a kubelet would, scheduling failures are posted as
 Events and pods with a ``delete`` time are deleted. The watcher (``WatcherService`` through the least-privilege
@@ -27,16 +27,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpulens.kube_local import LocalKube
-from gpulens.replay import ReplayResult, build_report, engine_config
-from gpulens.scenario import Scenario
-from gpulens.simulator import FleetSimulator, _Node, _Pod
 from producers.watcher.informer import SystemClock
 from producers.watcher.kube import api_client
-from producers.watcher.service import MemorySink, WatcherConfig, WatcherService, kube_sources
+from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherService, kube_sources
 from schemas.codec import decode, encode
 from schemas.messages import K8sEvent, Message, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from simulation.fleet_state import SimNode, SimPod
+from simulation.kube_local import LocalKube
+from simulation.replay import ReplayResult, build_report, engine_config
+from simulation.scenario import Scenario
+from simulation.simulator import FleetSimulator
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 
@@ -55,14 +56,14 @@ class ApiServerSimulator(FleetSimulator):
         self._status: dict[int, dict[str, Any]] = {}
         self._nodes: set[str] = set()
 
-    def _node_object(self, node: _Node, ts: datetime) -> dict[str, Any]:
+    def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
         obj = super()._node_object(node, ts)
         if node.spec.name not in self._nodes:
             self.kube.create_node(obj)
             self._nodes.add(node.spec.name)
         return obj
 
-    def _pod_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         index = pod.spec.index
         namespace, name = pod.spec.namespace, pod.spec.name
         if index not in self._created:
@@ -84,7 +85,7 @@ class ApiServerSimulator(FleetSimulator):
             self._status[index] = status
         return obj
 
-    def _event_object(self, pod: _Pod, ts: datetime) -> dict[str, Any]:
+    def _event_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         obj = super()._event_object(pod, ts)
         body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind")}
         body["metadata"] = {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"]}
@@ -131,7 +132,7 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
     simulator = ApiServerSimulator(scenario, kube)
     pipeline = LocalPipeline(engine_config(scenario))
     namespaces = tuple(sorted({pod.namespace for pod in scenario.pods}))
-    sink = MemorySink()
+    sink = WatcherMemorySink()
     api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, namespaces), sink,
                              WatcherConfig(namespaces=namespaces, watch_timeout_s=30), clock=WholeSecondClock())
@@ -175,7 +176,7 @@ def _decode(topic: str, value: bytes | None) -> Message | None:
     return decode(value, types[topic])
 
 
-def _caught_up(sink: MemorySink, wanted: dict[tuple[str, str | None], Any]) -> bool:
+def _caught_up(sink: WatcherMemorySink, wanted: dict[tuple[str, str | None], Any]) -> bool:
     latest = {(record.topic, record.key): _essence(record.message) for record in list(sink.records)}
     return all(key in latest and (key[0] == K8S_EVENTS.suffix or latest[key] == essence)
                for key, essence in wanted.items())

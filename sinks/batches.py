@@ -1,0 +1,345 @@
+"""One batch of one partition into ClickHouse, exactly once: the records a batch holds, decoding
+and pivoting them into table columns, the deduplicated inserts, and the dead letters of what cannot
+be stored (see :mod:`sinks.sink` for the rules and the consumer loop around it)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from schemas.codec import MessageError, decode, decode_plain, encode
+from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
+from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
+from sinks.clickhouse import StoreRejected
+from sinks.migrations import TTL_TABLES, TtlDays
+from sinks.rows import PLAIN_TYPES, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
+
+log = get_logger(__name__)
+
+
+class Store(Protocol):
+    """What the sink needs from ClickHouse (``sinks.clickhouse.ClickHouseStore``)."""
+
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
+               repeated_timestamps: bool = False) -> int: ...
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
+
+    def command(self, sql: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConsumedRecord:
+    """One Kafka record, detached from the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass
+class Batch:
+    topic: str
+    partition: int
+    records: list[ConsumedRecord]
+    first_offset: int
+    last_offset: int
+    replayed: bool = False
+
+    @property
+    def token(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.first_offset}-{self.last_offset}"
+
+
+@dataclass
+class FlushOutcome:
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    skipped_duplicates: int = 0
+    first_record_at: float | None = None
+    """``time.perf_counter()`` when the first record was buffered (for throughput figures)."""
+    last_commit_at: float | None = None
+
+
+class SinkMetrics:
+    def __init__(self, registry: MetricsRegistry) -> None:
+        self.rows = registry.counter("sink_rows_written_total", "Rows written per table", ("table",))
+        self.batches = registry.counter("sink_batches_total", "Batches committed per topic", ("topic",))
+        self.latency = registry.histogram(
+            "sink_batch_latency_seconds", "Decode+insert+commit time per batch", ("topic",)
+        )
+        self.errors = registry.counter("sink_errors_total", "Errors by kind", ("kind",))
+        self.dead_letters = registry.counter(
+            "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic",)
+        )
+        self.duplicates = registry.counter(
+            "sink_duplicates_skipped_total", "Records whose id was already stored", ("table",)
+        )
+        self.lag = registry.gauge("sink_consumer_lag", "Messages not yet consumed", ("topic", "partition"))
+        self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
+
+
+TTL_MARGIN = timedelta(minutes=1)
+"""Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a batch is decoded, pivoted and inserted.
+
+    A batch allocates a few objects per value and frees them by reference counting (models, rows
+    and columns hold no cycles); without the pause the collector scans every live object, the
+    batch's included, dozens of times per batch, which cost about as much as the decoding itself.
+    Memory stays bounded by the batch size; the collector runs again once the batch is written.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(record: ConsumedRecord) -> datetime:
+    if record.timestamp_ms and record.timestamp_ms > 0:
+        return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
+    return _now()
+
+
+class BatchWriter:
+    """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
+
+    def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str, ttl: TtlDays | None = None,
+                 now: Callable[[], datetime] | None = None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.prefix = topic_prefix
+        self.now = now or _now
+        ttl = ttl or TtlDays()
+        self.ttl_by_table: dict[str, tuple[str, int]] = {
+            table: (expr.removeprefix("toDateTime(").removesuffix(")"), getattr(ttl, kind))
+            for table, (expr, kind) in TTL_TABLES.items()
+        }
+        """table -> (column its TTL counts from, days)"""
+
+    def _any_expired(self, tables: dict[str, TableColumns], now: datetime) -> bool:
+        """Whether any row of the batch is old enough for its table's TTL (one ``min`` per column)."""
+        for table, columns in tables.items():
+            rule = self.ttl_by_table.get(table)
+            if rule is None:
+                continue
+            column, days = rule
+            values = columns.column(column)
+            try:
+                oldest = min(values)
+            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
+                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
+            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
+                return True
+        return False
+
+    def expired(self, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> str | None:
+        """Why the table TTL would drop one of these rows on insert (None when all are kept)."""
+        for table, row in rows:
+            rule = self.ttl_by_table.get(table)
+            if rule is None:
+                continue
+            column, days = rule
+            value = row.get(column)
+            if isinstance(value, datetime) and value + timedelta(days=days) <= now + TTL_MARGIN:
+                return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
+                        "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
+        return None
+
+    # ---------------------------------------------------------------- decode
+
+    def decode(self, record: ConsumedRecord) -> tuple[Decoded | None, str | None]:
+        """The message of one record, or the reason it goes to the dead-letter topic."""
+        spec = spec_for_name(record.topic)
+        if record.value is None:
+            if spec in (K8S_PODS, K8S_NODES):
+                key = (record.key or b"").decode(errors="replace")
+                return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
+            return None, "empty value (tombstone) on a topic that has no tombstones"
+        try:
+            if spec.message in PLAIN_TYPES:
+                return Plain(spec.message, decode_plain(record.value, spec.message)), None
+            return decode(record.value, spec.message), None
+        except MessageError as exc:
+            return None, f"invalid {spec.suffix} message: {exc}"
+
+    # ---------------------------------------------------------------- write
+
+    def plan(self, batch: Batch) -> None:
+        self.store.insert(
+            "sink_batches",
+            {
+                "topic": [batch.topic],
+                "partition": [batch.partition],
+                "first_offset": [batch.first_offset],
+                "last_offset": [batch.last_offset],
+                "planned_at": [_now()],
+            },
+            dedup_token=f"plan:{batch.token}",
+        )
+
+    def pending_plans(self, topic: str, partition: int, from_offset: int) -> list[tuple[int, int]]:
+        result = self.store.query(
+            "SELECT first_offset, last_offset FROM sink_batches "
+            "WHERE topic = {topic:String} AND partition = {partition:UInt16} AND last_offset >= {offset:UInt64} "
+            "GROUP BY first_offset, last_offset ORDER BY last_offset",
+            {"topic": topic, "partition": partition, "offset": from_offset},
+        )
+        return [(int(r[0]), int(r[1])) for r in result.rows]
+
+    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+        """Insert a batch; returns what was written and the records for the dead-letter topic.
+
+        Raises :class:`StoreUnavailable` when ClickHouse cannot be reached: nothing may be committed.
+        """
+        with _gc_paused():
+            return self._write(batch)
+
+    def _write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+        outcome = FlushOutcome()
+        rejected: list[tuple[ConsumedRecord, str]] = []
+        decoded: list[tuple[ConsumedRecord, Decoded]] = []
+        for record in batch.records:
+            message, reason = self.decode(record)
+            if reason is not None:
+                rejected.append((record, reason))
+            elif message is not None:
+                decoded.append((record, message))
+        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
+        now = self.now()
+        if self._any_expired(tables, now):
+            # rare: find the records concerned and leave them out of this batch's blocks
+            fresh: list[tuple[ConsumedRecord, Decoded]] = []
+            for record, message in decoded:
+                reason = self.expired(rows_for(message, record.partition, record.offset), now)
+                if reason is not None:
+                    rejected.append((record, reason))
+                else:
+                    fresh.append((record, message))
+            decoded = fresh
+            tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
+        outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
+        self.plan(batch)
+        written: set[str] = set()
+        try:
+            for table, columns in tables.items():
+                self.store.insert(table, columns.columns, dedup_token=batch.token, repeated_timestamps=True)
+                written.add(table)
+                outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
+        except StoreRejected as exc:
+            log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
+                        error=str(exc), tables_written=sorted(written))
+            kept = {table: tables[table] for table in tables if table not in written}
+            per_record = [(record, rows_for(message, record.partition, record.offset)) for record, message in decoded]
+            rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
+        outcome.dead_letters = len(rejected)
+        return outcome, rejected
+
+    def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
+        tables: dict[str, TableColumns] = {}
+        for table, row in rows:
+            columns = tables.get(table)
+            if columns is None:
+                columns = tables[table] = TableColumns()
+            columns.append(row)
+        return tables
+
+    def _drop_stored_windows(self, batch: Batch, tables: dict[str, TableColumns]) -> int:
+        """Remove windows whose id an earlier batch already stored (the rollups must not see them twice).
+
+        Rows of this very batch's offset range are not "earlier": a retried batch filters to the same
+        rows, so its deduplication token still matches.
+        """
+        windows = tables.get("pod_windows")
+        if windows is None or windows.n_rows == 0:
+            return 0
+        ids = windows.column("window_id")
+        starts = windows.column("window_start")
+        result = self.store.query(
+            "SELECT DISTINCT window_id FROM pod_windows "
+            "WHERE window_start >= {lo:DateTime64(3, 'UTC')} AND window_start <= {hi:DateTime64(3, 'UTC')} "
+            "AND window_id IN {ids:Array(String)} "
+            "AND NOT (kafka_partition = {p:UInt16} AND kafka_offset BETWEEN {first:UInt64} AND {last:UInt64})",
+            {
+                "lo": min(starts), "hi": max(starts), "ids": sorted(set(ids)),
+                "p": batch.partition, "first": batch.first_offset, "last": batch.last_offset,
+            },
+        )
+        seen = {str(r[0]) for r in result.rows}
+        keep: list[int] = []
+        for i, window_id in enumerate(ids):
+            if window_id not in seen:  # the first of an id repeated within the batch stays
+                seen.add(window_id)
+                keep.append(i)
+        dropped = windows.n_rows - len(keep)
+        if dropped:
+            windows.keep(keep)
+            self.metrics.duplicates.labels(table="pod_windows").inc(dropped)
+            if windows.n_rows == 0:
+                del tables["pod_windows"]
+        return dropped
+
+    def _write_one_by_one(
+        self,
+        batch: Batch,
+        per_record: list[tuple[ConsumedRecord, list[tuple[str, dict[str, Any]]]]],
+        remaining: dict[str, TableColumns],
+        outcome: FlushOutcome,
+    ) -> list[tuple[ConsumedRecord, str]]:
+        """Write the tables not yet written, one record at a time; return the records ClickHouse refused.
+
+        Only rows the batch still carries (``remaining``: windows filtered as stored are not re-added)
+        are written, each block under a token of its own record, so a retry of this batch stores
+        nothing twice either.
+        """
+        rejected: list[tuple[ConsumedRecord, str]] = []
+        left = {table: _row_keys(columns) for table, columns in remaining.items()}
+        for record, rows in per_record:
+            token = f"{batch.token}:{record.offset}"
+            mine = [(table, row) for table, row in rows if _row_key(row) in left.get(table, set())]
+            stored: list[str] = []
+            try:
+                for table, columns in self._pivot(mine).items():
+                    self.store.insert(table, columns.columns, dedup_token=token)
+                    stored.append(table)
+                    outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
+            except StoreRejected as exc:
+                # all or nothing per record: rows of it that other tables already took come out again
+                for table in sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored)):
+                    self.store.command(f"DELETE FROM {table} WHERE kafka_partition = {int(record.partition)} "
+                                       f"AND kafka_offset = {int(record.offset)}")
+                rejected.append((record, f"rejected by ClickHouse: {exc}"))
+        return rejected
+
+
+def _row_key(row: dict[str, Any]) -> tuple[int, int]:
+    return (int(row["kafka_partition"]), int(row["kafka_offset"]))
+
+
+def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
+    return set(zip(columns.column("kafka_partition"), columns.column("kafka_offset"), strict=True))
+
+
+def encoded_dead_letter(record: ConsumedRecord, reason: str) -> tuple[bytes, Headers]:
+    """``record``'s dead letter for ``reason``, encoded, with its headers."""
+    letter = dead_letter(reason, record.topic, record.value, _now(), record.partition, record.offset)
+    return encode(letter), dead_letter_headers(letter)

@@ -1,0 +1,143 @@
+"""The cluster agent: the one cluster-inputs partition, running the cluster stages.
+
+When the route's mark and every node partition's copy of it have arrived
+(:class:`~stream_jobs.watermark.ClusterGate`), the :class:`ClusterStages` (one ``ClusterStage``
+per cluster, ``cluster-stage`` table) apply what the mark covers and advance; after an end mark
+it writes a ``done`` marker to the control topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from common.logs import get_logger
+from schemas.codec import validate
+from schemas.messages import Message
+from stream_jobs.clusters import ClusterStages
+from stream_jobs.config import EngineConfig
+from stream_jobs.delivery import Delivery
+from stream_jobs.fleet_metrics import OutputObserver
+from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.node_agent import Confirmable
+from stream_jobs.state_store import ChunkedStore
+from stream_jobs.watermark import ClusterGate, Mark, Parked, decode_envelope, done_envelope
+
+log = get_logger(__name__)
+
+_INTERNAL_TYPES: dict[str, type[Message]] = {"summary": NodeSummary, "usage": PodUsage}
+
+
+@dataclass
+class ClusterAgent:
+    delivery: Delivery
+    config: EngineConfig
+    topic_name: str
+    control_topic: Any
+    table: ChunkedStore
+    durable: Confirmable
+    node_partitions: int
+    lateness_s: float
+    checkpoint_interval_s: float
+    observer: OutputObserver | None = None
+    gate: ClusterGate[Any] | None = None
+    stages: ClusterStages | None = None
+    done: dict[str, int] | None = None
+    """The stats of the end mark processed, once it was (said again after a restart)."""
+    checkpointed_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.unacked: list[Any] = []
+        self.futures: list[Any] = []
+
+    def revoke(self) -> None:
+        self.gate = None
+        self.stages = None
+        self.unacked = []
+        self.futures = []
+
+    def _restore(self) -> tuple[ClusterGate[Any], ClusterStages]:
+        if self.gate is None or self.stages is None:
+            record = self.table.get("cluster") or {}
+            meta = record.get("progress") or {}
+            saved = record.get("stage")
+            self.gate = ClusterGate(self.node_partitions, int(meta.get("seq", 0)), meta.get("applied"))
+            self.stages = ClusterStages.from_dict(saved, self.config) if saved else ClusterStages(self.config)
+            self.done = meta.get("done")
+        return self.gate, self.stages
+
+    async def _offer(self, gate: ClusterGate[Any], event: Any) -> bool:
+        data = decode_envelope(event.value)
+        kind = data["k"]
+        if kind == "r":
+            return gate.offer(data, event)
+        if kind == "o":
+            return gate.offer_output(data, event)
+        if kind == "nm":
+            return gate.offer_node_mark(data, event)
+        mark = Mark.from_dict(data)
+        accepted = gate.offer_mark(mark, event)
+        if not accepted and mark.end and self.done is not None:
+            # the end was processed before a restart: say done again (the driver waits)
+            await self.delivery.send(self.control_topic, None, done_envelope(mark.seq, self.done))
+        return accepted
+
+    async def run(self, stream: Any) -> None:
+        events = stream.noack()
+        delivery, metrics = self.delivery, self.delivery.metrics
+        async for event in events.events():
+            if not await delivery.admit(event):
+                continue
+            metrics.records_in.labels(self.topic_name).inc()
+            gate, stage = self._restore()
+            if not await self._offer(gate, event):
+                metrics.duplicates.labels("cluster").inc()
+                await delivery.ack(events, event)
+                continue
+            while (ready := gate.next_complete()) is not None:
+                started = time.perf_counter()
+                direct, outs, tokens, stats = gate.complete(ready)
+                await self._mark(stage, ready, direct, outs)
+                self.unacked.extend([*(p.token for p in direct), *(p.token for p in outs), *tokens])
+                if ready.end or time.monotonic() - self.checkpointed_at >= self.checkpoint_interval_s:
+                    await self._checkpoint(events, gate, stage, ready if ready.end else None, stats)
+                metrics.marks.labels("cluster").inc()
+                metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
+
+    async def _mark(self, stage: ClusterStages, mark: Mark, direct: list[Parked[Any]],
+                    outs: list[Parked[Any]]) -> None:
+        for parked in direct:
+            message = await self.delivery.released_input(parked, mark)
+            if message is not None:
+                stage.submit(message)
+        for parked in outs:
+            stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
+        wm = mark.ts if mark.end else mark.ts - self.lateness_s
+        outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
+        if self.observer is not None:
+            self.observer.observe(outputs)
+        for m in outputs:
+            self.futures.append(await self.delivery.publish(m))
+        self.delivery.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
+
+    async def _checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStages,
+                          end: Mark | None, stats: dict[str, int]) -> None:
+        """As ``NodeAgent._checkpoint``; after an end mark, also say ``done`` on the control topic."""
+        await asyncio.gather(*self.futures)
+        self.futures = []
+        progress = gate.progress()
+        if end is not None:
+            self.done = stats
+            progress["done"] = stats
+        self.table["cluster"] = {"stage": stage.to_dict(), "progress": progress}
+        await self.durable.confirm()
+        for token in self.unacked:
+            await self.delivery.ack(events, token)
+        self.unacked = []
+        self.checkpointed_at = time.monotonic()
+        if end is not None:
+            fut = await self.delivery.send(self.control_topic, None, done_envelope(end.seq, stats))
+            await fut
+            log.info("end of input processed", seq=end.seq, **stats)

@@ -1,0 +1,112 @@
+"""The delivery and acknowledgement object every faust agent shares (:class:`Delivery`).
+
+Why: the route, node and cluster agents each admit consumed records through the offset guard,
+send records and await their delivery, publish stage outputs to the public topics, dead-letter
+inputs out of the event-time bounds, and acknowledge what they finished. One object does those
+things for all three, so the exactly-once rules (acknowledge only after delivery and checkpoint,
+in offset order) live in one place; the agents only decide *when*.
+
+It takes faust's streams, events and topics as opaque objects (``send``, ``ack``, ``message``)
+and does not import faust (``stream_jobs.faust_app`` is the adapter).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import orjson
+
+from common.logs import get_logger
+from schemas.codec import WIRE_HEADERS, encode, validate
+from schemas.messages import Alert, Message, PodLifecycle, PodWindow, scoped_key
+from stream_jobs.config import EngineConfig
+from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
+from stream_jobs.offsets import EXIT_STALLED
+from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, event_time_error
+from stream_jobs.timeutil import from_epoch
+from stream_jobs.watermark import Mark, Parked
+
+log = get_logger(__name__)
+
+_INPUT_BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
+
+
+def output_key(message: Message) -> str:
+    """The Kafka key of a public output: its pod, its alert id, or its cluster."""
+    if isinstance(message, PodWindow | PodLifecycle):
+        return scoped_key(message.cluster, message.pod_uid)
+    if isinstance(message, Alert):
+        return message.id
+    return scoped_key(message.cluster, "cluster")
+
+
+def exit_for_restart(reason: str) -> NoReturn:
+    """End the process with ``EXIT_STALLED`` so that it restarts from its checkpoints."""
+    log.error("stream jobs exiting to restart from their checkpoints", reason=reason)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_STALLED)
+
+
+@dataclass
+class Delivery:
+    """Admit, send, publish, dead-letter and acknowledge, for every agent of one worker."""
+
+    config: EngineConfig
+    metrics: WorkerMetrics
+    offsets: OffsetGuard
+    deadletter_topic: Any
+    out_topics: dict[type[Message], Any]
+    """Public output topic by message class."""
+    compacted: set[str]
+    """Input topics that are compacted (their offsets may have holes)."""
+
+    async def admit(self, event: Any) -> bool:
+        """Whether to process a consumed event (:class:`OffsetGuard`)."""
+        message = event.message
+        return await self.offsets.admit(message.tp, message.offset, message.topic in self.compacted, event)
+
+    async def ack(self, events: Any, event: Any) -> None:
+        """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""
+        for ready in self.offsets.done(event.message.tp, event.message.offset, event):
+            await events.ack(ready)
+
+    async def send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Any:
+        """Hand a record to the producer; returns its delivery (a future to await)."""
+        fut = await topic.send(key=key.encode() if key is not None else None, value=value, partition=partition,
+                               headers=headers)
+        self.metrics.records_out.labels(topic.get_topic_name()).inc()
+        return fut
+
+    async def publish(self, message: Message) -> Any:
+        """Send a stage output to its public topic; returns its delivery."""
+        return await self.send(self.out_topics[type(message)], output_key(message), encode(message),
+                               headers=list(WIRE_HEADERS))
+
+    async def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
+                          value: bytes | None, error: str) -> None:
+        letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset)
+        headers = [*WIRE_HEADERS, ("error", error.encode()), ("source_topic", topic.encode()),
+                   ("source_partition", str(partition).encode()), ("source_offset", str(offset).encode())]
+        fut = await self.deadletter_topic.send(key=key, value=encode(letter), headers=headers)
+        await fut  # rare: make it durable before the stream moves on
+        self.metrics.deadletters.labels(topic).inc()
+        self.metrics.records_out.labels(self.deadletter_topic.get_topic_name()).inc()
+        log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
+
+    async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
+        """A forwarded input record a mark released, or None when its event time is out of the
+        bounds of the mark's clock (then it is dead-lettered: by both stages when it went to both,
+        with the same source headers; ``replay --kafka`` counts letters once per source)."""
+        data = parked.data
+        message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
+        error = event_time_error(message, mark.ts, self.config)
+        if error is None:
+            return message
+        await self.dead_letter(str(data["t"]), int(data["p"]), int(data["o"]), None, orjson.dumps(data["v"]), error)
+        return None

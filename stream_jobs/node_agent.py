@@ -1,0 +1,179 @@
+"""The node agent: one stream over the node-inputs partitions, running the node stages.
+
+Per partition, records wait in a gate (:class:`~stream_jobs.watermark.InputGate`) until a mark
+releases them; then the partition's :class:`NodeStage` s (one per node, kept in the
+``node-stages`` table) apply them and advance to ``mark.ts - lateness`` (or flush at an end mark).
+Public outputs go to their topics; :class:`NodeSummary` / :class:`PodUsage` go to cluster-inputs
+numbered by (partition, mark, index); then the mark itself, with the partition's counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from common.logs import get_logger
+from schemas.codec import encode
+from schemas.messages import Message
+from stream_jobs.config import EngineConfig
+from stream_jobs.delivery import Delivery
+from stream_jobs.fleet_metrics import OutputObserver
+from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.node_stage import NodeStage
+from stream_jobs.scoping import node_key
+from stream_jobs.state_store import ChunkedStore
+from stream_jobs.watermark import InputGate, Mark, Parked, decode_envelope, node_mark_envelope, output_envelope
+
+log = get_logger(__name__)
+
+
+class Confirmable(Protocol):
+    """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
+
+    async def confirm(self) -> None: ...
+
+
+@dataclass
+class NodePartition:
+    """One node-inputs partition: its gate and the stages of the nodes keyed to it."""
+
+    gate: InputGate[Any]
+    stages: dict[str, NodeStage] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    unacked: list[Any] = field(default_factory=list)
+    """Events applied since the last checkpoint (acknowledged when it is written)."""
+    futures: list[Any] = field(default_factory=list)
+    """Deliveries of outputs sent since the last checkpoint."""
+    checkpointed_at: float = 0.0
+
+    def stage(self, key: str, node: str, cluster: str, config: EngineConfig) -> NodeStage:
+        """The stage of ``node`` of ``cluster`` (``key``: their node key)."""
+        stage = self.stages.get(key)
+        if stage is None:
+            stage = self.stages[key] = NodeStage(node, config, cluster)
+        return stage
+
+
+@dataclass
+class NodeAgent:
+    delivery: Delivery
+    config: EngineConfig
+    topic_name: str
+    cluster_topic: Any
+    table: ChunkedStore
+    durable: Confirmable
+    lateness_s: float
+    checkpoint_interval_s: float
+    observer: OutputObserver | None = None
+    parts: dict[int, NodePartition] = field(default_factory=dict)
+
+    def revoke(self, partition: int) -> None:
+        log.info("node partition revoked", partition=partition)
+        self.parts.pop(partition, None)
+
+    def _part(self, partition: int) -> NodePartition:
+        part = self.parts.get(partition)
+        if part is None:
+            saved = self.table.get(f"p{partition}") or {}
+            progress = saved.get("progress", {})
+            part = NodePartition(InputGate(int(progress.get("seq", 0)), progress.get("applied")),
+                                 stats=dict(saved.get("stats", {})))
+            for node, state in saved.get("stages", {}).items():
+                part.stages[node] = NodeStage.from_dict(state, self.config)
+            self.parts[partition] = part
+        return part
+
+    async def run(self, stream: Any) -> None:
+        events = stream.noack()
+        delivery, metrics = self.delivery, self.delivery.metrics
+        async for event in events.events():
+            if not await delivery.admit(event):
+                continue
+            partition = event.message.partition
+            metrics.records_in.labels(self.topic_name).inc()
+            if partition not in self.parts:
+                part = self._part(partition)
+                log.info("node partition resumed", partition=partition, offset=event.message.offset,
+                         seq=part.gate.applied_seq, applied=part.gate.applied, nodes=sorted(part.stages))
+            part = self._part(partition)
+            data = decode_envelope(event.value)
+            if data["k"] == "r":
+                if not part.gate.offer(data, event):
+                    metrics.duplicates.labels("node").inc()
+                    await delivery.ack(events, event)
+                continue
+            mark = Mark.from_dict(data)
+            if not part.gate.is_new(mark.seq):
+                metrics.duplicates.labels("node").inc()
+                await delivery.ack(events, event)
+                continue
+            started = time.perf_counter()
+            released = part.gate.release(mark)
+            await self._mark(partition, part, mark, released)
+            part.unacked.extend([*(parked.token for parked in released), event])
+            if mark.end or time.monotonic() - part.checkpointed_at >= self.checkpoint_interval_s:
+                await self._checkpoint(events, partition, part)
+            metrics.marks.labels("node").inc()
+            metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
+
+    async def _mark(self, partition: int, part: NodePartition, mark: Mark, released: list[Parked[Any]]) -> None:
+        metrics = self.delivery.metrics
+        for parked in released:
+            message = await self.delivery.released_input(parked, mark)
+            if message is None:
+                continue
+            node = getattr(message, "node", None)
+            if not node:
+                continue
+            stage = part.stage(node_key(message.cluster, node), node, message.cluster, self.config)
+            late = stage.counters["late_samples"]
+            stage.submit(message)
+            if stage.counters["late_samples"] > late:
+                metrics.late_samples.inc()
+        outputs: list[Message] = []
+        wm = mark.ts if mark.end else mark.ts - self.lateness_s
+        for node in sorted(part.stages):  # the in-process pipeline's order
+            stage = part.stages[node]
+            outputs.extend(stage.flush(mark.ts) if mark.end else stage.advance(wm))
+        if self.observer is not None:
+            self.observer.observe(outputs)
+        public: list[Any] = []
+        internal: list[tuple[str, bytes]] = []
+        for message in outputs:
+            if isinstance(message, NodeSummary | PodUsage):
+                internal.append(("summary" if isinstance(message, NodeSummary) else "usage", encode(message)))
+            else:
+                public.append(await self.delivery.publish(message))
+        part.futures.extend(public)
+        if mark.end:  # every public output is out before the cluster can say done
+            await asyncio.gather(*part.futures)
+            part.futures = []
+        futures = part.futures
+        for index, (kind, value) in enumerate(internal):
+            futures.append(await self.delivery.send(self.cluster_topic, "cluster",
+                                                    output_envelope(partition, mark.seq, index, kind, value)))
+        stats = {"late_samples_dropped": 0, "sample_gaps": 0}
+        for stage in part.stages.values():
+            counters = stage.counters
+            stats["late_samples_dropped"] += counters["late_samples"]
+            stats["sample_gaps"] += counters["gaps"]
+        part.stats = stats
+        futures.append(await self.delivery.send(self.cluster_topic, "cluster",
+                                                node_mark_envelope(partition, mark, stats)))
+        metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
+
+    async def _checkpoint(self, events: Any, partition: int, part: NodePartition) -> None:
+        """Outputs delivered -> state written -> inputs acknowledged, in this order: a crash at any
+        point replays from the previous checkpoint and only repeats outputs (same ids)."""
+        await asyncio.gather(*part.futures)
+        part.futures = []
+        self.table[f"p{partition}"] = {
+            "progress": part.gate.progress(), "stats": part.stats,
+            "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
+        await self.durable.confirm()
+        for token in part.unacked:
+            await self.delivery.ack(events, token)
+        part.unacked = []
+        part.checkpointed_at = time.monotonic()

@@ -1,0 +1,197 @@
+"""The offset guard of the faust runtime: which consumed records to process, when to acknowledge
+them, and seeking the consumer back when it skipped records (see :class:`OffsetGuard`).
+
+Why a module of its own: it is the exactly-once core of the runtime and is tested without faust
+(``tests/stream_jobs/test_offsets.py`` drives it with a fake consumer through :class:`ConsumerPort`);
+the faust side of the port is ``stream_jobs.faust_app.FaustConsumerPort``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from common.logs import get_logger
+from common.metrics import MetricsRegistry
+from stream_jobs.offsets import AckOrder, PartitionStalled, Positions
+
+log = get_logger(__name__)
+
+
+class WorkerMetrics:
+    """The worker's ``/metrics``: records in/out per topic, dead letters, late samples, watermark
+    lag, stage processing time."""
+
+    def __init__(self, registry: MetricsRegistry | None = None) -> None:
+        self.registry = registry or MetricsRegistry()
+        r = self.registry
+        self.records_in = r.counter("stream_records_in_total", "records consumed", ("topic",))
+        self.records_out = r.counter("stream_records_out_total", "records produced", ("topic",))
+        self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic",))
+        self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
+        self.skips = r.counter("stream_consumer_skips_total", "forward jumps of the consumer, read again")
+        self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",
+                                    ("stage",))
+        self.marks = r.counter("stream_marks_total", "watermark marks processed", ("stage",))
+        self.watermark_lag = r.gauge("stream_watermark_lag_seconds",
+                                     "wall clock minus the stage's event-time watermark", ("stage",))
+        self.stage_seconds = r.histogram("stream_stage_seconds", "processing time of one mark", ("stage",))
+
+
+class ConsumerPort(Protocol):
+    """What :class:`OffsetGuard` needs from the consumer."""
+
+    async def committed(self, tp: Any) -> int:
+        """The group's committed offset of ``tp`` (the log start when nothing is committed)."""
+
+    async def log_start(self, tp: Any) -> int: ...
+
+    async def log_end(self, tp: Any) -> int:
+        """The offset the next record written to ``tp`` will get (the high watermark)."""
+
+    def assignment(self) -> set[Any]:
+        """The partitions the consumer owns now."""
+
+    def settled(self) -> bool:
+        """False while the group rebalances or the consumer's flow is stopped (no records come
+        then, by design: not a stall)."""
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
+
+
+class OffsetGuard:
+    """Admits consumed records and releases their acknowledgements (:mod:`stream_jobs.offsets`),
+    seeking the consumer back when it skipped records.
+
+    :meth:`watch` (every second) guarantees progress. faust 0.15 can drop fetched records without
+    a trace after an assignment (its stream buffers are cleared when the flow resumes, while the
+    fetch position is already past them) and a seek back can be undone by a batch fetched before
+    it (faust's read offset moves past the re-read). A skip is noticed when a later record
+    arrives, but at the tail of a partition no later record comes. So a watched partition whose
+    next offset is below the log end and which admitted nothing for ``stall_s`` is sought back
+    to that offset; one that still admits nothing after ``give_up_s`` raises
+    :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang.
+    """
+
+    def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None,
+                 watched: Iterable[str] | None = None, stall_s: float = 5.0, give_up_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.port = port
+        self.metrics = metrics or WorkerMetrics()
+        self.positions = Positions()
+        self.acks: AckOrder[Any] = AckOrder()
+        self._revoked: set[Any] = set()
+        self.watched: set[str] | None = None if watched is None else set(watched)
+        """Topics whose partitions :meth:`watch` checks (None: all owned)."""
+        self.stall_s, self.give_up_s, self.clock = stall_s, give_up_s, clock
+        self._progress: dict[Any, float] = {}
+        """Per owned partition: when it last admitted a record (or was assigned, or checked)."""
+        self._stalled: dict[Any, float] = {}
+        """Per stalled partition: since when it has admitted nothing though the log has more."""
+
+    def assign(self, assignment: set[Any]) -> None:
+        """The assignment signal (the worker's whole assignment)."""
+        for tp in self.positions.owned - set(assignment):
+            self.acks.forget(tp)
+        self.positions.assign(assignment)
+        self._revoked.clear()
+        self._reset_watch()
+
+    def revoke(self, revoked: set[Any]) -> None:
+        self.positions.revoke(revoked)
+        self._revoked |= set(revoked)
+        for tp in revoked:
+            self.acks.forget(tp)
+        self._reset_watch()
+
+    def _reset_watch(self) -> None:
+        now = self.clock()
+        self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
+        self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
+
+    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
+        if tp not in self.positions.owned:
+            # before the first assignment signal the consumer's own assignment decides (records
+            # can come first); after a revocation only the next signal does (the consumer still
+            # lists revoked partitions while the group rebalances)
+            if tp in self._revoked or tp not in self.port.assignment():
+                return False
+            self.positions.assign(self.positions.owned | self.port.assignment())
+            self._reset_watch()
+        if self.positions.needs_start(tp):
+            await self._start(tp)
+        verdict = self.positions.admit(tp, offset, compacted)
+        if verdict.seek is not None:
+            log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
+                        expected=verdict.seek, got=offset)
+            self.metrics.skips.inc()
+            await self.port.seek(tp, verdict.seek)
+        if not verdict.accept:
+            return False
+        self._progress[tp] = self.clock()
+        self._stalled.pop(tp, None)
+        return self.acks.track(tp, offset, token)
+
+    async def _start(self, tp: Any) -> int:
+        committed = await self.port.committed(tp)
+        self.positions.start(tp, committed)
+        log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
+        return committed
+
+    def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
+        return self.acks.done(tp, offset, token)
+
+    async def _seek_back(self, tp: Any, target: int) -> None:
+        """Seek ``tp`` back to ``target``, or to the log start when retention deleted ``target``
+        before it was read (said as an error: loss the worker cannot prevent)."""
+        start = await self.port.log_start(tp)
+        if tp not in self.positions.owned:
+            return  # revoked meanwhile
+        if start > target:
+            log.error("records deleted before they were read", topic=tp.topic, partition=tp.partition,
+                      first_missing=target, log_start=start)
+            self.positions.restart(tp, start)
+            target = start
+        await self.port.seek(tp, target)
+
+    async def watch(self) -> None:
+        """The liveness check (see the class docstring); raises :class:`PartitionStalled`."""
+        now = self.clock()
+        if not self.port.settled():
+            self._progress = {tp: now for tp in self._progress}  # waiting by design: not a stall
+            return
+        idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
+                and (self.watched is None or tp.topic in self.watched)]
+        for tp in idle:
+            try:
+                await self._check_stall(tp, now)
+            except PartitionStalled:
+                raise
+            except Exception as exc:  # a rebalance can take the partition away: the next round decides
+                log.warning("stall check failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    async def _check_stall(self, tp: Any, now: float) -> None:
+        end = await self.port.log_end(tp)
+        if tp not in self.positions.owned:
+            return
+        wanted = self.positions.next_offset(tp)
+        if wanted is None:
+            wanted = await self._start(tp)
+        self._progress[tp] = now
+        if wanted >= end:
+            self._stalled.pop(tp, None)  # caught up: nothing to wait for
+            return
+        since = self._stalled.setdefault(tp, now - self.stall_s)
+        if now - since >= self.give_up_s:
+            log.error("partition stalled: its records do not come although the log holds them; restarting",
+                      topic=tp.topic, partition=tp.partition, expected=wanted, log_end=end,
+                      stalled_s=round(now - since, 1))
+            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
+                                   f"(expected offset {wanted}, log end {end})")
+        log.warning("partition stalled; reading it again", topic=tp.topic, partition=tp.partition,
+                    expected=wanted, log_end=end, stalled_s=round(now - since, 1))
+        self.metrics.skips.inc()
+        self.positions.reverify(tp)
+        await self._seek_back(tp, wanted)

@@ -1,0 +1,184 @@
+"""The route agent: decodes the input topics, forwards records to the stages, forwards marks.
+
+It consumes the five input topics and the internal control topic. Every record is decoded
+(undecodable or invalid -> ``deadletter.v1`` with the reason and source position as headers; the
+stream goes on), valid ones go to ``internal.node-inputs.v1`` (keyed by node, per
+:func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, and each watermark mark
+is held until the inputs it covers are consumed (:class:`~stream_jobs.watermark.MarkHold`), then
+forwarded in-band to every node-inputs partition and to cluster-inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from common.logs import get_logger
+from schemas.codec import MessageError
+from stream_jobs.delivery import Delivery, exit_for_restart
+from stream_jobs.pipeline import Tombstone, decode_record, route
+from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope
+
+log = get_logger(__name__)
+
+ROUTE_BATCH = 256
+"""Routed records whose deliveries the route awaits together (also at each control record and
+every 0.5 s)."""
+
+
+class CommittedOffsets(Protocol):
+    """The consumer group's committed offsets (``topic:partition`` -> next offset to read)."""
+
+    def local_committed(self) -> dict[str, int]:
+        """What this consumer committed (and knows without asking the broker)."""
+
+    async def group_committed(self, keys: list[str]) -> dict[str, int]:
+        """What the group committed for ``keys``, whichever consumer owns them."""
+
+
+@dataclass
+class RouteTopics:
+    """The names and topics the route reads and writes."""
+
+    input_names: dict[str, str]
+    """Input topic name -> its suffix (``gpu.samples.v1``...)."""
+    control_name: str
+    node_topic: Any
+    cluster_topic: Any
+    control_topic: Any
+    node_partitions: int
+
+
+@dataclass
+class RouteAgent:
+    delivery: Delivery
+    topics: RouteTopics
+    committed_offsets: CommittedOffsets
+    hold: MarkHold = field(default_factory=MarkHold)
+    _events: Any = None
+    _forward_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _pending: list[tuple[list[Any], Any, str, int, int]] = field(default_factory=list)
+    """Routed input records whose forwarded copies are not yet known to be delivered."""
+    _marks_pending: list[tuple[list[Any], Any]] = field(default_factory=list)
+    """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
+    _group_committed: dict[str, int] = field(default_factory=dict)
+    """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
+
+    def revoke_control(self) -> None:
+        self._marks_pending = []
+        self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
+
+    async def clock(self) -> None:
+        """A clock mark (live mode)."""
+        now = time.time()
+        await self.delivery.send(self.topics.control_topic, None, Mark(seq=int(now * 1e6), ts=now).encode())
+
+    def committed(self) -> dict[str, int]:
+        out = dict(self._group_committed)
+        for key, off in self.committed_offsets.local_committed().items():
+            out[key] = max(out.get(key, 0), off)
+        return out
+
+    async def refresh_and_release(self) -> None:
+        """The timer of the route: read the group's committed offsets of the input partitions the
+        first held mark still misses (other worker processes consume them: their commits come
+        after the records they forwarded are delivered), then forward what is ready."""
+        await self._settle()
+        if self.hold.held:
+            missing = self.hold.missing(self.hold.held[-1][0], self.committed())
+            if missing:
+                try:
+                    found = await asyncio.wait_for(self.committed_offsets.group_committed(sorted(missing)), 10.0)
+                except Exception as exc:  # the broker may be away: the next round asks again
+                    log.warning("committed offsets not read", error=str(exc))
+                else:
+                    for key, off in found.items():
+                        self._group_committed[key] = max(self._group_committed.get(key, 0), off)
+        await self._release_marks()
+
+    async def run(self, stream: Any) -> None:
+        events = self._events = stream.noack()
+        delivery = self.delivery
+        async for event in events.events():
+            if not await delivery.admit(event):
+                continue
+            message = event.message
+            topic, partition, offset = message.topic, message.partition, message.offset
+            delivery.metrics.records_in.labels(topic).inc()
+            if topic == self.topics.control_name:
+                try:
+                    data = decode_envelope(event.value)
+                    if data["k"] == "m":
+                        self.hold.hold(Mark.from_dict(data), event)
+                    else:
+                        await delivery.ack(events, event)
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("bad control record ignored", offset=offset, error=str(exc))
+                    await delivery.ack(events, event)
+            else:
+                futures = await self._route_record(topic, partition, offset, message.key, event.value)
+                self._pending.append((futures, event, topic, partition, offset))
+                if len(self._pending) < ROUTE_BATCH:
+                    continue
+            await self._settle()
+            await self._release_marks()
+
+    async def _settle(self) -> None:
+        """Once the forwarded copies of routed records are delivered, count those records consumed
+        and acknowledge them (so committed). faust's flush before a commit does not fail on a send
+        that failed (the broker away too long): acknowledging at hand-over could commit an input
+        whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
+        pending, self._pending = self._pending, []
+        marks, self._marks_pending = self._marks_pending, []
+        if not (pending or marks) or self._events is None:
+            return
+        try:
+            await asyncio.gather(*(future for futures, *_rest in pending for future in futures),
+                                 *(future for futures, _token in marks for future in futures))
+        except Exception as exc:
+            exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
+        for _futures, event, topic, partition, offset in pending:
+            self.hold.consume(topic, partition, offset)
+            await self.delivery.ack(self._events, event)
+        for _futures, token in marks:
+            await self.delivery.ack(self._events, token)
+
+    async def _release_marks(self) -> None:
+        """Forward the held marks whose inputs are consumed (after each input record, and on a
+        timer: commits made after the last record can complete a mark too)."""
+        if not self.hold.held or self._events is None:
+            return
+        async with self._forward_lock:  # marks leave in order
+            for mark, token in self.hold.ready(self.committed()):
+                self._marks_pending.append((await self._forward_mark(mark), token))
+
+    async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
+                            value: bytes | None) -> list[Any]:
+        """Forward a decoded input record to its stages; the deliveries to await (none for a
+        tombstone or a dead letter, which is delivered already)."""
+        suffix = self.topics.input_names[topic]
+        try:
+            decoded = decode_record(suffix, value)
+        except Tombstone:
+            return []
+        except MessageError as exc:
+            await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
+            return []
+        envelope = record_envelope(topic, suffix, partition, offset, value or b"")
+        futures = []
+        for stage, node in route(decoded):
+            if stage == "node":
+                futures.append(await self.delivery.send(self.topics.node_topic, node, envelope))
+            else:
+                futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", envelope))
+        return futures
+
+    async def _forward_mark(self, mark: Mark) -> list[Any]:
+        """Send the mark to every node-inputs partition and to cluster-inputs; the deliveries."""
+        value = mark.encode()
+        futures = [await self.delivery.send(self.topics.node_topic, None, value, partition=partition)
+                   for partition in range(self.topics.node_partitions)]
+        futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", value))
+        return futures

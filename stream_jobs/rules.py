@@ -1,0 +1,556 @@
+"""Alert rules as data: every alert type is one declared :class:`SustainedRule`, run by one engine.
+
+Why: the stages used to carry a hand-written since/fire/resolve block per alert type, each with
+its own small variations. Here a rule says only *what* — its condition over a context the stage
+builds, how long the condition must hold (the name of a field of
+:class:`stream_jobs.config.Thresholds`), the subject, summary and details of the firing alert, and
+why it resolves — and :func:`step` / :func:`sweep` say *how*, once, for every type.
+
+The timing rule of a sustained condition (DESIGN.md's alert catalogue):
+
+- the condition turns true at ``t``: the timer starts at ``t`` (or at :attr:`SustainedRule.since`
+  of the context, when the rule measures from a time in the data, like a pod's creation);
+- it fires at the first evaluation ``t`` with ``t - since >= threshold`` (``timeutil.elapsed``);
+  the alert's id hashes its type, subject and that ``t`` (``stream_jobs.alerts``);
+- the condition is false: the timer stops and an open alert resolves with the rule's reason;
+- the condition is unknown (``None``: no data at this evaluation) changes nothing;
+- the subject is gone (a pod ended, a gang formed): the stage calls :func:`sweep` or
+  :func:`resolve_all` with the reason it knows.
+
+Adding an alert type: declare a rule below with a context dataclass, register its severity in
+``stream_jobs.alerts.SEVERITY``, call :func:`step` for it where the stage has the context, and add
+a test. The engine keeps one :class:`RuleState` per subject key in a plain dict the stage owns
+and persists (``to_dict`` form: ``{"since": float | None, "alert": record | None}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from schemas.messages import Alert, GpuReading
+from stream_jobs import alerts
+from stream_jobs.attribution import Share
+from stream_jobs.config import Thresholds
+from stream_jobs.state import ClusterPod, Workload
+from stream_jobs.timeutil import elapsed, fmt_duration, iso
+
+C = TypeVar("C")
+
+Details = dict[str, Any]
+AlertRecord = dict[str, Any]
+"""An open alert as ``stream_jobs.alerts.fire`` returns it (kept in stage state)."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Why a rule's alert resolved, and figures added to its details (``util_pct`` when busy again)."""
+
+    reason: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SustainedRule(Generic[C]):
+    """An alert that fires when ``condition`` has held for the threshold named ``after``."""
+
+    alert_type: str
+    after: str
+    """Name of the :class:`Thresholds` field (seconds) the condition must hold for."""
+    condition: Callable[[C], bool | None]
+    """True / false at this evaluation; ``None`` when the context has no data for it."""
+    subject: Callable[[C], dict[str, Any]]
+    describe: Callable[[C, float, float], tuple[str, Details]]
+    """``(context, since, t) -> (summary, details)`` of the firing alert."""
+    resolution: Callable[[C, AlertRecord, float], Resolution]
+    """``(context, open alert record, t)``: why the alert resolves when the condition turns false."""
+    since: Callable[[C], float] | None = None
+    """When the timer starts, if from the data (read at every evaluation) rather than when the
+    condition was first seen."""
+    remember: Callable[[C, float], Details] | None = None
+    """Fields added to the kept alert record at firing (used by a later resolution)."""
+
+    def threshold(self, thresholds: Thresholds) -> float:
+        return float(getattr(thresholds, self.after))
+
+
+@dataclass
+class RuleState:
+    """One subject's timer and open alert for one rule."""
+
+    since: float | None = None
+    alert: AlertRecord | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "alert": self.alert}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RuleState:
+        return cls(since=data["since"], alert=data["alert"])
+
+
+RuleTable = dict[str, RuleState]
+"""A rule's states by subject key (a pod|gpu key, a pod uid, a gang id...)."""
+
+
+def step(rule: SustainedRule[C], table: RuleTable, key: str, context: C, t: float,
+         thresholds: Thresholds) -> list[Alert]:
+    """Evaluate ``rule`` for the subject ``key`` at ``t``; returns the transitions (0 or 1)."""
+    holds = rule.condition(context)
+    if holds is None:
+        return []
+    state = table.get(key)
+    if not holds:
+        if state is None:
+            return []
+        del table[key]
+        if state.alert is None:
+            return []
+        resolution = rule.resolution(context, state.alert, t)
+        return [alerts.resolve(state.alert, t, resolution.reason, **resolution.extra)]
+    if state is None:
+        state = table[key] = RuleState()
+    if rule.since is not None:
+        state.since = rule.since(context)
+    elif state.since is None:
+        state.since = t
+    if state.alert is not None or not elapsed(t, state.since, rule.threshold(thresholds)):
+        return []
+    summary, details = rule.describe(context, state.since, t)
+    record, message = alerts.fire(rule.alert_type, rule.subject(context), t, summary, details)
+    if rule.remember is not None:
+        record |= rule.remember(context, state.since)
+    state.alert = record
+    return [message]
+
+
+def restart(table: RuleTable, keys: Iterable[str]) -> None:
+    """Restart the timers of ``keys`` (a gap in the data): open alerts stay open."""
+    for key in keys:
+        state = table.get(key)
+        if state is None:
+            continue
+        state.since = None
+        if state.alert is None:
+            del table[key]
+
+
+def close(table: RuleTable, key: str, t: float, reason: str, **extra: Any) -> list[Alert]:
+    """Forget ``key``; its open alert resolves with ``reason`` and ``extra`` details."""
+    state = table.pop(key, None)
+    if state is None or state.alert is None:
+        return []
+    return [alerts.resolve(state.alert, t, reason, **extra)]
+
+
+def sweep(table: RuleTable, live: Iterable[str], t: float, reason: Callable[[str], str]) -> list[Alert]:
+    """Forget every subject not in ``live`` (in key order), resolving open alerts with ``reason(key)``."""
+    out: list[Alert] = []
+    for key in sorted(set(table) - set(live)):
+        out += close(table, key, t, reason(key))
+    return out
+
+
+def table_to_dict(table: RuleTable) -> dict[str, Any]:
+    return {key: state.to_dict() for key, state in table.items()}
+
+
+def table_from_dict(data: Mapping[str, Any]) -> RuleTable:
+    return {key: RuleState.from_dict(value) for key, value in data.items()}
+
+
+# ---------------------------------------------------------------------- node rules
+
+
+@dataclass(frozen=True)
+class PodGpu:
+    """One sample of one pod's share of one GPU on a node (context of the per-pod GPU rules)."""
+
+    node: str
+    namespace: str
+    pod: str
+    reading: GpuReading
+    share: Share
+    thresholds: Thresholds
+
+    @property
+    def idle(self) -> bool | None:
+        util = self.share.util_pct
+        return None if util is None else util < self.thresholds.idle_util_pct
+
+    @property
+    def mem_used_pct(self) -> float | None:
+        total, used = self.reading.mem_total_bytes, self.reading.mem_used_bytes
+        return used / total * 100.0 if total and used is not None else None
+
+
+def _pod_gpu_subject(c: PodGpu) -> dict[str, Any]:
+    return alerts.subject("pod", c.namespace, c.pod, c.node, c.reading.uuid)
+
+
+def _idle_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
+    share, th = c.share, c.thresholds
+    held = share.processes > 0 or (share.mem_bytes or 0) > 0
+    details = {
+        "idle_class": "vram_held" if held else "no_process", "gpu_index": c.reading.index,
+        "util_pct": share.util_pct, "threshold_pct": th.idle_util_pct, "mem_used_bytes": share.mem_bytes,
+        "processes": share.processes, "idle_since": iso(since),
+        "share": share.share, "share_estimated": share.estimated,
+    }
+    held_text = f"holding {(share.mem_bytes or 0) / 2**30:.1f} GiB VRAM" if held else "no process running"
+    summary = (f"{c.namespace}/{c.pod}: GPU {c.reading.index} on {c.node} below "
+               f"{th.idle_util_pct:g}% SM for {fmt_duration(t - since)} ({held_text})")
+    return summary, details
+
+
+IDLE_GPU: SustainedRule[PodGpu] = SustainedRule(
+    alert_type="idle_gpu",
+    after="idle_after",
+    condition=lambda c: c.idle,
+    subject=_pod_gpu_subject,
+    describe=_idle_describe,
+    resolution=lambda c, _alert, _t: Resolution("busy again", {"util_pct": c.share.util_pct}),
+)
+"""SM utilisation below ``idle_util_pct`` at every sample for ``idle_after``."""
+
+
+def _vram_pressure(c: PodGpu) -> bool | None:
+    pct = c.mem_used_pct
+    # bytes are whole: 45.6 of 48 GiB reads 94.9999999992 %, which is 95 %
+    return None if pct is None else pct >= c.thresholds.vram_pressure_pct - 1e-6
+
+
+def _vram_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
+    pct = c.mem_used_pct or 0.0
+    total = c.reading.mem_total_bytes or 0
+    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
+               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct}
+    summary = (f"{c.namespace}/{c.pod}: GPU {c.reading.index} on {c.node} at {pct:.1f}% "
+               f"of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}")
+    return summary, details
+
+
+VRAM_PRESSURE: SustainedRule[PodGpu] = SustainedRule(
+    alert_type="vram_pressure",
+    after="vram_pressure_after",
+    condition=_vram_pressure,
+    subject=_pod_gpu_subject,
+    describe=_vram_describe,
+    resolution=lambda c, _alert, _t: Resolution("below threshold", {"mem_used_pct": round(c.mem_used_pct or 0.0, 2)}),
+)
+"""Device memory at or above ``vram_pressure_pct`` for ``vram_pressure_after``."""
+
+POD_GPU_RULES: tuple[SustainedRule[PodGpu], ...] = (IDLE_GPU, VRAM_PRESSURE)
+"""Evaluated in this order for every pod's share of every GPU at every sample (subject key
+``pod_uid|gpu_uuid``)."""
+
+
+@dataclass(frozen=True)
+class IdleNode:
+    """One sample of a node: whether it is Ready and holds no GPU pod, and what it costs."""
+
+    node: str
+    ready: bool
+    units: int
+    physical_gpus: int
+    holds: bool
+    usd_per_hour: float
+    gpu_model: str | None
+
+
+def _idle_node_describe(c: IdleNode, since: float, t: float) -> tuple[str, Details]:
+    burned = c.usd_per_hour * (t - since) / 3600.0
+    details = {"gpus": c.physical_gpus, "idle_since": iso(since), "cost_usd_burned": round(burned, 4),
+               "usd_per_hour": round(c.usd_per_hour, 4), "gpu_model": c.gpu_model}
+    summary = (f"{c.node}: none of its {c.physical_gpus} GPUs allocated for "
+               f"{fmt_duration(t - since)} (${burned:.2f} burned) - scale-to-zero candidate")
+    return summary, details
+
+
+def idle_node_burned(record: AlertRecord, t: float) -> float:
+    """USD an ``idle_node`` alert's node burned from its idle start to ``t``."""
+    return round(record["usd_per_hour"] * (t - record["idle_since_ts"]) / 3600.0, 4)
+
+
+IDLE_NODE: SustainedRule[IdleNode] = SustainedRule(
+    alert_type="idle_node",
+    after="idle_node_after",
+    condition=lambda c: c.ready and c.units > 0 and not c.holds,
+    subject=lambda c: alerts.subject("node", None, c.node, c.node),
+    describe=_idle_node_describe,
+    resolution=lambda c, alert, t: Resolution("gpu allocated" if c.ready else "node not ready",
+                                              {"cost_usd_burned": idle_node_burned(alert, t)}),
+    remember=lambda c, since: {"idle_since_ts": since, "usd_per_hour": c.usd_per_hour},
+)
+"""A Ready node with GPUs none of which a pod holds, for ``idle_node_after``; its resolution says
+what the idle node cost (:func:`idle_node_burned`)."""
+
+
+# ---------------------------------------------------------------------- cluster rules
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pending GPU pod or a queued workload at one cluster instant, with the free GPUs it sees."""
+
+    record: ClusterPod | Workload
+    unfragmented: bool
+    """The cluster's free GPUs add up to its request."""
+    fits_somewhere: bool
+    """It can be placed on the schedulable nodes as they are."""
+    largest: int
+    free_sum: int
+    free_by_node: Mapping[str, int]
+
+    @property
+    def workload(self) -> bool:
+        return isinstance(self.record, Workload)
+
+
+def _waiting_subject(c: Waiting) -> dict[str, Any]:
+    return alerts.subject("workload" if c.workload else "pod", c.record.namespace, c.record.name)
+
+
+def _pending_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
+    p = c.record
+    details: Details = {"request": p.requests, "gpus": p.gpus, "last_scheduler_reason": p.last_reason,
+                        "would_fit_unfragmented": c.unfragmented, "free_gpus": c.free_sum,
+                        "largest_free_block": c.largest, "pending_s": t - p.created}
+    if isinstance(p, Workload):
+        reason = p.last_reason or "no queue reason seen"
+        details |= {"queue": p.queue, "pods": p.pods, "team": p.team}
+        summary = (f"workload {p.namespace}/{p.name} queued for {fmt_duration(t - p.created)}: "
+                   f"needs {p.gpus} GPU(s) in {p.pods} pod(s); {reason}")
+    else:
+        reason = p.last_reason or "no scheduler reason seen"
+        summary = (f"{p.namespace}/{p.name} pending for {fmt_duration(t - p.created)}: needs "
+                   f"{p.gpus} GPU(s); {reason}")
+    return summary, details
+
+
+PENDING_GPU: SustainedRule[Waiting] = SustainedRule(
+    alert_type="pending_gpu",
+    after="pending_after",
+    condition=lambda c: True,
+    subject=_waiting_subject,
+    describe=_pending_describe,
+    resolution=lambda c, _alert, _t: Resolution("no longer pending"),  # never used: it ends by a sweep
+    since=lambda c: c.record.created,
+)
+"""A GPU pod unscheduled (a workload not admitted) ``pending_after`` after its creation; it
+resolves when it stops waiting (the cluster stage's sweep says why)."""
+
+
+def _fragmentation_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]:
+    p = c.record
+    details: Details = {"request": p.requests, "gpus": p.gpus, "free_gpus": c.free_sum,
+                        "largest_free_block": c.largest, "free_gpus_by_node": dict(c.free_by_node)}
+    summary = f"{p.name} needs {p.gpus} GPUs; {c.free_sum} are free but at most {c.largest} on one node"
+    if isinstance(p, Workload):
+        details["pods"] = p.pods
+        summary = (f"workload {p.name} needs {p.gpus} GPUs in {p.pods} pod(s); "
+                   f"{c.free_sum} are free but its pods do not fit the nodes (at most {c.largest} on one)")
+    return summary, details
+
+
+FRAGMENTATION: SustainedRule[Waiting] = SustainedRule(
+    alert_type="fragmentation",
+    after="fragmentation_after",
+    condition=lambda c: c.unfragmented and not c.fits_somewhere,
+    subject=_waiting_subject,
+    describe=_fragmentation_describe,
+    resolution=lambda c, _alert, _t: Resolution("fits on a node" if c.fits_somewhere else "not enough free GPUs"),
+)
+"""A waiting pod or workload no node fits although the free GPUs add up, for ``fragmentation_after``."""
+
+WAITING_RULES: tuple[SustainedRule[Waiting], ...] = (PENDING_GPU, FRAGMENTATION)
+"""Evaluated in this order for every pending pod, then every queued workload, at every instant."""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """A gang at one cluster instant: its live members, sorted by name."""
+
+    gang_id: str
+    members: tuple[ClusterPod, ...]
+
+    @property
+    def running(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is not None]
+
+    @property
+    def waiting(self) -> list[ClusterPod]:
+        return [p for p in self.members if p.node is None]
+
+    @property
+    def namespace_and_group(self) -> tuple[str, str]:
+        if "/" in self.gang_id:
+            namespace, _, group = self.gang_id.partition("/")
+            return namespace, group
+        return self.members[0].namespace, ""
+
+
+def gang_resolved_reason(members: Iterable[ClusterPod]) -> str:
+    """Why a gang's ``gang_partial`` resolves, from its live members (none when it is gone)."""
+    members = list(members)
+    return "all members running" if members and all(p.node for p in members) else "no member running"
+
+
+def _gang_describe(c: Gang, since: float, t: float) -> tuple[str, Details]:
+    running, waiting = c.running, c.waiting
+    namespace, group = c.namespace_and_group
+    details: Details = {"running": [p.name for p in running], "pending": [p.name for p in waiting],
+                        "gpus_held": sum(p.gpus for p in running),
+                        "gpus_waiting": sum(p.gpus for p in waiting)}
+    summary = (f"gang {group} in {namespace}: {len(running)} of {len(c.members)} members hold "
+               f"{details['gpus_held']} GPUs while {len(waiting)} wait, for {fmt_duration(t - since)}")
+    return summary, details
+
+
+def _gang_subject(c: Gang) -> dict[str, Any]:
+    namespace, group = c.namespace_and_group
+    return alerts.subject("gang", namespace, group or c.gang_id)
+
+
+GANG_PARTIAL: SustainedRule[Gang] = SustainedRule(
+    alert_type="gang_partial",
+    after="gang_after",
+    condition=lambda c: bool(c.running and c.waiting),
+    subject=_gang_subject,
+    describe=_gang_describe,
+    resolution=lambda c, _alert, _t: Resolution(gang_resolved_reason(c.members)),
+)
+"""A gang with members holding GPUs while others wait, for ``gang_after``; the cluster stage steps
+it for partial gangs only and sweeps the others after all fired (the order of transitions)."""
+
+# --------------------------------------------------------------------------- MIG and shared-GPU VRAM
+# (stream_jobs.mig_rules and stream_jobs.shared_vram work out the figures these contexts carry)
+
+
+@dataclass(frozen=True)
+class MigWaiting:
+    """A pending pod asking for ``count`` MIG devices of ``profile``, and where they could come from."""
+
+    pod: ClusterPod
+    profile: str
+    count: int
+    hostable: bool
+    """A schedulable node has that many empty instances of the profile."""
+    relayout_node: bool
+    """Destroying the empty instances of one node's GPUs would make room for all of them."""
+    fleet: bool
+    """The free compute and memory slices of the fleet's GPUs add up to them."""
+    figures: Mapping[str, Any]
+    """Candidates and slice counts for the details (``mig_rules``)."""
+
+
+def _mig_describe(c: MigWaiting, since: float, t: float) -> tuple[str, Details]:
+    candidates = c.figures.get("relayout_candidates") or []
+    where = (f"a re-layout of {candidates[0]['node']} GPU {candidates[0]['gpu_index']} could host it"
+             if c.relayout_node and candidates else
+             f"{c.figures['free_compute_slices']} compute and {c.figures['free_memory_slices']} memory slices are "
+             f"free across the fleet")
+    summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.count} x MIG {c.profile}; none is free as partitioned "
+               f"for {fmt_duration(t - since)}, but {where}")
+    details = {"profile": c.profile, "count": c.count, "request": c.pod.requests,
+               "fits_after_relayout_on_one_node": c.relayout_node, "fits_fleet_free_slices": c.fleet,
+               **c.figures}
+    return summary, details
+
+
+MIG_FRAGMENTATION: SustainedRule[MigWaiting] = SustainedRule(
+    alert_type="mig_fragmentation",
+    after="mig_fragmentation_after",
+    condition=lambda c: not c.hostable and (c.relayout_node or c.fleet),
+    subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
+    describe=_mig_describe,
+    resolution=lambda c, _alert, _t: Resolution(f"an empty {c.profile} exists" if c.hostable
+                                                else f"not enough free slices for {c.profile}"),
+)
+"""A pod's MIG profile has no empty instance while free slices exist for it, for ``mig_fragmentation_after``."""
+
+
+@dataclass(frozen=True)
+class VramWaiting:
+    """A pending pod that declares the VRAM it needs, and the free VRAM of the schedulable shared GPUs."""
+
+    pod: ClusterPod
+    need_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+    gpus: tuple[Mapping[str, Any], ...]
+    """The shared GPUs with the most free VRAM, with their tenants (for the details)."""
+    shared_gpus: int
+
+
+def _vram_frag_describe(c: VramWaiting, since: float, t: float) -> tuple[str, Details]:
+    gib = 2**30
+    summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.need_bytes / gib:.1f} GiB of VRAM on a shared GPU; "
+               f"{c.free_bytes / gib:.1f} GiB are free over {c.shared_gpus} shared GPUs but at most "
+               f"{c.largest_free_bytes / gib:.1f} GiB on one, for {fmt_duration(t - since)}")
+    details = {"need_bytes": c.need_bytes, "free_vram_bytes": c.free_bytes,
+               "largest_free_bytes": c.largest_free_bytes, "shared_gpus": c.shared_gpus, "gpus": list(c.gpus)}
+    return summary, details
+
+
+VRAM_FRAGMENTATION: SustainedRule[VramWaiting] = SustainedRule(
+    alert_type="vram_fragmentation",
+    after="vram_fragmentation_after",
+    condition=lambda c: c.largest_free_bytes < c.need_bytes <= c.free_bytes,
+    subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
+    describe=_vram_frag_describe,
+    resolution=lambda c, _alert, _t: Resolution("a GPU has room for it" if c.largest_free_bytes >= c.need_bytes
+                                                else "not enough free VRAM in total"),
+)
+"""A declared VRAM need fits the shared GPUs' free VRAM in total but no single GPU, for ``vram_fragmentation_after``."""
+
+
+@dataclass(frozen=True)
+class SharedGpuPressure:
+    """A shared GPU's memory at one sample, and the pod whose growth took it to the threshold."""
+
+    node: str
+    reading: GpuReading
+    mem_used_pct: float | None
+    over: bool | None
+    """At or above ``vram_pressure_pct`` (None: no memory figure)."""
+    noisy: tuple[str, str, int | None, int] | None
+    """``(namespace, name, memory now, growth since the last sample below)`` of the pod that grew most."""
+    neighbours: tuple[Mapping[str, Any], ...]
+    thresholds: Thresholds
+
+
+def _noisy_describe(c: SharedGpuPressure, since: float, t: float) -> tuple[str, Details]:
+    assert c.noisy is not None
+    namespace, name, mem, growth = c.noisy
+    total = c.reading.mem_total_bytes or 0
+    pct = c.mem_used_pct or 0.0
+    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
+               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct,
+               "growth_bytes": growth, "pod_mem_bytes": mem, "neighbours": list(c.neighbours)}
+    summary = (f"{namespace}/{name} grew by {growth / 2**30:.1f} GiB and pushed shared GPU {c.reading.index} on "
+               f"{c.node} to {pct:.1f}% of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}; "
+               f"{len(c.neighbours)} neighbour(s) share it")
+    return summary, details
+
+
+NOISY_NEIGHBOUR: SustainedRule[SharedGpuPressure] = SustainedRule(
+    alert_type="noisy_neighbour",
+    after="vram_pressure_after",
+    condition=lambda c: None if c.over is None else c.over and c.noisy is not None,
+    subject=lambda c: alerts.subject("pod", c.noisy[0] if c.noisy else None, c.noisy[1] if c.noisy else None,
+                                     c.node, c.reading.uuid),
+    describe=_noisy_describe,
+    resolution=lambda c, _alert, _t: Resolution("below threshold", {"mem_used_pct": round(c.mem_used_pct or 0.0, 2)}),
+)
+"""A pod's growth takes a GPU it shares to ``vram_pressure_pct``, for ``vram_pressure_after`` (keyed by GPU)."""
+
+NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE, NOISY_NEIGHBOUR)
+"""The node stage's rules (it keeps one :data:`RuleTable` per rule)."""
+
+CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL, MIG_FRAGMENTATION, VRAM_FRAGMENTATION)
+"""The cluster stage's rules (it keeps one :data:`RuleTable` per rule)."""
+
+RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES)
+"""Every declared sustained-condition rule (a test checks their thresholds and severities exist)."""
