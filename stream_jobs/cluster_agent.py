@@ -18,10 +18,9 @@ from schemas.codec import validate
 from schemas.messages import Message
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Delivery
+from stream_jobs.delivery import Confirmable, Delivery
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
-from stream_jobs.node_agent import Confirmable
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import ClusterGate, Mark, Parked, decode_envelope, done_envelope
 

@@ -16,7 +16,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import orjson
 
@@ -50,6 +50,12 @@ def exit_for_restart(reason: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_STALLED)
+
+
+class Confirmable(Protocol):
+    """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
+
+    async def confirm(self) -> None: ...
 
 
 @dataclass

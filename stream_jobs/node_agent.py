@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from common.logs import get_logger
 from schemas.codec import encode
 from schemas.messages import Message
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Delivery
+from stream_jobs.delivery import Confirmable, Delivery
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
@@ -27,12 +27,6 @@ from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import InputGate, Mark, Parked, decode_envelope, node_mark_envelope, output_envelope
 
 log = get_logger(__name__)
-
-
-class Confirmable(Protocol):
-    """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
-
-    async def confirm(self) -> None: ...
 
 
 @dataclass

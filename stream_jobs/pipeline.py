@@ -48,17 +48,17 @@ _BY_SUFFIX = {spec.suffix: spec for spec in INPUT_TOPICS}
 COMPACTED_SUFFIXES = {K8S_PODS.suffix, K8S_NODES.suffix, K8S_WORKLOADS.suffix}
 
 
-class Tombstone(Exception):
+class TombstoneSkipped(Exception):
     """A compacted topic's delete marker: not an error, nothing to do (the state said ``deleted``)."""
 
 
 def decode_record(suffix: str, value: bytes | None) -> Message:
-    """Decode one input record; raises :class:`MessageError` (dead-letter it) or :class:`Tombstone`."""
+    """Decode one input record; raises :class:`MessageError` (dead-letter it) or :class:`TombstoneSkipped`."""
     spec = _BY_SUFFIX.get(suffix)
     if spec is None:
         raise MessageError(f"not an input topic of the stream jobs: {suffix}")
     if value is None and suffix in COMPACTED_SUFFIXES:
-        raise Tombstone(suffix)
+        raise TombstoneSkipped(suffix)
     return decode(value, spec.message)
 
 
@@ -125,7 +125,7 @@ class LocalPipeline:
         self.counters["records"] += 1
         try:
             message = decode_record(suffix, value)
-        except Tombstone:
+        except TombstoneSkipped:
             self.counters["tombstones"] += 1
             return
         except MessageError as exc:

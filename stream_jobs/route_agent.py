@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from common.logs import get_logger
 from schemas.codec import MessageError
 from stream_jobs.delivery import Delivery, exit_for_restart
-from stream_jobs.pipeline import Tombstone, decode_record, route
+from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope
 
 log = get_logger(__name__)
@@ -161,7 +161,7 @@ class RouteAgent:
         suffix = self.topics.input_names[topic]
         try:
             decoded = decode_record(suffix, value)
-        except Tombstone:
+        except TombstoneSkipped:
             return []
         except MessageError as exc:
             await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
