@@ -122,6 +122,9 @@ class GpuReading(Part):
     mig_profile: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+    mig_placement_start: NonNegInt | None = Field(
+        default=None, description="A MIG device's first memory slice on its parent (the GPU instance's placement "
+        "start, 0-7); absent when the agent cannot read it (the stream then assumes the driver's default packing)")
     gpu_util_pct: Percent | None = None
     mem_util_pct: Percent | None = None
     mem_used_bytes: NonNegInt | None = None
@@ -220,6 +223,9 @@ class PodState(Message):
     phase: PodPhase
     conditions: list[PodCondition] = Field(default_factory=list)
     gpu_requests: dict[str, NonNegInt] = Field(default_factory=dict)
+    vram_request_bytes: NonNegInt | None = Field(
+        default=None, description="Device memory the pod needs per GPU on a shared GPU: HAMi's nvidia.com/gpumem "
+        "(MiB, summed over containers), else the annotation gpulens.io/vram-request; absent when neither is set")
     owners: list[OwnerRef] = Field(default_factory=list)
     team: str | None = None
     project: str | None = None
@@ -452,6 +458,83 @@ class PodWindow(Message):
 # --------------------------------------------------------------------------- cluster.capacity.v1
 
 
+class MigInstanceInfo(Part):
+    """One MIG GPU instance on its parent GPU."""
+
+    profile: str
+    start: NonNegInt
+    """First memory slice (placement start)."""
+    used: bool
+    """A pod holds it (the kubelet assigned it, or a process runs on it)."""
+    uuid: str | None = None
+    idle_s: NonNegFloat | None = None
+    """How long it has been empty (in capacity windows; absent while used)."""
+
+
+class MigGpuLayout(Part):
+    """A MIG-enabled GPU's instances as one sample saw them (node stage -> cluster stage)."""
+
+    gpu_uuid: str
+    gpu_index: NonNegInt
+    model: str
+    mem_total_bytes: NonNegInt | None = None
+    instances: list[MigInstanceInfo] = Field(default_factory=list)
+    placement_inferred: bool = False
+    """The sample gave no placement starts: these are the driver's default packing of the profiles."""
+
+
+class MigGpuWindow(Part):
+    """One MIG GPU's layout and free slices at a capacity window's last instant."""
+
+    node: str
+    gpu_index: NonNegInt
+    gpu_uuid: str
+    profile_table: str
+    instances: list[MigInstanceInfo] = Field(default_factory=list)
+    free_compute_slices: NonNegInt
+    """Of 7: slices no instance in use holds (an empty instance's count as free)."""
+    free_memory_slices: NonNegInt
+    """Of 8, likewise."""
+    largest_creatable_profile: str | None = None
+    """The largest profile that can still be created without destroying an instance."""
+    largest_after_relayout: str | None = None
+    """The largest profile that could be created once the empty instances are destroyed."""
+
+
+class SharedPodVram(Part):
+    """A pod on a shared GPU and its device memory there."""
+
+    namespace: str
+    name: str
+    mem_bytes: NonNegInt | None = None
+    """Now (its processes' memory; None when NVML gives no per-process figure)."""
+    peak_bytes: NonNegInt | None = None
+    """The most it has held on this GPU."""
+
+
+class SharedGpuState(Part):
+    """A shared GPU (time-slicing, MPS) as one sample saw it (node stage -> cluster stage)."""
+
+    gpu_uuid: str
+    gpu_index: NonNegInt
+    model: str
+    mem_total_bytes: NonNegInt
+    mem_used_bytes: NonNegInt | None = None
+    pods: list[SharedPodVram] = Field(default_factory=list)
+
+
+class SharedGpuWindow(Part):
+    """One shared GPU's memory and tenants at a capacity window's last instant."""
+
+    node: str
+    gpu_index: NonNegInt
+    gpu_uuid: str
+    mem_total_bytes: NonNegInt
+    mem_used_bytes: NonNegInt | None = None
+    free_bytes: NonNegInt
+    pods: list[SharedPodVram] = Field(default_factory=list)
+
+
 class ClusterCapacity(Message):
     window_id: str
     window_start: UtcDatetime
@@ -479,6 +562,32 @@ class ClusterCapacity(Message):
     """Workloads a queue (Kueue) holds that are not admitted and have no pods yet; their GPUs are
     ``queued_gpu_demand``, which ``pending_gpu_demand`` includes (``pending_pods`` counts pods only)."""
     queued_gpu_demand: NonNegInt | None = None
+    # MIG (absent on a fleet without MIG GPUs): free compute and memory slices are counted
+    # separately, placement follows NVIDIA's profile table (stream_jobs/mig.py)
+    mig_gpus: NonNegInt | None = None
+    mig_free_compute_slices: NonNegInt | None = None
+    mig_free_memory_slices: NonNegInt | None = None
+    mig_free_instances_by_profile: dict[str, NonNegInt] | None = None
+    """Empty MIG devices by profile: what pods can be placed on now."""
+    mig_relayout_capacity_by_profile: dict[str, NonNegInt] | None = None
+    """Per profile, how many could exist at once if every empty instance were destroyed (summed over GPUs)."""
+    mig_free_by_node: dict[str, dict[str, NonNegInt]] | None = None
+    """Empty MIG devices by node and profile."""
+    mig_pending_by_profile: dict[str, NonNegInt] | None = None
+    """MIG devices pending pods ask for, by profile."""
+    mig_layouts: list[MigGpuWindow] | None = None
+    # shared GPUs (absent on a fleet without time-slicing or MPS): device memory, which sharing
+    # does not isolate and Kubernetes does not schedule (stream_jobs/shared_vram.py)
+    shared_gpus: NonNegInt | None = None
+    shared_vram_free_bytes: NonNegInt | None = None
+    shared_vram_largest_free_bytes: NonNegInt | None = None
+    """The most free VRAM on one shared GPU."""
+    shared_vram_stranded_bytes: NonNegInt | None = None
+    """Free VRAM on schedulable shared GPUs that each have less than the smallest pending pod's need
+    (0 with no pending pod that declares one)."""
+    shared_vram_pending_bytes: NonNegInt | None = None
+    """The memory needs pending pods declare (HAMi nvidia.com/gpumem, gpulens.io/vram-request), summed."""
+    shared_gpu_layouts: list[SharedGpuWindow] | None = None
 
 
 # --------------------------------------------------------------------------- pod.lifecycle.v1
@@ -535,6 +644,9 @@ AlertType = Literal[  # the alert types gpulens emits today (docs/alerts.md); th
     "crashloop_gpu",
     "idle_node",
     "allocator_fragmentation",
+    "mig_fragmentation",
+    "vram_fragmentation",
+    "noisy_neighbour",
 ]
 KNOWN_ALERT_TYPES: tuple[str, ...] = get_args(AlertType)
 

@@ -42,6 +42,8 @@ class SimNode:
     """Schedulable unit -> index of the pod holding it."""
     removed: bool = False
     state: Any = None
+    slot_res: list[str | None] | None = None
+    """A ``mig_layout`` node: the resource of each slot (None: no instance there)."""
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 
 from schemas.messages import Alert, ClusterCapacity, DeadLetter, Message, PodLifecycle, PodWindow
 from simulation.fleet_state import Tick
+from simulation.fragmentation_report import mig_report, shared_report
 from simulation.scenario import Scenario
 from simulation.simulator import FleetSimulator
 from stream_jobs.alerts import TYPE_ORDER
@@ -148,6 +149,8 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
             "max_queued_gpu_demand": max((w.queued_gpu_demand or 0 for w in windows), default=0),
             "max_queued_workloads": max((w.queued_workloads or 0 for w in windows), default=0),
         }
+    cluster |= mig_report(windows, scenario.thresholds.mig_unused_after)  # empty without MIG GPUs
+    cluster |= shared_report(windows)  # empty without shared GPUs
     pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
     return {
         "scenario": scenario.name,

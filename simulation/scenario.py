@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from common.errors import UserError
 from schemas.messages import DEFAULT_CLUSTER
+from simulation.mig_layouts import MAX_INSTANCES_PER_GPU, GpuLayout, MigRelayout
 from simulation.scenario_file import (
     DEFAULT_MODEL,
     MIG_PROFILE,
@@ -62,6 +63,10 @@ class NodeSpec:
     """Extension: replicas per GPU (``nvidia.com/gpu`` advertised ``gpus x time_slicing``)."""
     process_stats: bool = True
     """Extension: False = NVML gives no per-process memory or utilisation on this node."""
+    mig_layout: tuple[GpuLayout, ...] | None = None
+    """Extension: every GPU in MIG mode with its own instances (``simulation.mig_layouts``)."""
+    mig_relayout: tuple[MigRelayout, ...] = ()
+    """Extension: changes of one GPU's MIG layout at a time."""
 
     @property
     def resource(self) -> str:
@@ -69,6 +74,8 @@ class NodeSpec:
 
     @property
     def mig_per_gpu(self) -> int:
+        if self.mig_layout is not None:
+            return MAX_INSTANCES_PER_GPU
         if not self.mig:
             return 1
         match = MIG_PROFILE.match(self.mig)
@@ -78,7 +85,7 @@ class NodeSpec:
     @property
     def units(self) -> int:
         """Schedulable units of :attr:`resource`."""
-        return self.gpus * (self.mig_per_gpu if self.mig else self.time_slicing)
+        return self.gpus * (self.mig_per_gpu if self.mig or self.mig_layout is not None else self.time_slicing)
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,9 @@ class PodSpec:
     the workload's admission, and a workload never admitted never creates it."""
     allocator: AllocatorSpec | None = None
     """Extension: allocator statistics the pod reports (docs/scenarios.md)."""
+    vram_request_gib: float | None = None
+    """Extension: the pod's device memory need per GPU (annotation ``gpulens.io/vram-request``); on a
+    shared GPU it is placed only where that much is free, as HAMi's scheduler does."""
 
 
 @dataclass(frozen=True)
@@ -250,10 +260,11 @@ def step_value(steps: Steps, offset_s: float) -> float:
 
 
 def _node(raw: NodeFile) -> NodeSpec:
+    layouts, changes = raw.layouts()
     return NodeSpec(name=raw.name, gpus=raw.gpus, model=raw.model, memory_gib=raw.memory_gib, driver=raw.driver,
                     cuda=raw.cuda, labels=raw.labels or {}, ready_until=raw.ready_until,
                     unschedulable=raw.unschedulable, mig=raw.mig, time_slicing=raw.time_slicing,
-                    process_stats=raw.process_stats)
+                    process_stats=raw.process_stats, mig_layout=layouts, mig_relayout=changes)
 
 
 def _pod(raw: PodFile, index: int) -> PodSpec:
@@ -264,7 +275,8 @@ def _pod(raw: PodFile, index: int) -> PodSpec:
                    owner=raw.owner, active_gpus=raw.active_gpus, workload=raw.workload,
                    allocator=None if raw.allocator is None else AllocatorSpec(
                        raw.allocator.reserved_gib, raw.allocator.allocated_gib, raw.allocator.retries_per_min,
-                       raw.allocator.ooms_per_min, raw.allocator.start, raw.allocator.until))
+                       raw.allocator.ooms_per_min, raw.allocator.start, raw.allocator.until),
+                   vram_request_gib=raw.vram_request_gib)
 
 
 def _workload(raw: WorkloadFile, index: int) -> WorkloadSpec:

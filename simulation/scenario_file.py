@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
+from simulation.mig_layouts import GpuLayout, MigLayoutError, MigRelayout, parse_node_layouts
 from stream_jobs.config import Thresholds
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
@@ -196,6 +197,9 @@ class NodeFile(FileModel):
     mig: str | None = None
     time_slicing: int = 1
     process_stats: bool = True
+    mig_layout: list[Any] | None = None
+    """Checked with the node's size by :meth:`layouts` (``simulation.mig_layouts``)."""
+    mig_relayout: list[Any] | None = None
 
     _name = field_validator("name", mode="before")(lambda v: k8s_name(v))
     _gpus = field_validator("gpus", mode="before")(lambda v: whole(v))
@@ -220,7 +224,17 @@ class NodeFile(FileModel):
     def _mig_or_slicing(self) -> NodeFile:
         if self.mig and self.time_slicing > 1:
             raise field_error("cannot be combined with mig", ".time_slicing")
+        try:
+            self.layouts()
+        except MigLayoutError as exc:  # "<.sub.path>: <message>"
+            sub, _, message = str(exc).partition(": ")
+            raise field_error(message, sub) from None
         return self
+
+    def layouts(self) -> tuple[tuple[GpuLayout, ...] | None, tuple[MigRelayout, ...]]:
+        """The per-GPU MIG layouts and their changes; raises :class:`MigLayoutError`."""
+        return parse_node_layouts(self.model_dump(include={"mig", "time_slicing", "mig_layout", "mig_relayout"}),
+                                  "", self.gpus, self.model, self.memory_gib)
 
 
 class AllocatorFile(FileModel):
@@ -271,6 +285,7 @@ class PodFile(FileModel):
     active_gpus: int | None = None
     workload: str | None = None
     allocator: AllocatorFile | None = None
+    vram_request_gib: float | None = None
 
     _names = field_validator("name", "namespace", mode="before")(lambda v: k8s_name(v))
     _labels = field_validator("labels", mode="before")(lambda v: labels(v))
@@ -286,6 +301,7 @@ class PodFile(FileModel):
     _resource = field_validator("resource", mode="before")(lambda v: None if v is None else resource(v))
     _active = field_validator("active_gpus", mode="before")(lambda v: None if v is None else whole(v))
     _workload = field_validator("workload", mode="before")(lambda v: None if v is None else k8s_name(v))
+    _vram = field_validator("vram_request_gib", mode="before")(lambda v: None if v is None else number(v, 0.0))
 
     @field_validator("end", mode="before")
     @classmethod

@@ -38,12 +38,19 @@ from producers.watcher.translate import (
     node_to_state,
     pod_to_state,
 )
+from producers.watcher.vram import VRAM_ANNOTATION
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 from simulation.allocator_play import AllocatorPlayer
 from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
+from simulation.mig_layouts import (
+    MAX_INSTANCES_PER_GPU,
+    fake_devices,
+    relayout_slots,
+    slot_resources,
+)
 from simulation.scenario import NodeSpec, Scenario, step_value
 from simulation.scenario_file import OWNER_API_VERSIONS
 
@@ -101,6 +108,8 @@ class FleetSimulator:
                                   gpu_instance_id=j * slices, compute_instance_id=0, mem_total_bytes=mig_mem)
                     for j in range(spec.mig_per_gpu)
                 ]
+            if spec.mig_layout is not None:
+                gpu.mig_devices = fake_devices(name, spec.name, index, spec.mig_layout[index], spec.memory_gib)
             if not spec.process_stats:
                 gpu.unsupported.add("process_utilization")
             gpus.append(gpu)
@@ -109,7 +118,10 @@ class FleetSimulator:
         resources = StaticPodResources()
         sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
                               boot_id=_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
-        return SimNode(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+        node = SimNode(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+        if spec.mig_layout is not None:
+            node.slot_res = slot_resources([g.mig_devices for g in gpus])
+        return node
 
     # ------------------------------------------------------------------ Kubernetes objects
 
@@ -124,9 +136,11 @@ class FleetSimulator:
             "nvidia.com/cuda.driver-version.full": spec.driver,
             "nvidia.com/cuda.runtime-version.full": spec.cuda,
         } | spec.labels
-        if spec.mig:
+        if spec.mig or node.slot_res is not None:
             labels["nvidia.com/mig.strategy"] = "mixed"
         amount = {spec.resource: str(spec.units)}
+        if node.slot_res is not None:
+            amount = {res: str(node.slot_res.count(res)) for res in sorted({r for r in node.slot_res if r})}
         return {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": spec.name, "uid": node.uid, "labels": labels,
@@ -157,6 +171,8 @@ class FleetSimulator:
             labels[QUEUE_LABEL] = workload.spec.queue
             meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.workload,
                                         "uid": workload.job_uid, "controller": True}]
+        if spec.vram_request_gib is not None:
+            meta["annotations"] = {VRAM_ANNOTATION: str(int(spec.vram_request_gib * GIB))}
         if pod.deleted and pod.ended is not None:
             meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
         amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
@@ -306,6 +322,7 @@ class FleetSimulator:
                         records.append(self._encode(K8S_NODES.suffix, node.spec.name, node_state))
             records.extend(self._workload_records(t, ts))
             self._lifecycle(t, ts, changed, records)
+            records.extend(self._relayouts(t, ts))
             failed = self._schedule(t, changed)
             self._crashloops(t, changed)
             gpu_nodes = set(self.nodes)
@@ -333,6 +350,32 @@ class FleetSimulator:
                 bad = poison.pop(0)
                 records.append(SimulatedRecord(bad.topic, bad.key, None if bad.value is None else bad.value.encode()))
             yield Tick(t, ts, records)
+
+    def _relayouts(self, t: float, ts: datetime) -> list[SimulatedRecord]:
+        """Apply the ``mig_relayout`` changes due at ``t``; a changed node's state is sent again."""
+        out = []
+        for node in self.nodes.values():
+            due = [c for c in node.spec.mig_relayout if t - self.dt < c.at <= t + EPS]
+            if node.removed or not due:
+                continue
+            for change in due:
+                gpu = node.gpus[change.gpu]
+                new = fake_devices(self.scenario.name, node.spec.name, change.gpu, change.layout, node.spec.memory_gib)
+                base = change.gpu * MAX_INSTANCES_PER_GPU
+                owners = node.slots[base:base + MAX_INSTANCES_PER_GPU]
+                where = f"{node.spec.name}: mig_relayout at {t:g}s on GPU {change.gpu}"
+                node.slots[base:base + MAX_INSTANCES_PER_GPU] = relayout_slots(gpu.mig_devices, new, owners, where)
+                for pod in self.pods:  # a kept device may move to another slot index
+                    if pod.node == node.spec.name and pod.phase == "running":
+                        pod.slots = [i for i, owner in enumerate(node.slots) if owner == pod.spec.index]
+                gpu.mig_devices = new
+                for device in new:
+                    device.parent = gpu
+            node.slot_res = slot_resources([g.mig_devices for g in node.gpus])
+            node.state = node_to_state(self._node_object(node, ts), ts)
+            if node.state is not None:
+                out.append(self._encode(K8S_NODES.suffix, node.spec.name, node.state))
+        return out
 
     def _key(self, key: str) -> str:
         return scoped_key(self.scenario.cluster, key)
@@ -385,9 +428,11 @@ class FleetSimulator:
         for pod in pending:
             reasons: dict[str, int] = {}
             for node in live:
-                why = self._misfit(pod, node)
+                why = self._misfit(pod, node, t)
                 if why is None:
-                    free = [i for i, owner in enumerate(node.slots) if owner is None]
+                    free = [i for i, owner in enumerate(node.slots)
+                            if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)
+                            and self._vram_fits(pod, node, i, t)]
                     taken = free[: pod.spec.gpus]
                     for slot in taken:
                         node.slots[slot] = pod.spec.index
@@ -407,17 +452,43 @@ class FleetSimulator:
                     failed.append(pod)
         return failed
 
-    def _misfit(self, pod: SimPod, node: SimNode) -> str | None:
+    def _misfit(self, pod: SimPod, node: SimNode, t: float) -> str | None:
         if pod.spec.node is not None and pod.spec.node != node.spec.name:
             return "node(s) didn't match Pod's node affinity/selector"
         if node.spec.unschedulable:
             return "node(s) were unschedulable"
         if pod.spec.gpus == 0:
             return None
+        if node.slot_res is not None:
+            free = sum(1 for owner, res in zip(node.slots, node.slot_res, strict=True)
+                       if owner is None and res == pod.resource)
+            return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
         if node.spec.resource != pod.resource:
             return f"Insufficient {pod.resource}"
+        if pod.spec.vram_request_gib is not None and node.spec.time_slicing > 1:
+            roomy = sum(1 for i, owner in enumerate(node.slots) if owner is None and self._vram_fits(pod, node, i, t))
+            return None if roomy >= pod.spec.gpus else "Insufficient nvidia.com/gpumem"
         free = sum(1 for owner in node.slots if owner is None)
         return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
+
+    def _vram_fits(self, pod: SimPod, node: SimNode, slot: int, t: float) -> bool:
+        """On a time-sliced node, whether ``slot``'s GPU has ``pod``'s declared memory free: its size
+        minus its tenants' declared needs (their use where they declare none), as HAMi accounts."""
+        need = pod.spec.vram_request_gib
+        if need is None or node.spec.time_slicing <= 1:
+            return True
+        per_gpu = node.spec.time_slicing
+        gpu = slot // per_gpu
+        by_index = {p.spec.index: p for p in self.pods}
+        held = 0.0
+        for owner in node.slots[gpu * per_gpu:(gpu + 1) * per_gpu]:
+            if owner is None or owner == pod.spec.index:
+                continue
+            tenant = by_index[owner]
+            declared = tenant.spec.vram_request_gib
+            used = step_value(tenant.spec.memory_gib, t - (tenant.scheduled or t))
+            held += declared if declared is not None else used
+        return node.spec.memory_gib - held >= need - 1e-9
 
     def _crashloops(self, t: float, changed: list[SimPod]) -> None:
         for pod in self.pods:
@@ -503,10 +574,11 @@ class FleetSimulator:
         by_index = {p.spec.index: p for p in self.pods}
         mapping: dict[str, list[PodRef]] = {}
         resolver: dict[int, ContainerRef] = {}
-        per_gpu = spec.mig_per_gpu if spec.mig else spec.time_slicing
+        mig_mode = bool(spec.mig) or spec.mig_layout is not None
+        per_gpu = spec.mig_per_gpu if mig_mode else spec.time_slicing
         for gpu in node.gpus:
             owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
-            if spec.mig:
+            if mig_mode:
                 for k, mig in enumerate(gpu.mig_devices):
                     owner = owners[k]
                     mig.processes, mig.mem_used_bytes = [], 0

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from common.logs import get_logger
 from common.settings import SinkSettings
 from sinks.clickhouse import ClickHouseStore
+from sinks.migration_fragmentation import m8_fragmentation
 
 log = get_logger(__name__)
 
@@ -806,6 +807,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "v_advise_windows: the advisor's per-pod GPU windows", _m6_advise_windows),
     Migration(7, "cluster: a column of every table, first in every sorting key, in every view",
               lambda ttl: [], _m7_cluster),
+    Migration(8, "fragmentation: MIG and shared-VRAM capacity figures, mig_gpu_windows, shared_gpu_windows",
+              m8_fragmentation),
     Migration(9, "allocator figures (reserved but unused, retries, OOMs) in pod windows and lifecycle",
               _m9_allocator),
 )
@@ -821,6 +824,8 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "workload_progress": ("toDateTime(ts)", "state"),
     "pod_windows": ("toDateTime(window_start)", "state"),
     "cluster_capacity": ("toDateTime(window_start)", "state"),
+    "mig_gpu_windows": ("toDateTime(window_start)", "state"),
+    "shared_gpu_windows": ("toDateTime(window_start)", "state"),
     "pod_lifecycle": ("toDateTime(created_at)", "state"),
     "alerts": ("toDateTime(started_at)", "state"),
     "rollup_hourly": ("hour", "rollup"),

@@ -58,7 +58,7 @@ TABLES_BY_TOPIC: dict[str, tuple[str, ...]] = {
     K8S_EVENTS.suffix: ("k8s_events",),
     WORKLOAD_PROGRESS.suffix: ("workload_progress",),
     POD_WINDOWS.suffix: ("pod_windows",),
-    CLUSTER_CAPACITY.suffix: ("cluster_capacity",),
+    CLUSTER_CAPACITY.suffix: ("cluster_capacity", "mig_gpu_windows", "shared_gpu_windows"),
     POD_LIFECYCLE.suffix: ("pod_lifecycle",),
     ALERTS.suffix: ("alerts",),
 }
@@ -384,8 +384,42 @@ def capacity_rows(msg: ClusterCapacity, partition: int, offset: int) -> Iterator
         "gpu_s_idle_allocated": msg.gpu_s_idle_allocated,
         "gpu_s_free": msg.gpu_s_free,
         "stranded_gpus_max": msg.stranded_gpus_max,
+        "mig_gpus": msg.mig_gpus,
+        "mig_free_compute_slices": msg.mig_free_compute_slices,
+        "mig_free_memory_slices": msg.mig_free_memory_slices,
+        "mig_free_instances_by_profile": dict(msg.mig_free_instances_by_profile or {}),
+        "mig_relayout_capacity_by_profile": dict(msg.mig_relayout_capacity_by_profile or {}),
+        "mig_pending_by_profile": dict(msg.mig_pending_by_profile or {}),
+        "shared_gpus": msg.shared_gpus,
+        "shared_vram_free_bytes": msg.shared_vram_free_bytes,
+        "shared_vram_largest_free_bytes": msg.shared_vram_largest_free_bytes,
+        "shared_vram_stranded_bytes": msg.shared_vram_stranded_bytes,
+        "shared_vram_pending_bytes": msg.shared_vram_pending_bytes,
         "kafka_partition": partition, "kafka_offset": offset,
     }
+    for gpu in msg.mig_layouts or []:
+        yield "mig_gpu_windows", {
+            "window_id": msg.window_id, "window_start": msg.window_start, "window_end": msg.window_end,
+            "node": gpu.node, "gpu_index": gpu.gpu_index, "gpu_uuid": gpu.gpu_uuid, "profile_table": gpu.profile_table,
+            "instance_profiles": [i.profile for i in gpu.instances],
+            "instance_starts": [i.start for i in gpu.instances],
+            "instance_used": [int(i.used) for i in gpu.instances],
+            "instance_idle_s": [i.idle_s for i in gpu.instances],
+            "free_compute_slices": gpu.free_compute_slices, "free_memory_slices": gpu.free_memory_slices,
+            "largest_creatable_profile": gpu.largest_creatable_profile,
+            "largest_after_relayout": gpu.largest_after_relayout,
+            "kafka_partition": partition, "kafka_offset": offset,
+        }
+    for shared in msg.shared_gpu_layouts or []:
+        yield "shared_gpu_windows", {
+            "window_id": msg.window_id, "window_start": msg.window_start, "window_end": msg.window_end,
+            "node": shared.node, "gpu_index": shared.gpu_index, "gpu_uuid": shared.gpu_uuid,
+            "mem_total_bytes": shared.mem_total_bytes, "mem_used_bytes": shared.mem_used_bytes,
+            "free_bytes": shared.free_bytes,
+            "pod_namespaces": [p.namespace for p in shared.pods], "pod_names": [p.name for p in shared.pods],
+            "pod_mem_bytes": [p.mem_bytes for p in shared.pods], "pod_peak_bytes": [p.peak_bytes for p in shared.pods],
+            "kafka_partition": partition, "kafka_offset": offset,
+        }
 
 
 def lifecycle_rows(msg: PodLifecycle, partition: int, offset: int) -> Iterator[tuple[str, Row]]:

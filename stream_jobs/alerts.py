@@ -22,6 +22,9 @@ SEVERITY: dict[str, str] = {
     "crashloop_gpu": "critical",
     "idle_node": "info",
     "allocator_fragmentation": "warning",
+    "mig_fragmentation": "warning",
+    "vram_fragmentation": "warning",
+    "noisy_neighbour": "warning",
 }
 
 # the order of alert types when several transitions share a timestamp (report order)

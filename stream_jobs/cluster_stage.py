@@ -29,6 +29,7 @@ State is plain JSON-serialisable data (:meth:`to_dict` / :meth:`from_dict`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from schemas.messages import (
@@ -43,7 +44,9 @@ from schemas.messages import (
 from stream_jobs import rules
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.mig_rules import MigTracker
 from stream_jobs.node_stage import pod_end_reason
+from stream_jobs.shared_vram import VramTracker
 from stream_jobs.stage import Stage
 from stream_jobs.state import (
     CapacitySnapshot,
@@ -113,6 +116,10 @@ class ClusterStage(Stage):
         self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.CLUSTER_RULES}
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
         self.cap = CapacityState()
+        self.mig = MigTracker()
+        """The fleet's MIG layouts, their figures and mig_fragmentation."""
+        self.vram = VramTracker()
+        """The shared GPUs' free VRAM, its figures and vram_fragmentation."""
         self._end: float | None = None  # set by :meth:`flush` only: the replay's end
         self.counters: dict[str, int] = {"late_inputs": 0, "instants": 0}
         self._current: float | None = None  # the instant being applied during :meth:`advance`
@@ -187,6 +194,7 @@ class ClusterStage(Stage):
         pod.gang, pod.owner_uids = state.gang_id, sorted(o.uid for o in state.owners if o.uid)
         pod.requests, pod.gpus = dict(state.gpu_requests), sum(state.gpu_requests.values())
         pod.created = epoch(state.created_at)
+        pod.vram_need_bytes = state.vram_request_bytes
         if state.node and pod.node is None:
             pod.node = state.node
             pod.scheduled = epoch(state.scheduled_at) if state.scheduled_at else ts
@@ -260,6 +268,8 @@ class ClusterStage(Stage):
     def _on_summary(self, ts: float, summary: NodeSummary) -> None:
         self.summaries[summary.node] = NodeSampleSummary(ts=ts, interval_s=summary.sample_interval_s,
                                                          busy_gpus=summary.busy, idle_gpus=summary.idle_allocated)
+        self.mig.on_summary(summary.node, summary.mig)
+        self.vram.on_summary(summary.node, summary.shared)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -377,6 +387,15 @@ class ClusterStage(Stage):
         acc.stranded_max = max(acc.stranded_max, stranded)
         acc.last = snap
 
+        live = {n for n, node in self.nodes.items() if node.ready and not node.deleted}
+        th = self.config.thresholds
+        self._out += self.mig.evaluate(t, live, set(free), pending, th, self.alerting["mig_fragmentation"],
+                                       self._why_not_pending)
+        self._out += self.vram.evaluate(t, live, set(free), pending, th, self.alerting["vram_fragmentation"],
+                                        self._why_not_pending)
+        figures = (self.mig.snapshot or {}) | (self.vram.snapshot or {})
+        if figures:  # MIG and shared-VRAM figures: only on a fleet with such GPUs
+            self.cap.snapshot = acc.last = replace(snap, fragmentation=figures)
         self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
 
@@ -473,7 +492,7 @@ class ClusterStage(Stage):
             "done": self.done, "early": records_to_dict(self.early), "summaries": records_to_dict(self.summaries),
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
             "cap": self.cap.to_dict(),
-            "counters": self.counters,
+            "counters": self.counters, "mig": self.mig.to_dict(), "vram": self.vram.to_dict(),
         }
 
     @classmethod
@@ -488,4 +507,6 @@ class ClusterStage(Stage):
         stage.done, stage.counters = data["done"], data["counters"]
         stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
         stage.workloads = {uid: Workload.from_dict(w) for uid, w in data.get("workloads", {}).items()}
+        stage.mig = MigTracker.from_dict(data.get("mig"))
+        stage.vram = VramTracker(data.get("vram"))
         return stage

@@ -40,9 +40,17 @@ class Thresholds:
     """``allocator_fragmentation``: how long the condition must hold, and the window in which
     allocation retries or OOMs must occur."""
 
+    mig_fragmentation_after: float = 120.0
+    """A pending MIG pod no empty instance can host while free slices exist: alert after this long."""
+    mig_unused_after: float = 1800.0
+    """An empty MIG instance counts as unused slices in the report after this long."""
+    vram_fragmentation_after: float = 120.0
+    """A pending pod's VRAM need fits the shared GPUs' free VRAM in total but none alone: alert after this long."""
+
     DURATIONS = (
         "idle_after", "vram_pressure_after", "pending_after", "fragmentation_after", "gang_after",
-        "idle_node_after", "crashloop_window", "gpu_health_clear_after", "allocator_fragmentation_after",
+        "idle_node_after", "crashloop_window", "gpu_health_clear_after", "mig_fragmentation_after",
+        "mig_unused_after", "vram_fragmentation_after", "allocator_fragmentation_after",
     )
 
     @classmethod

@@ -9,7 +9,17 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime, WorkloadState
+from schemas.messages import (
+    Message,
+    MigGpuLayout,
+    NodeState,
+    NonNegFloat,
+    NonNegInt,
+    PodState,
+    SharedGpuState,
+    UtcDatetime,
+    WorkloadState,
+)
 
 MAX_NAME_CHARS = 256
 """Longest team / project / gang name a stage keeps (longer ones are cut)."""
@@ -45,6 +55,10 @@ class NodeSummary(Message):
     allocated: NonNegInt
     busy: NonNegInt
     idle_allocated: NonNegInt
+    mig: list[MigGpuLayout] | None = None
+    """The node's MIG-enabled GPUs and their instances (None: the node has none)."""
+    shared: list[SharedGpuState] | None = None
+    """The node's shared GPUs with their memory and tenants (None: the node has none)."""
 
 
 class PodUsage(Message):

@@ -21,13 +21,24 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, WorkloadAllocator
+from schemas.messages import (
+    DEFAULT_CLUSTER,
+    GpuReading,
+    GpuSample,
+    Message,
+    NodeState,
+    PodState,
+    SharedGpuState,
+    WorkloadAllocator,
+)
 from stream_jobs import alerts, rules
 from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary
+from stream_jobs.mig import layouts_from_sample
 from stream_jobs.scoping import stamped
+from stream_jobs.shared_vram import NoisyNeighbours, replicas_per_gpu
 from stream_jobs.stage import Stage
 from stream_jobs.state import RESTARTS_KEPT, GpuHealth, NodeInfo, NodePod, PodGpuUsage, PodGpuWindow
 from stream_jobs.timeutil import EPS, elapsed, fmt_duration, from_epoch, iso, window_start
@@ -85,6 +96,8 @@ class NodeStage(Stage):
         """Open windows by ``pod_uid|gpu_uuid|window_start``."""
         self.alerting: dict[str, rules.RuleTable] = {rule.alert_type: {} for rule in rules.NODE_RULES}
         """Timers and open alerts of the sustained-condition rules, by alert type then subject key."""
+        self.shared = NoisyNeighbours()
+        """Free VRAM, tenants and noisy_neighbour timers of the node's shared GPUs."""
         self.counters: dict[str, int] = {"samples": 0, "late_samples": 0, "late_states": 0, "gaps": 0,
                                          "unattributed_readings": 0}
         self.allocator = AllocatorTracker(node, config.thresholds, config.window_s)
@@ -122,6 +135,7 @@ class NodeStage(Stage):
         info = self.info
         info.ready, info.deleted = state.ready and not state.deleted, state.deleted
         info.gpu_product = state.gpu_product or info.gpu_product
+        info.replicas_per_gpu = replicas_per_gpu(state)
         if state.driver_version:
             info.driver_version = state.driver_version
         if state.cuda_driver_version:
@@ -233,6 +247,7 @@ class NodeStage(Stage):
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
+        shared: list[SharedGpuState] = []
         for reading in sample.gpus:
             self._health(reading, ts)
             if reading.mig_parent_uuid is None:
@@ -242,6 +257,14 @@ class NodeStage(Stage):
                 continue  # a MIG parent is not an allocation unit; its MIG devices are
             units += 1
             shares = attribute(reading, uid_by_name)
+            if reading.mig_parent_uuid is None and (reading.shared or self.info.replicas_per_gpu > 1.0):
+                gpu_state, transitions = self.shared.observe(
+                    ts, self.node, reading,
+                    # an estimated share has no memory of its own (an even split of the device's)
+                    [(s.pod_uid, s.namespace, s.pod, None if s.estimated else s.mem_bytes) for s in shares], th,
+                    self.alerting["noisy_neighbour"])
+                shared += [gpu_state] if gpu_state is not None else []
+                self._out.extend(transitions)
             if not shares:
                 continue
             allocated += 1
@@ -262,7 +285,9 @@ class NodeStage(Stage):
                 else:
                     idle_alloc += 1
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
-                                     allocated=allocated, busy=busy, idle_allocated=idle_alloc))
+                                     allocated=allocated, busy=busy, idle_allocated=idle_alloc,
+                                     mig=layouts_from_sample(sample.gpus), shared=shared or None))
+        self.shared.forget({g.gpu_uuid for g in shared}, self.alerting["noisy_neighbour"])
         self._idle_node(ts, units, physical, price, allocated > 0)
         for uid in sorted(self.pods):
             pod = self.pods[uid]
@@ -415,7 +440,7 @@ class NodeStage(Stage):
             "last_sample": self.last_sample, "usage": {uid: u.to_dict() for uid, u in self.usage.items()},
             "windows": {key: w.to_dict() for key, w in self.windows.items()},
             "alerting": {name: rules.table_to_dict(table) for name, table in self.alerting.items()},
-            "counters": self.counters, "allocator": self.allocator.to_dict(),
+            "counters": self.counters, "allocator": self.allocator.to_dict(), "shared": self.shared.to_dict(),
         }
 
     @classmethod
@@ -433,5 +458,6 @@ class NodeStage(Stage):
         stage.counters = data["counters"]
         stage.allocator = AllocatorTracker.from_dict(data.get("allocator"), stage.node, config.thresholds,
                                                      config.window_s)
+        stage.shared = NoisyNeighbours(data.get("shared"))
         return stage
 

@@ -497,10 +497,132 @@ report ``allocator_fragmentation_after`` ago (the timer runs from the data: the 
 not the retries), with allocation retries or OOMs within that window. Stepped at each allocator
 report by :class:`stream_jobs.allocator.AllocatorTracker`, which keeps its table."""
 
-NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE)
+# --------------------------------------------------------------------------- MIG and shared-GPU VRAM
+# (stream_jobs.mig_rules and stream_jobs.shared_vram work out the figures these contexts carry)
+
+
+@dataclass(frozen=True)
+class MigWaiting:
+    """A pending pod asking for ``count`` MIG devices of ``profile``, and where they could come from."""
+
+    pod: ClusterPod
+    profile: str
+    count: int
+    hostable: bool
+    """A schedulable node has that many empty instances of the profile."""
+    relayout_node: bool
+    """Destroying the empty instances of one node's GPUs would make room for all of them."""
+    fleet: bool
+    """The free compute and memory slices of the fleet's GPUs add up to them."""
+    figures: Mapping[str, Any]
+    """Candidates and slice counts for the details (``mig_rules``)."""
+
+
+def _mig_describe(c: MigWaiting, since: float, t: float) -> tuple[str, Details]:
+    candidates = c.figures.get("relayout_candidates") or []
+    where = (f"a re-layout of {candidates[0]['node']} GPU {candidates[0]['gpu_index']} could host it"
+             if c.relayout_node and candidates else
+             f"{c.figures['free_compute_slices']} compute and {c.figures['free_memory_slices']} memory slices are "
+             f"free across the fleet")
+    summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.count} x MIG {c.profile}; none is free as partitioned "
+               f"for {fmt_duration(t - since)}, but {where}")
+    details = {"profile": c.profile, "count": c.count, "request": c.pod.requests,
+               "fits_after_relayout_on_one_node": c.relayout_node, "fits_fleet_free_slices": c.fleet,
+               **c.figures}
+    return summary, details
+
+
+MIG_FRAGMENTATION: SustainedRule[MigWaiting] = SustainedRule(
+    alert_type="mig_fragmentation",
+    after="mig_fragmentation_after",
+    condition=lambda c: not c.hostable and (c.relayout_node or c.fleet),
+    subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
+    describe=_mig_describe,
+    resolution=lambda c, _alert, _t: Resolution(f"an empty {c.profile} exists" if c.hostable
+                                                else f"not enough free slices for {c.profile}"),
+)
+"""A pod's MIG profile has no empty instance while free slices exist for it, for ``mig_fragmentation_after``."""
+
+
+@dataclass(frozen=True)
+class VramWaiting:
+    """A pending pod that declares the VRAM it needs, and the free VRAM of the schedulable shared GPUs."""
+
+    pod: ClusterPod
+    need_bytes: int
+    free_bytes: int
+    largest_free_bytes: int
+    gpus: tuple[Mapping[str, Any], ...]
+    """The shared GPUs with the most free VRAM, with their tenants (for the details)."""
+    shared_gpus: int
+
+
+def _vram_frag_describe(c: VramWaiting, since: float, t: float) -> tuple[str, Details]:
+    gib = 2**30
+    summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.need_bytes / gib:.1f} GiB of VRAM on a shared GPU; "
+               f"{c.free_bytes / gib:.1f} GiB are free over {c.shared_gpus} shared GPUs but at most "
+               f"{c.largest_free_bytes / gib:.1f} GiB on one, for {fmt_duration(t - since)}")
+    details = {"need_bytes": c.need_bytes, "free_vram_bytes": c.free_bytes,
+               "largest_free_bytes": c.largest_free_bytes, "shared_gpus": c.shared_gpus, "gpus": list(c.gpus)}
+    return summary, details
+
+
+VRAM_FRAGMENTATION: SustainedRule[VramWaiting] = SustainedRule(
+    alert_type="vram_fragmentation",
+    after="vram_fragmentation_after",
+    condition=lambda c: c.largest_free_bytes < c.need_bytes <= c.free_bytes,
+    subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
+    describe=_vram_frag_describe,
+    resolution=lambda c, _alert, _t: Resolution("a GPU has room for it" if c.largest_free_bytes >= c.need_bytes
+                                                else "not enough free VRAM in total"),
+)
+"""A declared VRAM need fits the shared GPUs' free VRAM in total but no single GPU, for ``vram_fragmentation_after``."""
+
+
+@dataclass(frozen=True)
+class SharedGpuPressure:
+    """A shared GPU's memory at one sample, and the pod whose growth took it to the threshold."""
+
+    node: str
+    reading: GpuReading
+    mem_used_pct: float | None
+    over: bool | None
+    """At or above ``vram_pressure_pct`` (None: no memory figure)."""
+    noisy: tuple[str, str, int | None, int] | None
+    """``(namespace, name, memory now, growth since the last sample below)`` of the pod that grew most."""
+    neighbours: tuple[Mapping[str, Any], ...]
+    thresholds: Thresholds
+
+
+def _noisy_describe(c: SharedGpuPressure, since: float, t: float) -> tuple[str, Details]:
+    assert c.noisy is not None
+    namespace, name, mem, growth = c.noisy
+    total = c.reading.mem_total_bytes or 0
+    pct = c.mem_used_pct or 0.0
+    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
+               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct,
+               "growth_bytes": growth, "pod_mem_bytes": mem, "neighbours": list(c.neighbours)}
+    summary = (f"{namespace}/{name} grew by {growth / 2**30:.1f} GiB and pushed shared GPU {c.reading.index} on "
+               f"{c.node} to {pct:.1f}% of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}; "
+               f"{len(c.neighbours)} neighbour(s) share it")
+    return summary, details
+
+
+NOISY_NEIGHBOUR: SustainedRule[SharedGpuPressure] = SustainedRule(
+    alert_type="noisy_neighbour",
+    after="vram_pressure_after",
+    condition=lambda c: None if c.over is None else c.over and c.noisy is not None,
+    subject=lambda c: alerts.subject("pod", c.noisy[0] if c.noisy else None, c.noisy[1] if c.noisy else None,
+                                     c.node, c.reading.uuid),
+    describe=_noisy_describe,
+    resolution=lambda c, _alert, _t: Resolution("below threshold", {"mem_used_pct": round(c.mem_used_pct or 0.0, 2)}),
+)
+"""A pod's growth takes a GPU it shares to ``vram_pressure_pct``, for ``vram_pressure_after`` (keyed by GPU)."""
+
+NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE, NOISY_NEIGHBOUR)
 """The node stage's rules (it keeps one :data:`RuleTable` per rule)."""
 
-CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL)
+CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL, MIG_FRAGMENTATION, VRAM_FRAGMENTATION)
 """The cluster stage's rules (it keeps one :data:`RuleTable` per rule)."""
 
 RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES, ALLOCATOR_FRAGMENTATION)

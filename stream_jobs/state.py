@@ -146,6 +146,9 @@ class CapacitySnapshot:
     queued_workloads: int = 0
     queued_demand: int = 0
     parts: tuple[SamplePart, ...] = ()
+    fragmentation: Mapping[str, Any] = field(default_factory=dict)
+    """The MIG and shared-VRAM figures (``ClusterCapacity``'s ``mig_*`` and ``shared_*`` fields, from
+    ``mig_rules`` and ``shared_vram``); empty on a fleet without MIG or shared GPUs."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"free_by_node": dict(self.free_by_node), "parts": [asdict(p) for p in self.parts]}
@@ -194,6 +197,7 @@ class CapacityWindow:
             gpu_s_total=self.gpu_s_total, gpu_s_allocated=self.gpu_s_allocated, gpu_s_busy=self.gpu_s_busy,
             gpu_s_idle_allocated=self.gpu_s_idle, gpu_s_free=self.gpu_s_free, stranded_gpus_max=self.stranded_max,
             queued_workloads=snap.queued_workloads, queued_gpu_demand=snap.queued_demand,
+            **dict(snap.fragmentation),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,6 +283,8 @@ class NodeInfo:
     gpu_product: str | None = None
     driver_version: str | None = None
     cuda_driver_version: str | None = None
+    replicas_per_gpu: float = 1.0
+    """``nvidia.com/gpu`` units the node advertises per GPU: above 1, its GPUs are shared (time-slicing)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -392,6 +398,8 @@ class ClusterPod(SideInputs):
     requests: dict[str, int] = field(default_factory=dict)
     """GPUs requested by resource name."""
     gpus: int = 0
+    vram_need_bytes: int | None = None
+    """Device memory it declares per GPU for a shared GPU (``PodState.vram_request_bytes``)."""
     created: float = 0.0
     node: str | None = None
     scheduled: float | None = None

@@ -68,6 +68,8 @@ class FakeMigDevice:
     mem_used_bytes: int = 0
     processes: list[FakeProcess] = field(default_factory=list)
     parent: FakeGpu | None = field(default=None, repr=False, compare=False)
+    placement_start: int | None = None
+    """The GPU instance's first memory slice; None: NVML does not tell (as for an unprivileged agent)."""
 
 
 @dataclass
@@ -292,3 +294,11 @@ class FakeNvml:
         if not isinstance(mig_device, FakeMigDevice):
             raise NvmlError("not a MIG device", kind="invalid_argument")
         return mig_device.gpu_instance_id, mig_device.compute_instance_id
+
+    def mig_placement_start(self, mig_device: Device) -> int:
+        self._gpu_of(mig_device)
+        if not isinstance(mig_device, FakeMigDevice):
+            raise NvmlError("not a MIG device", kind="invalid_argument")
+        if mig_device.placement_start is None:
+            raise NvmlNotSupported("GPU instance placement not readable")
+        return mig_device.placement_start

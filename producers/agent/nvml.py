@@ -481,3 +481,13 @@ class PynvmlBackend:
         gi = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig_device))
         ci = int(_call(pynvml.nvmlDeviceGetComputeInstanceId, mig_device))
         return gi, ci
+
+    def mig_placement_start(self, mig_device: Device) -> int:
+        try:
+            parent = _call(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, mig_device)
+            gi_id = int(_call(pynvml.nvmlDeviceGetGpuInstanceId, mig_device))
+            instance = _call(pynvml.nvmlDeviceGetGpuInstanceById, parent, gi_id)
+            return int(_call(pynvml.nvmlGpuInstanceGetInfo, instance).placement.start)
+        except NvmlNoPermission as exc:
+            # an unprivileged agent cannot open GPU instances: the placement is absent, not an error
+            raise NvmlNotSupported(str(exc)) from None

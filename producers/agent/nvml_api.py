@@ -152,5 +152,9 @@ class NvmlBackend(Protocol):
     def mig_instance_ids(self, mig_device: Device) -> tuple[int, int]:
         """(GPU instance id, compute instance id) of a MIG device."""
 
+    def mig_placement_start(self, mig_device: Device) -> int:
+        """A MIG device's first memory slice on its parent (its GPU instance's placement start).
+        Raises :class:`NvmlNotSupported` when it cannot be read (GPU instance calls need privileges)."""
+
     def drain_xids(self) -> list[XidRecord]:
         """XID events seen since the previous call, oldest first."""

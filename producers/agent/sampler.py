@@ -315,6 +315,8 @@ class NodeSampler:
         ids = self._field(device, "mig_instance_ids", lambda: nvml.mig_instance_ids(handle), errors)
         if ids is not None:
             f["gpu_instance_id"], f["compute_instance_id"] = ids
+        f["mig_placement_start"] = self._field(device, "mig_placement", lambda: nvml.mig_placement_start(handle),
+                                               errors)
         memory = self._field(device, "memory", lambda: nvml.memory(handle), errors)
         if memory is not None:
             f["mem_total_bytes"], f["mem_used_bytes"] = memory.total_bytes, memory.used_bytes

@@ -29,6 +29,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
 from producers.watcher.gangs import gang_id
+from producers.watcher.vram import vram_request_bytes
 from schemas.messages import (
     ContainerState,
     K8sEvent,
@@ -340,6 +341,7 @@ def pod_to_state(
         phase=phase,
         conditions=conditions,
         gpu_requests=requests,
+        vram_request_bytes=vram_request_bytes(pod),
         owners=owner_chain(pod),
         team=first_value(meta, config.team_keys) or namespace,
         project=first_value(meta, config.project_keys) or namespace,

@@ -24,8 +24,10 @@ from common.settings import AdviseThresholds
 from reports import timeseries
 from reports.advise import advice_rows, advise
 from reports.analyses import ANALYSES, SqlReader, run_report, scoped
+from reports.fragmentation_series import fragmentation_over_time
 from reports.html.allocator import allocator_section
 from reports.html.format import FONT, WIDTH, as_number, esc, fmt_ts
+from reports.html.fragmentation import fragmentation_section
 from reports.html.pieces import team_colors, team_filter, team_links
 from reports.html.sections import (
     advice_section,
@@ -120,6 +122,7 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
         pending_section(data),
         pending_reasons_section(data),
         stranded_section(data, bucket_s),
+        fragmentation_section(data, bucket_s),
         cost_section(data),
         vram_section(data),
         allocator_section(data),
@@ -159,6 +162,7 @@ def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds |
     data["bucket_s"] = bucket_s
     data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s)
     data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
+    data["fragmentation_series"] = fragmentation_over_time(reader, bucket_s)
     data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
     data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
     data["allocator_by_pod"] = timeseries.allocator_by_pod(reader)

@@ -106,6 +106,11 @@ def test_every_driver_generation_yields_a_full_sample(start: Start, name: str) -
         assert big.gpu_util_pct is None  # NVML has no utilisation for a MIG device
         assert [(p.pid, p.mem_used_bytes) for p in big.processes] == [(1301, 11 * GIB)]
         assert [p.pid for p in slices[mig_uuid(2)].processes] == [1302]
+        # the GPU instance's placement (parent handle -> GPU instance by id -> its info); an agent
+        # without the privilege to open GPU instances reports none, and that is no error
+        assert big.mig_placement_start == 4
+        assert slices[mig_uuid(2)].mig_placement_start is None
+        assert not [e for e in second.errors if "placement" in e]
     else:
         assert all(g.mig_parent_uuid is None for g in second.gpus)
 

@@ -34,6 +34,8 @@ QUESTIONS = {
     "active alerts": (("active", "alerts"), "v_alerts"),
     "VRAM reserved but unused inside pods": (("reserved but unused", "pod"), "pod_windows"),
     "allocation retries and OOMs": (("retries", "ooms"), "pod_windows"),
+    "MIG fragmentation over time": (("mig", "fragmentation"), "cluster_capacity"),
+    "shared-GPU VRAM fragmentation over time": (("vram", "fragmentation"), "cluster_capacity"),
 }
 
 
@@ -168,8 +170,12 @@ _SEED = [
      ('w5', 'u1', 'ml', 'train-0', 'n1', 'GPU-1', 'NVIDIA H100 80GB HBM3', {now} - 3480, {now} - 3420,
       'vision', 60, 60, 0, 6, 0.0667, 1, 97, 64424509440, 10737418240, 53687091200, 4, 1)""",
     """INSERT INTO cluster_capacity (window_id, window_start, window_end, gpus_total, gpus_allocated, gpus_busy,
-        gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods, pending_gpu_demand)
-     VALUES ('c1', {now} - 600, {now} - 540, 16, 10, 6, 4, 6, 2, 3, 1, 4)""",
+        gpus_idle_allocated, gpus_free, largest_free_block, stranded_gpus, pending_pods, pending_gpu_demand,
+        mig_gpus, mig_free_compute_slices, mig_free_memory_slices, mig_free_instances_by_profile,
+        mig_pending_by_profile, shared_gpus, shared_vram_free_bytes, shared_vram_largest_free_bytes,
+        shared_vram_stranded_bytes, shared_vram_pending_bytes)
+     VALUES ('c1', {now} - 600, {now} - 540, 16, 10, 6, 4, 6, 2, 3, 1, 4,
+      2, 3, 4, {'1g.10gb': 3}, {'3g.40gb': 1}, 4, 40, 10, 40, 20)""",
     """INSERT INTO pod_states (uid, namespace, name, ts, phase, team, gpus_requested, deleted, created_at)
      VALUES ('p9', 'ml', 'big-job-0', {now} - 300, 'Pending', 'vision', 4, false, {now} - 900)""",
     """INSERT INTO k8s_events (uid, ts, category, reason, message, involved_kind, involved_uid, involved_name)
@@ -234,6 +240,13 @@ def test_panels_show_the_right_figures(results: dict[str, dict[str, Any]]) -> No
     assert "Insufficient nvidia.com/gpu" in pending["reason"]
     # waited from creation to the end of the data (the last capacity window), not to the wall clock
     assert pending["pending_for_s"] == 900 - 540
+
+    (mig,) = results["MIG fragmentation over time"]["rows"]
+    assert (mig["free_compute_slices"], mig["free_memory_slices"], mig["empty_instances"],
+            mig["pending_mig_devices"]) == (3, 4, 3, 1)
+    (vram,) = results["Shared-GPU VRAM fragmentation over time"]["rows"]
+    assert (vram["free_vram"], vram["largest_free_on_one_gpu"], vram["stranded_vram"],
+            vram["pending_vram_need"]) == (40, 10, 40, 20)
 
     active = results["Active alerts"]["rows"]
     assert [row["type"] for row in active] == ["idle_gpu"], "a resolved alert is not active"

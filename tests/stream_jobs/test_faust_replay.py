@@ -47,6 +47,18 @@ def test_shared_example_through_kafka_matches_in_process(name: str, kafka_settin
     assert report["alerts"], "the example has alerts: an empty report would match nothing"
 
 
+@pytest.mark.parametrize("name", ["mig-fragmentation", "vram-fragmentation", "noisy-neighbour"])
+def test_fragmentation_goldens_through_kafka_match_in_process(name: str, kafka_settings: KafkaSettings,
+                                                              topic_prefix: str, tmp_path: Path) -> None:
+    """MIG layouts and shared-GPU tenants travel in the node summaries on the internal topic, and the
+    cluster stage's MIG and VRAM state survives the faust runtime: same report, same new alerts."""
+    scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / f"{name}.yaml")
+    expected = run_in_process(scenario).report
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert {"mig_fragmentation", "vram_fragmentation", "noisy_neighbour"} & {a["type"] for a in report["alerts"]}
+
+
 def test_queued_workloads_through_kafka_match_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
                                                          tmp_path: Path) -> None:
     """Kueue workload states travel on their own compacted topic through the faust workers."""

@@ -114,6 +114,8 @@ class Mig:
     ci: int
     mem_total: int
     mem_used: int
+    start: int | str | None = None
+    """The GPU instance's placement start, or "denied" (NO_PERMISSION); None: NOT_SUPPORTED."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ class Node:
             parent = next(g for g in self.gpus if g.uuid == m.parent)
             lines.append(
                 f"mig={m.uuid};parent={m.parent};name={parent.name} MIG {m.profile};gi={m.gi};ci={m.ci};"
-                f"mem_total={m.mem_total};mem_used={m.mem_used}"
+                f"mem_total={m.mem_total};mem_used={m.mem_used}" + ("" if m.start is None else f";start={m.start}")
             )
         for p in self.processes:
             lines.append(f"proc={p.pid};device={p.device};mem={'na' if p.mem is None else p.mem};sm={p.sm_pct}")
@@ -205,7 +207,7 @@ def standard_node(variant: DriverVariant) -> Node:
     migs: list[Mig] = []
     if variant.name in ("r550", "r580"):
         gpus.append(Gpu(gpu_uuid(2), name="NVIDIA H100 80GB HBM3", mig_mode=1))
-        migs = [Mig(mig_uuid(1), gpu_uuid(2), "3g.40gb", 1, 0, 40 * GIB, 12 * GIB),
-                Mig(mig_uuid(2), gpu_uuid(2), "1g.10gb", 9, 0, 10 * GIB, 1 * GIB)]
+        migs = [Mig(mig_uuid(1), gpu_uuid(2), "3g.40gb", 1, 0, 40 * GIB, 12 * GIB, start=4),
+                Mig(mig_uuid(2), gpu_uuid(2), "1g.10gb", 9, 0, 10 * GIB, 1 * GIB, start="denied")]
         processes += [Process(1301, mig_uuid(1), 11 * GIB), Process(1302, mig_uuid(2), GIB // 2)]
     return Node(variant, gpus, migs, processes)

@@ -10,7 +10,9 @@
  *       power_mw=..;temp_c=..;sm_mhz=..;mem_mhz=..;pcie_tx_kbs=..;pcie_rx_kbs=..;
  *       nvlink_tx_kib=..;nvlink_rx_kib=..;mig=0|1|na;unsupported=power,temperature,...;
  *       lost_after=N (every call answers GPU_IS_LOST once the handle was opened N times)
- *   mig=MIG-...;parent=GPU-...;name=... MIG 1g.10gb;gi=1;ci=0;mem_total=..;mem_used=..
+ *   mig=MIG-...;parent=GPU-...;name=... MIG 1g.10gb;gi=1;ci=0;mem_total=..;mem_used=..;
+ *       start=N|denied (the GPU instance's placement start; denied: opening GPU instances answers
+ *       NO_PERMISSION, as for an unprivileged caller; absent: NOT_SUPPORTED)
  *   proc=PID;device=GPU-...|MIG-...;mem=BYTES|na;sm=PCT
  *   xid=79;device=GPU-...;after=N (queued when the GPU's handle is opened the N-th time)
  *   init_error=CODE (nvmlInit fails with this NVML return code)
@@ -33,7 +35,8 @@
 #define EXPORT __attribute__((visibility("default")))
 
 enum {
-    OK = 0, ERR_UNINITIALIZED = 1, ERR_INVALID_ARGUMENT = 2, ERR_NOT_SUPPORTED = 3, ERR_NOT_FOUND = 6,
+    OK = 0, ERR_UNINITIALIZED = 1, ERR_INVALID_ARGUMENT = 2, ERR_NOT_SUPPORTED = 3, ERR_NO_PERMISSION = 4,
+    ERR_NOT_FOUND = 6,
     ERR_INSUFFICIENT_SIZE = 7, ERR_TIMEOUT = 10, ERR_GPU_IS_LOST = 15, ERR_UNKNOWN = 999
 };
 
@@ -49,6 +52,7 @@ typedef struct device {
     int is_mig;
     int parent;  /* index into devices[] of the physical GPU (MIG devices) */
     unsigned gi, ci;
+    int start;  /* placement start; -1 not supported, -2 no permission */
     unsigned long long mem_total, mem_used;
     unsigned util_gpu, util_mem, power_mw, temp_c, sm_mhz, mem_mhz, pcie_tx, pcie_rx;
     unsigned long long nvlink_tx, nvlink_rx;
@@ -147,6 +151,8 @@ static int load(void) {
             if (d->is_mig) {
                 d->gi = (unsigned)num(line, "gi", 0);
                 d->ci = (unsigned)num(line, "ci", 0);
+                d->start = -1;
+                if (field(line, "start", buf, sizeof buf)) d->start = strcmp(buf, "denied") == 0 ? -2 : atoi(buf);
                 d->parent = field(line, "parent", buf, sizeof buf) ? find_device(buf) : -1;
                 if (d->parent < 0) { fclose(f); return ERR_UNKNOWN; }
             } else {
@@ -521,6 +527,42 @@ EXPORT int nvmlDeviceGetComputeInstanceId(void *handle, unsigned *id) {
     DEVICE(handle, NULL);
     if (!d->is_mig) return ERR_INVALID_ARGUMENT;
     *id = d->ci;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *handle, void **parent) {
+    DEVICE(handle, NULL);
+    if (!d->is_mig) return ERR_INVALID_ARGUMENT;
+    *parent = &devices[d->parent];
+    return OK;
+}
+
+/* a GPU instance handle is its MIG device's record (one compute instance per GPU instance here) */
+EXPORT int nvmlDeviceGetGpuInstanceById(void *handle, unsigned id, void **instance) {
+    DEVICE(handle, NULL);
+    if (d->is_mig) return ERR_INVALID_ARGUMENT;
+    for (int i = 0; i < n_devices; i++) {
+        device_t *m = &devices[i];
+        if (m->is_mig && m->parent == (int)(d - devices) && m->gi == id) {
+            if (m->start == -2) return ERR_NO_PERMISSION;
+            if (m->start == -1) return ERR_NOT_SUPPORTED;
+            *instance = m;
+            return OK;
+        }
+    }
+    return ERR_NOT_FOUND;
+}
+
+typedef struct { void *device; unsigned id, profile_id; struct { unsigned start, size; } placement; } gi_info_t;
+
+EXPORT int nvmlGpuInstanceGetInfo(void *instance, gi_info_t *info) {
+    DEVICE(instance, NULL);
+    if (!d->is_mig || !info) return ERR_INVALID_ARGUMENT;
+    info->device = &devices[d->parent];
+    info->id = d->gi;
+    info->profile_id = 0;
+    info->placement.start = (unsigned)d->start;
+    info->placement.size = 0;
     return OK;
 }
 
