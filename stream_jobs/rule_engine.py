@@ -1,0 +1,153 @@
+"""The engine behind :mod:`stream_jobs.rules`: how a declared sustained condition fires and resolves.
+
+Why a module of its own: the rules module is the catalogue a new alert type is added to; the
+timing below is written once for every type and rarely changes.
+
+The timing rule of a sustained condition (DESIGN.md's alert catalogue):
+
+- the condition turns true at ``t``: the timer starts at ``t`` (or at :attr:`SustainedRule.since`
+  of the context, when the rule measures from a time in the data, like a pod's creation);
+- it fires at the first evaluation ``t`` with ``t - since >= threshold`` (``timeutil.elapsed``);
+  the alert's id hashes its type, subject and that ``t`` (``stream_jobs.alerts``);
+- the condition is false: the timer stops and an open alert resolves with the rule's reason;
+- the condition is unknown (``None``: no data at this evaluation) changes nothing;
+- the subject is gone (a pod ended, a gang formed): the stage calls :func:`sweep` or :func:`close`
+  with the reason it knows.
+
+The engine keeps one :class:`RuleState` per subject key in a plain dict the stage owns and
+persists (``to_dict`` form: ``{"since": float | None, "alert": record | None}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from schemas.messages import Alert
+from stream_jobs import alerts
+from stream_jobs.config import Thresholds
+from stream_jobs.timeutil import elapsed
+
+C = TypeVar("C")
+
+Details = dict[str, Any]
+AlertRecord = dict[str, Any]
+"""An open alert as ``stream_jobs.alerts.fire`` returns it (kept in stage state)."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Why a rule's alert resolved, and figures added to its details (``util_pct`` when busy again)."""
+
+    reason: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SustainedRule(Generic[C]):
+    """An alert that fires when ``condition`` has held for the threshold named ``after``."""
+
+    alert_type: str
+    after: str
+    """Name of the :class:`Thresholds` field (seconds) the condition must hold for."""
+    condition: Callable[[C], bool | None]
+    """True / false at this evaluation; ``None`` when the context has no data for it."""
+    subject: Callable[[C], dict[str, Any]]
+    describe: Callable[[C, float, float], tuple[str, Details]]
+    """``(context, since, t) -> (summary, details)`` of the firing alert."""
+    resolution: Callable[[C, AlertRecord, float], Resolution]
+    """``(context, open alert record, t)``: why the alert resolves when the condition turns false."""
+    since: Callable[[C], float] | None = None
+    """When the timer starts, if from the data (read at every evaluation) rather than when the
+    condition was first seen."""
+    remember: Callable[[C, float], Details] | None = None
+    """Fields added to the kept alert record at firing (used by a later resolution)."""
+
+    def threshold(self, thresholds: Thresholds) -> float:
+        return float(getattr(thresholds, self.after))
+
+
+@dataclass
+class RuleState:
+    """One subject's timer and open alert for one rule."""
+
+    since: float | None = None
+    alert: AlertRecord | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "alert": self.alert}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RuleState:
+        return cls(since=data["since"], alert=data["alert"])
+
+
+RuleTable = dict[str, RuleState]
+"""A rule's states by subject key (a pod|gpu key, a pod uid, a gang id...)."""
+
+
+def step(rule: SustainedRule[C], table: RuleTable, key: str, context: C, t: float,
+         thresholds: Thresholds) -> list[Alert]:
+    """Evaluate ``rule`` for the subject ``key`` at ``t``; returns the transitions (0 or 1)."""
+    holds = rule.condition(context)
+    if holds is None:
+        return []
+    state = table.get(key)
+    if not holds:
+        if state is None:
+            return []
+        del table[key]
+        if state.alert is None:
+            return []
+        resolution = rule.resolution(context, state.alert, t)
+        return [alerts.resolve(state.alert, t, resolution.reason, **resolution.extra)]
+    if state is None:
+        state = table[key] = RuleState()
+    if rule.since is not None:
+        state.since = rule.since(context)
+    elif state.since is None:
+        state.since = t
+    if state.alert is not None or not elapsed(t, state.since, rule.threshold(thresholds)):
+        return []
+    summary, details = rule.describe(context, state.since, t)
+    record, message = alerts.fire(rule.alert_type, rule.subject(context), t, summary, details)
+    if rule.remember is not None:
+        record |= rule.remember(context, state.since)
+    state.alert = record
+    return [message]
+
+
+def restart(table: RuleTable, keys: Iterable[str]) -> None:
+    """Restart the timers of ``keys`` (a gap in the data): open alerts stay open."""
+    for key in keys:
+        state = table.get(key)
+        if state is None:
+            continue
+        state.since = None
+        if state.alert is None:
+            del table[key]
+
+
+def close(table: RuleTable, key: str, t: float, reason: str, **extra: Any) -> list[Alert]:
+    """Forget ``key``; its open alert resolves with ``reason`` and ``extra`` details."""
+    state = table.pop(key, None)
+    if state is None or state.alert is None:
+        return []
+    return [alerts.resolve(state.alert, t, reason, **extra)]
+
+
+def sweep(table: RuleTable, live: Iterable[str], t: float, reason: Callable[[str], str]) -> list[Alert]:
+    """Forget every subject not in ``live`` (in key order), resolving open alerts with ``reason(key)``."""
+    out: list[Alert] = []
+    for key in sorted(set(table) - set(live)):
+        out += close(table, key, t, reason(key))
+    return out
+
+
+def table_to_dict(table: RuleTable) -> dict[str, Any]:
+    return {key: state.to_dict() for key, state in table.items()}
+
+
+def table_from_dict(data: Mapping[str, Any]) -> RuleTable:
+    return {key: RuleState.from_dict(value) for key, value in data.items()}
