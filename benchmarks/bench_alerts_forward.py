@@ -27,7 +27,8 @@ from common.kafka import BoundedProducer, commit_offsets, ensure_topics, make_co
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings, ProducerSettings, load_settings
 from schemas.codec import encode
-from schemas.messages import Alert, AlertSubject, utc_now
+from schemas.messages import utc_now
+from schemas.outputs import Alert, AlertSubject
 from schemas.topics import ALERTS, DEADLETTER
 from sinks.alerts_forward import ForwardMetrics, run_forwarder
 

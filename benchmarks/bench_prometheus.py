@@ -22,7 +22,8 @@ from datetime import UTC, datetime, timedelta
 
 from benchmarks.harness import Context, Result
 from common.metrics import MetricsRegistry
-from schemas.messages import Alert, AlertSubject, ClusterCapacity, Message, PodWindow
+from schemas.messages import Message
+from schemas.outputs import Alert, AlertSubject, ClusterCapacity, PodWindow
 from stream_jobs.fleet_metrics import FleetSeries
 
 BENCH = "prometheus"

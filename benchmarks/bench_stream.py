@@ -27,7 +27,7 @@ from benchmarks.harness import Context, Result
 from common.kafka import ensure_topics, read_to_end
 from common.settings import CommonSettings, load_settings
 from schemas.codec import decode
-from schemas.messages import Alert
+from schemas.outputs import Alert
 from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaReplay

@@ -23,7 +23,8 @@ from rich.text import Text
 from common.kafka import make_consumer, read_to_end, topic_names
 from common.settings import KafkaSettings
 from schemas import codec
-from schemas.messages import DEFAULT_CLUSTER, Alert, ClusterCapacity, K8sEvent, Message, PodState, PodWindow
+from schemas.messages import DEFAULT_CLUSTER, K8sEvent, Message, PodState
+from schemas.outputs import Alert, ClusterCapacity, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, K8S_EVENTS, K8S_PODS, POD_WINDOWS, TopicSpec
 
 VIEW_TOPICS: tuple[TopicSpec, ...] = (CLUSTER_CAPACITY, POD_WINDOWS, K8S_PODS, K8S_EVENTS, ALERTS)

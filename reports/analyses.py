@@ -73,7 +73,7 @@ def scoped(reader: SqlReader, cluster: str | None = None) -> ClusterScope:
 
     Raises :class:`ClusterError` when the store holds several and none is named, or for a named
     cluster the store has no data of."""
-    from schemas.messages import DEFAULT_CLUSTER  # pydantic: not at import (`gpulens sql --help` stays fast)
+    from schemas.messages import DEFAULT_CLUSTER
 
     if isinstance(reader, ClusterScope) and cluster in (None, reader.cluster):
         return reader

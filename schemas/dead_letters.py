@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from datetime import datetime
 
-from schemas.messages import DeadLetter
+from schemas.outputs import DeadLetter
 
 MAX_PAYLOAD_BYTES = 65536
 """A dead letter keeps at most this much of the record (a dead letter must fit in a Kafka message)."""

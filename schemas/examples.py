@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from schemas import messages as m
+from schemas import outputs as o
 
 TS = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC)
 GIB = 2**30
@@ -45,7 +46,7 @@ def gpu_sample(gpus: int = 8, node: str = "gpu-a") -> m.GpuSample:
 
 
 def all_examples() -> dict[str, m.Message]:
-    subject = m.AlertSubject(kind="pod", namespace="research", name="notebook-alice", node="gpu-a",
+    subject = o.AlertSubject(kind="pod", namespace="research", name="notebook-alice", node="gpu-a",
                              gpu_uuid="GPU-gpu-a-0004")
     return {
         "gpu.samples.v1": gpu_sample(),
@@ -72,20 +73,20 @@ def all_examples() -> dict[str, m.Message]:
             pod_uid="p-1", namespace="research", pod="train-llm-0", node="gpu-a", ts=TS,
             devices=[m.AllocatorDevice(device=0, gpu_uuid="GPU-0", reserved_bytes=60 * GIB, allocated_bytes=12 * GIB,
                                        max_reserved_bytes=62 * GIB, alloc_retries_total=14, ooms_total=0)]),
-        "pod.windows.v1": m.PodWindow(window_id="w-1", pod_uid="p-1", namespace="research", pod="train-llm-0",
+        "pod.windows.v1": o.PodWindow(window_id="w-1", pod_uid="p-1", namespace="research", pod="train-llm-0",
                                       node="gpu-a", gpu_uuid="GPU-0", gpu_model="NVIDIA H100 80GB HBM3",
                                       window_start=TS, window_end=TS, allocated_s=60, busy_s=60, idle_s=0,
                                       samples=6, avg_sm_util_pct=92.0, max_sm_util_pct=95.0, cost_usd=0.0417),
-        "cluster.capacity.v1": m.ClusterCapacity(window_id="c-1", window_start=TS, window_end=TS, gpus_total=24,
+        "cluster.capacity.v1": o.ClusterCapacity(window_id="c-1", window_start=TS, window_end=TS, gpus_total=24,
                                                  gpus_allocated=16, gpus_busy=16, gpus_idle_allocated=0,
                                                  gpus_free=8, free_gpus_by_node={"gpu-a": 2, "gpu-b": 3, "gpu-c": 3},
                                                  largest_free_block=3, stranded_gpus=8, pending_pods=1,
                                                  pending_gpu_demand=4),
-        "pod.lifecycle.v1": m.PodLifecycle(pod_uid="p-1", namespace="research", name="train-b", gpus=5,
+        "pod.lifecycle.v1": o.PodLifecycle(pod_uid="p-1", namespace="research", name="train-b", gpus=5,
                                            created_at=TS, scheduled_at=TS, started_at=TS, finished_at=TS,
                                            pending_s=0, running_s=1200, gpu_hours=1.6667, idle_gpu_hours=0,
                                            end_reason="Succeeded"),
-        "alerts.v1": m.Alert(id="a-1", type="idle_gpu", severity="warning", state="firing", at=TS, started_at=TS,
+        "alerts.v1": o.Alert(id="a-1", type="idle_gpu", severity="warning", state="firing", at=TS, started_at=TS,
                              subject=subject, summary="notebook-alice holds 1 idle GPU for 10m",
                              details={"idle_class": "vram_held"}),
         "k8s.workloads.v1": m.WorkloadState(
@@ -97,6 +98,6 @@ def all_examples() -> dict[str, m.Message]:
             team="nlp", project="chat", gang_id="research/train-llm",
             pending_reason="couldn't assign flavors to pod set workers: insufficient quota for nvidia.com/gpu",
             created_at=TS),
-        "deadletter.v1": m.DeadLetter(error="gpus.0.index: Field required", source_topic="gpulens.gpu.samples.v1",
+        "deadletter.v1": o.DeadLetter(error="gpus.0.index: Field required", source_topic="gpulens.gpu.samples.v1",
                                       source_partition=3, source_offset=1042, at=TS, payload_text="{}"),
     }

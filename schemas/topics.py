@@ -11,20 +11,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from schemas.messages import (
-    Alert,
-    ClusterCapacity,
-    DeadLetter,
     GpuSample,
     K8sEvent,
     Message,
     NodeState,
-    PodLifecycle,
     PodState,
-    PodWindow,
     WorkloadAllocator,
     WorkloadProgress,
     WorkloadState,
 )
+from schemas.outputs import Alert, ClusterCapacity, DeadLetter, PodLifecycle, PodWindow
 
 DEFAULT_PREFIX = "gpulens"
 _DAY_MS = 24 * 3600 * 1000

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.messages import ClusterCapacity
+from schemas.outputs import ClusterCapacity
 
 
 def mig_report(windows: list[ClusterCapacity], unused_after_s: float) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from schemas.messages import Alert, ClusterCapacity, DeadLetter, Message, PodLifecycle, PodWindow
+from schemas.messages import Message
+from schemas.outputs import Alert, ClusterCapacity, DeadLetter, PodLifecycle, PodWindow
 from simulation.fleet_state import Tick
 from simulation.fragmentation_report import mig_report, shared_report
 from simulation.scenario import Scenario

@@ -43,7 +43,8 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
 from schemas.codec import MessageError, decode
-from schemas.messages import DEFAULT_CLUSTER, KNOWN_ALERT_TYPES, Alert, PodState, scoped_key
+from schemas.messages import DEFAULT_CLUSTER, PodState, scoped_key
+from schemas.outputs import KNOWN_ALERT_TYPES, Alert
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from sinks.batches import ConsumedRecord, encoded_dead_letter
 

@@ -16,19 +16,8 @@ from typing import Any
 
 import orjson
 
-from schemas.messages import (
-    DEFAULT_CLUSTER,
-    Alert,
-    ClusterCapacity,
-    GpuSample,
-    K8sEvent,
-    Message,
-    NodeState,
-    PodLifecycle,
-    PodState,
-    PodWindow,
-    WorkloadProgress,
-)
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, K8sEvent, Message, NodeState, PodState, WorkloadProgress
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,

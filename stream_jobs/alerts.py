@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.messages import Alert, AlertSubject
+from schemas.outputs import Alert, AlertSubject
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
 SEVERITY: dict[str, str] = {

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from schemas.messages import Alert, AllocatorDevice, GpuReading, WorkloadAllocator
+from schemas.messages import AllocatorDevice, GpuReading, WorkloadAllocator
+from schemas.outputs import Alert
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.timeutil import EPS, window_start

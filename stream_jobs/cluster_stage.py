@@ -32,15 +32,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from schemas.messages import (
-    K8sEvent,
-    Message,
-    NodeState,
-    PodLifecycle,
-    PodState,
-    WorkloadProgress,
-    WorkloadState,
-)
+from schemas.messages import K8sEvent, Message, NodeState, PodState, WorkloadProgress, WorkloadState
+from schemas.outputs import PodLifecycle
 from stream_jobs import rules
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage

@@ -22,7 +22,8 @@ import orjson
 
 from common.logs import get_logger
 from schemas.codec import WIRE_HEADERS, encode, validate
-from schemas.messages import Alert, Message, PodLifecycle, PodWindow, scoped_key
+from schemas.messages import Message, scoped_key
+from schemas.outputs import Alert, PodLifecycle, PodWindow
 from stream_jobs.config import EngineConfig
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
 from stream_jobs.offsets import EXIT_STALLED

@@ -36,7 +36,8 @@ from faust.types import TP
 
 from common.logs import get_logger
 from common.settings import WorkerSettings
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
+from schemas.messages import Message
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import (
     ALERTS,
     CLUSTER_CAPACITY,

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from common.metrics import Gauge, GaugeFamily, MetricsRegistry
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
+from schemas.messages import Message, scoped_key
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from stream_jobs.internal import PodUsage
 
 MIB = 2**20

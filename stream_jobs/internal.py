@@ -9,17 +9,8 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import (
-    Message,
-    MigGpuLayout,
-    NodeState,
-    NonNegFloat,
-    NonNegInt,
-    PodState,
-    SharedGpuState,
-    UtcDatetime,
-    WorkloadState,
-)
+from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime, WorkloadState
+from schemas.outputs import MigGpuLayout, SharedGpuState
 
 MAX_NAME_CHARS = 256
 """Longest team / project / gang name a stage keeps (longer ones are cut)."""

@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from schemas.messages import GpuReading, MigGpuLayout, MigInstanceInfo
+from schemas.messages import GpuReading
+from schemas.outputs import MigGpuLayout, MigInstanceInfo
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8

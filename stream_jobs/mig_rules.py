@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from schemas.messages import Alert, MigGpuLayout
+from schemas.outputs import Alert, MigGpuLayout
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.mig import (

@@ -21,16 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from common.logs import get_logger
-from schemas.messages import (
-    DEFAULT_CLUSTER,
-    GpuReading,
-    GpuSample,
-    Message,
-    NodeState,
-    PodState,
-    SharedGpuState,
-    WorkloadAllocator,
-)
+from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, WorkloadAllocator
+from schemas.outputs import SharedGpuState
 from stream_jobs import alerts, rules
 from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction

@@ -18,7 +18,6 @@ from typing import Any
 from schemas.codec import MessageError, decode
 from schemas.dead_letters import dead_letter
 from schemas.messages import (
-    DeadLetter,
     GpuSample,
     K8sEvent,
     Message,
@@ -28,6 +27,7 @@ from schemas.messages import (
     WorkloadProgress,
     WorkloadState,
 )
+from schemas.outputs import DeadLetter
 from schemas.topics import (
     GPU_SAMPLES,
     K8S_EVENTS,

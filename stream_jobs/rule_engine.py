@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from schemas.messages import Alert
+from schemas.outputs import Alert
 from stream_jobs import alerts
 from stream_jobs.config import Thresholds
 from stream_jobs.timeutil import elapsed

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.messages import DEFAULT_CLUSTER, Alert, ClusterCapacity, Message, PodWindow, scoped_key
+from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
+from schemas.outputs import Alert, ClusterCapacity, PodWindow
 
 
 def node_key(cluster: str, node: str) -> str:

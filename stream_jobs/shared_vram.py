@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from schemas.messages import Alert, GpuReading, NodeState, SharedGpuState, SharedPodVram
+from schemas.messages import GpuReading, NodeState
+from schemas.outputs import Alert, SharedGpuState, SharedPodVram
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.state import ClusterPod

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from schemas.messages import ClusterCapacity, PodWindow
+from schemas.outputs import ClusterCapacity, PodWindow
 from stream_jobs.internal import PodUsage
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 

@@ -15,7 +15,8 @@ import pytest
 from common.kafka import BoundedProducer, ensure_topics, group_lag, read_to_end
 from common.settings import KafkaSettings
 from schemas.codec import decode, encode
-from schemas.messages import Alert, DeadLetter, PodState
+from schemas.messages import PodState
+from schemas.outputs import Alert, DeadLetter
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

@@ -13,7 +13,8 @@ from common.kafka import ReadRecord
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings, ConfigError, load_settings
 from schemas.codec import encode
-from schemas.messages import KNOWN_ALERT_TYPES, Alert, AlertSubject, PodState
+from schemas.messages import PodState
+from schemas.outputs import KNOWN_ALERT_TYPES, Alert, AlertSubject
 from sinks.alerts_forward import (
     AlertForwarder,
     DeliveryFailed,

@@ -15,7 +15,8 @@ from producers.watcher.informer import SystemClock
 from producers.watcher.service import Pipeline, WatcherConfig, WatcherMemorySink, WatcherMetrics
 from schemas import codec
 from schemas.examples import all_examples
-from schemas.messages import NodeState, PodWindow, scoped_key
+from schemas.messages import NodeState, scoped_key
+from schemas.outputs import PodWindow
 from schemas.topics import ALL_TOPICS, K8S_NODES
 from sinks import migrations
 from sinks.clickhouse import open_store

@@ -23,7 +23,8 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from reports.analyses import ClusterError, run_report
 from schemas.codec import encode
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow, scoped_key
+from schemas.messages import Message, scoped_key
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaReplay

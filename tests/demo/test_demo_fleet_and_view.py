@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from gpulens.top import FleetView, render
-from schemas.messages import Alert, AlertSubject, ClusterCapacity, K8sEvent, PodState, PodWindow
+from schemas.messages import K8sEvent, PodState
+from schemas.outputs import Alert, AlertSubject, ClusterCapacity, PodWindow
 from simulation.demo_fleet import demo_scenario
 from simulation.replay import run_in_process
 from simulation.scenario import parse_scenario

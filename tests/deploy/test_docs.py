@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from gpulens.commands import _MODULES
-from schemas.messages import AlertType
+from schemas.outputs import AlertType
 from tests.deploy.helpers import REPO_ROOT, SETTINGS_BY_COMMAND, is_setting
 
 DOCS = REPO_ROOT / "docs"

@@ -14,7 +14,8 @@ from pydantic import ConfigDict, ValidationError, model_validator
 from schemas import codec
 from schemas.examples import all_examples, gpu_sample
 from schemas.json_schema import COMMITTED_DIR, render
-from schemas.messages import KNOWN_ALERT_TYPES, SCHEMA_VERSION, Alert, GpuSample, Message, PodState
+from schemas.messages import SCHEMA_VERSION, GpuSample, Message, PodState
+from schemas.outputs import KNOWN_ALERT_TYPES, Alert
 from schemas.topics import ALL_TOPICS, by_suffix
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from common.metrics import MetricsRegistry
 from schemas.codec import encode
-from schemas.messages import Alert, ClusterCapacity, Message, PodLifecycle, PodWindow
+from schemas.messages import Message
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

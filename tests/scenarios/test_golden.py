@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from schemas.messages import PodLifecycle
+from schemas.outputs import PodLifecycle
 from simulation.replay import POD_FIGURES, build_report, compare_report, run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.messages import ClusterCapacity
+from schemas.outputs import ClusterCapacity
 from simulation.mig_layouts import MigLayoutError
 from simulation.replay import run_in_process
 from simulation.scenario import ScenarioError, parse_scenario

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from schemas.codec import decode
-from schemas.messages import ClusterCapacity, PodState, WorkloadState
+from schemas.messages import PodState, WorkloadState
+from schemas.outputs import ClusterCapacity
 from schemas.topics import K8S_PODS, K8S_WORKLOADS
 from simulation.replay import run_in_process
 from simulation.scenario import ScenarioError, load_scenario, parse_scenario

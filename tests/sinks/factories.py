@@ -6,24 +6,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from schemas.messages import (
-    Alert,
-    AlertSubject,
-    AlertType,
-    ClusterCapacity,
-    EndReason,
     GpuProcess,
     GpuReading,
     GpuSample,
     K8sEvent,
     NodeState,
-    PodLifecycle,
     PodPhase,
     PodRef,
     PodState,
-    PodWindow,
     WorkloadProgress,
     XidEvent,
 )
+from schemas.outputs import Alert, AlertSubject, AlertType, ClusterCapacity, EndReason, PodLifecycle, PodWindow
 
 T0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
 """Recent on purpose: raw samples older than their TTL (14 days) are dropped on insert."""

@@ -10,7 +10,7 @@ import pytest
 
 from common.metrics import MetricsRegistry
 from schemas.codec import encode
-from schemas.messages import ClusterCapacity
+from schemas.outputs import ClusterCapacity
 from schemas.topics import CLUSTER_CAPACITY
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

@@ -15,7 +15,8 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 
 from common.metrics import MetricsRegistry
 from schemas.codec import decode, encode
-from schemas.messages import Alert, ClusterCapacity, GpuSample, Message, PodLifecycle, PodWindow, XidEvent
+from schemas.messages import GpuSample, Message, XidEvent
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

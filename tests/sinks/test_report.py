@@ -18,7 +18,7 @@ import pytest
 from common.settings import KafkaSettings
 from gpulens.cli import main
 from reports.analyses import ANALYSES
-from schemas.messages import Alert, ClusterCapacity, PodLifecycle, PodWindow
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from schemas.messages import Alert, AllocatorDevice, GpuReading, PodLifecycle, PodWindow, WorkloadAllocator
+from schemas.messages import AllocatorDevice, GpuReading, WorkloadAllocator
+from schemas.outputs import Alert, PodLifecycle, PodWindow
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from stream_jobs.allocator import AllocatorTracker, PodIdentity

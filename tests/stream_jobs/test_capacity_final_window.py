@@ -4,7 +4,8 @@ end, where no sample stands any more and busy/idle would read 0."""
 
 from __future__ import annotations
 
-from schemas.messages import ClusterCapacity, Message
+from schemas.messages import Message
+from schemas.outputs import ClusterCapacity
 from simulation.demo_fleet import demo_scenario
 from simulation.replay import run_in_process
 from simulation.scenario import parse_scenario

@@ -15,7 +15,8 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from gpulens.kafka_local import LocalKafka
 from schemas.codec import decode
-from schemas.messages import GpuSample, PodWindow
+from schemas.messages import GpuSample
+from schemas.outputs import PodWindow
 from schemas.topics import GPU_SAMPLES, INTERNAL_CONTROL
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import ChaosPlan, KafkaReplay

@@ -16,7 +16,7 @@ from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from schemas.codec import decode
-from schemas.messages import Alert, DeadLetter
+from schemas.outputs import Alert, DeadLetter
 from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS, WORKLOAD_ALLOCATOR
 from simulation.fleet_state import SimulatedRecord
 from simulation.kafka_replay import KafkaReplay

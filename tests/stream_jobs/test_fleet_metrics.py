@@ -9,7 +9,7 @@ from datetime import timedelta
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.metrics import MetricsRegistry
-from schemas.messages import Alert, AlertSubject, ClusterCapacity, PodLifecycle, PodWindow
+from schemas.outputs import Alert, AlertSubject, ClusterCapacity, PodLifecycle, PodWindow
 from stream_jobs.config import EngineConfig
 from stream_jobs.fleet_metrics import METRICS, FleetSeries, metric_table
 from stream_jobs.internal import PodUsage

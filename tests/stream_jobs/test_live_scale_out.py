@@ -16,7 +16,7 @@ import pytest
 from common.kafka import BoundedProducer, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import decode
-from schemas.messages import PodWindow
+from schemas.outputs import PodWindow
 from schemas.topics import INTERNAL_CLUSTER_INPUTS, POD_WINDOWS
 from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
 from simulation.replay import run_in_process

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from common.settings import CommonSettings, KafkaSettings, load_settings
-from schemas.messages import PodWindow
+from schemas.outputs import PodWindow
 from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario

@@ -9,7 +9,8 @@ import time
 import orjson
 import pytest
 
-from schemas.messages import Alert, ClusterCapacity, PodSetDemand, WorkloadState
+from schemas.messages import PodSetDemand, WorkloadState
+from schemas.outputs import Alert, ClusterCapacity
 from stream_jobs.cluster_stage import ClusterStage, _places
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.timeutil import epoch

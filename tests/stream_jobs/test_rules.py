@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas.messages import KNOWN_ALERT_TYPES
+from schemas.outputs import KNOWN_ALERT_TYPES
 from stream_jobs import alerts, rules
 from stream_jobs.config import Thresholds
 from stream_jobs.rules import Resolution, RuleTable, SustainedRule

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schemas.messages import Alert, GpuReading, NodeState, SharedGpuState, SharedPodVram
+from schemas.messages import GpuReading, NodeState
+from schemas.outputs import Alert, SharedGpuState, SharedPodVram
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
 from stream_jobs.shared_vram import NoisyNeighbours, VramTracker, replicas_per_gpu

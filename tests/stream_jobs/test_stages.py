@@ -6,7 +6,8 @@ from __future__ import annotations
 import orjson
 
 from schemas.codec import encode
-from schemas.messages import Alert, ClusterCapacity, K8sEvent, Message, PodLifecycle, PodWindow
+from schemas.messages import K8sEvent, Message
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
