@@ -17,7 +17,8 @@ from schemas.codec import MessageError, decode, decode_plain, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected
-from sinks.migrations import TTL_TABLES, TtlDays
+from sinks.ddl import TtlDays
+from sinks.migrations import TTL_TABLES
 from sinks.rows import PLAIN_TYPES, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
 
 log = get_logger(__name__)

@@ -11,10 +11,7 @@ docs/sql.md shows the queries. Every statement is idempotent (``IF NOT EXISTS``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sinks.migrations import TtlDays
+from sinks.ddl import KAFKA_COLS, LC, TS, TtlDays, dedup_settings
 
 _COUNTS = "Map(LowCardinality(String), UInt32)"
 
@@ -34,8 +31,6 @@ CAPACITY_MIG_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def m8_fragmentation(ttl: TtlDays) -> list[str]:
-    from sinks.migrations import KAFKA_COLS, LC, TS, _settings
-
     alter = ",\n".join(f"ADD COLUMN IF NOT EXISTS {name} {kind}" for name, kind in CAPACITY_MIG_COLUMNS)
     return [
         f"ALTER TABLE cluster_capacity\n{alter}",
@@ -61,7 +56,7 @@ def m8_fragmentation(ttl: TtlDays) -> list[str]:
 PARTITION BY toYYYYMM(window_start)
 ORDER BY (cluster, window_start, window_id, gpu_uuid)
 TTL toDateTime(window_start) + INTERVAL {ttl.state} DAY
-{_settings()}""",
+{dedup_settings()}""",
         f"""CREATE TABLE IF NOT EXISTS shared_gpu_windows (
     `cluster` {LC} DEFAULT 'default',
     window_id String,
@@ -82,5 +77,5 @@ TTL toDateTime(window_start) + INTERVAL {ttl.state} DAY
 PARTITION BY toYYYYMM(window_start)
 ORDER BY (cluster, window_start, window_id, gpu_uuid)
 TTL toDateTime(window_start) + INTERVAL {ttl.state} DAY
-{_settings()}""",
+{dedup_settings()}""",
     ]

@@ -19,7 +19,8 @@ from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
 from sinks.batches import FlushOutcome
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from sinks.query_server import QueryServer
 from sinks.readonly import ReadLimits
 from sinks.rows import SINK_TOPICS

@@ -45,7 +45,7 @@ from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, FlushOutcome, SinkMetrics, Store, encoded_dead_letter
 from sinks.clickhouse import StoreUnavailable
-from sinks.migrations import TtlDays
+from sinks.ddl import TtlDays
 from sinks.rows import SINK_TOPICS
 
 log = get_logger(__name__)

@@ -33,7 +33,8 @@ from simulation.scenario import Scenario, ScenarioError, parse_scenario
 from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from sinks.service import load_prices
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch

@@ -21,7 +21,8 @@ from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from sinks.rows import SINK_TOPICS
 from sinks.service import load_prices
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sinks.clickhouse import ClickHouseStore, open_store
-from sinks.migrations import MIGRATIONS, TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import MIGRATIONS, migrate
 from sinks.rows import TableColumns, rows_for
 from tests.sinks import factories as f
 

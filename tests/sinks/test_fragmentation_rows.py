@@ -16,7 +16,8 @@ from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from tests.conftest import REPO_ROOT
 
 PREFIX = "gpulens"

@@ -23,7 +23,8 @@ from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from sinks.rows import TableColumns, rows_for
 from tests.sinks import factories as f
 

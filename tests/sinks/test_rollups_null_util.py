@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinks.clickhouse import open_store
-from sinks.migrations import TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import migrate
 from sinks.rows import rows_for
 from tests.sinks import factories as f
 

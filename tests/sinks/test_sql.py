@@ -12,7 +12,8 @@ import pytest
 from gpulens.cli import main
 from schemas.messages import Message
 from sinks.clickhouse import ClickHouseStore, StoreError, open_store
-from sinks.migrations import MIGRATIONS, TtlDays, migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import MIGRATIONS, migrate
 from sinks.readonly import ReadOnlyViolation
 from sinks.rows import TableColumns, rows_for
 from sinks.service import load_prices

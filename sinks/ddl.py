@@ -1,0 +1,52 @@
+"""Building blocks of the sink's ClickHouse DDL: column types with their codecs, TTLs, table settings.
+
+Why a module of its own: every migration (:mod:`sinks.migrations` and the modules it gathers)
+writes its tables with the same types and settings; the reasons for each codec are in
+:mod:`sinks.migrations`' docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from common.settings import SinkSettings
+
+DEDUP_WINDOW = 10_000
+"""Insert blocks remembered per table for deduplication (a few per partition are ever retried)."""
+
+
+@dataclass(frozen=True)
+class TtlDays:
+    raw: int = 14
+    """gpu_samples, gpu_processes (the big raw series)."""
+    state: int = 400
+    """pods, nodes, events, progress, windows, capacity, lifecycle, alerts, xids."""
+    rollup: int = 730
+    """hourly and daily rollups."""
+
+    @classmethod
+    def keeping(cls, earliest: datetime, now: datetime | None = None) -> TtlDays:
+        """TTLs that keep data dated from ``earliest`` (a past-dated replay) a default period longer."""
+        age_days = max(0, ((now or datetime.now(UTC)) - earliest).days + 1)
+        default = cls()
+        return cls(raw=default.raw + age_days, state=default.state + age_days, rollup=default.rollup + age_days)
+
+    @classmethod
+    def from_settings(cls, settings: SinkSettings) -> TtlDays:
+        return cls(raw=settings.raw_sample_ttl_days, state=settings.state_ttl_days, rollup=settings.rollup_ttl_days)
+
+
+TS = "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
+TS_PLAIN = "DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1))"
+TS_NULL = "Nullable(DateTime64(3, 'UTC')) CODEC(ZSTD(1))"
+LC = "LowCardinality(String)"
+GAUGE = "Nullable(Float32) CODEC(Gorilla, ZSTD(1))"
+BYTES_GAUGE = "Nullable(UInt64) CODEC(T64, ZSTD(1))"
+RATE = "Nullable(Float32) CODEC(ZSTD(1))"
+"""Transfer rates: proportional to load, they compress better with ZSTD alone than with Gorilla."""
+KAFKA_COLS = "kafka_partition UInt16 CODEC(T64, ZSTD(1)),\n    kafka_offset UInt64 CODEC(Delta, ZSTD(1))"
+
+
+def dedup_settings() -> str:
+    return f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
