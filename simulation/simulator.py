@@ -38,13 +38,13 @@ from producers.watcher.translate import (
     node_to_state,
     pod_to_state,
 )
-from producers.watcher.vram import VRAM_ANNOTATION
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 from simulation.allocator_play import AllocatorPlayer
 from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
+from simulation.k8s_objects import event_object, node_object, pod_object, sim_uid, workload_object
 from simulation.mig_layouts import (
     MAX_INSTANCES_PER_GPU,
     fake_devices,
@@ -52,21 +52,11 @@ from simulation.mig_layouts import (
     slot_resources,
 )
 from simulation.scenario import NodeSpec, Scenario, step_value
-from simulation.scenario_file import OWNER_API_VERSIONS
 
 GIB = 2**30
-GANG_LABEL = "scheduling.x-k8s.io/pod-group"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-_NS = uuidlib.UUID("6f1c2a55-0d7e-4c83-9a7e-3b2f5c1d9e40")
 EPS = 1e-6
 
 
-def _uid(*parts: str) -> str:
-    return str(uuidlib.uuid5(_NS, "/".join(parts)))
-
-
-def _iso(ts: datetime) -> str:
-    return ts.isoformat().replace("+00:00", "Z")
 
 
 class FleetSimulator:
@@ -79,13 +69,14 @@ class FleetSimulator:
         self.allocator = AllocatorPlayer(scenario)
         self.nodes: dict[str, SimNode] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
         self.pods: list[SimPod] = [
-            SimPod(spec, _uid(scenario.name, "pod", spec.namespace, spec.name),
+            SimPod(spec, sim_uid(scenario.name, "pod", spec.namespace, spec.name),
                  hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
             for spec in scenario.pods
         ]
         self.workloads: dict[tuple[str, str], SimWorkload] = {
-            (spec.namespace, spec.name): SimWorkload(spec, _uid(scenario.name, "workload", spec.namespace, spec.name),
-                                                   _uid(scenario.name, "job", spec.namespace, spec.name))
+            (spec.namespace, spec.name): SimWorkload(
+                spec, sim_uid(scenario.name, "workload", spec.namespace, spec.name),
+                sim_uid(scenario.name, "job", spec.namespace, spec.name))
             for spec in scenario.workloads
         }
         self._late: list[tuple[float, SimulatedRecord]] = []
@@ -98,13 +89,13 @@ class FleetSimulator:
         gpus = []
         mem_total = int(spec.memory_gib * GIB)
         for index in range(spec.gpus):
-            gpu = FakeGpu(uuid="GPU-" + _uid(name, "gpu", spec.name, str(index)), index=index, model=spec.model,
+            gpu = FakeGpu(uuid="GPU-" + sim_uid(name, "gpu", spec.name, str(index)), index=index, model=spec.model,
                           mem_total_bytes=mem_total)
             if spec.mig:
                 slices = int(spec.mig.split("g")[0])
                 mig_mem = int(float(spec.mig.split(".")[1][:-2]) * GIB)
                 gpu.mig_devices = [
-                    FakeMigDevice(uuid="MIG-" + _uid(name, "mig", spec.name, str(index), str(j)), profile=spec.mig,
+                    FakeMigDevice(uuid="MIG-" + sim_uid(name, "mig", spec.name, str(index), str(j)), profile=spec.mig,
                                   gpu_instance_id=j * slices, compute_instance_id=0, mem_total_bytes=mig_mem)
                     for j in range(spec.mig_per_gpu)
                 ]
@@ -117,8 +108,8 @@ class FleetSimulator:
         nvml.init()
         resources = StaticPodResources()
         sampler = NodeSampler(spec.name, nvml, resources, StaticProcessResolver({}),
-                              boot_id=_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
-        node = SimNode(spec, _uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
+                              boot_id=sim_uid(name, "boot", spec.name, self.start_id), sample_interval_s=self.dt)
+        node = SimNode(spec, sim_uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
         if spec.mig_layout is not None:
             node.slot_res = slot_resources([g.mig_devices for g in gpus])
         return node
@@ -126,137 +117,13 @@ class FleetSimulator:
     # ------------------------------------------------------------------ Kubernetes objects
 
     def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
-        spec = node.spec
-        labels = {
-            "kubernetes.io/hostname": spec.name,
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": spec.model.replace(" ", "-"),
-            "nvidia.com/gpu.memory": str(int(spec.memory_gib * 1024)),
-            "nvidia.com/gpu.count": str(spec.gpus),
-            "nvidia.com/cuda.driver-version.full": spec.driver,
-            "nvidia.com/cuda.runtime-version.full": spec.cuda,
-        } | spec.labels
-        if spec.mig or node.slot_res is not None:
-            labels["nvidia.com/mig.strategy"] = "mixed"
-        amount = {spec.resource: str(spec.units)}
-        if node.slot_res is not None:
-            amount = {res: str(node.slot_res.count(res)) for res in sorted({r for r in node.slot_res if r})}
-        return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": spec.name, "uid": node.uid, "labels": labels,
-                         "creationTimestamp": _iso(self.scenario.start)},
-            "spec": {"unschedulable": spec.unschedulable} if spec.unschedulable else {},
-            "status": {
-                "capacity": amount, "allocatable": amount,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                "lastTransitionTime": _iso(self.scenario.start)}],
-            },
-        }
+        return node_object(node, self.scenario.start)
 
     def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
-        spec = pod.spec
-        start = self.scenario.start
-        labels = dict(spec.labels)
-        if spec.gang:
-            labels[GANG_LABEL] = spec.gang
-        meta: dict[str, Any] = {"name": spec.name, "namespace": spec.namespace, "uid": pod.uid, "labels": labels,
-                                "creationTimestamp": _iso(start + timedelta(seconds=pod.created or 0.0))}
-        if spec.owner is not None:
-            kind, name = spec.owner
-            owner_uid = uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpulens-sim/{spec.namespace}/{kind}/{name}")
-            meta["ownerReferences"] = [{"apiVersion": OWNER_API_VERSIONS[kind], "kind": kind, "name": name,
-                                        "uid": str(owner_uid), "controller": True}]
-        elif spec.workload is not None:
-            workload = self.workloads[(spec.namespace, spec.workload)]
-            labels[QUEUE_LABEL] = workload.spec.queue
-            meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.workload,
-                                        "uid": workload.job_uid, "controller": True}]
-        if spec.vram_request_gib is not None:
-            meta["annotations"] = {VRAM_ANNOTATION: str(int(spec.vram_request_gib * GIB))}
-        if pod.deleted and pod.ended is not None:
-            meta["deletionTimestamp"] = _iso(start + timedelta(seconds=pod.ended))
-        amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
-        pod_spec: dict[str, Any] = {
-            "schedulerName": "default-scheduler",
-            "containers": [{"name": "main", "image": spec.image, "resources": {"requests": amount, "limits": amount}}],
-        }
-        if spec.node:
-            pod_spec["nodeSelector"] = {"kubernetes.io/hostname": spec.node}
-        if pod.node:
-            pod_spec["nodeName"] = pod.node
-        status: dict[str, Any] = {"phase": "Pending", "conditions": []}
-        if pod.scheduled is None:
-            if pod.last_message:
-                status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                             "message": pod.last_message, "lastTransitionTime": _iso(ts)})
-        else:
-            sched = start + timedelta(seconds=pod.scheduled)
-            status["startTime"] = _iso(sched)
-            status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": _iso(sched)})
-            cstatus: dict[str, Any] = {"name": "main", "image": spec.image, "imageID": spec.image,
-                                       "containerID": f"containerd://{pod.container_id}",
-                                       "restartCount": pod.restarts}
-            finished_reason = pod.end_reason if pod.phase == "ended" and not pod.deleted else None
-            if finished_reason is not None:
-                status["phase"] = "Succeeded" if finished_reason == "Succeeded" else "Failed"
-                code = {"Succeeded": 0, "Failed": 1, "OOMKilled": 137, "Evicted": 137}[finished_reason]
-                reason = {"Succeeded": "Completed", "Failed": "Error", "OOMKilled": "OOMKilled",
-                          "Evicted": "Error"}[finished_reason]
-                if finished_reason == "Evicted":
-                    status["reason"] = "Evicted"
-                    status["message"] = "The node was removed."
-                cstatus |= {"ready": False, "state": {"terminated": {
-                    "reason": reason, "exitCode": code, "startedAt": _iso(sched),
-                    "finishedAt": _iso(start + timedelta(seconds=pod.ended or 0.0))}}}
-            elif spec.crashloop:
-                status["phase"] = "Running"
-                cstatus |= {"ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
-                if pod.restarts:
-                    last = start + timedelta(seconds=pod.scheduled + 60.0 * pod.restarts)
-                    cstatus["lastState"] = {"terminated": {"reason": "Error", "exitCode": 1,
-                                                           "startedAt": _iso(last - timedelta(seconds=50)),
-                                                           "finishedAt": _iso(last)}}
-            else:
-                status["phase"] = "Running"
-                cstatus |= {"ready": True, "state": {"running": {"startedAt": _iso(sched)}}}
-            status["containerStatuses"] = [cstatus]
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec, "status": status}
+        return pod_object(pod, ts, self.scenario.start, self.workloads)
 
     def _workload_object(self, workload: SimWorkload, ts: datetime) -> dict[str, Any]:
-        """The Workload Kueue creates for a suspended Job, as the API server serves it."""
-        spec = workload.spec
-        start = self.scenario.start
-        meta: dict[str, Any] = {
-            "name": spec.name, "namespace": spec.namespace, "uid": workload.uid, "labels": dict(spec.labels),
-            "creationTimestamp": _iso(start + timedelta(seconds=spec.create)),
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": spec.name, "uid": workload.job_uid,
-                                 "controller": True, "blockOwnerDeletion": True}],
-        }
-        if workload.phase == "deleted":
-            meta["deletionTimestamp"] = _iso(ts)
-        pod_sets = [{"name": s.name, "count": s.count, "template": {"spec": {"containers": [{
-            "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-            "resources": {"requests": {s.resource: str(s.gpus)}, "limits": {s.resource: str(s.gpus)}}}]}}}
-            for s in spec.pod_sets]
-        status: dict[str, Any] = {}
-        if spec.admit is not None and workload.phase in ("admitted", "deleted") and ts >= start + timedelta(
-                seconds=spec.admit):
-            admitted = _iso(start + timedelta(seconds=spec.admit))
-            status["admission"] = {"clusterQueue": "cluster-queue", "podSetAssignments": [
-                {"name": s.name, "count": s.count, "flavors": {s.resource: "default-flavor"}} for s in spec.pod_sets]}
-            status["conditions"] = [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "lastTransitionTime": admitted,
-                 "message": "Quota reserved in ClusterQueue cluster-queue"},
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "lastTransitionTime": admitted,
-                 "message": "The workload is admitted"}]
-        else:
-            first = spec.pod_sets[0]
-            reason = spec.reason or (f"couldn't assign flavors to pod set {first.name}: insufficient unused quota "
-                                     f"for {first.resource} in flavor default-flavor, {spec.gpus} more needed")
-            status["conditions"] = [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
-                                     "message": reason, "lastTransitionTime": meta["creationTimestamp"]}]
-        return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": meta,
-                "spec": {"queueName": spec.queue, "podSets": pod_sets, "active": True}, "status": status}
+        return workload_object(workload, ts, self.scenario.start)
 
     def _workload_records(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         out: list[SimulatedRecord] = []
@@ -289,20 +156,7 @@ class FleetSimulator:
         return None if admit is None else admit + pod.spec.create
 
     def _event_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
-        pod.event_count += 1
-        spec = pod.spec
-        first = self.scenario.start + timedelta(seconds=pod.created or 0.0)
-        return {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{spec.name}.{pod.event_count:x}", "namespace": spec.namespace,
-                         "uid": _uid(self.scenario.name, "event", pod.uid, str(pod.event_count)),
-                         "creationTimestamp": _iso(ts)},
-            "involvedObject": {"kind": "Pod", "name": spec.name, "namespace": spec.namespace, "uid": pod.uid,
-                               "apiVersion": "v1"},
-            "reason": "FailedScheduling", "message": pod.last_message, "type": "Warning",
-            "firstTimestamp": _iso(first), "lastTimestamp": _iso(ts), "count": pod.event_count,
-            "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler",
-        }
+        return event_object(pod, ts, self.scenario.start, self.scenario.name)
 
     # ------------------------------------------------------------------ the run
 
