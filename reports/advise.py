@@ -24,6 +24,7 @@ right-size takes the freed whole GPUs out of pack, scale-to-zero counts unalloca
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -215,18 +216,19 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
     }
     return _rounded({
         "period": {"start": iso_utc(start), "end": iso_utc(end), "team": team},
-        "headline": headline, "headline_text": _too_short(span_h, reclaimable_h, cfg) or headline_text(headline, team),
+        "headline": headline, "headline_text": _too_short(pods, reclaimable_h, cfg) or headline_text(headline, team),
         "thresholds": cfg.model_dump(),
         "reclaim": reclaim_rows, "scale_to_zero": scale_rows, "right_size": right_rows, "pack": pack_rows,
         "queue": queue_rows, "totals": totals,
     })
 
 
-def _too_short(span_h: float, reclaimable_h: float, cfg: AdviseThresholds) -> str | None:
-    """Why a zero headline means nothing yet: the data covers less than the evidence the advisor asks."""
-    if reclaimable_h > EPS or span_h * 3600 + EPS >= cfg.min_evidence_s:
+def _too_short(pods: Mapping[str, PodEvidence], reclaimable_h: float, cfg: AdviseThresholds) -> str | None:
+    """Why a zero headline means nothing yet: no pod has the evidence the advisor asks (a short demo)."""
+    longest_s = max((ev.active_s for ev in pods.values()), default=0.0)
+    if reclaimable_h > EPS or longest_s + EPS >= cfg.min_evidence_s:
         return None
-    return (f"not enough history yet: {span_h * 60:.0f} min of data, the advisor needs "
+    return (f"not enough history yet: the longest pod history is {longest_s / 60:.0f} min, the advisor needs "
             f"{cfg.min_evidence_s / 60:.0f} min of evidence (--min-evidence) before it names reclaimable GPUs")
 
 
