@@ -30,14 +30,8 @@ from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
 from producers.agent.sampler import NodeSampler
-from producers.watcher.translate import (
-    TranslateConfig,
-    deleted_node,
-    deleted_state,
-    event_to_message,
-    node_to_state,
-    pod_to_state,
-)
+from producers.watcher.events import event_to_message
+from producers.watcher.translate import TranslateConfig, deleted_node, deleted_state, node_to_state, pod_to_state
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
 from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key

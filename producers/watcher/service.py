@@ -36,6 +36,7 @@ from common.kafka import BoundedProducer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WatcherSettings
+from producers.watcher.events import event_key, event_to_message
 from producers.watcher.informer import (
     Clock,
     Informer,
@@ -52,8 +53,6 @@ from producers.watcher.translate import (
     TranslateConfig,
     deleted_node,
     deleted_state,
-    event_key,
-    event_to_message,
     node_to_state,
     object_time,
     pod_progress,

@@ -32,7 +32,6 @@ from producers.watcher.gangs import gang_id
 from producers.watcher.vram import vram_request_bytes
 from schemas.messages import (
     ContainerState,
-    K8sEvent,
     Message,
     NodeState,
     OwnerRef,
@@ -76,7 +75,7 @@ class TranslateConfig:
 # --------------------------------------------------------------------------- small helpers
 
 
-def _dict(value: Any) -> JsonDict:
+def json_dict(value: Any) -> JsonDict:
     return value if isinstance(value, Mapping) else {}
 
 
@@ -138,8 +137,8 @@ def is_gpu_resource(name: str, config: TranslateConfig | None = None) -> bool:
 
 def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
     """The first of ``keys`` found in the labels, else the annotations."""
-    labels = _dict(meta.get("labels"))
-    annotations = _dict(meta.get("annotations"))
+    labels = json_dict(meta.get("labels"))
+    annotations = json_dict(meta.get("annotations"))
     for key in keys:
         for source in (labels, annotations):
             value = source.get(key)
@@ -152,9 +151,9 @@ def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
 
 
 def _container_gpus(container: JsonDict, config: TranslateConfig) -> dict[str, int]:
-    resources = _dict(container.get("resources"))
-    requests = _dict(resources.get("requests"))
-    limits = _dict(resources.get("limits"))
+    resources = json_dict(container.get("resources"))
+    requests = json_dict(resources.get("requests"))
+    limits = json_dict(resources.get("limits"))
     found: dict[str, int] = {}
     for name in set(requests) | set(limits):
         if not is_gpu_resource(name, config):
@@ -167,15 +166,15 @@ def _container_gpus(container: JsonDict, config: TranslateConfig) -> dict[str, i
 
 def gpu_requests(pod: dict[str, Any], config: TranslateConfig) -> dict[str, int]:
     """GPU resources the pod asks for, by resource name, as the scheduler accounts them."""
-    spec = _dict(pod.get("spec"))
+    spec = json_dict(pod.get("spec"))
     total: dict[str, int] = {}
     for container in _list(spec.get("containers")):
-        for name, amount in _container_gpus(_dict(container), config).items():
+        for name, amount in _container_gpus(json_dict(container), config).items():
             total[name] = total.get(name, 0) + amount
     init_peak: dict[str, int] = {}
     sidecars: dict[str, int] = {}
     for container in _list(spec.get("initContainers")):
-        init = _dict(container)
+        init = json_dict(container)
         gpus = _container_gpus(init, config)
         # restartable init containers (sidecars) keep running beside the app containers
         if init.get("restartPolicy") == "Always":
@@ -201,9 +200,9 @@ def strip_runtime(container_id: Any) -> str | None:
 
 def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
     """Owners from the pod outward, inferred without API calls (see module docstring)."""
-    meta = _dict(pod.get("metadata"))
-    labels = _dict(meta.get("labels"))
-    refs = [_dict(ref) for ref in _list(meta.get("ownerReferences"))]
+    meta = json_dict(pod.get("metadata"))
+    labels = json_dict(meta.get("labels"))
+    refs = [json_dict(ref) for ref in _list(meta.get("ownerReferences"))]
     refs.sort(key=lambda ref: not ref.get("controller", False))
     chain: list[OwnerRef] = []
     for ref in refs:
@@ -232,16 +231,16 @@ def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
 
 def _container_state(status: JsonDict, spec_images: Mapping[str, str]) -> ContainerState:
     name = str(status.get("name", ""))
-    state = _dict(status.get("state"))
-    last = _dict(_dict(status.get("lastState")).get("terminated"))
+    state = json_dict(status.get("state"))
+    last = json_dict(json_dict(status.get("lastState")).get("terminated"))
     kind: str = "unknown"
     reason: str | None = None
     for candidate in ("running", "waiting", "terminated"):
         if candidate in state and state[candidate] is not None:
             kind = candidate
-            reason = _dict(state[candidate]).get("reason")
+            reason = json_dict(state[candidate]).get("reason")
             break
-    terminated = _dict(state.get("terminated"))
+    terminated = json_dict(state.get("terminated"))
     ended = terminated or last
     return ContainerState(
         name=name,
@@ -259,9 +258,9 @@ def _container_state(status: JsonDict, spec_images: Mapping[str, str]) -> Contai
 
 def _start_times(status: JsonDict) -> list[datetime]:
     times = []
-    state = _dict(status.get("state"))
-    for part in (_dict(state.get("running")), _dict(state.get("terminated")),
-                 _dict(_dict(status.get("lastState")).get("terminated"))):
+    state = json_dict(status.get("state"))
+    for part in (json_dict(state.get("running")), json_dict(state.get("terminated")),
+                 json_dict(json_dict(status.get("lastState")).get("terminated"))):
         started = parse_time(part.get("startedAt"))
         if started:
             times.append(started)
@@ -275,9 +274,9 @@ def pod_to_state(
     gpu_nodes: Collection[str] = (),
 ) -> PodState | None:
     """The pod's message, or None when it neither requests a GPU nor runs on a GPU node."""
-    meta = _dict(pod.get("metadata"))
-    spec = _dict(pod.get("spec"))
-    status = _dict(pod.get("status"))
+    meta = json_dict(pod.get("metadata"))
+    spec = json_dict(pod.get("spec"))
+    status = json_dict(pod.get("status"))
     uid = meta.get("uid")
     if not uid or not meta.get("name"):
         return None
@@ -291,7 +290,7 @@ def pod_to_state(
     scheduled_at: datetime | None = None
     latest_transition: datetime | None = None
     for raw in _list(status.get("conditions")):
-        cond = _dict(raw)
+        cond = json_dict(raw)
         at = parse_time(cond.get("lastTransitionTime"))
         conditions.append(PodCondition(type=str(cond.get("type", "")), status=str(cond.get("status", "")),
                                        reason=cond.get("reason"), message=cond.get("message"),
@@ -301,10 +300,10 @@ def pod_to_state(
         if at and (latest_transition is None or at > latest_transition):
             latest_transition = at
 
-    spec_images = {str(_dict(c).get("name")): str(_dict(c).get("image"))
+    spec_images = {str(json_dict(c).get("name")): str(json_dict(c).get("image"))
                    for c in _list(spec.get("initContainers")) + _list(spec.get("containers"))
-                   if _dict(c).get("image")}
-    raw_statuses = [_dict(s) for s in _list(status.get("initContainerStatuses"))
+                   if json_dict(c).get("image")}
+    raw_statuses = [json_dict(s) for s in _list(status.get("initContainerStatuses"))
                     + _list(status.get("containerStatuses"))]
     containers = [_container_state(s, spec_images) for s in raw_statuses]
     if not raw_statuses:  # not started yet: still name the images the pod will run
@@ -346,7 +345,7 @@ def pod_to_state(
         team=first_value(meta, config.team_keys) or namespace,
         project=first_value(meta, config.project_keys) or namespace,
         gang_id=_gang(meta, namespace, config),
-        labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
+        labels={str(k): str(v) for k, v in json_dict(meta.get("labels")).items()},
         containers=containers,
         restarts=sum(c.restart_count for c in containers),
         last_termination_reason=last_reason,
@@ -391,22 +390,23 @@ def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
 
 def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | None = None) -> NodeState | None:
     """The node's message, or None for a node with neither GPU resources nor GPU labels."""
-    meta = _dict(node.get("metadata"))
-    spec = _dict(node.get("spec"))
-    status = _dict(node.get("status"))
+    meta = json_dict(node.get("metadata"))
+    spec = json_dict(node.get("spec"))
+    status = json_dict(node.get("status"))
     name = meta.get("name")
     if not name:
         return None
-    labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
-    capacity = {k: parse_quantity(v) for k, v in _dict(status.get("capacity")).items() if is_gpu_resource(k, config)}
-    allocatable = {k: parse_quantity(v) for k, v in _dict(status.get("allocatable")).items()
+    labels = {str(k): str(v) for k, v in json_dict(meta.get("labels")).items()}
+    capacity = {k: parse_quantity(v) for k, v in json_dict(status.get("capacity")).items()
+                if is_gpu_resource(k, config)}
+    allocatable = {k: parse_quantity(v) for k, v in json_dict(status.get("allocatable")).items()
                    if is_gpu_resource(k, config)}
     gpu_labelled = any(labels.get(key) not in (None, "", "false") for key in _GPU_NODE_LABELS)
     if not any(capacity.values()) and not gpu_labelled:
         return None
     ready = False
     for raw in _list(status.get("conditions")):
-        cond = _dict(raw)
+        cond = json_dict(raw)
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
     memory_mib = _int_label(labels, "nvidia.com/gpu.memory")
@@ -428,8 +428,8 @@ def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | 
         mig_strategy=labels.get("nvidia.com/mig.strategy"),
         ready=ready,
         unschedulable=bool(spec.get("unschedulable", False)),
-        taints=[Taint(key=str(_dict(t).get("key", "")), value=_dict(t).get("value"),
-                      effect=str(_dict(t).get("effect", ""))) for t in _list(spec.get("taints"))],
+        taints=[Taint(key=str(json_dict(t).get("key", "")), value=json_dict(t).get("value"),
+                      effect=str(json_dict(t).get("effect", ""))) for t in _list(spec.get("taints"))],
         labels=labels,
         deleted=False,
     )
@@ -439,87 +439,18 @@ def deleted_node(state: NodeState, ts: datetime) -> NodeState:
     return state.model_copy(update={"deleted": True, "ts": ts})
 
 
-# --------------------------------------------------------------------------- events
-
-_PREEMPTED = {"Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler"}
-_EVICTED = {"Evicted", "Evicting", "TaintManagerEviction", "EvictionThresholdMet", "Killing-Evicted"}
-_OOM = {"OOMKilling", "SystemOOM", "OOMKilled"}
-
-
-def event_category(reason: str, message: str) -> str:
-    if reason == "FailedScheduling":
-        return "scheduling_failed"
-    if reason == "Scheduled":
-        return "scheduled"
-    if reason in _PREEMPTED or (reason == "Killing" and "preempt" in message.lower()):
-        return "preempted"
-    if reason in _EVICTED:
-        return "evicted"
-    if reason in _OOM or "oom" in reason.lower():
-        return "oom_killed"
-    return "other"
-
-
-def event_to_message(event: dict[str, Any]) -> K8sEvent | None:
-    """A ``core/v1`` Event or an ``events.k8s.io/v1`` Event as a :class:`K8sEvent`."""
-    meta = _dict(event.get("metadata"))
-    new_shape = "regarding" in event or str(event.get("apiVersion", "")).startswith("events.k8s.io/")
-    involved = _dict(event.get("regarding") if new_shape else event.get("involvedObject"))
-    reason = event.get("reason")
-    uid = meta.get("uid")
-    if not involved.get("name") or not involved.get("kind") or not reason or not uid:
-        return None
-    series = _dict(event.get("series"))
-    message = str((event.get("note") if new_shape else event.get("message")) or "")
-    times = [
-        parse_time(series.get("lastObservedTime")),
-        parse_time(event.get("deprecatedLastTimestamp") if new_shape else event.get("lastTimestamp")),
-        parse_time(event.get("eventTime")),
-        parse_time(event.get("deprecatedFirstTimestamp") if new_shape else event.get("firstTimestamp")),
-        parse_time(meta.get("creationTimestamp")),
-    ]
-    ts = max((t for t in times if t is not None), default=None)
-    if ts is None:
-        return None
-    count = series.get("count") or (event.get("deprecatedCount") if new_shape else event.get("count")) or 1
-    source = (event.get("reportingController") if new_shape else event.get("reportingComponent")) or None
-    if not source:
-        legacy = _dict(event.get("deprecatedSource") if new_shape else event.get("source"))
-        source = legacy.get("component") or None
-    return K8sEvent(
-        uid=str(uid),
-        ts=ts,
-        category=cast(Any, event_category(str(reason), message)),
-        reason=str(reason),
-        message=message,
-        type=str(event.get("type") or "Normal"),
-        count=max(int(count), 1),
-        involved_kind=str(involved["kind"]),
-        involved_uid=involved.get("uid") or None,
-        involved_namespace=involved.get("namespace") or None,
-        involved_name=str(involved["name"]),
-        source=str(source) if source else None,
-    )
-
-
-def event_key(message: K8sEvent) -> str:
-    """The Kafka key of an event: the involved object's uid, else ``kind/namespace/name``."""
-    if message.involved_uid:
-        return message.involved_uid
-    return "/".join(p for p in (message.involved_kind, message.involved_namespace, message.involved_name) if p)
-
-
 def object_time(obj: dict[str, Any]) -> datetime | None:
     """The newest timestamp an object carries: how recent the change we just saw is (for lag)."""
-    meta = _dict(obj.get("metadata"))
-    status = _dict(obj.get("status"))
+    meta = json_dict(obj.get("metadata"))
+    status = json_dict(obj.get("status"))
     candidates: list[Any] = [meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
                              obj.get("eventTime"), obj.get("lastTimestamp"),
-                             _dict(obj.get("series")).get("lastObservedTime")]
-    candidates += [_dict(c).get("lastTransitionTime") for c in _list(status.get("conditions"))]
+                             json_dict(obj.get("series")).get("lastObservedTime")]
+    candidates += [json_dict(c).get("lastTransitionTime") for c in _list(status.get("conditions"))]
     for raw in _list(status.get("containerStatuses")):
-        state = _dict(_dict(raw).get("state"))
-        candidates += [_dict(state.get("running")).get("startedAt"), _dict(state.get("terminated")).get("finishedAt")]
+        state = json_dict(json_dict(raw).get("state"))
+        candidates += [json_dict(state.get("running")).get("startedAt"),
+                       json_dict(state.get("terminated")).get("finishedAt")]
     times = [t for t in (parse_time(c) for c in candidates) if t is not None]
     return max(times) if times else None
 
@@ -576,8 +507,8 @@ def pod_progress(pod: dict[str, Any], ts: datetime) -> tuple[WorkloadProgress | 
     not hide the good ones. Totals going down (a restarted job) are passed on as they are: the
     downstream cost per step uses max - min per window, like the agent's totals.
     """
-    meta = _dict(pod.get("metadata"))
-    annotations = _dict(meta.get("annotations"))
+    meta = json_dict(pod.get("metadata"))
+    annotations = json_dict(meta.get("annotations"))
     totals: dict[str, float] = {}
     bad: dict[str, str] = {}
     for key, name in PROGRESS_ANNOTATIONS.items():

@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 
+from producers.watcher.events import event_key, event_to_message
 from producers.watcher.translate import (
     ChangeFilter,
     TranslateConfig,
-    event_key,
-    event_to_message,
     gpu_requests,
     node_to_state,
     owner_chain,
