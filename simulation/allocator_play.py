@@ -1,6 +1,6 @@
 """Scenario pods' allocator statistics, played through the node agent's own progress ingestion.
 
-A scenario pod with ``allocator:`` (``gpulens.scenario.AllocatorSpec``) reports, every sample
+A scenario pod with ``allocator:`` (``simulation.scenario.AllocatorSpec``) reports, every sample
 interval while it runs, one ``allocator device=N reserved=... allocated=... retries=... ooms=...``
 line per GPU it holds, as ``clients/gpulens_progress.py`` would write it. The lines go through the
 agent's :class:`producers.agent.progress.ProgressCollector` of the pod's node (parsing, bounds,
