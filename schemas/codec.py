@@ -39,7 +39,12 @@ class MessageError(ValueError):
 
 
 def encode(message: Message) -> bytes:
-    data = orjson.dumps(message.model_dump(mode="json"))
+    """The message as compact JSON: fields equal to their default (absent metrics, empty lists) are
+    left out, as a reader's validation puts them back; ``schema_version`` and ``cluster`` are always
+    written. A GPU sample shrinks to about half, which halves what Kafka carries and what every
+    consumer parses."""
+    data = orjson.dumps({"schema_version": message.schema_version, "cluster": message.cluster}
+                        | message.model_dump(mode="json", exclude_defaults=True))
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"encoded size {len(data)} bytes exceeds limit {MAX_MESSAGE_BYTES}")
     return data

@@ -2,10 +2,11 @@
 
 At-least-once transport becomes exactly-once rows through three rules:
 
-1. **Deterministic batches.** Records are buffered per (topic, partition) and cut by size and age.
-   Before a batch is inserted its offset range is journalled in ``sink_batches``; after a crash the
-   next owner of the partition finds the journalled ranges it has not committed and cuts its first
-   batches at exactly those offsets, so a replayed batch is the same block of rows.
+1. **Deterministic batches.** Records are buffered per (topic, partition) and cut by size and age
+   (a record waits at most the batch age from when it was read). Before a batch is inserted its
+   offset range is journalled in ``sink_batches``; after a crash the next owner of the partition
+   finds the journalled ranges it has not committed and cuts its first batches at exactly those
+   offsets, so a replayed batch is the same block of rows.
 2. **Deduplicated inserts.** Each table insert carries ``insert_deduplication_token`` =
    ``topic:partition:first-last``; tables keep a deduplication window, so a block already stored
    (crash after insert, lost acknowledgement, outage retry) is dropped by the engine, and so are
@@ -13,7 +14,8 @@ At-least-once transport becomes exactly-once rows through three rules:
 3. **Commit after acknowledgement.** Kafka offsets are committed only after ClickHouse accepted
    every table's block and the dead-letter records are delivered. While ClickHouse is down the
    partitions are paused, the same batch is retried with jittered exponential backoff, and nothing
-   is committed; the sink catches up afterwards.
+   is committed; the sink catches up afterwards. One batch is inserted by a store thread while the
+   next is decoded; a batch is committed before the next is handed over, so commits stay in order.
 
 Records a producer sent twice (same deterministic id, different offsets) collapse in the
 ``ReplacingMergeTree`` tables, whose sorting keys are the facts' natural keys; for ``pod_windows``,
@@ -33,6 +35,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +46,17 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
-from sinks.batches import Batch, BatchWriter, ConsumedRecord, FlushOutcome, SinkMetrics, Store, encoded_dead_letter
+from sinks.batches import (
+    GC_PAUSE,
+    Batch,
+    BatchWriter,
+    ConsumedRecord,
+    FlushOutcome,
+    PreparedBatch,
+    SinkMetrics,
+    Store,
+    encoded_dead_letter,
+)
 from sinks.clickhouse import StoreUnavailable
 from sinks.ddl import TtlDays
 from sinks.rows import SINK_TOPICS
@@ -54,9 +67,30 @@ log = get_logger(__name__)
 @dataclass
 class PartitionBuffer:
     records: list[ConsumedRecord] = field(default_factory=list)
-    opened_at: float = 0.0
+    arrived_at: list[float] = field(default_factory=list)
+    """When each record was read (the sink's clock), for the batch age."""
     plans: list[tuple[int, int]] | None = None
     """Journalled (first, last) ranges still to replay exactly; None until looked up."""
+
+    def add(self, record: ConsumedRecord, now: float) -> None:
+        self.records.append(record)
+        self.arrived_at.append(now)
+
+    def take(self, n: int) -> list[ConsumedRecord]:
+        """Remove and return the ``n`` oldest records."""
+        taken = self.records[:n]
+        del self.records[:n]
+        del self.arrived_at[:n]
+        return taken
+
+
+@dataclass
+class InFlight:
+    """The batch being inserted by the store thread while the next one is prepared."""
+
+    batch: Batch
+    result: Future[tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]]
+    started: float
 
 
 class SinkStopped(GpulensError):
@@ -94,6 +128,8 @@ class ClickHouseSink:
         self.totals = FlushOutcome()
         self._consumer: Any = None
         self._producer: BoundedProducer | None = None
+        self._store_thread: ThreadPoolExecutor | None = None
+        self._in_flight: InFlight | None = None
         self._last_lag_at = 0.0
 
     # ---------------------------------------------------------------- lifecycle
@@ -106,6 +142,10 @@ class ClickHouseSink:
             "session.timeout.ms": self.settings.session_timeout_ms,
             "max.poll.interval.ms": max(300_000, self.settings.session_timeout_ms + 1),
             "partition.assignment.strategy": "cooperative-sticky",
+            # librdkafka postpones a partition's next fetch by a whole second (its default) once
+            # the prefetch queue is full; a sink busy writing a batch drains that queue in bursts,
+            # so the default left it idle for a second after every write
+            "fetch.queue.backoff.ms": 20,
         }
         if self.settings.group_instance_id:
             extra["group.instance.id"] = self.settings.group_instance_id
@@ -113,16 +153,18 @@ class ClickHouseSink:
         self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_revoke)
         self._producer = BoundedProducer(self.settings.kafka, self.settings.producer)
+        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-store")
 
     def _idle_for(self, idle_s: float, now: float) -> bool:
         """Nothing buffered and quiet for ``idle_s`` since the group assigned partitions (a slow
         first join is not idleness: the data has not been read yet), or for ``NO_ASSIGNMENT_S``
         when no assignment ever came."""
-        if any(b.records for b in self.buffers.values()):
+        if self._in_flight is not None or any(b.records for b in self.buffers.values()):
             return False
         return now - self._quiet_since >= (idle_s if self._assigned else max(idle_s, NO_ASSIGNMENT_S))
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._settle(in_callback=True)
         self._assigned = True
         self._quiet_since = self.clock()
         for tp in partitions:
@@ -130,12 +172,17 @@ class ClickHouseSink:
         log.info("partitions assigned", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._settle(in_callback=True)  # its commit still counts while the partitions are ours
         for tp in partitions:
             # uncommitted records are simply re-read by the next owner, which replays the journal
             self.buffers.pop((tp.topic, tp.partition), None)
         log.info("partitions revoked", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
 
     def close(self) -> None:
+        if self._store_thread is not None:
+            self._settle(in_callback=True)
+            self._store_thread.shutdown(wait=True)
+            self._store_thread = None
         if self._producer is not None:
             self._producer.close(10.0)
         if self._consumer is not None:
@@ -161,15 +208,17 @@ class ClickHouseSink:
                         log.warning("consume error", error=str(msg.error()))
                         continue
                     self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                        msg.timestamp()[1]))
-                if self._flush_due(now) or messages:
+                                        msg.timestamp()[1]), now)
+                if self._flush_due(now, caught_up=not messages) or messages:
                     # A flush that waited out an outage paused consumption (and librdkafka dropped
                     # what it had prefetched): quiet time counts only from its end.
                     self._quiet_since = self.clock()
+                self._settle(wait=False)
                 self._report_lag(now)
                 if exit_when_idle_s is not None and self._idle_for(exit_when_idle_s, now):
                     break
             self._flush_due(self.clock(), force=True)
+            self._settle()
         except SinkStopped as exc:
             log.warning("stopped while clickhouse was unavailable; uncommitted records will be re-read",
                         error=str(exc))
@@ -180,15 +229,13 @@ class ClickHouseSink:
 
     # ---------------------------------------------------------------- batching
 
-    def _buffer(self, record: ConsumedRecord) -> None:
+    def _buffer(self, record: ConsumedRecord, now: float) -> None:
         if self.totals.first_record_at is None:
             self.totals.first_record_at = time.perf_counter()
-        buffer = self.buffers.setdefault((record.topic, record.partition), PartitionBuffer())
-        if not buffer.records:
-            buffer.opened_at = self.clock()
-        buffer.records.append(record)
+        self.buffers.setdefault((record.topic, record.partition), PartitionBuffer()).add(record, now)
 
-    def _due_batches(self, key: tuple[str, int], buffer: PartitionBuffer, now: float, force: bool) -> list[Batch]:
+    def _due_batches(self, key: tuple[str, int], buffer: PartitionBuffer, now: float, force: bool,
+                     caught_up: bool = False) -> list[Batch]:
         topic, partition = key
         batches: list[Batch] = []
         if buffer.plans is None and buffer.records:
@@ -199,31 +246,32 @@ class ClickHouseSink:
             first, last = buffer.plans[0]
             if buffer.records[-1].offset < last and not force:
                 return batches  # wait until the whole journalled range is read again
-            take = [r for r in buffer.records if r.offset <= last]
-            buffer.records = buffer.records[len(take):]
+            take = buffer.take(sum(1 for r in buffer.records if r.offset <= last))
             buffer.plans.pop(0)
             if take:
                 batches.append(Batch(topic, partition, take, first, last, replayed=True))
         if not buffer.records:
             return batches
-        size_due = len(buffer.records) >= self.settings.batch_max_rows
-        age_due = now - buffer.opened_at >= self.settings.batch_max_age_s
-        if size_due or age_due or force:
-            while buffer.records:
-                take = buffer.records[: self.settings.batch_max_rows]
-                buffer.records = buffer.records[len(take):]
-                batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
-            buffer.opened_at = now
+        # A record waits at most the batch age from when it was read; short of that, only full
+        # batches are cut (a remainder waits for more records rather than becoming a small insert),
+        # or, once the consumer has caught up, a buffer at least half full (waiting would only idle).
+        max_rows = self.settings.batch_max_rows
+        everything = (force or now - buffer.arrived_at[0] >= self.settings.batch_max_age_s
+                      or (caught_up and 2 * len(buffer.records) >= max_rows))
+        while len(buffer.records) >= max_rows or (everything and buffer.records):
+            take = buffer.take(max_rows)
+            batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
         return batches
 
-    def _flush_due(self, now: float, force: bool = False) -> bool:
-        """Write the batches that are due; whether any was written."""
+    def _flush_due(self, now: float, force: bool = False, caught_up: bool = False) -> bool:
+        """Write the batches that are due (``caught_up``: the last poll returned nothing); whether
+        any was written."""
         flushed = False
         for key in list(self.buffers):
             buffer = self.buffers.get(key)
             if buffer is None:
                 continue
-            for batch in self._due_batches(key, buffer, now, force):
+            for batch in self._due_batches(key, buffer, now, force, caught_up):
                 if self.stopping.is_set() and not force:
                     return flushed
                 self._flush(batch)
@@ -265,17 +313,64 @@ class ClickHouseSink:
                 for msg in self._consumer.consume(num_messages=1, timeout=min(0.2, delay_s)):
                     if msg.error() is None:
                         self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                            msg.timestamp()[1]))
+                                            msg.timestamp()[1]), self.clock())
             else:
                 time.sleep(min(0.2, delay_s))
 
     def _flush(self, batch: Batch) -> None:
+        """Prepare ``batch`` here and hand it to the store thread once the batch before it is
+        committed: one batch is inserted while the next is decoded, and commits stay in order.
+        The collector stays paused until the store thread has freed the prepared rows."""
         started = time.perf_counter()
-        outcome, rejected = self._retry(lambda: self.writer.write(batch))
+        GC_PAUSE.begin()
+        try:
+            handed_over = [self.writer.prepare(batch)]  # no local keeps the rows once the thread took them
+            self._settle()
+            assert self._store_thread is not None
+            self._in_flight = InFlight(batch, self._store_thread.submit(self._store, handed_over), started)
+        except BaseException:
+            GC_PAUSE.end()
+            raise
+
+    def _store(self, handed_over: list[PreparedBatch]) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+        prepared = handed_over.pop()
+        try:
+            return self.writer.store_prepared(prepared)
+        finally:
+            del prepared  # freed by reference counting while the collector is still paused
+            GC_PAUSE.end()
+
+    def _settle(self, wait: bool = True, in_callback: bool = False) -> None:
+        """Finish the batch in flight: dead letters, then the commit (``wait=False``: only if its
+        insert is done). While ClickHouse is down the whole batch is written again from its records
+        with backoff; not in a rebalance callback, where the records are left to the next owner."""
+        flight = self._in_flight
+        if flight is None or (not wait and not flight.result.done()):
+            return
+        self._in_flight = None
+        batch = flight.batch
+        try:
+            outcome, rejected = flight.result.result()
+        except StoreUnavailable as exc:
+            self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
+            if in_callback:
+                log.warning("batch not stored before a rebalance; its records will be read again",
+                            batch=batch.token, error=str(exc))
+                return
+            log.warning("clickhouse unavailable, retrying the batch", batch=batch.token, error=str(exc))
+            outcome, rejected = self._retry(lambda: self.writer.write(batch))
         for record, reason in rejected:
             self._send_dead_letter(record, reason)
         if rejected:
-            self._retry(self._deliver_dead_letters)
+            if in_callback:
+                try:
+                    self._deliver_dead_letters()
+                except StoreUnavailable as exc:
+                    log.warning("dead letters not delivered before a rebalance; the batch will be read again",
+                                batch=batch.token, error=str(exc))
+                    return
+            else:
+                self._retry(self._deliver_dead_letters)
         self._commit(batch)
         for table, n in outcome.rows_by_table.items():
             self.metrics.rows.labels(table=table).inc(n)
@@ -284,7 +379,7 @@ class ClickHouseSink:
         self.totals.skipped_duplicates += outcome.skipped_duplicates
         self.totals.last_commit_at = time.perf_counter()
         self.metrics.batches.labels(topic=batch.topic).inc()
-        self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - started)
+        self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - flight.started)
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
 
     def _send_dead_letter(self, record: ConsumedRecord, reason: str) -> None:

@@ -142,8 +142,8 @@ def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
         target: Any = data
         for part in parents:
             target = target[int(part)] if part.isdigit() else target[part]
-        if value is _DELETE:
-            del target[int(last) if last.isdigit() else last]
+        if value is _DELETE:  # absent either way (the compact encoding already leaves out defaults)
+            target.pop(last, None)
         else:
             target[int(last) if last.isdigit() else last] = value
     mutate.__name__ = f"{path}={value!r}"[:60]

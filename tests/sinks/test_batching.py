@@ -1,0 +1,120 @@
+"""How the sink cuts batches and hands them to its store thread, on a fake clock and a fake store
+(no Kafka): a record waits at most the batch age from when it was read; a size trigger cuts only
+full batches; a caught-up consumer writes buffers at least half full at once; a batch whose insert
+fails while in flight is written again, in order, before the next one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from common.settings import ClickHouseSettings, KafkaSettings, SinkSettings
+from schemas.codec import encode
+from schemas.topics import GPU_SAMPLES
+from sinks.batches import ConsumedRecord
+from sinks.clickhouse import QueryResult, StoreUnavailable
+from sinks.sink import ClickHouseSink
+from tests.sinks.factories import sample
+
+PREFIX = "batching"
+TOPIC = GPU_SAMPLES.name(PREFIX)
+
+
+class FakeStore:
+    """Records inserts; fails the first ``fail_inserts`` inserts into ``gpu_samples``."""
+
+    def __init__(self, fail_inserts: int = 0) -> None:
+        self.fail_inserts = fail_inserts
+        self.inserts: list[tuple[str, str | None, int]] = []
+
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
+               repeated_timestamps: bool = False) -> int:
+        n = len(next(iter(columns.values())))
+        if table == "gpu_samples" and self.fail_inserts:
+            self.fail_inserts -= 1
+            raise StoreUnavailable("connection refused")
+        self.inserts.append((table, dedup_token, n))
+        return n
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        return QueryResult(["first_offset", "last_offset"], ["UInt64", "UInt64"], [])
+
+    def command(self, sql: str) -> None:
+        pass
+
+    def samples_tokens(self) -> list[str | None]:
+        return [token for table, token, _ in self.inserts if table == "gpu_samples"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sink(tmp_path: Path, store: FakeStore, clock: Callable[[], float], max_rows: int = 10) -> ClickHouseSink:
+    settings = SinkSettings(kafka=KafkaSettings(bootstrap_servers="127.0.0.1:1"), topic_prefix=PREFIX,
+                            data_dir=tmp_path, group_id="g", batch_max_rows=max_rows, batch_max_age_s=2.0,
+                            retry_initial_s=0.01, retry_max_s=0.02,
+                            clickhouse=ClickHouseSettings(url=f"chdb://{tmp_path / 'ch'}"))
+    sink = ClickHouseSink(settings, store, clock=clock)
+    sink._store_thread = ThreadPoolExecutor(max_workers=1)
+    return sink
+
+
+def _read(sink: ClickHouseSink, first: int, count: int, now: float) -> None:
+    for offset in range(first, first + count):
+        sink._buffer(ConsumedRecord(TOPIC, 0, offset, b"n", encode(sample("n", offset, gpus=1))), now)
+
+
+def _cuts(sink: ClickHouseSink, now: float, caught_up: bool = False) -> list[tuple[int, int]]:
+    buffer = sink.buffers[(TOPIC, 0)]
+    return [(b.first_offset, b.last_offset) for b in sink._due_batches((TOPIC, 0), buffer, now, False, caught_up)]
+
+
+def test_a_size_trigger_cuts_full_batches_and_the_remainder_waits_its_own_age(tmp_path: Path) -> None:
+    sink = _sink(tmp_path, FakeStore(), Clock())
+    _read(sink, 0, 25, now=0.0)
+    assert _cuts(sink, now=0.5) == [(0, 9), (10, 19)]
+    _read(sink, 25, 3, now=1.5)
+    assert _cuts(sink, now=1.9) == []  # 8 records, the oldest read 1.9 s ago
+    assert _cuts(sink, now=2.0) == [(20, 27)]  # the oldest is due: everything buffered goes
+
+
+def test_age_counts_from_when_a_record_was_read_not_from_the_last_cut(tmp_path: Path) -> None:
+    sink = _sink(tmp_path, FakeStore(), Clock())
+    _read(sink, 0, 10, now=0.0)
+    assert _cuts(sink, now=5.0) == [(0, 9)]
+    _read(sink, 10, 1, now=6.0)
+    assert _cuts(sink, now=7.9) == []
+    assert _cuts(sink, now=8.0) == [(10, 10)]
+
+
+def test_a_caught_up_consumer_writes_buffers_at_least_half_full_at_once(tmp_path: Path) -> None:
+    sink = _sink(tmp_path, FakeStore(), Clock())
+    _read(sink, 0, 4, now=0.0)
+    assert _cuts(sink, now=0.1, caught_up=True) == []  # under half: a trickle waits for its age
+    _read(sink, 4, 1, now=0.1)
+    assert _cuts(sink, now=0.2) == []  # more may come
+    assert _cuts(sink, now=0.2, caught_up=True) == [(0, 4)]
+
+
+def test_a_batch_that_fails_in_flight_is_written_again_before_the_next(tmp_path: Path) -> None:
+    store = FakeStore(fail_inserts=2)
+    sink = _sink(tmp_path, store, time.monotonic)  # the retry's backoff runs on the real clock
+    _read(sink, 0, 20, now=0.0)
+    for batch in sink._due_batches((TOPIC, 0), sink.buffers[(TOPIC, 0)], 0.0, False):
+        sink._flush(batch)
+    sink._settle()
+    assert sink._in_flight is None
+    # the first batch failed twice (in the store thread, then its first retry), the second was
+    # inserted only after the first was stored: one block each, in offset order
+    assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:0:10-19"]
+    assert sink.totals.rows_by_table["gpu_samples"] == 20
+    assert [t for t, _, _ in store.inserts].count("sink_batches") >= 2
+    sink.close()
