@@ -17,7 +17,9 @@ from common.settings import KafkaSettings
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, set_finished
 from producers.watcher.service import WatcherKafkaSink
+from schemas.codec import decode
 from schemas.json_schema import COMMITTED_DIR
+from schemas.messages import PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
 from tests.watcher.conftest import Factory, populate
 
@@ -79,11 +81,12 @@ def test_watcher_produces_schema_valid_records(
         errors = list(validators[record.topic()].iter_errors(json.loads(record.value())))
         assert errors == [], f"{record.topic()}: {errors[0].message}"
     assert tombstones == [(K8S_PODS.name(topic_prefix), uids["train-0"])]
-    train0 = [json.loads(r.value()) if r.value() else None for r in records
+    # read as a consumer does: the schema's defaults apply to fields the compact encoding left out
+    train0 = [decode(r.value(), PodState) if r.value() else None for r in records
               if r.topic() == K8S_PODS.name(topic_prefix) and r.key().decode() == uids["train-0"]]
-    assert [(v["phase"], v["deleted"]) if v else None for v in train0] == [
+    assert [(v.phase, v.deleted) if v else None for v in train0] == [
         ("Running", False), ("Succeeded", False), ("Succeeded", False), ("Succeeded", True), None]
-    deleted_at = [v["deleted_at"] for v in train0 if v is not None]
+    deleted_at = [v.deleted_at for v in train0 if v is not None]
     assert deleted_at[1] is None and deleted_at[2] == deleted_at[3] is not None
     event = next(r for r in records if r.topic() == K8S_EVENTS.name(topic_prefix))
     assert event.key().decode() == uids["train-3"]
