@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 
+from producers.agent.line_fields import key_value_fields
 from schemas.messages import MAX_ALLOCATOR_BYTES, MAX_ALLOCATOR_COUNT, AllocatorDevice, WorkloadAllocator
 
 PREFIX = "allocator"
@@ -68,14 +69,7 @@ def parse_allocator_line(line: str) -> AllocatorDevice:
     if fields[:1] != [PREFIX]:
         raise MalformedAllocatorLine("bad_field", f"an allocator line starts with {PREFIX!r}")
     values: dict[str, int | str] = {}
-    for item in fields[1:]:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise MalformedAllocatorLine("bad_field", f"{item[:40]!r} is not key=value")
-        if key not in KEYS:
-            raise MalformedAllocatorLine("unknown_key", f"{key[:40]!r} (accepted: {', '.join(KEYS)})")
-        if key in values:
-            raise MalformedAllocatorLine("duplicate_key", key)
+    for key, text in key_value_fields(fields[1:], KEYS, MalformedAllocatorLine):
         if key == "uuid":
             if not _UUID.match(text):
                 raise MalformedAllocatorLine("bad_uuid", f"{text[:40]!r} is not GPU-... or MIG-...")

@@ -48,6 +48,7 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from producers.agent.allocator import AllocatorLedger, MalformedAllocatorLine, is_allocator_line, parse_allocator_line
 from producers.agent.cgroup import ProcessResolver
+from producers.agent.line_fields import key_value_fields
 from schemas.messages import AllocatorDevice, WorkloadAllocator, WorkloadProgress
 
 log = get_logger(__name__)
@@ -82,14 +83,7 @@ def parse_progress_line(line: str) -> ProgressDelta:
     if not fields:
         raise MalformedLine("empty", "no key=+N field")
     values: dict[str, float] = {}
-    for item in fields:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise MalformedLine("bad_field", f"{item[:40]!r} is not key=+N")
-        if key not in KEYS:
-            raise MalformedLine("unknown_key", f"{key[:40]!r} (accepted: {', '.join(KEYS)})")
-        if key in values:
-            raise MalformedLine("duplicate_key", key)
+    for key, text in key_value_fields(fields, KEYS, MalformedLine, form="key=+N"):
         if not text.startswith("+"):
             raise MalformedLine("bad_number", f"{key}={text[:40]!r}: increments are written +N")
         try:
