@@ -164,7 +164,6 @@ class ClickHouseSink:
         return now - self._quiet_since >= (idle_s if self._assigned else max(idle_s, NO_ASSIGNMENT_S))
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        self._settle(in_callback=True)
         self._assigned = True
         self._quiet_since = self.clock()
         for tp in partitions:
