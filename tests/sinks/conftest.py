@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from common.settings import ClickHouseSettings, KafkaSettings, SinkSettings
 from schemas.codec import encode
 from schemas.messages import Message
 from schemas.topics import ALL_TOPICS, TopicSpec
+from sinks.clickhouse import ClickHouseStore, open_store
 
 Item = tuple[TopicSpec, str, Message | bytes | None]
 """(topic, key, value): a message, raw bytes (to test rejects) or None (a tombstone)."""
@@ -57,3 +58,14 @@ def sink_settings(kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Pa
 @pytest.fixture
 def producer(kafka_settings: KafkaSettings, topic_prefix: str) -> Callable[[Iterable[Item]], int]:
     return lambda items: produce(kafka_settings, topic_prefix, items)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
+    """A store in a private chDB directory, not yet migrated (tests migrate it with the TTLs they
+    need, or override this fixture to)."""
+    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+    try:
+        yield store
+    finally:
+        store.close()

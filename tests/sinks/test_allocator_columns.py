@@ -3,12 +3,9 @@ rows without them read NULL (real chDB engine)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from sinks.clickhouse import ClickHouseStore, open_store
+from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import TtlDays
 from sinks.migrations import MIGRATIONS, migrate
 from sinks.rows import TableColumns, rows_for
@@ -18,13 +15,9 @@ GIB = 2**30
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+def store(store: ClickHouseStore) -> ClickHouseStore:
     migrate(store)
-    try:
-        yield store
-    finally:
-        store.close()
+    return store
 
 
 def test_allocator_figures_are_stored_and_absent_ones_are_null(store: ClickHouseStore) -> None:

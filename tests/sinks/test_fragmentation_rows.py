@@ -3,11 +3,6 @@ mig_gpu_windows / shared_gpu_windows row per GPU per window, from the goldens re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from common.metrics import MetricsRegistry
 from schemas.codec import encode
 from schemas.outputs import ClusterCapacity
@@ -15,21 +10,12 @@ from schemas.topics import CLUSTER_CAPACITY
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
-from sinks.clickhouse import ClickHouseStore, open_store
+from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
 from tests.conftest import REPO_ROOT
 
 PREFIX = "gpulens"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def test_mig_windows_and_capacity_columns(store: ClickHouseStore) -> None:

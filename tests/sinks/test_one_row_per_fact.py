@@ -5,7 +5,6 @@ drop are dead-lettered; two simulator runs into one store keep both runs (real c
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
-from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify, open_store
+from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
 from sinks.rows import TableColumns, rows_for
@@ -44,15 +43,6 @@ NATURAL_KEYS: dict[str, tuple[str, ...]] = {
     "pod_lifecycle": ("pod_uid",),
     "alerts": ("type", "id", "state"),
 }
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _topic_of(message: Message) -> str:

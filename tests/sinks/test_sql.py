@@ -3,7 +3,6 @@ views answer shared-GPU and per-unit-of-work questions (real chDB engine, no bro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -30,13 +29,9 @@ def test_cli_refuses_with_one_clear_line(sql: str, store: ClickHouseStore, tmp_p
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+def store(store: ClickHouseStore) -> ClickHouseStore:
     migrate(store)
-    try:
-        yield store
-    finally:
-        store.close()
+    return store
 
 
 def _insert(store: ClickHouseStore, messages: list[Message]) -> None:

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -151,14 +150,10 @@ def _fingerprint(root: Path, data: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{tmp_path / 'clickhouse'}")
+def store(store: ClickHouseStore) -> ClickHouseStore:
     migrate(store)
     load_prices(store, {"NVIDIA L4": 0.8})
-    try:
-        yield store
-    finally:
-        store.close()
+    return store
 
 
 @pytest.fixture
