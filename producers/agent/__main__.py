@@ -4,4 +4,5 @@ import sys
 
 from producers.agent.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned child process (the sink's preparing process) imports it again
+    sys.exit(main())
