@@ -2,5 +2,4 @@ import sys
 
 from benchmarks.harness import main
 
-if __name__ == "__main__":  # the sink's preparing process (spawned) imports this module again
-    sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[1:]))

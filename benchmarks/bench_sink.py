@@ -1,7 +1,7 @@
 """Sink figures: rows/s the sink sustains for GPU samples end to end from Kafka (decode, pivot,
 journal, deduplicated insert, commit), next to a plain column-oriented insert of the same rows into
 the same engine in the same run (per wall-clock second, the target's measure, and per CPU second of
-the sink, its preparing process included, which other jobs on a shared machine disturb less); and bytes on disk per GPU sample
+this process, which other jobs on a shared machine disturb less); and bytes on disk per GPU sample
 and per metric column, from ``system.parts_columns`` after the parts are merged (target <= 1.5
 bytes per gauge value).
 
@@ -12,7 +12,6 @@ power in milliwatts, whole-degree temperatures, memory that steps, clocks that r
 from __future__ import annotations
 
 import random
-import resource
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -60,12 +59,6 @@ def _samples(nodes: int, per_node: int, start: datetime, seed: int = 7) -> list[
     return out
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its ended children."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def run(ctx: Context) -> list[Result]:
     nodes, per_node = (40, 60) if ctx.quick else (100, 240)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=10 * per_node)
@@ -92,9 +85,9 @@ def run(ctx: Context) -> list[Result]:
     store = prepare_store(settings)
     try:
         sink = ClickHouseSink(settings, store)
-        cpu_started = _cpu_s()
+        cpu_started = time.process_time()
         totals = sink.run(exit_when_idle_s=2.0)
-        sink_cpu_s = _cpu_s() - cpu_started  # its preparing process included (ended and reaped by run)
+        sink_cpu_s = time.process_time() - cpu_started
         n_batches = int(sink.registry.registry.get_sample_value("gpulens_sink_batches_total", {"topic": topic}) or 0)
         rows = totals.rows_by_table.get("gpu_samples", 0)
         assert totals.first_record_at is not None and totals.last_commit_at is not None
@@ -111,11 +104,11 @@ def run(ctx: Context) -> list[Result]:
                     if table == "gpu_samples":
                         columns.append(row)
             batches.append(columns)
-        started, cpu_started = time.perf_counter(), _cpu_s()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for columns in batches:
             store.insert("bench_samples", columns.columns)
         plain_rps = sum(b.n_rows for b in batches) / (time.perf_counter() - started)
-        plain_cpu_s = _cpu_s() - cpu_started
+        plain_cpu_s = time.process_time() - cpu_started
 
         # per-column sizes are only tracked in wide parts: copy into a table that always writes them
         store.command("CREATE TABLE IF NOT EXISTS bench_wide AS gpu_samples")
@@ -135,9 +128,8 @@ def run(ctx: Context) -> list[Result]:
                baseline="plain column insert", ratio_to_baseline=sink_rps / plain_rps,
                notes=f"{rows} GPU rows from {n_samples} node samples in {n_batches} batches; stored {stored_rows}"),
         Result(BENCH, "plain column-oriented insert", plain_rps, "rows/s"),
-        # CPU seconds of this process (all its threads) and of the sink's preparing process, less
-        # sensitive than wall time to other jobs on a shared machine; the sink's include its whole
-        # run (start-up and the idle wait at the end)
+        # CPU seconds of this process (all its threads), less sensitive than wall time to other jobs
+        # on a shared machine; the sink's include its whole run (start-up and the idle wait at the end)
         Result(BENCH, "samples end to end, per CPU second", rows / sink_cpu_s, "rows/s",
                baseline="plain column insert, per CPU second",
                ratio_to_baseline=(rows / sink_cpu_s) / (sum(b.n_rows for b in batches) / plain_cpu_s)),

@@ -349,9 +349,6 @@ class WorkerSettings(CommonSettings):
 class SinkSettings(CommonSettings):
     batch_max_rows: int = Field(default=10_000, ge=1)
     batch_max_age_s: float = Field(default=2.0, gt=0)
-    prepare_process: bool = True
-    """Decode and pivot batches in a child process (a core of its own while the sink inserts the batch
-    before); false: in the sink's own process."""
     group_id: str = "gpulens-sink"
     raw_sample_ttl_days: int = Field(default=14, ge=1)
     rollup_ttl_days: int = Field(default=730, ge=1)

@@ -4,5 +4,4 @@ import sys
 
 from gpulens.cli import main
 
-if __name__ == "__main__":  # a spawned child process (the sink's preparing process) imports it again
-    sys.exit(main())
+sys.exit(main())

@@ -46,8 +46,7 @@ from schemas.codec import MessageError, decode
 from schemas.messages import DEFAULT_CLUSTER, PodState, scoped_key
 from schemas.outputs import KNOWN_ALERT_TYPES, Alert
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.batches import encoded_dead_letter
-from sinks.prepare import ConsumedRecord
+from sinks.batches import ConsumedRecord, encoded_dead_letter
 
 log = get_logger(__name__)
 

@@ -9,17 +9,18 @@ import gc
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
-from schemas.codec import encode
+from schemas.codec import MessageError, decode, decode_plain, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
+from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected
 from sinks.ddl import TtlDays
-from sinks.prepare import Batch, BatchPreparer, ConsumedRecord, PreparedBatch
-from sinks.rows import Decoded, TableColumns, rows_for
+from sinks.migrations import TTL_TABLES
+from sinks.rows import PLAIN_TYPES, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
 
 log = get_logger(__name__)
 
@@ -33,6 +34,43 @@ class Store(Protocol):
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
 
     def command(self, sql: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConsumedRecord:
+    """One Kafka record, detached from the client library."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass
+class Batch:
+    topic: str
+    partition: int
+    records: list[ConsumedRecord]
+    first_offset: int
+    last_offset: int
+    replayed: bool = False
+
+    @property
+    def token(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.first_offset}-{self.last_offset}"
+
+
+@dataclass
+class PreparedBatch:
+    """A batch decoded and pivoted into table columns, not yet stored."""
+
+    batch: Batch
+    decoded: list[tuple[ConsumedRecord, Decoded]]
+    tables: dict[str, TableColumns]
+    rejected: list[tuple[ConsumedRecord, str]]
+    """Records that cannot be stored (undecodable, past their TTL), with the reason."""
 
 
 @dataclass
@@ -61,6 +99,10 @@ class SinkMetrics:
         )
         self.lag = registry.gauge("sink_consumer_lag", "Messages not yet consumed", ("topic", "partition"))
         self.retry_backoff = registry.gauge("sink_retry_backoff_seconds", "Current backoff while ClickHouse fails")
+
+
+TTL_MARGIN = timedelta(minutes=1)
+"""Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
 
 
 class GcPause:
@@ -108,6 +150,16 @@ def gc_paused() -> Iterator[None]:
         GC_PAUSE.end()
 
 
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(record: ConsumedRecord) -> datetime:
+    if record.timestamp_ms and record.timestamp_ms > 0:
+        return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
+    return _now()
+
+
 class BatchWriter:
     """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
 
@@ -116,7 +168,59 @@ class BatchWriter:
         self.store = store
         self.metrics = metrics
         self.prefix = topic_prefix
-        self.preparer = BatchPreparer(ttl, now)
+        self.now = now or _now
+        ttl = ttl or TtlDays()
+        self.ttl_by_table: dict[str, tuple[str, int]] = {
+            table: (expr.removeprefix("toDateTime(").removesuffix(")"), getattr(ttl, kind))
+            for table, (expr, kind) in TTL_TABLES.items()
+        }
+        """table -> (column its TTL counts from, days)"""
+
+    def _any_expired(self, tables: dict[str, TableColumns], now: datetime) -> bool:
+        """Whether any row of the batch is old enough for its table's TTL (one ``min`` per column)."""
+        for table, columns in tables.items():
+            rule = self.ttl_by_table.get(table)
+            if rule is None:
+                continue
+            column, days = rule
+            values = columns.column(column)
+            try:
+                oldest = min(values)
+            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
+                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
+            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
+                return True
+        return False
+
+    def expired(self, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> str | None:
+        """Why the table TTL would drop one of these rows on insert (None when all are kept)."""
+        for table, row in rows:
+            rule = self.ttl_by_table.get(table)
+            if rule is None:
+                continue
+            column, days = rule
+            value = row.get(column)
+            if isinstance(value, datetime) and value + timedelta(days=days) <= now + TTL_MARGIN:
+                return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
+                        "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
+        return None
+
+    # ---------------------------------------------------------------- decode
+
+    def decode(self, record: ConsumedRecord) -> tuple[Decoded | None, str | None]:
+        """The message of one record, or the reason it goes to the dead-letter topic."""
+        spec = spec_for_name(record.topic)
+        if record.value is None:
+            if spec in (K8S_PODS, K8S_NODES):
+                key = (record.key or b"").decode(errors="replace")
+                return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
+            return None, "empty value (tombstone) on a topic that has no tombstones"
+        try:
+            if spec.message in PLAIN_TYPES:
+                return Plain(spec.message, decode_plain(record.value, spec.message)), None
+            return decode(record.value, spec.message), None
+        except MessageError as exc:
+            return None, f"invalid {spec.suffix} message: {exc}"
 
     # ---------------------------------------------------------------- write
 
@@ -128,7 +232,7 @@ class BatchWriter:
                 "partition": [batch.partition],
                 "first_offset": [batch.first_offset],
                 "last_offset": [batch.last_offset],
-                "planned_at": [datetime.now(UTC)],
+                "planned_at": [_now()],
             },
             dedup_token=f"plan:{batch.token}",
         )
@@ -151,13 +255,35 @@ class BatchWriter:
             return self.store_prepared(self.prepare(batch))
 
     def prepare(self, batch: Batch) -> PreparedBatch:
-        """Decode and pivot a batch in this process (no ClickHouse call: see :mod:`sinks.prepare`)."""
-        return self.preparer.prepare(batch)
+        """Decode and pivot a batch, leaving out what cannot be stored (no ClickHouse call: the sink
+        prepares the next batch while the previous one is being inserted)."""
+        rejected: list[tuple[ConsumedRecord, str]] = []
+        decoded: list[tuple[ConsumedRecord, Decoded]] = []
+        for record in batch.records:
+            message, reason = self.decode(record)
+            if reason is not None:
+                rejected.append((record, reason))
+            elif message is not None:
+                decoded.append((record, message))
+        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
+        now = self.now()
+        if self._any_expired(tables, now):
+            # rare: find the records concerned and leave them out of this batch's blocks
+            fresh: list[tuple[ConsumedRecord, Decoded]] = []
+            for record, message in decoded:
+                reason = self.expired(rows_for(message, record.partition, record.offset), now)
+                if reason is not None:
+                    rejected.append((record, reason))
+                else:
+                    fresh.append((record, message))
+            decoded = fresh
+            tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
+        return PreparedBatch(batch, decoded, tables, rejected)
 
     def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
         """Journal and insert a prepared batch (see :meth:`write`); call it once per preparation, as
         it filters the batch's windows in place."""
-        batch, tables = prepared.batch, prepared.tables
+        batch, decoded, tables = prepared.batch, prepared.decoded, prepared.tables
         outcome = FlushOutcome()
         rejected = list(prepared.rejected)
         outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
@@ -172,17 +298,10 @@ class BatchWriter:
             log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
                         error=str(exc), tables_written=sorted(written))
             kept = {table: tables[table] for table in tables if table not in written}
-            per_record = [(record, rows_for(self._decoded(record), record.partition, record.offset))
-                          for record in prepared.kept]
+            per_record = [(record, rows_for(message, record.partition, record.offset)) for record, message in decoded]
             rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
         outcome.dead_letters = len(rejected)
         return outcome, rejected
-
-    def _decoded(self, record: ConsumedRecord) -> Decoded:
-        """A kept record's message again (the fallback needs it per record; preparing dropped it)."""
-        message, reason = self.preparer.decode(record)
-        assert message is not None, reason
-        return message
 
     def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
         tables: dict[str, TableColumns] = {}
@@ -271,5 +390,5 @@ def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
 
 def encoded_dead_letter(record: ConsumedRecord, reason: str) -> tuple[bytes, Headers]:
     """``record``'s dead letter for ``reason``, encoded, with its headers."""
-    letter = dead_letter(reason, record.topic, record.value, datetime.now(UTC), record.partition, record.offset)
+    letter = dead_letter(reason, record.topic, record.value, _now(), record.partition, record.offset)
     return encode(letter), dead_letter_headers(letter)

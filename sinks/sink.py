@@ -46,11 +46,19 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
-from sinks.batches import GC_PAUSE, BatchWriter, FlushOutcome, SinkMetrics, Store, encoded_dead_letter
+from sinks.batches import (
+    GC_PAUSE,
+    Batch,
+    BatchWriter,
+    ConsumedRecord,
+    FlushOutcome,
+    PreparedBatch,
+    SinkMetrics,
+    Store,
+    encoded_dead_letter,
+)
 from sinks.clickhouse import StoreUnavailable
 from sinks.ddl import TtlDays
-from sinks.prepare import Batch, ConsumedRecord, PreparedBatch
-from sinks.prepare_pool import PreparePool
 from sinks.rows import SINK_TOPICS
 
 log = get_logger(__name__)
@@ -108,10 +116,7 @@ class ClickHouseSink:
         self.store = store
         self.registry = registry or MetricsRegistry()
         self.metrics = SinkMetrics(self.registry)
-        ttl = TtlDays.from_settings(settings)
-        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, ttl)
-        self._pool = (PreparePool(self.writer.preparer, ttl, self.metrics.errors.labels(kind="prepare_process").inc)
-                      if settings.prepare_process else None)
+        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings))
         self.clock = clock
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
         self.dlq_topic = DEADLETTER.name(settings.topic_prefix)
@@ -149,8 +154,6 @@ class ClickHouseSink:
                                  on_lost=self._on_revoke)
         self._producer = BoundedProducer(self.settings.kafka, self.settings.producer)
         self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-store")
-        if self._pool is not None:
-            self._pool.start()
 
     def _idle_for(self, idle_s: float, now: float) -> bool:
         """Nothing buffered and quiet for ``idle_s`` since the group assigned partitions (a slow
@@ -179,8 +182,6 @@ class ClickHouseSink:
             self._settle(in_callback=True)
             self._store_thread.shutdown(wait=True)
             self._store_thread = None
-        if self._pool is not None:
-            self._pool.close()
         if self._producer is not None:
             self._producer.close(10.0)
         if self._consumer is not None:
@@ -316,15 +317,13 @@ class ClickHouseSink:
                 time.sleep(min(0.2, delay_s))
 
     def _flush(self, batch: Batch) -> None:
-        """Prepare ``batch`` (in the preparing process, or here) and hand it to the store thread once
-        the batch before it is committed: one batch is inserted while the next is decoded, and
-        commits stay in order. The collector stays paused until the store thread has freed the
-        prepared rows."""
+        """Prepare ``batch`` here and hand it to the store thread once the batch before it is
+        committed: one batch is inserted while the next is decoded, and commits stay in order.
+        The collector stays paused until the store thread has freed the prepared rows."""
         started = time.perf_counter()
         GC_PAUSE.begin()
         try:
-            prepare = self._pool.prepare if self._pool is not None else self.writer.prepare
-            handed_over = [prepare(batch)]  # no local keeps the rows once the thread took them
+            handed_over = [self.writer.prepare(batch)]  # no local keeps the rows once the thread took them
             self._settle()
             assert self._store_thread is not None
             self._in_flight = InFlight(batch, self._store_thread.submit(self._store, handed_over), started)

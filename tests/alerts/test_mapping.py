@@ -25,7 +25,7 @@ from sinks.alerts_forward import (
     runbook_url,
     webhook_body,
 )
-from sinks.prepare import ConsumedRecord
+from sinks.batches import ConsumedRecord
 from tests.conftest import REPO_ROOT
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)

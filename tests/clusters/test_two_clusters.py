@@ -31,11 +31,10 @@ from simulation.kafka_replay import KafkaReplay
 from simulation.replay import build_report, engine_config, feed_tick, run_in_process
 from simulation.scenario import Scenario, ScenarioError, parse_scenario
 from simulation.simulator import FleetSimulator
-from sinks.batches import BatchWriter, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.prepare import Batch, ConsumedRecord
 from sinks.service import load_prices
 from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch

@@ -19,11 +19,10 @@ from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS,
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
-from sinks.batches import BatchWriter, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.prepare import Batch, ConsumedRecord
 from sinks.rows import SINK_TOPICS
 from sinks.service import load_prices
 

@@ -14,8 +14,8 @@ from typing import Any
 from common.settings import ClickHouseSettings, KafkaSettings, SinkSettings
 from schemas.codec import encode
 from schemas.topics import GPU_SAMPLES
+from sinks.batches import ConsumedRecord
 from sinks.clickhouse import QueryResult, StoreUnavailable
-from sinks.prepare import ConsumedRecord
 from sinks.sink import ClickHouseSink
 from tests.sinks.factories import sample
 

@@ -9,11 +9,10 @@ from schemas.outputs import ClusterCapacity
 from schemas.topics import CLUSTER_CAPACITY
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
-from sinks.batches import BatchWriter, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.prepare import Batch, ConsumedRecord
 from tests.conftest import REPO_ROOT
 
 PREFIX = "gpulens"

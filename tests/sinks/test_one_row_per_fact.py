@@ -20,11 +20,10 @@ from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE,
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
-from sinks.batches import BatchWriter, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.prepare import Batch, ConsumedRecord
 from sinks.rows import TableColumns, rows_for
 from tests.sinks import factories as f
 
@@ -184,7 +183,7 @@ def test_the_ttl_check_sees_an_old_value_among_nulls(store: ClickHouseStore) -> 
     old, recent = datetime(1970, 1, 2, tzinfo=UTC), now - timedelta(days=1)
     for values, expired in (([None, old, recent], True), ([recent, None], False), ([None], False),
                             ([recent, old], True)):
-        assert writer.preparer._any_expired({"pod_states": TableColumns.of({"created_at": values})}, now) is expired
+        assert writer._any_expired({"pod_states": TableColumns.of({"created_at": values})}, now) is expired
 
 
 def test_a_pid_the_column_cannot_hold_is_refused_by_the_schema(store: ClickHouseStore) -> None:
