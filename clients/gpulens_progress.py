@@ -41,6 +41,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["ProgressReporter", "flush", "lightning_callback", "report", "report_allocator", "report_torch_allocator",
@@ -67,7 +68,8 @@ class ProgressReporter:
     """Coalesces increments and sends them to the agent; every public method swallows its errors."""
 
     def __init__(self, socket_path: str | None = None, host: str | None = None, port: int | None = None,
-                 min_interval_s: float | None = None) -> None:
+                 min_interval_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.socket_path = socket_path if socket_path is not None else os.environ.get(
             "GPULENS_PROGRESS_SOCKET", DEFAULT_SOCKET)
         self.host = host if host is not None else os.environ.get("GPULENS_PROGRESS_HOST", "")
@@ -79,7 +81,9 @@ class ProgressReporter:
         """The latest allocator line per device (absolute values: a newer one replaces an older)."""
         self.sent_lines = 0
         self.failed_sends = 0
-        self._last_sent = 0.0
+        self._last_sent: float | None = None
+        """``clock()`` of the last send; None until the first, which is due at once whatever the
+        host's uptime (the monotonic clock starts at boot)."""
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._sock_kind = ""
@@ -91,7 +95,7 @@ class ProgressReporter:
                 for key, value in (("steps", steps), ("tokens", tokens), ("samples", samples)):
                     if isinstance(value, int | float) and math.isfinite(value) and value > 0:
                         self.pending[key] += float(value)
-                if time.monotonic() - self._last_sent >= self.min_interval_s:
+                if self._due():
                     self._send_locked()
         except Exception:  # never into the training loop
             self.failed_sends += 1
@@ -105,10 +109,13 @@ class ProgressReporter:
                     line = _allocator_line(device)
                     if line is not None:
                         self.allocator_pending[line.split(" ", 2)[1]] = line
-                if time.monotonic() - self._last_sent >= self.min_interval_s:
+                if self._due():
                     self._send_locked()
         except Exception:
             self.failed_sends += 1
+
+    def _due(self) -> bool:
+        return self._last_sent is None or self.clock() - self._last_sent >= self.min_interval_s
 
     def flush(self) -> None:
         """Send what is pending now."""
@@ -143,7 +150,7 @@ class ProgressReporter:
         return self._sock
 
     def _send_locked(self) -> None:
-        self._last_sent = time.monotonic()
+        self._last_sent = self.clock()
         line = self._line()
         if not line and not self.allocator_pending:
             return

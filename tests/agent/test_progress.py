@@ -225,6 +225,28 @@ def test_the_client_is_silent_without_an_agent_and_delivers_once_one_appears(sho
         agent.close()
 
 
+def test_the_first_report_goes_at_once_even_on_a_host_booted_moments_ago(short_dir: Path) -> None:
+    client = load_client()
+    path = short_dir / "p.sock"
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(path))
+    agent.setblocking(False)
+    now = [5.0]  # the monotonic clock counts from boot: 5 s of uptime, well under the interval
+    reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=60, clock=lambda: now[0])
+    try:
+        reporter.report(steps=1)
+        assert agent.recv(1024) == b"steps=+1"
+        now[0] = 30.0
+        reporter.report(steps=2)  # within the interval: coalesced
+        with pytest.raises(BlockingIOError):
+            agent.recv(1024)
+        now[0] = 65.0
+        reporter.report(steps=4)
+        assert agent.recv(1024) == b"steps=+6"
+    finally:
+        agent.close()
+
+
 def test_the_client_never_blocks_and_loses_nothing_when_the_agent_stops_reading(short_dir: Path) -> None:
     client = load_client()
     path = short_dir / "p.sock"
