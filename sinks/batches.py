@@ -237,14 +237,24 @@ class BatchWriter:
             dedup_token=f"plan:{batch.token}",
         )
 
-    def pending_plans(self, topic: str, partition: int, from_offset: int) -> list[tuple[int, int]]:
+    def pending_plans(self, starts: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+        """The journalled (first, last) ranges of each (topic, partition) that end at or after its
+        start offset, in offset order: one query for every partition that needs them (after an
+        assignment, each would otherwise wait for its own query behind the insert in flight)."""
+        if not starts:
+            return {}
         result = self.store.query(
-            "SELECT first_offset, last_offset FROM sink_batches "
-            "WHERE topic = {topic:String} AND partition = {partition:UInt16} AND last_offset >= {offset:UInt64} "
-            "GROUP BY first_offset, last_offset ORDER BY last_offset",
-            {"topic": topic, "partition": partition, "offset": from_offset},
+            "SELECT topic, partition, first_offset, last_offset FROM sink_batches "
+            "WHERE has({keys:Array(Tuple(String, UInt16))}, (topic, partition)) AND last_offset >= {offset:UInt64} "
+            "GROUP BY topic, partition, first_offset, last_offset ORDER BY last_offset",
+            {"keys": sorted(starts), "offset": min(starts.values())},
         )
-        return [(int(r[0]), int(r[1])) for r in result.rows]
+        plans: dict[tuple[str, int], list[tuple[int, int]]] = {key: [] for key in starts}
+        for topic, partition, first, last in result.rows:
+            key = (str(topic), int(partition))
+            if key in plans and int(last) >= starts[key]:
+                plans[key].append((int(first), int(last)))
+        return plans
 
     def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
         """Insert a batch; returns what was written and the records for the dead-letter topic.

@@ -238,9 +238,7 @@ class ClickHouseSink:
         topic, partition = key
         batches: list[Batch] = []
         if buffer.plans is None and buffer.records:
-            buffer.plans = self._retry(lambda: self.writer.pending_plans(topic, partition, buffer.records[0].offset))
-            if buffer.plans:
-                log.info("replaying journalled batches", topic=topic, partition=partition, ranges=buffer.plans)
+            self._load_plans()
         while buffer.plans and buffer.records:
             first, last = buffer.plans[0]
             if buffer.records[-1].offset < last and not force:
@@ -261,6 +259,17 @@ class ClickHouseSink:
             take = buffer.take(max_rows)
             batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
         return batches
+
+    def _load_plans(self) -> None:
+        """Look up the journalled ranges of every buffered partition not yet looked up, at once."""
+        waiting = {key: buffer for key, buffer in self.buffers.items() if buffer.plans is None and buffer.records}
+        starts = {key: buffer.records[0].offset for key, buffer in waiting.items()}
+        for (topic, partition), plans in self._retry(lambda: self.writer.pending_plans(starts)).items():
+            if self.buffers.get((topic, partition)) is not waiting[(topic, partition)]:
+                continue  # revoked while ClickHouse was retried: a new buffer looks up its own
+            waiting[(topic, partition)].plans = plans
+            if plans:
+                log.info("replaying journalled batches", topic=topic, partition=partition, ranges=plans)
 
     def _flush_due(self, now: float, force: bool = False, caught_up: bool = False) -> bool:
         """Write the batches that are due (``caught_up``: the last poll returned nothing); whether

@@ -260,3 +260,35 @@ def test_timestamps_converted_once_per_object_store_what_the_driver_stores(store
     store.insert("by_driver", naive)
     store.insert("once", naive, repeated_timestamps=True)
     assert store.query("SELECT count() FROM (SELECT * FROM by_driver EXCEPT SELECT * FROM once)").rows == [[0]]
+
+
+def test_the_journal_lookup_answers_every_partition_in_one_query(store: ClickHouseStore) -> None:
+    migrate(store)
+    writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays())
+    samples, pods = GPU_SAMPLES.name(PREFIX), by_suffix("k8s.pods.v1").name(PREFIX)
+    for topic, partition, first, last in [(samples, 0, 0, 9), (samples, 0, 10, 19), (samples, 1, 0, 4),
+                                          (samples, 1, 5, 9), (pods, 0, 3, 7), (samples, 2, 0, 99)]:
+        writer.plan(Batch(topic, partition, [], first, last))
+    writer.plan(Batch(samples, 0, [], 10, 19))  # journalled twice (a retried batch): one range
+    queries: list[str] = []
+    counting = _CountingStore(store, queries)
+    plans = BatchWriter(counting, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays()).pending_plans(
+        {(samples, 0): 12, (samples, 1): 0, (pods, 0): 8, (samples, 3): 0})
+    assert len(queries) == 1
+    assert plans == {(samples, 0): [(10, 19)], (samples, 1): [(0, 4), (5, 9)], (pods, 0): [], (samples, 3): []}
+
+
+class _CountingStore:
+    def __init__(self, store: ClickHouseStore, queries: list[str]) -> None:
+        self.store, self.queries = store, queries
+
+    def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
+               repeated_timestamps: bool = False) -> int:
+        return self.store.insert(table, columns, dedup_token, repeated_timestamps)
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        self.queries.append(sql)
+        return self.store.query(sql, parameters)
+
+    def command(self, sql: str) -> None:
+        self.store.command(sql)
