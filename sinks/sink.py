@@ -239,6 +239,8 @@ class ClickHouseSink:
         batches: list[Batch] = []
         if buffer.plans is None and buffer.records:
             self._load_plans()
+            if buffer.plans is None:
+                return batches  # revoked while the lookup waited for ClickHouse: no longer ours
         while buffer.plans and buffer.records:
             first, last = buffer.plans[0]
             if buffer.records[-1].offset < last and not force:
