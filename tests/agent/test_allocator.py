@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,7 +23,14 @@ from producers.agent.service import AgentMetrics
 from schemas.codec import decode
 from schemas.messages import AllocatorDevice, WorkloadAllocator, WorkloadProgress
 from tests.agent.standin_torch import OutOfMemoryError, StandInTorch
-from tests.agent.test_progress import POD_A, POD_B, counter, load_client, short_dir  # noqa: F401
+from tests.agent.test_progress import (  # noqa: F401
+    POD_A,
+    POD_B,
+    counter,
+    load_client,
+    short_dir,
+    stand_in_agent,
+)
 from tests.conftest import REPO_ROOT
 
 GIB = 2**30
@@ -76,8 +82,7 @@ def test_the_helper_gives_nothing_without_torch_or_cuda(monkeypatch: pytest.Monk
 def test_the_client_sends_allocator_lines_the_agent_parses(short_dir: Path) -> None:  # noqa: F811
     client = load_client()
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
+    agent = stand_in_agent(path)
     try:
         reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=3600)
         reporter.report(steps=4)
@@ -95,9 +100,7 @@ def test_the_client_sends_allocator_lines_the_agent_parses(short_dir: Path) -> N
 def test_many_devices_are_packed_into_datagrams_the_agent_accepts(short_dir: Path) -> None:  # noqa: F811
     client = load_client()
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
-    agent.setblocking(False)
+    agent = stand_in_agent(path, blocking=False)
     devices = [{"device": i, "gpu_uuid": f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}", "reserved_bytes": 70 * GIB,
                 "allocated_bytes": 60 * GIB, "max_reserved_bytes": 75 * GIB, "num_alloc_retries": 10**6,
                 "num_ooms": 3} for i in range(8)]
@@ -127,9 +130,7 @@ def test_the_framework_callbacks_report_the_allocator_from_every_rank(
     from transformers import Trainer, TrainingArguments
 
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
-    agent.setblocking(False)
+    agent = stand_in_agent(path, blocking=False)
     try:
         reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=3600)
         trainer = Trainer(TrainingArguments(max_steps=3, logging_steps=5), lambda step: (0.0, 0),
@@ -160,8 +161,7 @@ def test_a_callback_without_allocator_sends_no_allocator_line(
     from lightning.pytorch import Trainer as LightningTrainer
 
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
+    agent = stand_in_agent(path)
     try:
         reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=3600)
         LightningTrainer(max_steps=2, callbacks=[client.lightning_callback(reporter=reporter, allocator=False)]

@@ -209,6 +209,14 @@ def load_client() -> ModuleType:
     return module
 
 
+def stand_in_agent(path: Path, blocking: bool = True) -> socket.socket:
+    """A datagram socket bound at ``path``, where the agent would listen: what the client sent."""
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(path))
+    agent.setblocking(blocking)
+    return agent
+
+
 def test_the_client_is_silent_without_an_agent_and_delivers_once_one_appears(short_dir: Path) -> None:
     client = load_client()
     path = short_dir / "p.sock"
@@ -216,8 +224,7 @@ def test_the_client_is_silent_without_an_agent_and_delivers_once_one_appears(sho
     reporter.report(steps=3, tokens=4096)
     reporter.report(steps=float("nan"), tokens=-5, samples="many")  # ignored, not raised
     assert reporter.sent_lines == 0
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
+    agent = stand_in_agent(path)
     try:
         reporter.report(steps=2, samples=8)
         assert parse_progress_line(agent.recv(1024).decode()) == ProgressDelta(steps=5, tokens=4096, samples=8)
@@ -228,9 +235,7 @@ def test_the_client_is_silent_without_an_agent_and_delivers_once_one_appears(sho
 def test_the_first_report_goes_at_once_even_on_a_host_booted_moments_ago(short_dir: Path) -> None:
     client = load_client()
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
-    agent.setblocking(False)
+    agent = stand_in_agent(path, blocking=False)
     now = [5.0]  # the monotonic clock counts from boot: 5 s of uptime, well under the interval
     reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=60, clock=lambda: now[0])
     try:
@@ -250,9 +255,7 @@ def test_the_first_report_goes_at_once_even_on_a_host_booted_moments_ago(short_d
 def test_the_client_never_blocks_and_loses_nothing_when_the_agent_stops_reading(short_dir: Path) -> None:
     client = load_client()
     path = short_dir / "p.sock"
-    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent.bind(str(path))
-    agent.setblocking(False)
+    agent = stand_in_agent(path, blocking=False)
     reporter = client.ProgressReporter(socket_path=str(path), host="", min_interval_s=0)
     try:
         started = time.monotonic()
