@@ -24,6 +24,11 @@ from schemas.outputs import Alert, ClusterCapacity, DeadLetter, PodLifecycle, Po
 
 DEFAULT_PREFIX = "gpulens"
 _DAY_MS = 24 * 3600 * 1000
+COMPACTION_LAG_S = 24 * 3600
+"""``min.compaction.lag.ms`` of the compacted topics, in seconds: a state stays readable for a day
+(the stream jobs' default horizon_s) before compaction may replace it, so a worker lagging less
+never misses one, and a hole in a compacted topic after a younger record is a consumer's skip,
+not compaction (stream_jobs.offsets)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,7 @@ class TopicSpec:
     def kafka_config(self) -> dict[str, str]:
         config = {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
         if self.cleanup_policy == "compact":
-            # a state stays readable for a day (the stream jobs' default horizon_s) before
-            # compaction may replace it: a worker lagging less than that never misses one
-            config["min.compaction.lag.ms"] = str(_DAY_MS)
+            config["min.compaction.lag.ms"] = str(COMPACTION_LAG_S * 1000)
             config["delete.retention.ms"] = str(_DAY_MS)
         return config
 

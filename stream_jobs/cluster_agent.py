@@ -95,7 +95,7 @@ class ClusterAgent:
                 metrics.duplicates.labels("cluster").inc()
                 await delivery.ack(events, event)
                 continue
-            while (ready := gate.next_complete()) is not None:
+            while self.gate is gate and (ready := gate.next_complete()) is not None:
                 started = time.perf_counter()
                 direct, outs, tokens, stats = gate.complete(ready)
                 await self._mark(stage, ready, direct, outs)
@@ -123,9 +123,13 @@ class ClusterAgent:
 
     async def _checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStages,
                           end: Mark | None, stats: dict[str, int]) -> None:
-        """As ``NodeAgent._checkpoint``; after an end mark, also say ``done`` on the control topic."""
-        await asyncio.gather(*self.futures)
-        self.futures = []
+        """As ``NodeAgent._checkpoint`` (nothing written when the partition was revoked meanwhile);
+        after an end mark, also say ``done`` on the control topic."""
+        futures, self.futures = self.futures, []
+        await asyncio.gather(*futures)
+        if self.gate is not gate:  # revoked (a new gate is made only for the next event)
+            log.info("cluster partition revoked during its checkpoint; state not written")
+            return
         progress = gate.progress()
         if end is not None:
             self.done = stats

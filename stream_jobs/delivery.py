@@ -75,7 +75,8 @@ class Delivery:
     async def admit(self, event: Any) -> bool:
         """Whether to process a consumed event (:class:`OffsetGuard`)."""
         message = event.message
-        return await self.offsets.admit(message.tp, message.offset, message.topic in self.compacted, event)
+        return await self.offsets.admit(message.tp, message.offset, message.topic in self.compacted, event,
+                                        message.timestamp)
 
     async def ack(self, events: Any, event: Any) -> None:
         """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""

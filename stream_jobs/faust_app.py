@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from faust.transport.consumer import Fetcher
 from faust.types import TP
 
 from common.logs import get_logger
@@ -110,6 +111,20 @@ class DurableTable(faust.Table):  # type: ignore[misc]
         """Until every changelog write made so far is delivered; raises if one failed."""
         pending, self._unconfirmed = self._unconfirmed, []
         await asyncio.gather(*pending)
+
+
+class ExitingFetcher(Fetcher):  # type: ignore[misc]
+    """faust's fetcher, except that a crash ends the process (exit 70) so that it restarts from its
+    checkpoints. faust's own handling stops the worker, and a chaos run's worker whose fetcher
+    raised ``KeyError(TopicPartition(...))`` in "Drain messages" (right after a seek) began to stop
+    and never exited: nothing restarted it and the replay hung. The crash faust uses to restart
+    the fetcher after a rebalance (a cancellation while rebalancing) keeps faust's path."""
+
+    async def crash(self, reason: BaseException) -> None:
+        if isinstance(reason, asyncio.CancelledError) and self.app.rebalancing:
+            await super().crash(reason)
+            return
+        exit_for_restart(f"faust's fetcher crashed: {reason!r}")
 
 
 def _durable_table(app: Any, name: str, partitions: int) -> DurableTable:
@@ -199,6 +214,7 @@ class StreamJobs:
         self.lateness_s = settings.lateness_s
         self.node_partitions = settings.node_input_partitions
         self.app = self._make_app()
+        self.app.transport.Fetcher = ExitingFetcher
         self._declare()
 
     # ------------------------------------------------------------------ app and topics

@@ -160,9 +160,17 @@ class NodeAgent:
 
     async def _checkpoint(self, events: Any, partition: int, part: NodePartition) -> None:
         """Outputs delivered -> state written -> inputs acknowledged, in this order: a crash at any
-        point replays from the previous checkpoint and only repeats outputs (same ids)."""
+        point replays from the previous checkpoint and only repeats outputs (same ids).
+
+        A partition revoked meanwhile writes nothing: its new owner restored the last checkpoint
+        and goes on from there; a late write of this worker's state (a zombie) could land after
+        the new owner's checkpoints, and the next restore would then take the older state while
+        the inputs in between are committed: lost (a chaos run lost a pod's samples that way)."""
         await asyncio.gather(*part.futures)
         part.futures = []
+        if self.parts.get(partition) is not part:
+            log.info("node partition revoked during its checkpoint; state not written", partition=partition)
+            return
         self.table[f"p{partition}"] = {
             "progress": part.gate.progress(), "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}

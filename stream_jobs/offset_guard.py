@@ -77,10 +77,10 @@ class OffsetGuard:
 
     def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None,
                  watched: Iterable[str] | None = None, stall_s: float = 5.0, give_up_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
         self.port = port
         self.metrics = metrics or WorkerMetrics()
-        self.positions = Positions()
+        self.positions = Positions(wall_clock=wall_clock)
         self.acks: AckOrder[Any] = AckOrder()
         self._revoked: set[Any] = set()
         self.watched: set[str] | None = None if watched is None else set(watched)
@@ -111,7 +111,8 @@ class OffsetGuard:
         self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
         self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
 
-    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any) -> bool:
+    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any, timestamp: float | None = None) -> bool:
+        """``timestamp``: the record's broker timestamp, epoch seconds (see :meth:`Positions.admit`)."""
         if tp not in self.positions.owned:
             # before the first assignment signal the consumer's own assignment decides (records
             # can come first); after a revocation only the next signal does (the consumer still
@@ -122,7 +123,7 @@ class OffsetGuard:
             self._reset_watch()
         if self.positions.needs_start(tp):
             await self._start(tp)
-        verdict = self.positions.admit(tp, offset, compacted)
+        verdict = self.positions.admit(tp, offset, compacted, timestamp)
         if verdict.seek is not None:
             log.warning("consumer skipped records; reading them again", topic=tp.topic, partition=tp.partition,
                         expected=verdict.seek, got=offset)

@@ -14,9 +14,13 @@ records no stage applied. Two rules keep every input record applied exactly once
   until the re-read arrives. A record before it was already admitted (a redelivery): dropped.
   Records of partitions this worker does not own (buffered before a revocation) are dropped.
   Compacted topics have real holes: a jump there is verified once by the same seek — if the
-  re-read starts at the same offset again, the hole is real and accepted. Holes inside a run that
-  began at a verified position are accepted without a seek (a fetch never skips within a run; a
-  seek per compaction hole would make reading a compacted topic cost one fetch per record).
+  re-read starts at the same offset again, the hole is real and accepted. Inside a run that began
+  at a verified position, a hole after a record older than the topic's ``min.compaction.lag.ms``
+  is accepted without a seek (a seek per compaction hole would make reading a compacted log cost
+  one fetch per record); a hole after a younger record cannot be compaction (Kafka's cleaner stops
+  at the first segment holding a record younger than the lag), so it is a skip and is read again.
+  faust does skip inside a run (records dropped with its stream buffers, a seek undone): before
+  this rule a chaos run lost two pods' states that way.
 - :class:`AckOrder`: acknowledgements are released strictly in offset order per partition.
 
 A skip at the tail of a partition (no later record arrives to reveal it) and a seek back the
@@ -27,10 +31,13 @@ Both are plain code (no Kafka): the faust adapter calls them for every consumed 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from common.errors import RetriableError
+from schemas.topics import COMPACTION_LAG_S
 
 T = TypeVar("T")
 
@@ -67,6 +74,8 @@ class _Position:
     stale_max: int = -1
     """While a seek back is in progress: the highest offset dropped since the seek (records
     fetched before it, still on their way)."""
+    last_timestamp: float | None = None
+    """The (broker) timestamp of the last record admitted, in epoch seconds; None: unknown."""
 
 
 @dataclass
@@ -75,6 +84,12 @@ class Positions:
 
     owned: set[Any] = field(default_factory=set)
     _at: dict[Any, _Position] = field(default_factory=dict)
+    compaction_lag_s: float = COMPACTION_LAG_S
+    """The compacted topics' ``min.compaction.lag.ms``, in seconds: younger records are never
+    compacted away. A topic configured lower only costs seeks (its holes are verified)."""
+    clock_margin_s: float = 3600.0
+    """Allowance for this host's clock running ahead of the broker's."""
+    wall_clock: Callable[[], float] = time.time
 
     def assign(self, assignment: set[Any]) -> None:
         """The worker's new assignment (all its partitions): positions of partitions it keeps
@@ -117,34 +132,44 @@ class Positions:
         the faust adapter's watch repeats it when the partition stalls)."""
         return {tp: pos.next for tp, pos in self._at.items() if pos.rewind_from is not None}
 
-    def admit(self, tp: Any, offset: int, compacted: bool) -> Admission:
+    def _may_be_compacted(self, pos: _Position) -> bool:
+        """Whether records right after the last one admitted may have been compacted away: only
+        when that record is older than the compaction lag (with a margin for clock skew)."""
+        return (pos.last_timestamp is not None
+                and pos.last_timestamp <= self.wall_clock() - self.compaction_lag_s - self.clock_margin_s)
+
+    def admit(self, tp: Any, offset: int, compacted: bool, timestamp: float | None = None) -> Admission:
+        """``timestamp``: the record's broker timestamp in epoch seconds (None: unknown, taken as
+        young, so a hole after it is verified by a seek)."""
         if tp not in self.owned:
             return Admission(False, reason="partition not owned")
         pos = self._at.get(tp)
         if pos is None:
             raise KeyError(f"no start position for {tp!r}: call start() first")
         if pos.rewind_from is not None:
-            return self._admit_rewinding(pos, offset, compacted)
+            return self._admit_rewinding(pos, offset, compacted, timestamp)
         if offset < pos.next:
             return Admission(False, reason="already admitted")
-        if offset > pos.next and (not compacted or not pos.verified):
+        if offset > pos.next and not (compacted and pos.verified and self._may_be_compacted(pos)):
             pos.rewind_from, pos.stale_max, pos.verified = offset, offset, False
             return Admission(False, seek=pos.next, reason="skipped records")
-        pos.next, pos.verified = offset + 1, True
+        pos.next, pos.verified, pos.last_timestamp = offset + 1, True, timestamp
         return Admission(True)
 
-    def _admit_rewinding(self, pos: _Position, offset: int, compacted: bool) -> Admission:
+    def _admit_rewinding(self, pos: _Position, offset: int, compacted: bool, timestamp: float | None) -> Admission:
         assert pos.rewind_from is not None
         # on a compacted topic the re-read may begin past the wanted offset: the records before
         # it were compacted away (it begins before the offset that revealed the jump, or restarts
-        # at or below what was dropped since the seek). Elsewhere only the wanted offset will do
-        # (records deleted by retention: see restart()).
-        hole = compacted and pos.next < offset and (offset < pos.rewind_from or offset <= pos.stale_max)
+        # at or below what was dropped since the seek) — unless the record before them is too
+        # young to have been compacted. Elsewhere only the wanted offset will do (records deleted
+        # by retention: see restart()).
+        hole = (compacted and pos.next < offset and (offset < pos.rewind_from or offset <= pos.stale_max)
+                and (pos.last_timestamp is None or self._may_be_compacted(pos)))
         if offset != pos.next and not hole:
             pos.stale_max = max(pos.stale_max, offset)
             return Admission(False, reason="fetched before the seek back")
         pos.rewind_from, pos.stale_max = None, -1
-        pos.next, pos.verified = offset + 1, True
+        pos.next, pos.verified, pos.last_timestamp = offset + 1, True, timestamp
         return Admission(True)
 
     def restart(self, tp: Any, offset: int) -> None:

@@ -41,6 +41,15 @@ def _samples_produced(ticks: list[Tick]) -> int:
                for reading in decode(record.value, GpuSample).gpus)
 
 
+def _workers_said(replay: KafkaReplay, limit: int = 200) -> str:
+    """The workers' warnings and errors (their own lines, not the Kafka clients'), to read a
+    failure in the CI log: the workers' log files go with the test's temporary directory."""
+    lines = [f"{worker.log_path.name}: {line}" for worker in replay.workers
+             for line in worker.log_path.read_text(errors="replace").splitlines()
+             if ('"level":"warning"' in line or '"level":"error"' in line) and '"logger":"stream_jobs' in line]
+    return "\n".join(lines[-limit:])
+
+
 def test_three_workers_survive_kills_a_rebalance_and_a_broker_outage(
         kafka_settings: KafkaSettings, local_kafka: LocalKafka, tmp_path: Path) -> None:
     scenario = load_scenario(FLEET)
@@ -57,7 +66,7 @@ def test_three_workers_survive_kills_a_rebalance_and_a_broker_outage(
     said: list[str] = []
     report = replay.run(timeout_s=420, chaos=chaos, say=said.append, broker=local_kafka)
     log = "\n".join(said)
-    assert _json(report) == _json(expected.report), f"seed {seed}:\n{log}"
+    assert _json(report) == _json(expected.report), f"seed {seed}:\n{log}\nworkers:\n{_workers_said(replay)}"
     assert replay.outputs is not None
     counted = sum(m.samples for m in replay.outputs.outputs if isinstance(m, PodWindow))
     assert counted == produced, f"seed {seed}: pod.windows counts {counted} samples, {produced} produced"

@@ -1,0 +1,39 @@
+"""A crash of faust's fetcher ends the worker with status 70 (restart from the checkpoints), never a
+worker that stops half-way and hangs: seen in CI, a ``KeyError(TopicPartition(...))`` raised in
+faust's "Drain messages" right after a seek left a worker that no supervisor restarted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from stream_jobs.offsets import EXIT_STALLED
+
+_CRASH = textwrap.dedent("""
+    import asyncio, sys
+    from common.settings import WorkerSettings, load_settings
+    from stream_jobs.faust_app import StreamJobs
+
+    async def main() -> None:
+        jobs = StreamJobs(load_settings(WorkerSettings, topic_prefix="fetcher", data_dir=sys.argv[1]))
+        fetcher = jobs.app._fetcher
+        print(type(fetcher).__name__, flush=True)
+        await fetcher.crash(KeyError(sys.argv[2]))
+        print("still running", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def _crash(tmp_path: Path, reason: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _CRASH, str(tmp_path), reason], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_a_crashed_fetcher_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
+    done = _crash(tmp_path, "TopicPartition(topic='x.internal.node-inputs.v1', partition=3)")
+    assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["ExitingFetcher"], "the process ended inside the crash"
+    assert "stream jobs exiting to restart from their checkpoints" in done.stderr
