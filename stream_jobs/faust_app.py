@@ -176,8 +176,9 @@ class FaustConsumerPort:
     async def log_start(self, tp: Any) -> int:
         return int((await self.app.consumer.earliest_offsets(tp))[tp])
 
-    async def log_end(self, tp: Any) -> int:
-        return int((await self.app.consumer.highwaters(tp))[tp])
+    async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
+        found = await self.app.consumer.highwaters(*tps)
+        return {tp: int(offset) for tp, offset in found.items() if offset is not None}
 
     async def group_committed(self, keys: list[str]) -> dict[str, int]:
         """The group's committed offsets of ``topic:partition`` keys, owned by this consumer or not

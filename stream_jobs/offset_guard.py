@@ -47,8 +47,9 @@ class ConsumerPort(Protocol):
 
     async def log_start(self, tp: Any) -> int: ...
 
-    async def log_end(self, tp: Any) -> int:
-        """The offset the next record written to ``tp`` will get (the high watermark)."""
+    async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
+        """Per partition, the offset the next record written to it will get (the high watermark):
+        one request for all of them."""
 
     def assignment(self) -> set[Any]:
         """The partitions the consumer owns now."""
@@ -165,16 +166,26 @@ class OffsetGuard:
             return
         idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
                 and (self.watched is None or tp.topic in self.watched)]
+        if not idle:
+            return
+        # one request for every idle partition: one per partition, through the consumer's thread,
+        # took a loaded worker 10 s per round and starved its fetches (a partition crawled)
+        try:
+            ends = await self.port.log_ends(idle)
+        except Exception as exc:  # the broker may be away: the next round asks again
+            log.warning("stall check failed; retrying", partitions=len(idle), error=str(exc))
+            return
         for tp in idle:
+            if tp not in ends:
+                continue
             try:
-                await self._check_stall(tp, now)
+                await self._check_stall(tp, now, ends[tp])
             except PartitionStalled:
                 raise
             except Exception as exc:  # a rebalance can take the partition away: the next round decides
                 log.warning("stall check failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
 
-    async def _check_stall(self, tp: Any, now: float) -> None:
-        end = await self.port.log_end(tp)
+    async def _check_stall(self, tp: Any, now: float, end: int) -> None:
         if tp not in self.positions.owned:
             return
         wanted = self.positions.next_offset(tp)

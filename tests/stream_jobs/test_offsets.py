@@ -81,8 +81,11 @@ class FaustLikeConsumer:
     async def log_start(self, tp: Any) -> int:
         return self.log[0]
 
-    async def log_end(self, tp: Any) -> int:
-        return self.log[-1] + 1
+    async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
+        self.log_end_requests += 1
+        return {tp: self.log[-1] + 1 for tp in tps}
+
+    log_end_requests = 0
 
     def assignment(self) -> set[Any]:
         return set(self.assigned)
@@ -389,3 +392,30 @@ def test_positions_drop_redeliveries_and_partitions_not_owned() -> None:
     assert not positions.needs_start(SAMPLES)
     positions.start(SAMPLES, 0)
     assert positions.rewinding() == {}
+
+
+def test_the_liveness_check_asks_the_broker_once_per_round_for_every_idle_partition() -> None:
+    """A worker's watch asked for each idle partition's log end in turn, through the consumer's
+    one thread: on a loaded machine a round took 10 s and the fetches it starved let a partition
+    crawl (8 records per 10 s) without ever counting as stalled."""
+
+    class Port(FaustLikeConsumer):
+        asked: list[list[Any]] = []
+
+        async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
+            self.asked.append(sorted(tps))
+            return {tp: 0 for tp in tps}  # caught up: nothing to seek
+
+        async def committed(self, tp: Any) -> int:
+            return 0
+
+    partitions = {TP("p.gpu.samples.v1", n) for n in range(12)}
+    port = Port(SAMPLES, [0], committed=0)
+    port.assigned = partitions
+    clock = FakeClock()
+    guard = OffsetGuard(port, clock=clock)
+    guard.assign(partitions)
+    clock.now += guard.stall_s
+    asyncio.run(guard.watch())
+    assert port.asked == [sorted(partitions)]
+    assert port.seeks == []
