@@ -168,8 +168,8 @@ class OffsetGuard:
                 and (self.watched is None or tp.topic in self.watched)]
         if not idle:
             return
-        # one request for every idle partition: one per partition, through the consumer's thread,
-        # took a loaded worker 10 s per round and starved its fetches (a partition crawled)
+        # one request for every idle partition: one per partition, through the consumer's thread
+        # that also fetches, took a loaded worker 10 s per round while a partition crawled
         try:
             ends = await self.port.log_ends(idle)
         except Exception as exc:  # the broker may be away: the next round asks again
