@@ -50,12 +50,32 @@ class ClusterAgent:
     def __post_init__(self) -> None:
         self.unacked: list[Any] = []
         self.futures: list[Any] = []
+        self.next_offset: int | None = None
+        """The cluster-inputs offset after the last record processed."""
+
+    def saved_position(self, partition: int) -> int | None:
+        """The cluster-inputs position the saved state was written at (None: none)."""
+        saved = self.table.get("cluster")
+        progress = (saved or {}).get("progress") or {}
+        return None if progress.get("position") is None else int(progress["position"])
+
+    def _position(self, gate: ClusterGate[Any]) -> int | None:
+        """The offset of the first record the stage's state does not hold: the earliest parked
+        record, output or mark, else the next one."""
+        tokens = [*(p.token for p in gate.records.values()), *(p.token for p in gate.outputs.values()),
+                  *(token for _mark, token in gate.marks.values()),
+                  *(token for marks in gate.node_marks.values() for _seq, _stats, token in marks)]
+        offsets = [token.message.offset for token in tokens]
+        if self.next_offset is not None:
+            offsets.append(self.next_offset)
+        return min(offsets, default=None)
 
     def revoke(self) -> None:
         self.gate = None
         self.stages = None
         self.unacked = []
         self.futures = []
+        self.next_offset = None
 
     def _restore(self) -> tuple[ClusterGate[Any], ClusterStages]:
         if self.gate is None or self.stages is None:
@@ -91,6 +111,7 @@ class ClusterAgent:
                 continue
             metrics.records_in.labels(self.topic_name).inc()
             gate, stage = self._restore()
+            self.next_offset = event.message.offset + 1
             if not await self._offer(gate, event):
                 metrics.duplicates.labels("cluster").inc()
                 await delivery.ack(events, event)
@@ -130,7 +151,7 @@ class ClusterAgent:
         if self.gate is not gate:  # revoked (a new gate is made only for the next event)
             log.info("cluster partition revoked during its checkpoint; state not written")
             return
-        progress = gate.progress()
+        progress = {**gate.progress(), "position": self._position(gate)}
         if end is not None:
             self.done = stats
             progress["done"] = stats

@@ -302,6 +302,8 @@ class StreamJobs:
         self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, self.control_topic,
                                     self.cluster_table, self.cluster_durable, self.node_partitions, self.lateness_s,
                                     s.checkpoint_interval_s, self.observer)
+        self.offsets.state_positions = {self.node_name: self.node.saved_position,
+                                        self.cluster_name: self.cluster.saved_position}
         if s.stage in ("node", "all"):
             app.agent(self.inputs, name="route")(self._exit_on_error("route", self.route.run))
             app.agent(self.node_topic, name="node")(self._exit_on_error("node", self.node.run))

@@ -41,6 +41,16 @@ class NodePartition:
     futures: list[Any] = field(default_factory=list)
     """Deliveries of outputs sent since the last checkpoint."""
     checkpointed_at: float = 0.0
+    next_offset: int | None = None
+    """The node-inputs offset after the last record processed."""
+
+    def position(self) -> int | None:
+        """The offset of the first record the stages' state does not hold: the earliest parked
+        record, else the next one (None before any record)."""
+        offsets = [parked.token.message.offset for parked in self.gate.records.values()]
+        if self.next_offset is not None:
+            offsets.append(self.next_offset)
+        return min(offsets, default=None)
 
     def stage(self, key: str, node: str, cluster: str, config: EngineConfig) -> NodeStage:
         """The stage of ``node`` of ``cluster`` (``key``: their node key)."""
@@ -62,6 +72,11 @@ class NodeAgent:
     checkpoint_interval_s: float
     observer: OutputObserver | None = None
     parts: dict[int, NodePartition] = field(default_factory=dict)
+
+    def saved_position(self, partition: int) -> int | None:
+        """The node-inputs position the partition's saved state was written at (None: none)."""
+        saved = self.table.get(f"p{partition}")
+        return None if saved is None or saved.get("position") is None else int(saved["position"])
 
     def revoke(self, partition: int) -> None:
         log.info("node partition revoked", partition=partition)
@@ -92,6 +107,7 @@ class NodeAgent:
                 log.info("node partition resumed", partition=partition, offset=event.message.offset,
                          seq=part.gate.applied_seq, applied=part.gate.applied, nodes=sorted(part.stages))
             part = self._part(partition)
+            part.next_offset = event.message.offset + 1
             data = decode_envelope(event.value)
             if data["k"] == "r":
                 if not part.gate.offer(data, event):
@@ -172,7 +188,7 @@ class NodeAgent:
             log.info("node partition revoked during its checkpoint; state not written", partition=partition)
             return
         self.table[f"p{partition}"] = {
-            "progress": part.gate.progress(), "stats": part.stats,
+            "progress": part.gate.progress(), "position": part.position(), "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         await self.durable.confirm()
         for token in part.unacked:

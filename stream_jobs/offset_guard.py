@@ -91,6 +91,10 @@ class OffsetGuard:
         """Per owned partition: when it last admitted a record (or was assigned, or checked)."""
         self._stalled: dict[Any, float] = {}
         """Per stalled partition: since when it has admitted nothing though the log has more."""
+        self.state_positions: dict[str, Callable[[int], int | None]] = {}
+        """Per topic read by a stage that keeps state: the offset of a partition's first record
+        its saved state does not hold (None: no state saved). A partition starts there when that
+        is below the committed offset (see :meth:`_start`)."""
 
     def assign(self, assignment: set[Any]) -> None:
         """The assignment signal (the worker's whole assignment)."""
@@ -137,10 +141,22 @@ class OffsetGuard:
         return self.acks.track(tp, offset, token)
 
     async def _start(self, tp: Any) -> int:
+        """A partition's first position: its committed offset, or, for a stage's input, the first
+        record the stage's restored state does not hold when that is lower. A state older than the
+        committed offsets means a late write of a former owner landed after the last owner's
+        checkpoints (not fenced: see docs/stream_jobs.md); reading from the state's own position
+        applies the records in between again instead of losing them."""
         committed = await self.port.committed(tp)
-        self.positions.start(tp, committed)
-        log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed)
-        return committed
+        start = committed
+        position = self.state_positions.get(tp.topic)
+        saved = position(tp.partition) if position is not None else None
+        if saved is not None and saved < committed:
+            log.warning("restored state is older than the committed offset; reading from the state's position",
+                        topic=tp.topic, partition=tp.partition, committed=committed, state_position=saved)
+            start = saved
+        self.positions.start(tp, start)
+        log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed, start=start)
+        return start
 
     def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
         return self.acks.done(tp, offset, token)

@@ -419,3 +419,21 @@ def test_the_liveness_check_asks_the_broker_once_per_round_for_every_idle_partit
     asyncio.run(guard.watch())
     assert port.asked == [sorted(partitions)]
     assert port.seeks == []
+
+
+def test_a_partition_starts_where_its_restored_state_ends_when_that_is_below_the_committed_offset() -> None:
+    """A late state write of a former owner (not fenced) can land after the last owner's
+    checkpoints: the restored state then holds less than the committed offset says. The stage's
+    input is read again from the state's own position, so nothing in between is lost."""
+    consumer = FaustLikeConsumer(SAMPLES, list(range(160)), committed=100)
+    guard = guard_for(consumer)
+    guard.state_positions = {SAMPLES.topic: lambda partition: 90}
+    assert asyncio.run(consume(consumer, guard)) == list(range(90, 160))
+    assert consumer.seeks == [90]
+    # a state that holds more than the committed offset (acknowledgements not committed yet):
+    # the committed offset decides, and what the state already holds is recognised downstream
+    consumer = FaustLikeConsumer(SAMPLES, list(range(160)), committed=100)
+    guard = guard_for(consumer)
+    guard.state_positions = {SAMPLES.topic: lambda partition: 120}
+    assert asyncio.run(consume(consumer, guard)) == list(range(100, 160))
+    assert consumer.seeks == []

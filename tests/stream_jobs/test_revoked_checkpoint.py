@@ -14,6 +14,13 @@ from stream_jobs.node_agent import NodeAgent
 from stream_jobs.state_store import ChunkedStore
 
 
+class _Event:
+    """A consumed record as an agent holds it (its offset is what the state's position needs)."""
+
+    def __init__(self, offset: int) -> None:
+        self.message = type("Message", (), {"offset": offset})()
+
+
 class _Durable:
     def __init__(self) -> None:
         self.confirms = 0
@@ -51,6 +58,8 @@ def _node_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deliver
         part = agent._part(3)
         output: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         part.futures, part.unacked = [output], ["input record"]
+        part.next_offset = 42
+        part.gate.offer({"t": "p.k8s.pods.v1", "p": 0, "o": 7, "s": "k8s.pods.v1"}, _Event(40))  # parked
         checkpoint = asyncio.ensure_future(agent._checkpoint(None, 3, part))
         await asyncio.sleep(0)
         if revoke:
@@ -65,6 +74,8 @@ def _node_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deliver
 def test_a_node_partition_revoked_during_its_checkpoint_writes_no_state() -> None:
     table, durable, delivery = _node_checkpoint(revoke=False)
     assert list(table) == [b"p3"] and durable.confirms == 1 and delivery.acked == ["input record"]
+    saved = _node_agent(table, durable, delivery).saved_position(3)
+    assert saved == 40, "the state's position: its earliest parked record, not the next offset (42)"
     table, durable, delivery = _node_checkpoint(revoke=True)
     assert table == {} and durable.confirms == 0 and delivery.acked == []
 
@@ -78,6 +89,7 @@ def _cluster_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deli
         gate, stages = agent._restore()
         output: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         agent.futures, agent.unacked = [output], ["node output"]
+        agent.next_offset = 12
         checkpoint = asyncio.ensure_future(agent._checkpoint(None, gate, stages, None, {}))
         await asyncio.sleep(0)
         if revoke:
@@ -97,5 +109,6 @@ def _cluster_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deli
 def test_a_cluster_partition_revoked_during_its_checkpoint_writes_no_state() -> None:
     table, durable, delivery = _cluster_checkpoint(revoke=False)
     assert list(table) == [b"cluster"] and durable.confirms == 1 and delivery.acked == ["node output"]
+    assert _cluster_agent(table, durable, delivery).saved_position(0) == 12
     table, durable, delivery = _cluster_checkpoint(revoke=True)
     assert table == {} and durable.confirms == 0 and delivery.acked == []
