@@ -362,12 +362,9 @@ class TopicFollower:
         (in partition, offset order). Raises ``TimeoutError`` if they cannot be read in time, or,
         with ``partial``, returns what was read (the next call goes on from there)."""
         topic = self.topic
-        ends: dict[int, int] = {}
-        for partition in self.partitions:
-            _low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
-            ends[partition] = high
-        records: list[ReadRecord] = []
         deadline = time.monotonic() + timeout_s
+        ends = {partition: self._high_watermark(partition, deadline) for partition in self.partitions}
+        records: list[ReadRecord] = []
         while self._behind(ends):
             if time.monotonic() > deadline:
                 if partial:
@@ -390,6 +387,22 @@ class TopicFollower:
                                           msg.value(), headers, stamp if kind != 0 and stamp >= 0 else None))
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
+
+    def _high_watermark(self, partition: int, deadline: float) -> int:
+        """The partition's high watermark. Right after the assignment the client may not know the
+        partition yet ("Local: Unknown partition", seen on a busy broker): asked again until the
+        deadline, with a growing pause."""
+        pause = 0.05
+        while True:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, partition), timeout=max(0.1, deadline - time.monotonic()))
+                return int(high)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _behind(self, ends: dict[int, int]) -> bool:
         """Whether some partition's position is short of its end (positions skip compacted gaps)."""
