@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from common.backoff import Backoff
 from common.errors import RetriableError, UserError
 from common.settings import KafkaSettings, ProducerSettings
 from schemas.codec import WIRE_HEADERS
@@ -391,18 +392,18 @@ class TopicFollower:
     def _high_watermark(self, partition: int, deadline: float) -> int:
         """The partition's high watermark. Right after the assignment the client may not know the
         partition yet ("Local: Unknown partition", seen on a busy broker): asked again until the
-        deadline, with a growing pause."""
-        pause = 0.05
+        deadline, by the one retry schedule (:class:`common.backoff.Backoff`)."""
+        backoff = Backoff(base_s=0.05, cap_s=1.0)
         while True:
             try:
                 _low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(self.topic, partition), timeout=max(0.1, deadline - time.monotonic()))
                 return int(high)
             except KafkaException as exc:
+                pause = backoff.next_delay_s()
                 if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     def _behind(self, ends: dict[int, int]) -> bool:
         """Whether some partition's position is short of its end (positions skip compacted gaps)."""

@@ -18,7 +18,7 @@ from schemas.codec import validate
 from schemas.messages import Message
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery
+from stream_jobs.delivery import Confirmable, Delivery, saved_position, state_position
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.state_store import ChunkedStore
@@ -55,20 +55,15 @@ class ClusterAgent:
 
     def saved_position(self, partition: int) -> int | None:
         """The cluster-inputs position the saved state was written at (None: none)."""
-        saved = self.table.get("cluster")
-        progress = (saved or {}).get("progress") or {}
-        return None if progress.get("position") is None else int(progress["position"])
+        return saved_position(self.table.get("cluster"))
 
     def _position(self, gate: ClusterGate[Any]) -> int | None:
-        """The offset of the first record the stage's state does not hold: the earliest parked
-        record, output or mark, else the next one."""
-        tokens = [*(p.token for p in gate.records.values()), *(p.token for p in gate.outputs.values()),
-                  *(token for _mark, token in gate.marks.values()),
-                  *(token for marks in gate.node_marks.values() for _seq, _stats, token in marks)]
-        offsets = [token.message.offset for token in tokens]
-        if self.next_offset is not None:
-            offsets.append(self.next_offset)
-        return min(offsets, default=None)
+        """The offset of the first record the stage's state does not hold (:func:`state_position`):
+        parked records, node outputs and marks count."""
+        return state_position([*(p.token for p in gate.records.values()), *(p.token for p in gate.outputs.values()),
+                               *(token for _mark, token in gate.marks.values()),
+                               *(token for marks in gate.node_marks.values() for _seq, _stats, token in marks)],
+                              self.next_offset)
 
     def revoke(self) -> None:
         self.gate = None

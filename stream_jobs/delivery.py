@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -51,6 +52,22 @@ def exit_for_restart(reason: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_STALLED)
+
+
+def state_position(parked: Iterable[Any], next_offset: int | None) -> int | None:
+    """The offset of the first stage input a checkpoint's state does not hold: the earliest of the
+    ``parked`` events (consumed, not applied yet), else ``next_offset`` (after the last event
+    processed); None before any. Saved in the state's progress (see :func:`saved_position`)."""
+    offsets = [event.message.offset for event in parked]
+    if next_offset is not None:
+        offsets.append(next_offset)
+    return min(offsets, default=None)
+
+
+def saved_position(state: dict[str, Any] | None) -> int | None:
+    """The :func:`state_position` a saved stage state was written at (None: none saved)."""
+    position = ((state or {}).get("progress") or {}).get("position")
+    return None if position is None else int(position)
 
 
 class Confirmable(Protocol):

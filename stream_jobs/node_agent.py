@@ -18,7 +18,7 @@ from common.logs import get_logger
 from schemas.codec import encode
 from schemas.messages import Message
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery
+from stream_jobs.delivery import Confirmable, Delivery, saved_position, state_position
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
@@ -45,12 +45,8 @@ class NodePartition:
     """The node-inputs offset after the last record processed."""
 
     def position(self) -> int | None:
-        """The offset of the first record the stages' state does not hold: the earliest parked
-        record, else the next one (None before any record)."""
-        offsets = [parked.token.message.offset for parked in self.gate.records.values()]
-        if self.next_offset is not None:
-            offsets.append(self.next_offset)
-        return min(offsets, default=None)
+        """The offset of the first record the stages' state does not hold (:func:`state_position`)."""
+        return state_position((parked.token for parked in self.gate.records.values()), self.next_offset)
 
     def stage(self, key: str, node: str, cluster: str, config: EngineConfig) -> NodeStage:
         """The stage of ``node`` of ``cluster`` (``key``: their node key)."""
@@ -75,8 +71,7 @@ class NodeAgent:
 
     def saved_position(self, partition: int) -> int | None:
         """The node-inputs position the partition's saved state was written at (None: none)."""
-        saved = self.table.get(f"p{partition}")
-        return None if saved is None or saved.get("position") is None else int(saved["position"])
+        return saved_position(self.table.get(f"p{partition}"))
 
     def revoke(self, partition: int) -> None:
         log.info("node partition revoked", partition=partition)
@@ -188,7 +183,7 @@ class NodeAgent:
             log.info("node partition revoked during its checkpoint; state not written", partition=partition)
             return
         self.table[f"p{partition}"] = {
-            "progress": part.gate.progress(), "position": part.position(), "stats": part.stats,
+            "progress": {**part.gate.progress(), "position": part.position()}, "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         await self.durable.confirm()
         for token in part.unacked:
