@@ -137,8 +137,7 @@ def _mirror_type(annotation: Any, metadata: list[Any], name: str) -> tuple[Any, 
     if annotation in (str, datetime, int, float):
         # a leaf: a pattern, a validator or a type msgspec parses by rules of its own (timestamps) is
         # read as whatever JSON holds and validated by pydantic, as the model would
-        adapter = TypeAdapter(Annotated[annotation, *metadata] if metadata else annotation)
-        return Any, adapter.validate_python
+        return Any, TypeAdapter(Annotated[annotation, *metadata] if metadata else annotation).validate_python
     raise TypeError(f"{name}: {annotation!r} is not mirrored")
 
 
@@ -146,13 +145,18 @@ _FIXES: dict[type[msgspec.Struct], Fix | None] = {}
 """Each mirror's fix: its leaves validated, its nested mirrors fixed (None when nothing needs it)."""
 
 
-def _struct_fix(fixes: list[tuple[str, Fix]]) -> Fix | None:
-    if not fixes:
+def _struct_fix(leaves: list[tuple[str, Fix]], nested: list[tuple[str, Fix]]) -> Fix | None:
+    """A mirror's fix: every leaf validated; nested mirrors fixed where the field holds any."""
+    if not leaves and not nested:
         return None
 
     def fix(struct: Any) -> Any:
-        for name, field_fix in fixes:
+        for name, field_fix in leaves:
             setattr(struct, name, field_fix(getattr(struct, name)))
+        for name, field_fix in nested:
+            value = getattr(struct, name)
+            if value:  # None, [] and {} hold nothing to fix
+                setattr(struct, name, field_fix(value))
         return struct
     return fix
 
@@ -167,13 +171,14 @@ def mirror(model: type[BaseModel]) -> type[msgspec.Struct]:
             or decorators.computed_fields or model.__pydantic_root_model__):
         raise TypeError(f"{model.__name__} has behaviour outside its fields: it has no mirror")
     fields: list[tuple[str, Any, Any]] = []
-    fixes: list[tuple[str, Fix]] = []
+    leaves: list[tuple[str, Fix]] = []
+    nested: list[tuple[str, Fix]] = []
     for name, info in model.model_fields.items():
         if info.alias not in (None, name) or info.validation_alias is not None:
             raise TypeError(f"{model.__name__}.{name} has an alias: it has no mirror")
         kind, fix = _mirror_type(info.annotation, _flatten(list(info.metadata)), f"{model.__name__}.{name}")
         if fix is not None:
-            fixes.append((name, fix))
+            (leaves if kind is Any else nested).append((name, fix))
         if info.default_factory is not None:
             fields.append((name, kind, msgspec.field(default_factory=info.default_factory)))  # type: ignore[arg-type]
         elif info.default is not PydanticUndefined:
@@ -182,7 +187,7 @@ def mirror(model: type[BaseModel]) -> type[msgspec.Struct]:
             fields.append((name, kind, msgspec.NODEFAULT))
     # gc=False: a decoded message holds no reference cycles, and the sink creates millions of them
     struct = msgspec.defstruct(f"{model.__name__}Struct", fields, kw_only=True, gc=False)
-    _FIXES[struct] = _struct_fix(fixes)
+    _FIXES[struct] = _struct_fix(leaves, nested)
     return struct
 
 
