@@ -14,9 +14,8 @@ from typing import Any, Protocol
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
-from schemas.codec import MessageError, decode, encode
+from schemas.codec import MessageError, decode, decode_plain, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
-from schemas.structs import decode_struct
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
 from sinks.clickhouse import StoreRejected
 from sinks.ddl import TtlDays
@@ -218,7 +217,7 @@ class BatchWriter:
             return None, "empty value (tombstone) on a topic that has no tombstones"
         try:
             if spec.message in PLAIN_TYPES:
-                return Plain(spec.message, decode_struct(record.value, spec.message)), None
+                return Plain(spec.message, decode_plain(record.value, spec.message)), None
             return decode(record.value, spec.message), None
         except MessageError as exc:
             return None, f"invalid {spec.suffix} message: {exc}"

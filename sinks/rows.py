@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any
 
 import orjson
 
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, K8sEvent, Message, NodeState, PodState, WorkloadProgress
 from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
-from schemas.structs import from_plain
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,
@@ -122,11 +121,11 @@ def _repeat(values: Sequence[Any], counts: Sequence[int]) -> list[Any]:
     return [value for value, count in zip(values, counts, strict=True) for _ in range(count)]
 
 
-def _columns(getter: attrgetter[Any], structs: Sequence[Any], width: int) -> list[list[Any]]:
-    """The fields ``getter`` picks from every struct, as ``width`` columns."""
-    if not structs:
+def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: int) -> list[list[Any]]:
+    """The fields ``getter`` picks from every dict, as ``width`` columns."""
+    if not dicts:
         return [[] for _ in range(width)]
-    return [list(column) for column in zip(*map(getter, structs), strict=True)]
+    return [list(column) for column in zip(*map(getter, dicts), strict=True)]
 
 
 _SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version",
@@ -138,22 +137,21 @@ _GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *_GPU
                "xids", "assigned_to", "processes", "shared")
 _PROCESS_FIELDS = ("pid", "process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name",
                    "mem_used_bytes", "sm_util_pct")
-_sample_getter = attrgetter(*_SAMPLE_FIELDS)
-_gpu_getter = attrgetter(*_GPU_FIELDS)
-_process_getter = attrgetter(*_PROCESS_FIELDS)
-_namespace, _pod = attrgetter("namespace"), attrgetter("pod")
+_sample_getter = itemgetter(*_SAMPLE_FIELDS)
+_gpu_getter = itemgetter(*_GPU_FIELDS)
+_process_getter = itemgetter(*_PROCESS_FIELDS)
+_namespace, _pod = itemgetter("namespace"), itemgetter("pod")
 
 
-def sample_columns(items: Sequence[tuple[Any, int, int]]) -> dict[str, TableColumns]:
-    """The rows of many samples (their mirror Structs: :func:`schemas.structs.decode_struct`), built
-    column by column.
+def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str, TableColumns]:
+    """The rows of many samples (plain data: :func:`schemas.codec.decode_plain`), built column by column.
 
     The hot path of the sink, one row per GPU and per process: every column is one pass over all
-    GPUs of the batch (fields picked by ``attrgetter`` and transposed by ``zip``), not a dict per
+    GPUs of the batch (fields picked by ``itemgetter`` and transposed by ``zip``), not a dict per
     row; per-sample values are repeated once per GPU.
     """
-    counts = [len(sample.gpus) for sample, _, _ in items]
-    gpus = [gpu for sample, _, _ in items for gpu in sample.gpus]
+    counts = [len(sample["gpus"]) for sample, _, _ in items]
+    gpus = [gpu for sample, _, _ in items for gpu in sample["gpus"]]
     tables: dict[str, TableColumns] = {}
     if not gpus:
         return tables
@@ -180,9 +178,9 @@ def sample_columns(items: Sequence[tuple[Any, int, int]]) -> dict[str, TableColu
         **dict(zip(_GPU_GAUGES, gauges, strict=True)),
         "health": health,
         "health_reason": [v or "" for v in health_reason],
-        "xids": [[x.xid for x in events] if events else [] for events in xids],
-        "critical_xid": [any(x.critical for x in events) if events else False for events in xids],
-        "pod_uids": [[p.pod_uid or "" for p in refs] if refs else [] for refs in assigned],
+        "xids": [[x["xid"] for x in events] if events else [] for events in xids],
+        "critical_xid": [any(x["critical"] for x in events) if events else False for events in xids],
+        "pod_uids": [[p["pod_uid"] or "" for p in refs] if refs else [] for refs in assigned],
         "pod_namespaces": [list(map(_namespace, refs)) for refs in assigned],
         "pod_names": [list(map(_pod, refs)) for refs in assigned],
         "process_count": list(map(len, processes)),
@@ -215,14 +213,14 @@ def sample_columns(items: Sequence[tuple[Any, int, int]]) -> dict[str, TableColu
     if events:
         tables["gpu_xids"] = TableColumns.of({
             "cluster": [cluster[i] for _, i in events],
-            "at": [x.at for x, _ in events],
+            "at": [x["at"] for x, _ in events],
             "ts": [ts[i] for _, i in events],
             "node": [node[i] for _, i in events],
             "gpu_uuid": [uuid[i] for _, i in events],
             "gpu_model": [model[i] for _, i in events],
-            "xid": [x.xid for x, _ in events],
-            "critical": [x.critical for x, _ in events],
-            "message": [x.message or "" for x, _ in events],
+            "xid": [x["xid"] for x, _ in events],
+            "critical": [x["critical"] for x, _ in events],
+            "message": [x["message"] or "" for x, _ in events],
             "kafka_partition": [partition[i] for _, i in events],
             "kafka_offset": [offset[i] for _, i in events],
         })
@@ -488,11 +486,10 @@ def tombstone_rows(msg: Tombstone, partition: int, offset: int) -> Iterator[tupl
 
 @dataclass(frozen=True)
 class Plain:
-    """A message validated into its mirror Struct (:func:`schemas.structs.decode_struct`), for a
-    columnar builder."""
+    """A message validated into plain data (:func:`schemas.codec.decode_plain`), for a columnar builder."""
 
     type: type[Message]
-    data: Any
+    data: dict[str, Any]
 
 
 Decoded = Message | Tombstone | Plain
@@ -512,17 +509,17 @@ _BUILDERS: dict[type[Message | Tombstone], Any] = {
 """Builders of one message's rows."""
 
 _COLUMN_BUILDERS: dict[type[Message | Tombstone], Any] = {GpuSample: sample_columns}
-"""Builders of many messages' rows at once, column by column, from mirror Structs (many rows per message)."""
+"""Builders of many messages' rows at once, column by column, from plain data (many rows per message)."""
 
 PLAIN_TYPES: frozenset[type[Message | Tombstone]] = frozenset(_COLUMN_BUILDERS)
-"""Message types the sink decodes into mirror Structs (:class:`Plain`) for their columnar builders."""
+"""Message types the sink decodes into plain data (:class:`Plain`) for their columnar builders."""
 
 
 def _kind_and_data(message: Decoded) -> tuple[type[Message | Tombstone], Any]:
     if isinstance(message, Plain):
         return message.type, message.data
-    if isinstance(message, Message) and type(message) in _COLUMN_BUILDERS:
-        return type(message), from_plain(type(message), message.model_dump())
+    if type(message) in _COLUMN_BUILDERS:
+        return type(message), message.model_dump()  # type: ignore[union-attr]
     return type(message), message
 
 

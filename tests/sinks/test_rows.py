@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from schemas.codec import encode
+from schemas.codec import decode_plain, encode
 from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
-from schemas.structs import decode_struct
 from sinks.rows import Plain, TableColumns, Tombstone, rows_for, tables_for
 from tests.sinks import factories as f
 
@@ -106,7 +105,7 @@ def test_a_batch_gives_the_rows_of_its_records_one_by_one_from_models_or_plain_d
                            GpuSample(node="empty", ts=f.T0, agent_boot_id="b", seq=0, sample_interval_s=1.0),
                            f.pod("p1"), Tombstone("k8s.pods.v1", "research/p0", f.T0), f.pod("p2")]
     items = [(message, 0, offset) for offset, message in enumerate(messages)]
-    plain = [(Plain(type(m), decode_struct(encode(m), type(m))) if isinstance(m, GpuSample) else m, p, o)
+    plain = [(Plain(type(m), decode_plain(encode(m), type(m))) if isinstance(m, GpuSample) else m, p, o)
              for m, p, o in items]
     one_by_one: dict[str, list[dict[str, Any]]] = {}
     for message, partition, offset in items:
