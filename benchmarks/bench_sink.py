@@ -11,9 +11,11 @@ power in milliwatts, whole-degree temperatures, memory that steps, clocks that r
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from benchmarks.harness import Context, Result
 from common.kafka import BoundedProducer, ensure_topics
@@ -59,6 +61,38 @@ def _samples(nodes: int, per_node: int, start: datetime, seed: int = 7) -> list[
     return out
 
 
+THREAD_GROUPS = (("interpreter threads", ("python",)), ("engine insert threads", ("ThreadPool",)),
+                 ("engine merges", ("MergeMutate",)), ("Kafka client", ("rdk:",)))
+"""Where the sink's CPU goes, by the operating system's name of each thread of this process: the
+interpreter's own (decoding, rows, the driver's serialisation), chDB's and librdkafka's."""
+
+
+def _cpu_by_thread() -> dict[str, tuple[str, float]]:
+    """CPU seconds so far of each live thread of this process, with its :data:`THREAD_GROUPS` label
+    (empty without /proc)."""
+    threads: dict[str, tuple[str, float]] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        group = next((label for label, prefixes in THREAD_GROUPS if name.startswith(prefixes)), "other")
+        threads[task.name] = (group, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+    return threads
+
+
+def _cpu_by_group_since(before: dict[str, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per group since ``before``, of the threads alive now (those that ended in between,
+    such as the sink's Kafka consumer's, are not counted)."""
+    seconds: dict[str, float] = {}
+    for tid, (group, cpu_s) in _cpu_by_thread().items():
+        seconds[group] = seconds.get(group, 0.0) + cpu_s - before.get(tid, (group, 0.0))[1]
+    return seconds
+
+
 def run(ctx: Context) -> list[Result]:
     nodes, per_node = (40, 60) if ctx.quick else (100, 240)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=10 * per_node)
@@ -85,9 +119,10 @@ def run(ctx: Context) -> list[Result]:
     store = prepare_store(settings)
     try:
         sink = ClickHouseSink(settings, store)
-        cpu_started = time.process_time()
+        cpu_started, threads_before = time.process_time(), _cpu_by_thread()
         totals = sink.run(exit_when_idle_s=2.0)
         sink_cpu_s = time.process_time() - cpu_started
+        threads = _cpu_by_group_since(threads_before)
         n_batches = int(sink.registry.registry.get_sample_value("gpulens_sink_batches_total", {"topic": topic}) or 0)
         rows = totals.rows_by_table.get("gpu_samples", 0)
         assert totals.first_record_at is not None and totals.last_commit_at is not None
@@ -133,6 +168,9 @@ def run(ctx: Context) -> list[Result]:
         Result(BENCH, "samples end to end, per CPU second", rows / sink_cpu_s, "rows/s",
                baseline="plain column insert, per CPU second",
                ratio_to_baseline=(rows / sink_cpu_s) / (sum(b.n_rows for b in batches) / plain_cpu_s)),
+        *(Result(BENCH, f"sink CPU: {label}", threads[label], "s",
+                 notes="the sink's run, by thread name; threads that ended during it not counted")
+          for label, _ in (*THREAD_GROUPS, ("other", ())) if label in threads),
         Result(BENCH, "bytes on disk per GPU sample", per_sample, "bytes", notes="all columns, merged parts"),
         Result(BENCH, "bytes per gauge value (mean)", sum(gauges.values()) / len(gauges), "bytes", target="<= 1.5"),
     ]
