@@ -29,7 +29,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from benchmarks.harness import Context, Result
+from benchmarks.harness import Context, Result, stat_cpu_s
 from common.kafka import ensure_topics
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_kubelet import FakePodResourcesServer, StaticPodResources
@@ -66,8 +66,7 @@ def _cpu_per_sample(samples: int, with_kubelet: bool) -> float:
 
 
 def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
 def _peak_rss_mib(pid: int) -> float:

@@ -11,13 +11,12 @@ power in milliwatts, whole-degree temperatures, memory that steps, clocks that r
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from benchmarks.harness import Context, Result
+from benchmarks.harness import Context, Result, stat_cpu_s
 from common.kafka import BoundedProducer, ensure_topics
 from common.settings import ClickHouseSettings, ProducerSettings, SinkSettings
 from schemas import codec
@@ -71,16 +70,14 @@ def _cpu_by_thread() -> dict[str, tuple[str, float]]:
     """CPU seconds so far of each live thread of this process, with its :data:`THREAD_GROUPS` label
     (empty without /proc)."""
     threads: dict[str, tuple[str, float]] = {}
-    ticks = os.sysconf("SC_CLK_TCK")
     tasks = Path("/proc/self/task")
     for task in tasks.iterdir() if tasks.is_dir() else ():
         try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name, cpu_s = (task / "comm").read_text().strip(), stat_cpu_s(task / "stat")
         except OSError:  # the thread ended meanwhile
             continue
         group = next((label for label, prefixes in THREAD_GROUPS if name.startswith(prefixes)), "other")
-        threads[task.name] = (group, (int(fields[11]) + int(fields[12])) / ticks)  # utime + stime
+        threads[task.name] = (group, cpu_s)
     return threads
 
 

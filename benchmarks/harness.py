@@ -8,6 +8,7 @@ number means something on any machine.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 import time
@@ -41,6 +42,12 @@ class Context:
     quick: bool = False
     shared: dict[str, Any] = field(default_factory=dict)
     """Figures earlier benchmarks left for later ones (e.g. the raw Kafka baseline)."""
+
+
+def stat_cpu_s(stat: Path) -> float:
+    """CPU seconds (user + system) in a ``/proc`` stat file: a process's or one of its threads'."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def discover(only: list[str]) -> list[str]:
