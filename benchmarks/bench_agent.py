@@ -128,6 +128,7 @@ def _run_daemonset_command(ctx: Context, seconds: float) -> tuple[float, float]:
             env = node.environment(root / "node.conf") | {
                 "GPULENS_KUBELET_SOCKET": str(root / "kubelet.sock"),
                 "GPULENS_PROC_ROOT": str(root / "proc"),
+                "GPULENS_CLUSTER": "bench",  # required against a real cluster, as on a DaemonSet
             }
             return _run_agent(ctx, [sys.executable, "-m", "producers.agent"], seconds, env)
 
