@@ -18,11 +18,11 @@ from schemas.codec import validate
 from schemas.messages import Message
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery, saved_position, state_position
+from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_position, state_position
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.state_store import ChunkedStore
-from stream_jobs.watermark import ClusterGate, Mark, Parked, decode_envelope, done_envelope
+from stream_jobs.watermark import ClusterGate, Mark, Parked, decode_envelope, done_envelope, envelope_outputs
 
 log = get_logger(__name__)
 
@@ -85,8 +85,8 @@ class ClusterAgent:
     async def _offer(self, gate: ClusterGate[Any], event: Any) -> bool:
         data = decode_envelope(event.value)
         kind = data["k"]
-        if kind == "r":
-            return gate.offer(data, event)
+        if kind in ("r", "b"):
+            return offer_forwarded(gate, data, event)
         if kind == "o":
             return gate.offer_output(data, event)
         if kind == "nm":
@@ -128,7 +128,8 @@ class ClusterAgent:
             if message is not None:
                 stage.submit(message)
         for parked in outs:
-            stage.submit(validate(parked.data["v"], _INTERNAL_TYPES[parked.data["c"]]))
+            for kind, value in envelope_outputs(parked.data):
+                stage.submit(validate(value, _INTERNAL_TYPES[kind]))
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
         if self.observer is not None:

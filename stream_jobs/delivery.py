@@ -30,7 +30,7 @@ from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
 from stream_jobs.offsets import EXIT_STALLED
 from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, event_time_error
 from stream_jobs.timeutil import from_epoch
-from stream_jobs.watermark import Mark, Parked
+from stream_jobs.watermark import InputGate, Mark, Parked, envelope_records
 
 log = get_logger(__name__)
 
@@ -70,6 +70,31 @@ def saved_position(state: dict[str, Any] | None) -> int | None:
     return None if position is None else int(position)
 
 
+class SharedAck:
+    """A consumed envelope holding several forwarded records, each parked on its own: the envelope
+    is acknowledged when the last of them is done (acknowledging it at the first could commit past
+    records still parked, which a crash would then lose)."""
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+        self.left = 0
+
+    @property
+    def message(self) -> Any:
+        return self.event.message
+
+
+def offer_forwarded(gate: InputGate[Any], data: dict[str, Any], event: Any) -> bool:
+    """Park the forwarded records of an envelope (``r``: one, ``b``: several); False when every
+    one of them was applied or is parked already (a duplicate: acknowledge the event now)."""
+    records = envelope_records(data)
+    if len(records) == 1:
+        return gate.offer(records[0], event)
+    shared = SharedAck(event)
+    shared.left = sum(gate.offer(record, shared) for record in records)
+    return shared.left > 0
+
+
 class Confirmable(Protocol):
     """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
 
@@ -96,7 +121,13 @@ class Delivery:
                                         message.timestamp)
 
     async def ack(self, events: Any, event: Any) -> None:
-        """The event is done; acknowledge it and what waited for it (offset order, see AckOrder)."""
+        """The event is done; acknowledge it and what waited for it (offset order, see AckOrder).
+        A :class:`SharedAck` is one of its envelope's records: the envelope is done with the last."""
+        if isinstance(event, SharedAck):
+            event.left -= 1
+            if event.left > 0:
+                return
+            event = event.event
         for ready in self.offsets.done(event.message.tp, event.message.offset, event):
             await events.ack(ready)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from aiokafka.partitioner import DefaultPartitioner
 from faust.transport.consumer import Fetcher
 from faust.types import TP
 
@@ -264,6 +265,12 @@ class StreamJobs:
     def _topic(self, name: str, partitions: int | None = None) -> Any:
         return self.app.topic(name, partitions=partitions, key_serializer="raw", value_serializer="raw")
 
+    def _node_partition(self, key: bytes) -> int:
+        """Where the producer puts a record keyed ``key`` on node-inputs (its default partitioner),
+        so a node's records stay with its stage state whichever version forwarded them."""
+        partitions = list(range(self.node_partitions))
+        return int(DefaultPartitioner()(key, partitions, partitions))
+
     def _declare(self) -> None:
         app, prefix, s = self.app, self.prefix, self.settings
         self.input_names = {spec.name(prefix): spec.suffix for spec in INPUT_TOPICS}
@@ -296,7 +303,7 @@ class StreamJobs:
         self.route = RouteAgent(self.delivery, RouteTopics(
             input_names=self.input_names, control_name=self.control_name, node_topic=self.node_topic,
             cluster_topic=self.cluster_topic, control_topic=self.control_topic,
-            node_partitions=self.node_partitions), self.consumer_port)
+            node_partitions=self.node_partitions, node_partition=self._node_partition), self.consumer_port)
         self.node = NodeAgent(self.delivery, self.config, self.node_name, self.cluster_topic, self.node_table,
                               self.node_durable, self.lateness_s, s.checkpoint_interval_s, self.observer)
         self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, self.control_topic,

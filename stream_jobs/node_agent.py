@@ -18,13 +18,13 @@ from common.logs import get_logger
 from schemas.codec import encode
 from schemas.messages import Message
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery, saved_position, state_position
+from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_position, state_position
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
-from stream_jobs.watermark import InputGate, Mark, Parked, decode_envelope, node_mark_envelope, output_envelope
+from stream_jobs.watermark import InputGate, Mark, Parked, decode_envelope, node_mark_envelope, output_envelopes
 
 log = get_logger(__name__)
 
@@ -104,8 +104,8 @@ class NodeAgent:
             part = self._part(partition)
             part.next_offset = event.message.offset + 1
             data = decode_envelope(event.value)
-            if data["k"] == "r":
-                if not part.gate.offer(data, event):
+            if data["k"] in ("r", "b"):
+                if not offer_forwarded(part.gate, data, event):
                     metrics.duplicates.labels("node").inc()
                     await delivery.ack(events, event)
                 continue
@@ -156,9 +156,8 @@ class NodeAgent:
             await asyncio.gather(*part.futures)
             part.futures = []
         futures = part.futures
-        for index, (kind, value) in enumerate(internal):
-            futures.append(await self.delivery.send(self.cluster_topic, "cluster",
-                                                    output_envelope(partition, mark.seq, index, kind, value)))
+        for envelope in output_envelopes(partition, mark.seq, internal):
+            futures.append(await self.delivery.send(self.cluster_topic, "cluster", envelope))
         stats = {"late_samples_dropped": 0, "sample_gaps": 0}
         for stage in part.stages.values():
             counters = stage.counters

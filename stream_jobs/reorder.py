@@ -23,6 +23,9 @@ class ReorderBuffer:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, str, Any]] = []
         self._seq = 0
+        self._dumped: dict[int, Any] = {}
+        """Items as checkpoints write them, by sequence number: an item waits through several
+        checkpoints and is dumped once."""
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -35,15 +38,19 @@ class ReorderBuffer:
         """Every buffered item with ``ts <= watermark``, in event-time order."""
         out = []
         while self._heap and self._heap[0][0] <= watermark:
-            ts, _rank, _seq, kind, item = heapq.heappop(self._heap)
+            ts, _rank, seq, kind, item = heapq.heappop(self._heap)
+            self._dumped.pop(seq, None)
             out.append((ts, kind, item))
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        dumped = self._dumped
+        for _ts, _rank, seq, _kind, item in self._heap:
+            if seq not in dumped:
+                dumped[seq] = item.model_dump(mode="json")
         return {
             "seq": self._seq,
-            "items": [[ts, rank, seq, kind, item.model_dump(mode="json")]
-                      for ts, rank, seq, kind, item in sorted(self._heap)],
+            "items": [[ts, rank, seq, kind, dumped[seq]] for ts, rank, seq, kind, _item in sorted(self._heap)],
         }
 
     @classmethod
@@ -52,6 +59,7 @@ class ReorderBuffer:
         buf._seq = int(data.get("seq", 0))
         for ts, rank, seq, kind, payload in data.get("items", []):
             buf._heap.append((float(ts), int(rank), int(seq), str(kind), types[kind].model_validate(payload)))
+            buf._dumped[int(seq)] = payload
         heapq.heapify(buf._heap)
         return buf
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,13 +20,13 @@ from common.logs import get_logger
 from schemas.codec import MessageError
 from stream_jobs.delivery import Delivery, exit_for_restart
 from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
-from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope
+from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
 
 log = get_logger(__name__)
 
 ROUTE_BATCH = 256
-"""Routed records whose deliveries the route awaits together (also at each control record and
-every 0.5 s)."""
+"""Routed records the route forwards and awaits together (also at each control record and every
+0.5 s): one envelope per stage partition (``records_envelopes``)."""
 
 
 class CommittedOffsets(Protocol):
@@ -49,6 +50,9 @@ class RouteTopics:
     cluster_topic: Any
     control_topic: Any
     node_partitions: int
+    node_partition: Callable[[bytes], int]
+    """The node-inputs partition of a node key (the producer's own partitioner: a node's records
+    stay where its stage state is)."""
 
 
 @dataclass
@@ -59,8 +63,11 @@ class RouteAgent:
     hold: MarkHold = field(default_factory=MarkHold)
     _events: Any = None
     _forward_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _pending: list[tuple[list[Any], Any, str, int, int]] = field(default_factory=list)
+    _pending: list[tuple[Any, str, int, int]] = field(default_factory=list)
     """Routed input records whose forwarded copies are not yet known to be delivered."""
+    _outbox: dict[int | None, list[bytes]] = field(default_factory=dict)
+    """Forwarded copies of the pending records not sent yet, by node-inputs partition (None:
+    cluster-inputs)."""
     _marks_pending: list[tuple[list[Any], Any]] = field(default_factory=list)
     """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
     _group_committed: dict[str, int] = field(default_factory=dict)
@@ -118,8 +125,8 @@ class RouteAgent:
                     log.warning("bad control record ignored", offset=offset, error=str(exc))
                     await delivery.ack(events, event)
             else:
-                futures = await self._route_record(topic, partition, offset, message.key, event.value)
-                self._pending.append((futures, event, topic, partition, offset))
+                await self._route_record(topic, partition, offset, message.key, event.value)
+                self._pending.append((event, topic, partition, offset))
                 if len(self._pending) < ROUTE_BATCH:
                     continue
             await self._settle()
@@ -134,16 +141,29 @@ class RouteAgent:
         marks, self._marks_pending = self._marks_pending, []
         if not (pending or marks) or self._events is None:
             return
+        sent = await self._send_outbox()
         try:
-            await asyncio.gather(*(future for futures, *_rest in pending for future in futures),
-                                 *(future for futures, _token in marks for future in futures))
+            await asyncio.gather(*sent, *(future for futures, _token in marks for future in futures))
         except Exception as exc:
             exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
-        for _futures, event, topic, partition, offset in pending:
+        for event, topic, partition, offset in pending:
             self.hold.consume(topic, partition, offset)
             await self.delivery.ack(self._events, event)
         for _futures, token in marks:
             await self.delivery.ack(self._events, token)
+
+    async def _send_outbox(self) -> list[Any]:
+        """Send the forwarded copies of the pending records, grouped per stage partition."""
+        outbox, self._outbox = self._outbox, {}
+        futures = []
+        for partition, records in outbox.items():
+            for envelope in records_envelopes(records):
+                if partition is None:
+                    futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", envelope))
+                else:
+                    futures.append(await self.delivery.send(self.topics.node_topic, None, envelope,
+                                                            partition=partition))
+        return futures
 
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
@@ -155,25 +175,21 @@ class RouteAgent:
                 self._marks_pending.append((await self._forward_mark(mark), token))
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
-                            value: bytes | None) -> list[Any]:
-        """Forward a decoded input record to its stages; the deliveries to await (none for a
-        tombstone or a dead letter, which is delivered already)."""
+                            value: bytes | None) -> None:
+        """Decode an input record and put its forwarded copies in the outbox (none for a tombstone
+        or a dead letter, which is delivered already)."""
         suffix = self.topics.input_names[topic]
         try:
             decoded = decode_record(suffix, value)
         except TombstoneSkipped:
-            return []
+            return
         except MessageError as exc:
             await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
-            return []
+            return
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
-        futures = []
         for stage, node in route(decoded):
-            if stage == "node":
-                futures.append(await self.delivery.send(self.topics.node_topic, node, envelope))
-            else:
-                futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", envelope))
-        return futures
+            target = None if stage == "cluster" else self.topics.node_partition(str(node).encode())
+            self._outbox.setdefault(target, []).append(envelope)
 
     async def _forward_mark(self, mark: Mark) -> list[Any]:
         """Send the mark to every node-inputs partition and to cluster-inputs; the deliveries."""

@@ -112,7 +112,7 @@ class PodGpuWindow:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(vars(self))  # plain values only: asdict's deep copy is not needed
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodGpuWindow:
@@ -266,7 +266,7 @@ class PodGpuUsage:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(vars(self))  # plain values only: asdict's deep copy is not needed
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PodGpuUsage:

@@ -78,10 +78,56 @@ def record_envelope(topic: str, suffix: str, partition: int, offset: int, value:
     return head[:-1] + b',"v":' + value + b"}"
 
 
-def output_envelope(partition: int, seq: int, index: int, kind: str, value: bytes) -> bytes:
-    """A node-stage output for the cluster stage, numbered within the mark that produced it."""
-    head = orjson.dumps({"k": "o", "P": partition, "seq": seq, "i": index, "c": kind})
-    return head[:-1] + b',"v":' + value + b"}"
+ENVELOPE_BYTES = 256 * 1024
+"""Records grouped into one envelope come to about this size at most (a record alone may be more).
+The route forwards input records, and a node stage sends its outputs of a mark, in one envelope per
+stage partition on a normal fleet instead of one per record: most of a stage's reading was faust's
+work per record."""
+
+
+def chunked(items: list[bytes], limit: int = ENVELOPE_BYTES) -> list[list[bytes]]:
+    """``items`` in order, in runs of at most ``limit`` bytes (a longer item alone)."""
+    runs: list[list[bytes]] = []
+    run: list[bytes] = []
+    size = 0
+    for item in items:
+        if run and size + len(item) > limit:
+            runs.append(run)
+            run, size = [], 0
+        run.append(item)
+        size += len(item) + 1
+    if run:
+        runs.append(run)
+    return runs
+
+
+def records_envelopes(records: list[bytes], limit: int = ENVELOPE_BYTES) -> list[bytes]:
+    """Forwarded input records for one stage partition, each as :func:`record_envelope` writes it,
+    grouped into envelopes (``b``; a record alone goes as it is)."""
+    return [run[0] if len(run) == 1 else b'{"k":"b","rs":[' + b",".join(run) + b"]}" for run in chunked(records, limit)]
+
+
+def envelope_records(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The forwarded records an envelope holds: several (``b``) or one (``r``)."""
+    return list(data["rs"]) if data["k"] == "b" else [data]
+
+
+def output_envelopes(partition: int, seq: int, outputs: list[tuple[str, bytes]],
+                     limit: int = ENVELOPE_BYTES) -> list[bytes]:
+    """A node stage's outputs of mark ``seq`` for the cluster stage, ``(kind, JSON)`` each, in
+    envelopes numbered within the mark (``i``) and holding whole outputs (``outs``)."""
+    items = [b'["' + kind.encode() + b'",' + value + b"]" for kind, value in outputs]
+    return [orjson.dumps({"k": "o", "P": partition, "seq": seq, "i": index})[:-1]
+            + b',"outs":[' + b",".join(run) + b"]}"
+            for index, run in enumerate(chunked(items, limit))]
+
+
+def envelope_outputs(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The ``(kind, data)`` outputs an output envelope holds (one, in the form written before
+    outputs were grouped: ``c`` and ``v``)."""
+    if "outs" in data:
+        return [(str(kind), value) for kind, value in data["outs"]]
+    return [(str(data["c"]), data["v"])]
 
 
 def node_mark_envelope(partition: int, mark: Mark, stats: dict[str, int]) -> bytes:

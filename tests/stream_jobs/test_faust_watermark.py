@@ -7,7 +7,16 @@ from typing import Any
 
 import orjson
 
-from stream_jobs.watermark import ClusterGate, InputGate, Mark, MarkHold, decode_envelope, record_envelope
+from stream_jobs.watermark import (
+    ClusterGate,
+    InputGate,
+    Mark,
+    MarkHold,
+    decode_envelope,
+    envelope_outputs,
+    output_envelopes,
+    record_envelope,
+)
 
 PODS, SAMPLES = "p.k8s.pods.v1", "p.gpu.samples.v1"
 
@@ -67,6 +76,23 @@ def test_cluster_gate_waits_for_every_node_partition() -> None:
     assert sorted(tokens) == ["m1", "nm1-0", "nm1-1"]
     assert stats == {"sample_gaps": 3}
     assert not gate.offer_output({"seq": 1, "P": 0, "i": 5, "c": "usage", "v": {}}, "late dup")
+
+
+def test_a_marks_outputs_travel_in_few_envelopes_in_order_none_oversized() -> None:
+    outputs = [("summary" if i % 3 == 0 else "usage", orjson.dumps({"n": i, "pad": "x" * (i % 50)}))
+               for i in range(300)]
+    one = output_envelopes(2, 9, outputs)
+    assert len(one) == 1, "a partition's outputs of one mark are one record on a normal fleet"
+    small = output_envelopes(2, 9, outputs, limit=2_000)
+    assert len(small) > 5 and all(len(e) <= 2_000 + 200 for e in small)
+    for envelopes in (one, small):
+        decoded = [decode_envelope(e) for e in envelopes]
+        assert [(d["P"], d["seq"], d["i"]) for d in decoded] == [(2, 9, i) for i in range(len(envelopes))]
+        got = [item for d in decoded for item in envelope_outputs(d)]
+        assert got == [(kind, orjson.loads(value)) for kind, value in outputs]
+    assert output_envelopes(0, 1, []) == [], "no outputs, no envelope (the node mark still goes)"
+    # an envelope written before outputs were grouped (one output each) still reads
+    assert envelope_outputs({"k": "o", "P": 0, "seq": 1, "i": 4, "c": "usage", "v": {"a": 1}}) == [("usage", {"a": 1})]
 
 
 def test_route_holds_a_mark_until_its_offsets_are_consumed() -> None:
