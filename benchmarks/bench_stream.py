@@ -7,6 +7,9 @@ latency from a sample's production to the alert it triggers.
   stages, changelog-backed tables, at-least-once) works through it. Samples/s = sample messages
   / seconds from the first mark after warm-up to the worker's ``done`` marker. The passthrough
   reads the very same sample messages with aiokafka and writes each to another topic.
+- Scaling: the same fleet through a group of three worker processes on this one machine; samples
+  per CPU second of all workers (every thread, from ``/proc``) against the one-worker run. Wall
+  clock says little here: three workers share the machine's cores with the broker.
 - Latency: a 16-node fleet whose pods flip between busy and idle, with ``idle_after`` 30 s, played
   at 4 ticks per wall second with lateness 0; latency = the alert record's Kafka timestamp minus
   the wall time its triggering tick (the sample at the alert's ``at``) was delivered. A live
@@ -18,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.bench_replay import fleet_scenario
-from benchmarks.harness import Context, Result
+from benchmarks.harness import Context, Result, stat_cpu_s
 from common.kafka import ensure_topics, read_to_end
 from common.settings import CommonSettings, load_settings
 from schemas.codec import decode
@@ -57,23 +62,52 @@ def _wait_node_mark(replay: KafkaReplay, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"worker not ready:\n{replay.worker.tail()}")
 
 
-def _throughput(ctx: Context, nodes: int, duration: str) -> tuple[float, int, str]:
+@dataclass
+class Throughput:
+    samples: int
+    seconds: float
+    cpu_s: float
+    """CPU seconds of the worker processes (all threads) from the first mark after warm-up to ``done``."""
+    prefix: str
+
+    @property
+    def per_s(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def per_cpu_s(self) -> float:
+        return self.samples / self.cpu_s
+
+
+def _cpu_s(replay: KafkaReplay) -> float:
+    return sum(stat_cpu_s(Path(f"/proc/{worker.process.pid}/stat"))
+               for worker in replay.workers if worker.process is not None and worker.alive())
+
+
+def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1) -> Throughput:
     replay = KafkaReplay(fleet_scenario(nodes=nodes, duration=duration), _settings(ctx),
-                         topic_prefix=f"{ctx.topic_prefix}-stream", work_dir=ctx.scratch / "stream-worker")
+                         topic_prefix=f"{ctx.topic_prefix}-stream{workers}", work_dir=ctx.scratch / f"stream-{workers}",
+                         workers=workers)
     try:
         replay.create_topics()
-        replay.worker.start()
+        replay.start_workers()
         ticks = replay.ticks()
         replay.send(ticks[:1])
         _wait_node_mark(replay)
+        if workers > 1:
+            for worker in replay.workers:
+                replay._wait_consuming(worker)
+            time.sleep(5.0)  # the group's last rebalance settles
+        cpu_before = _cpu_s(replay)
         started = time.perf_counter()
         replay.send(ticks[1:])
         replay.finish()
         replay.wait_done(timeout_s=600)
         seconds = time.perf_counter() - started
+        cpu_s = _cpu_s(replay) - cpu_before
     finally:
         replay.close()
-    return _samples(ticks[1:]) / seconds, _samples(ticks[1:]), replay.prefix
+    return Throughput(_samples(ticks[1:]), seconds, cpu_s, replay.prefix)
 
 
 async def _passthrough(ctx: Context, source: str, count: int) -> float:
@@ -154,13 +188,19 @@ def _latency(ctx: Context, nodes: int, minutes: int, ticks_per_s: float) -> tupl
 
 def run(ctx: Context) -> list[Result]:
     nodes, duration = (16, "5m") if ctx.quick else (64, "10m")
-    rate, samples, prefix = _throughput(ctx, nodes, duration)
-    baseline = asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(prefix), samples))
+    one = _throughput(ctx, nodes, duration)
+    baseline = asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples))
+    three = _throughput(ctx, nodes, duration, workers=3)
     results = [
-        Result(BENCH, f"node stage samples/s per worker ({nodes} nodes x 8 GPUs)", rate, "samples/s",
-               baseline="aiokafka consume->produce passthrough", ratio_to_baseline=rate / baseline,
-               notes=f"{samples} samples; route + node + cluster stages in one process"),
+        Result(BENCH, f"node stage samples/s per worker ({nodes} nodes x 8 GPUs)", one.per_s, "samples/s",
+               baseline="aiokafka consume->produce passthrough", ratio_to_baseline=one.per_s / baseline,
+               notes=f"{one.samples} samples; route + node + cluster stages in one process"),
         Result(BENCH, "aiokafka passthrough msgs/s (same messages)", baseline, "msg/s"),
+        Result(BENCH, "samples per worker CPU-second, 1 worker", one.per_cpu_s, "samples/s",
+               notes=f"{one.cpu_s:.1f} CPU s in {one.seconds:.1f} s"),
+        Result(BENCH, "samples per worker CPU-second, 3 workers", three.per_cpu_s, "samples/s",
+               baseline="1 worker", ratio_to_baseline=three.per_cpu_s / one.per_cpu_s,
+               notes=f"{three.cpu_s:.1f} CPU s in {three.seconds:.1f} s ({three.per_s:.0f} samples/s); one group"),
     ]
     latencies, alerts = _latency(ctx, 8 if ctx.quick else 16, 10 if ctx.quick else 16, ticks_per_s=4.0)
     if latencies:
