@@ -19,7 +19,7 @@ ADAPTERS: dict[str, set[str]] = {
     "confluent_kafka": {"common/kafka.py"},
     "faust": {"stream_jobs/faust_app.py"},
     "mode": {"stream_jobs/faust_app.py"},
-    "aiokafka": set(),
+    "aiokafka": {"stream_jobs/faust_app.py"},  # faust's transport: the route must place records as its producer does
     "clickhouse_connect": {"sinks/clickhouse.py"},
     "chdb": {"sinks/clickhouse.py"},
     "pynvml": {"producers/agent/nvml.py"},
