@@ -4,7 +4,7 @@ Per partition, records wait in a gate (:class:`~stream_jobs.watermark.InputGate`
 releases them; then the partition's :class:`NodeStage` s (one per node, kept in the
 ``node-stages`` table) apply them and advance to ``mark.ts - lateness`` (or flush at an end mark).
 Public outputs go to their topics; :class:`NodeSummary` / :class:`PodUsage` go to cluster-inputs
-numbered by (partition, mark, index); then the mark itself, with the partition's counters.
+in envelopes numbered by (partition, mark, index); then the mark itself, with the partition's counters.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 It consumes the five input topics and the internal control topic. Every record is decoded
 (undecodable or invalid -> ``deadletter.v1`` with the reason and source position as headers; the
-stream goes on), valid ones go to ``internal.node-inputs.v1`` (keyed by node, per
-:func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, and each watermark mark
-is held until the inputs it covers are consumed (:class:`~stream_jobs.watermark.MarkHold`), then
-forwarded in-band to every node-inputs partition and to cluster-inputs.
+stream goes on), valid ones go to ``internal.node-inputs.v1`` (the partition of their node, per
+:func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, grouped into one envelope
+per stage partition each time the route settles, and each watermark mark is held until the inputs
+it covers are consumed (:class:`~stream_jobs.watermark.MarkHold`), then forwarded in-band to every
+node-inputs partition and to cluster-inputs.
 """
 
 from __future__ import annotations
