@@ -29,7 +29,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from benchmarks.harness import Context, Result, stat_cpu_s
+from benchmarks.harness import Context, Result, process_cpu_s
 from common.kafka import ensure_topics
 from producers.agent.cgroup import StaticProcessResolver
 from producers.agent.fake_kubelet import FakePodResourcesServer, StaticPodResources
@@ -65,10 +65,6 @@ def _cpu_per_sample(samples: int, with_kubelet: bool) -> float:
         return (time.process_time() - started) / samples
 
 
-def _proc_cpu_s(pid: int) -> float:
-    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
-
-
 def _peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -94,9 +90,9 @@ def _run_agent(
         time.sleep(3.0)  # start-up: imports, first connection
         if proc.poll() is not None:
             raise RuntimeError(f"agent exited early: {proc.stderr.read().decode() if proc.stderr else ''}")
-        cpu0, wall0 = _proc_cpu_s(proc.pid), time.monotonic()
+        cpu0, wall0 = process_cpu_s(proc.pid), time.monotonic()
         time.sleep(seconds)
-        cpu1, wall1 = _proc_cpu_s(proc.pid), time.monotonic()
+        cpu1, wall1 = process_cpu_s(proc.pid), time.monotonic()
         rss = _peak_rss_mib(proc.pid)
     finally:
         proc.terminate()

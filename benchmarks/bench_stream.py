@@ -22,13 +22,12 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.bench_replay import fleet_scenario
-from benchmarks.harness import Context, Result, stat_cpu_s
+from benchmarks.harness import Context, Result, process_cpu_s
 from common.kafka import ensure_topics, read_to_end
 from common.settings import CommonSettings, load_settings
 from schemas.codec import decode
@@ -80,7 +79,7 @@ class Throughput:
 
 
 def _cpu_s(replay: KafkaReplay) -> float:
-    return sum(stat_cpu_s(Path(f"/proc/{worker.process.pid}/stat"))
+    return sum(process_cpu_s(worker.process.pid)
                for worker in replay.workers if worker.process is not None and worker.alive())
 
 

@@ -50,6 +50,11 @@ def stat_cpu_s(stat: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds so far of process ``pid`` (all its threads)."""
+    return stat_cpu_s(Path(f"/proc/{pid}/stat"))
+
+
 def discover(only: list[str]) -> list[str]:
     names = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if m.name.startswith("bench_"))
     # the Kafka baseline runs first: other figures are compared to it

@@ -269,8 +269,7 @@ class StreamJobs:
     def _node_partition(self, key: bytes) -> int:
         """Where the producer puts a record keyed ``key`` on node-inputs (its default partitioner),
         so a node's records stay with its stage state whichever version forwarded them."""
-        partitions = list(range(self.node_partitions))
-        return int(DefaultPartitioner()(key, partitions, partitions))
+        return int(DefaultPartitioner()(key, self._node_partition_ids, self._node_partition_ids))
 
     def _declare(self) -> None:
         app, prefix, s = self.app, self.prefix, self.settings
@@ -281,6 +280,7 @@ class StreamJobs:
         self.inputs = self.app.topic(*self.input_names, self.control_name, key_serializer="raw",
                                      value_serializer="raw")
         self.node_topic = self._topic(self.node_name, self.node_partitions)
+        self._node_partition_ids = list(range(self.node_partitions))
         self.cluster_topic = self._topic(self.cluster_name, 1)
         self.control_topic = self._topic(self.control_name, 1)
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
