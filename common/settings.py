@@ -294,6 +294,8 @@ class WatcherSettings(ProducerIdentity):
     events_api: Literal["events.k8s.io", "core"] = "events.k8s.io"
     """Which Event API to watch (the same events either way; both are allowed by the ClusterRole)."""
     kube_context: str | None = None
+    state_mark_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """How often the watcher writes a state mark for live stream workers (``schemas.control``)."""
 
 
 class WorkerSettings(CommonSettings):
@@ -322,8 +324,9 @@ class WorkerSettings(CommonSettings):
     watermark_source: Literal["clock", "control"] = "clock"
     """``clock``: the worker marks event-time progress from its wall clock (live fleets);
     ``control``: a driver (replay, demo) writes marks to the internal control topic."""
-    clock_interval_s: float = Field(default=5.0, gt=0)
-    """How often the worker writes a clock mark in ``clock`` mode."""
+    clock_interval_s: float = Field(default=1.0, gt=0)
+    """How often the worker writes a clock mark in ``clock`` mode (a node's alerts wait up to this
+    for the next one)."""
     app_id: str | None = None
     """faust application id (consumer group, changelog topic names); default ``<topic_prefix>-stream-jobs``."""
     node_input_partitions: int = Field(default=12, ge=1, le=1024)

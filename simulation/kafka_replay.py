@@ -40,7 +40,8 @@ from common.errors import UserError
 from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
-from schemas.messages import Message
+from schemas.control import STATE_TOPICS, state_mark_value
+from schemas.messages import DEFAULT_CLUSTER, Message
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,
@@ -52,7 +53,7 @@ from schemas.topics import (
     TopicSpec,
     internal_topics,
 )
-from simulation.fleet_state import Tick
+from simulation.fleet_state import SimulatedRecord, Tick
 from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
 from simulation.scenario import Scenario
 from simulation.simulator import FleetSimulator
@@ -111,16 +112,29 @@ class KafkaFleetDriver:
         self._produce(self.control_topic, None, mark.encode())
         return mark.to_dict()
 
-    def send_tick(self, tick: Tick) -> dict[str, Any]:
-        """Produce the tick's records, wait for their delivery, then write its mark."""
-        for record in tick.records:
+    def state_mark(self, before: datetime, cluster: str = DEFAULT_CLUSTER) -> None:
+        """What the cluster watcher writes live (``schemas.control``): the pod and node records of
+        the ticks sent so far, observed before ``before``, are at or below their delivered offsets."""
+        self._flush()
+        state_topics = {topic.name(self.prefix) for topic in STATE_TOPICS}
+        offsets = {key: off for key, off in self._offsets.items() if key.rpartition(":")[0] in state_topics}
+        self._produce(self.control_topic, None, state_mark_value(self._next_seq(), _epoch(before), cluster, offsets))
+        self._flush()
+
+    def send_records(self, records: list[SimulatedRecord]) -> None:
+        """Produce records and wait for their delivery (no mark: live workers mark time themselves)."""
+        for record in records:
             key = record.key
             if key is None and record.topic in _COMPACTED:
                 key = "unkeyed"  # a compacted topic refuses keyless records (a scenario's poison may have none)
             self._produce(f"{self.prefix}.{record.topic}", key, record.value)
         self._flush()
+        self.records_sent += len(records)
+
+    def send_tick(self, tick: Tick) -> dict[str, Any]:
+        """Produce the tick's records, wait for their delivery, then write its mark."""
+        self.send_records(tick.records)
         self.ticks_sent += 1
-        self.records_sent += len(tick.records)
         mark = self._mark(tick.ts, end=False)
         self._producer.poll(0)
         return mark
@@ -430,7 +444,7 @@ class KafkaReplay:
             where = f"chaos: tick {action.tick}/{len(ticks)} sent, +{action.delay_s:.2f}s:"
             if action.kind == "kill":
                 worker = self.workers[action.worker]
-                self._wait_consuming(worker)
+                self.wait_consuming(worker)
                 time.sleep(action.delay_s)  # the worker is in the middle of what was just sent
                 pid = worker.process.pid if worker.process else None
                 worker.kill()
@@ -461,7 +475,7 @@ class KafkaReplay:
                 say(f"chaos: broker started again after {time.monotonic() - started:.1f}s")
         self.send(ticks[sent:])
 
-    def _wait_consuming(self, worker: WorkerProcess, timeout_s: float = 120.0) -> None:
+    def wait_consuming(self, worker: WorkerProcess, timeout_s: float = 120.0) -> None:
         """Until ``worker`` (started last) has taken up a partition (so a kill lands in its work,
         not in its start-up); a worker of a group may own no partition: then give up after 20 s."""
         deadline = time.monotonic() + (timeout_s if len(self.active()) == 1 else 20.0)

@@ -2,7 +2,9 @@
 
 Per partition, records wait in a gate (:class:`~stream_jobs.watermark.InputGate`) until a mark
 releases them; then the partition's :class:`NodeStage` s (one per node, kept in the
-``node-stages`` table) apply them and advance to ``mark.ts - lateness`` (or flush at an end mark).
+``node-stages`` table) apply them and advance to ``mark.ts - lateness`` (or flush at an end mark);
+at a live clock mark each node goes as far as its own latest sample and its cluster's latest state
+mark allow (:func:`~stream_jobs.watermark.node_watermark`).
 Public outputs go to their topics; :class:`NodeSummary` / :class:`PodUsage` go to cluster-inputs
 in envelopes numbered by (partition, mark, index); then the mark itself, with the partition's counters.
 """
@@ -16,7 +18,8 @@ from typing import Any
 
 from common.logs import get_logger
 from schemas.codec import encode
-from schemas.messages import Message
+from schemas.control import STATE_MARK_KIND
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, Message
 from stream_jobs.config import EngineConfig
 from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_position, state_position
 from stream_jobs.fleet_metrics import OutputObserver
@@ -24,7 +27,15 @@ from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
-from stream_jobs.watermark import InputGate, Mark, Parked, decode_envelope, node_mark_envelope, output_envelopes
+from stream_jobs.watermark import (
+    InputGate,
+    Mark,
+    Parked,
+    decode_envelope,
+    node_mark_envelope,
+    node_watermark,
+    output_envelopes,
+)
 
 log = get_logger(__name__)
 
@@ -43,6 +54,10 @@ class NodePartition:
     checkpointed_at: float = 0.0
     next_offset: int | None = None
     """The node-inputs offset after the last record processed."""
+    state_ts: dict[str, float] = field(default_factory=dict)
+    """Per cluster: pod and node state is complete up to here (the latest state mark's time)."""
+    sample_ts: dict[str, float] = field(default_factory=dict)
+    """Per node key: the time of the node's latest sample applied (a node's agent sends in order)."""
 
     def position(self) -> int | None:
         """The offset of the first record the stages' state does not hold (:func:`state_position`)."""
@@ -104,6 +119,12 @@ class NodeAgent:
             part = self._part(partition)
             part.next_offset = event.message.offset + 1
             data = decode_envelope(event.value)
+            if data["k"] == STATE_MARK_KIND:
+                state = Mark.from_dict(data)
+                cluster = state.cluster or DEFAULT_CLUSTER
+                part.state_ts[cluster] = max(part.state_ts.get(cluster, state.ts), state.ts)
+                part.unacked.append(event)  # at the next checkpoint, in order with the records before it
+                continue
             if data["k"] in ("r", "b"):
                 if not offer_forwarded(part.gate, data, event):
                     metrics.duplicates.labels("node").inc()
@@ -132,16 +153,27 @@ class NodeAgent:
             node = getattr(message, "node", None)
             if not node:
                 continue
-            stage = part.stage(node_key(message.cluster, node), node, message.cluster, self.config)
+            key = node_key(message.cluster, node)
+            stage = part.stage(key, node, message.cluster, self.config)
             late = stage.counters["late_samples"]
             stage.submit(message)
             if stage.counters["late_samples"] > late:
                 metrics.late_samples.inc()
+            elif isinstance(message, GpuSample):
+                sample_ts = message.ts.timestamp()
+                if sample_ts > part.sample_ts.get(key, sample_ts - 1):
+                    part.sample_ts[key] = sample_ts
         outputs: list[Message] = []
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         for node in sorted(part.stages):  # the in-process pipeline's order
             stage = part.stages[node]
-            outputs.extend(stage.flush(mark.ts) if mark.end else stage.advance(wm))
+            if mark.end:
+                outputs.extend(stage.flush(mark.ts))
+            elif mark.offsets is None:  # live: each node as far as its own samples and the pod state
+                outputs.extend(stage.advance(node_watermark(wm, mark.ts, part.sample_ts.get(node),
+                                                            part.state_ts.get(stage.cluster))))
+            else:
+                outputs.extend(stage.advance(wm))
         if self.observer is not None:
             self.observer.observe(outputs)
         public: list[Any] = []

@@ -6,7 +6,8 @@ stream goes on), valid ones go to ``internal.node-inputs.v1`` (the partition of 
 :func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, grouped into one envelope
 per stage partition each time the route settles, and each watermark mark is held until the inputs
 it covers are consumed (:class:`~stream_jobs.watermark.MarkHold`), then forwarded in-band to every
-node-inputs partition and to cluster-inputs.
+node-inputs partition and to cluster-inputs. The watcher's state marks (``schemas.control``) are held
+the same way and go to the node-inputs partitions only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 from common.logs import get_logger
 from schemas.codec import MessageError
+from schemas.control import STATE_MARK_KIND
 from stream_jobs.delivery import Delivery, exit_for_restart
 from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
@@ -62,6 +64,9 @@ class RouteAgent:
     topics: RouteTopics
     committed_offsets: CommittedOffsets
     hold: MarkHold = field(default_factory=MarkHold)
+    state_hold: MarkHold = field(default_factory=MarkHold)
+    """State marks (``schemas.control``), held like marks until the pod and node records they
+    cover are consumed, then forwarded to every node-inputs partition."""
     _events: Any = None
     _forward_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _pending: list[tuple[Any, str, int, int]] = field(default_factory=list)
@@ -76,7 +81,8 @@ class RouteAgent:
 
     def revoke_control(self) -> None:
         self._marks_pending = []
-        self.hold = MarkHold()  # the held marks are unacknowledged: their new owner reads them again
+        # the held marks are unacknowledged: their new owner reads them again
+        self.hold, self.state_hold = MarkHold(), MarkHold()
 
     async def clock(self) -> None:
         """A clock mark (live mode)."""
@@ -91,19 +97,20 @@ class RouteAgent:
 
     async def refresh_and_release(self) -> None:
         """The timer of the route: read the group's committed offsets of the input partitions the
-        first held mark still misses (other worker processes consume them: their commits come
+        held marks (and state marks) still miss (other worker processes consume them: their commits come
         after the records they forwarded are delivered), then forward what is ready."""
         await self._settle()
-        if self.hold.held:
-            missing = self.hold.missing(self.hold.held[-1][0], self.committed())
-            if missing:
-                try:
-                    found = await asyncio.wait_for(self.committed_offsets.group_committed(sorted(missing)), 10.0)
-                except Exception as exc:  # the broker may be away: the next round asks again
-                    log.warning("committed offsets not read", error=str(exc))
-                else:
-                    for key, off in found.items():
-                        self._group_committed[key] = max(self._group_committed.get(key, 0), off)
+        committed = self.committed()
+        missing = {tp: off for hold in (self.hold, self.state_hold) if hold.held
+                   for tp, off in hold.missing(hold.held[-1][0], committed).items()}
+        if missing:
+            try:
+                found = await asyncio.wait_for(self.committed_offsets.group_committed(sorted(missing)), 10.0)
+            except Exception as exc:  # the broker may be away: the next round asks again
+                log.warning("committed offsets not read", error=str(exc))
+            else:
+                for key, off in found.items():
+                    self._group_committed[key] = max(self._group_committed.get(key, 0), off)
         await self._release_marks()
 
     async def run(self, stream: Any) -> None:
@@ -120,6 +127,8 @@ class RouteAgent:
                     data = decode_envelope(event.value)
                     if data["k"] == "m":
                         self.hold.hold(Mark.from_dict(data), event)
+                    elif data["k"] == STATE_MARK_KIND:
+                        self.state_hold.hold(Mark.from_dict(data), event)
                     else:
                         await delivery.ack(events, event)
                 except (ValueError, KeyError, TypeError) as exc:
@@ -149,6 +158,7 @@ class RouteAgent:
             exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
         for event, topic, partition, offset in pending:
             self.hold.consume(topic, partition, offset)
+            self.state_hold.consume(topic, partition, offset)
             await self.delivery.ack(self._events, event)
         for _futures, token in marks:
             await self.delivery.ack(self._events, token)
@@ -169,11 +179,14 @@ class RouteAgent:
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
         timer: commits made after the last record can complete a mark too)."""
-        if not self.hold.held or self._events is None:
+        if not (self.hold.held or self.state_hold.held) or self._events is None:
             return
         async with self._forward_lock:  # marks leave in order
-            for mark, token in self.hold.ready(self.committed()):
+            committed = self.committed()
+            for mark, token in self.hold.ready(committed):
                 self._marks_pending.append((await self._forward_mark(mark), token))
+            for mark, token in self.state_hold.ready(committed):
+                self._marks_pending.append((await self._forward_mark(mark, cluster=False), token))
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
                             value: bytes | None) -> None:
@@ -192,10 +205,12 @@ class RouteAgent:
             target = None if stage == "cluster" else self.topics.node_partition(str(node).encode())
             self._outbox.setdefault(target, []).append(envelope)
 
-    async def _forward_mark(self, mark: Mark) -> list[Any]:
-        """Send the mark to every node-inputs partition and to cluster-inputs; the deliveries."""
+    async def _forward_mark(self, mark: Mark, cluster: bool = True) -> list[Any]:
+        """Send the mark to every node-inputs partition and (``cluster``) to cluster-inputs; the
+        deliveries."""
         value = mark.encode()
         futures = [await self.delivery.send(self.topics.node_topic, None, value, partition=partition)
                    for partition in range(self.topics.node_partitions)]
-        futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", value))
+        if cluster:
+            futures.append(await self.delivery.send(self.topics.cluster_topic, "cluster", value))
         return futures

@@ -26,6 +26,8 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from schemas.control import STATE_MARK_KIND
+from schemas.messages import DEFAULT_CLUSTER
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS
 
 T = TypeVar("T")
@@ -33,6 +35,20 @@ T = TypeVar("T")
 # canonical release order of the input topics: states before derived inputs before samples
 TOPIC_RANK: dict[str, int] = {spec.suffix: i for i, spec in enumerate(
     (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES))}
+
+
+def node_watermark(base: float, now: float, sample_ts: float | None, state_ts: float | None) -> float:
+    """A live node stage's watermark at a clock mark (event time per node).
+
+    ``base`` is the mark's time less the allowed lateness: what every node reaches. A node goes
+    further, up to its own latest sample (``sample_ts``: its agent sends in order, so nothing older
+    is still to come from it), as far as the pod and node state is known complete (``state_ts``: the
+    latest state mark of its cluster), never past the mark's own time ``now``: an on-time node's
+    alerts do not wait for other nodes' lateness, and its rules never run on pod state older than
+    its samples. Without a state mark (no watcher writes them) every node stays at ``base``."""
+    if sample_ts is None or state_ts is None:
+        return base
+    return max(base, min(now, sample_ts, state_ts))
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -43,14 +59,22 @@ def tp_key(topic: str, partition: int) -> str:
 class Mark:
     """Event-time progress. ``offsets`` maps ``topic:partition`` to the last offset the driver
     wrote there (None: a clock mark, which covers whatever has arrived). ``end``: the input is
-    complete — stages flush at ``ts``."""
+    complete — stages flush at ``ts``.
+
+    ``state``: a state mark (``schemas.control``, the cluster watcher's): the pod and node changes
+    of ``cluster`` observed before ``ts`` are at or below ``offsets``. It releases nothing; it only
+    tells live node stages how far pod state is complete."""
 
     seq: int
     ts: float
     offsets: dict[str, int] | None = None
     end: bool = False
+    state: bool = False
+    cluster: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.state:
+            return {"k": STATE_MARK_KIND, "seq": self.seq, "ts": self.ts, "cluster": self.cluster, "off": self.offsets}
         return {"k": "m", "seq": self.seq, "ts": self.ts, "off": self.offsets, "end": self.end}
 
     def encode(self) -> bytes:
@@ -59,9 +83,11 @@ class Mark:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Mark:
         off = data.get("off")
+        state = data.get("k") == STATE_MARK_KIND
         return cls(seq=int(data["seq"]), ts=float(data["ts"]),
                    offsets=None if off is None else {str(k): int(v) for k, v in off.items()},
-                   end=bool(data.get("end", False)))
+                   end=bool(data.get("end", False)), state=state,
+                   cluster=str(data.get("cluster") or DEFAULT_CLUSTER) if state else None)
 
     def covers(self, topic: str, partition: int, offset: int) -> bool:
         if self.offsets is None:

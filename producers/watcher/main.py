@@ -31,7 +31,8 @@ from producers.watcher.service import (
     WatcherStdoutSink,
     kube_sources,
 )
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
+from schemas.control import STATE_TOPICS, DeliveredOffsets
+from schemas.topics import INTERNAL_CONTROL, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 
 log = logs.get_logger("gpulens.watch")
 
@@ -65,14 +66,15 @@ def run_watcher(settings: WatcherSettings, *, to_stdout: bool = False, stop: thr
         sink = WatcherStdoutSink(settings.topic_prefix, on_closed=stop.set)
     else:
         try:
-            ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS),
-                          settings.topic_prefix)
+            ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS,
+                                           INTERNAL_CONTROL), settings.topic_prefix)
         except BrokerUnavailable as exc:
             raise broker_unavailable(exc, also="use --stdout") from None
         except Exception as exc:  # e.g. no ACL to create or describe topics: they may well exist already
             log.warning("could not check topics; producing anyway", error=str(exc)[:300])
-        producer = BoundedProducer(settings.kafka, settings.producer)
-        sink = WatcherKafkaSink(producer, settings.topic_prefix)
+        delivered = DeliveredOffsets({topic.name(settings.topic_prefix) for topic in STATE_TOPICS})
+        producer = BoundedProducer(settings.kafka, settings.producer, on_delivery_report=delivered)
+        sink = WatcherKafkaSink(producer, settings.topic_prefix, delivered)
 
     service = WatcherService(kube_sources(api, config.namespaces, config.events_api), sink, config)
     if settings.metrics_port:

@@ -16,6 +16,10 @@ Wiring and policy live here; protocol details are in ``informer`` and translatio
 - nothing is produced unless the message differs from the last one for its key (``ChangeFilter``);
 - a pod or node that is gone produces its final state (``deleted: true``) and then a tombstone,
   exactly once, whether the API told us (DELETED) or a re-list after 410 Gone showed it vanished;
+- about once a second (and only once what it emitted is delivered) a **state mark** on the
+  internal control topic (``schemas.control``) says up to which offsets the pod and node changes
+  observed so far were written, so that live stream workers can run a node's rules as soon as its
+  own samples and the pod state are both there, not a whole allowed lateness later;
 - self-metrics: watch events seen, re-lists, deletes found by re-list, errors, event lag, store
   sizes, messages produced.
 """
@@ -27,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import IO, Any, Protocol
 
 import orjson
@@ -60,8 +65,17 @@ from producers.watcher.translate import (
 )
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
+from schemas.control import DeliveredOffsets, state_mark_value
 from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS, TopicSpec
+from schemas.topics import (
+    INTERNAL_CONTROL,
+    K8S_EVENTS,
+    K8S_NODES,
+    K8S_PODS,
+    K8S_WORKLOADS,
+    WORKLOAD_PROGRESS,
+    TopicSpec,
+)
 
 log = get_logger(__name__)
 
@@ -74,13 +88,19 @@ class WatcherSink(Protocol):
 
     def flush(self) -> None: ...
 
+    def progress(self, before: datetime, cluster: str) -> None:
+        """Every change observed before ``before`` has been emitted (a state mark on Kafka)."""
+
 
 class WatcherKafkaSink:
-    """Produces through :class:`BoundedProducer`; ``None`` is a tombstone."""
+    """Produces through :class:`BoundedProducer`; ``None`` is a tombstone. ``delivered``: the
+    producer's delivery reports of the state topics, for the state marks (``schemas.control``)."""
 
-    def __init__(self, producer: BoundedProducer, prefix: str) -> None:
+    def __init__(self, producer: BoundedProducer, prefix: str, delivered: DeliveredOffsets | None = None) -> None:
         self.producer = producer
         self.prefix = prefix
+        self.delivered = delivered
+        self.control_topic = INTERNAL_CONTROL.name(prefix)
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
         value = encode(message) if message is not None else None
@@ -89,6 +109,16 @@ class WatcherKafkaSink:
 
     def flush(self) -> None:
         self.producer.flush()
+
+    def progress(self, before: datetime, cluster: str) -> None:
+        """Deliver what was emitted, then write a state mark with the offsets it reached. Nothing
+        when a record is still undelivered (the broker is away): the next round tries again, and
+        the workers wait out their allowed lateness meanwhile."""
+        if self.delivered is None or self.producer.flush(5.0):
+            return
+        value = state_mark_value(self.delivered.next_seq(), before.timestamp(), cluster, self.delivered.snapshot())
+        if not self.producer.produce(self.control_topic, None, value):
+            log.warning("producer queue full; state mark dropped")
 
 
 class WatcherStdoutSink:
@@ -123,6 +153,9 @@ class WatcherStdoutSink:
             except BrokenPipeError:
                 self.closed = True
 
+    def progress(self, before: datetime, cluster: str) -> None:
+        pass
+
 
 @dataclass
 class ProducedRecord:
@@ -136,6 +169,7 @@ class WatcherMemorySink:
 
     def __init__(self) -> None:
         self.records: list[ProducedRecord] = []
+        self.progress_marks: list[datetime] = []
         self._lock = threading.Lock()
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
@@ -144,6 +178,10 @@ class WatcherMemorySink:
 
     def flush(self) -> None:
         pass
+
+    def progress(self, before: datetime, cluster: str) -> None:
+        with self._lock:
+            self.progress_marks.append(before)
 
     def of(self, topic: TopicSpec) -> list[ProducedRecord]:
         with self._lock:
@@ -207,6 +245,8 @@ class WatcherConfig:
     events_api: str = "events.k8s.io"
     cluster: str = DEFAULT_CLUSTER
     """Stamped on every message; keys are scoped by it (``schemas.messages.scoped_key``)."""
+    state_mark_interval_s: float = 1.0
+    """How often the watcher writes a state mark (``schemas.control``)."""
 
     @classmethod
     def from_settings(cls, settings: WatcherSettings) -> WatcherConfig:
@@ -221,6 +261,7 @@ class WatcherConfig:
             watch_timeout_s=settings.watch_timeout_s,
             events_api=settings.events_api,
             cluster=settings.cluster_name(real=not settings.simulate),
+            state_mark_interval_s=settings.state_mark_interval_s,
         )
 
 
@@ -508,11 +549,18 @@ class WatcherService:
             thread.join(timeout_s)
         self.pipeline.sink.flush()
 
+    def progress(self) -> None:
+        """A state mark: what the handlers observed up to now is emitted (the handlers hold the
+        pipeline's lock from reading the clock to emitting, so none is half-way)."""
+        p = self.pipeline
+        with p.lock:
+            p.sink.progress(p.clock.now(), self.config.cluster)
+
     def run(self, stop: threading.Event) -> None:
         self.start(stop)
         try:
-            while not stop.wait(1.0):
-                pass
+            while not stop.wait(self.config.state_mark_interval_s):
+                self.progress()
         finally:
             self.shutdown(stop)
 

@@ -18,9 +18,10 @@ from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, set_finished
 from producers.watcher.service import WatcherKafkaSink
 from schemas.codec import decode
+from schemas.control import STATE_TOPICS, DeliveredOffsets
 from schemas.json_schema import COMMITTED_DIR
 from schemas.messages import PodState
-from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
+from schemas.topics import INTERNAL_CONTROL, K8S_EVENTS, K8S_NODES, K8S_PODS
 from tests.watcher.conftest import Factory, populate
 
 TOPICS = (K8S_PODS, K8S_NODES, K8S_EVENTS)
@@ -91,3 +92,29 @@ def test_watcher_produces_schema_valid_records(
     event = next(r for r in records if r.topic() == K8S_EVENTS.name(topic_prefix))
     assert event.key().decode() == uids["train-3"]
     service.shutdown(stop)
+
+
+@pytest.mark.kafka
+def test_the_watcher_writes_a_state_mark_covering_what_it_produced(
+        kafka_settings: KafkaSettings, topic_prefix: str, server: FakeApiServer, make_service: Factory) -> None:
+    """Live stream workers run a node's rules once pod state is complete up to its samples: the state
+    mark must name, per pod and node partition, the last record the watcher delivered there, and
+    a time no earlier than any change it emitted (schemas/control.py)."""
+    populate(server)
+    ensure_topics(kafka_settings, (*TOPICS, INTERNAL_CONTROL), topic_prefix)
+    delivered = DeliveredOffsets({t.name(topic_prefix) for t in STATE_TOPICS})
+    producer = BoundedProducer(kafka_settings, on_delivery_report=delivered)
+    service, _, _ = make_service(sink=WatcherKafkaSink(producer, topic_prefix, delivered))
+    service.sync(threading.Event())
+    service.progress()
+    producer.flush(60)
+    written = consume_all(kafka_settings, [t.name(topic_prefix) for t in STATE_TOPICS], 6 + 2)
+    [mark] = [json.loads(r.value()) for r in consume_all(kafka_settings, [INTERNAL_CONTROL.name(topic_prefix)], 1)]
+    last: dict[str, int] = {}
+    for record in written:
+        key = f"{record.topic()}:{record.partition()}"
+        last[key] = max(last.get(key, -1), record.offset())
+    assert mark["k"] == "s" and mark["cluster"] == "default"
+    assert mark["off"] == last
+    latest_change = max(decode(r.value(), PodState).ts for r in written if r.topic() == K8S_PODS.name(topic_prefix))
+    assert mark["ts"] >= latest_change.timestamp()
