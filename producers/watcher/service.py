@@ -169,7 +169,6 @@ class WatcherMemorySink:
 
     def __init__(self) -> None:
         self.records: list[ProducedRecord] = []
-        self.progress_marks: list[datetime] = []
         self._lock = threading.Lock()
 
     def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
@@ -180,8 +179,7 @@ class WatcherMemorySink:
         pass
 
     def progress(self, before: datetime, cluster: str) -> None:
-        with self._lock:
-            self.progress_marks.append(before)
+        pass
 
     def of(self, topic: TopicSpec) -> list[ProducedRecord]:
         with self._lock:
@@ -550,11 +548,14 @@ class WatcherService:
         self.pipeline.sink.flush()
 
     def progress(self) -> None:
-        """A state mark: what the handlers observed up to now is emitted (the handlers hold the
-        pipeline's lock from reading the clock to emitting, so none is half-way)."""
+        """A state mark. The handlers hold the pipeline's lock from reading the clock to emitting,
+        so once the mark's time is read under it, every change dated before it is with the
+        producer; the sink delivers them (outside the lock: the handlers go on meanwhile, and what
+        they add only makes the mark's offsets cover more)."""
         p = self.pipeline
         with p.lock:
-            p.sink.progress(p.clock.now(), self.config.cluster)
+            before = p.clock.now()
+        p.sink.progress(before, self.config.cluster)
 
     def run(self, stop: threading.Event) -> None:
         self.start(stop)
