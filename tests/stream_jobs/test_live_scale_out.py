@@ -8,20 +8,17 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
-from common.kafka import BoundedProducer, read_to_end
+from common.kafka import BoundedProducer
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
-from schemas.codec import decode
 from schemas.outputs import PodWindow
-from schemas.topics import INTERNAL_CLUSTER_INPUTS, POD_WINDOWS
-from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
+from simulation.kafka_replay import KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import Scenario, parse_scenario
 from simulation.simulator import FleetSimulator
+from tests.stream_jobs.live import live_ready, pod_windows, start_mid_window
 
 pytestmark = pytest.mark.kafka
 
@@ -40,26 +37,6 @@ def _fleet(start: datetime) -> Scenario:
                            "pods": pods})
 
 
-def _start_mid_window(after: datetime) -> datetime:
-    """The first instant 5 s into a 10 s window after ``after``: the pods' windows then straddle
-    window boundaries the same way in every run (32 windows; a start on a boundary gives 23)."""
-    epoch_s = int(after.timestamp())
-    return datetime.fromtimestamp(epoch_s - epoch_s % 10 + 15, UTC)
-
-
-def _windows(kafka: KafkaSettings, prefix: str) -> dict[str, dict[str, Any]]:
-    return {w.window_id: w.model_dump() for w in
-            (decode(r.value, PodWindow) for r in read_to_end(kafka, POD_WINDOWS.name(prefix)))}
-
-
-def _ready(replay: KafkaReplay) -> bool:
-    """Every worker has taken up a partition and a clock mark has gone through the node stage."""
-    if not all(w.logged_since_start(CONSUMING_LOG_LINE) for w in replay.workers):
-        return False
-    return any(orjson.loads(r.value or b"{}").get("k") == "nm"
-               for r in read_to_end(replay.kafka, INTERNAL_CLUSTER_INPUTS.name(replay.prefix)))
-
-
 def test_two_live_workers_write_the_windows_one_writes(kafka_settings: KafkaSettings, topic_prefix: str,
                                                        tmp_path: Path) -> None:
     settings = load_settings(CommonSettings, kafka=kafka_settings.model_dump(), data_dir=tmp_path)
@@ -75,12 +52,12 @@ def test_two_live_workers_write_the_windows_one_writes(kafka_settings: KafkaSett
             group.create_topics()
             group.start_workers()
         deadline = time.monotonic() + 180
-        while not all(_ready(group) for group in groups):
+        while not all(live_ready(group) for group in groups):
             assert time.monotonic() < deadline, "\n".join(w.tail() for g in groups for w in g.workers)
             for group in groups:
                 group.supervise(print)
             time.sleep(1)
-        scenario = _fleet(_start_mid_window(datetime.now(UTC) + timedelta(seconds=2)))
+        scenario = _fleet(start_mid_window(datetime.now(UTC) + timedelta(seconds=2)))
         expected = {w.window_id: w.model_dump() for w in run_in_process(scenario, lateness_s=LATENESS_S).outputs
                     if isinstance(w, PodWindow)}
         for tick in FleetSimulator(scenario).run():  # at wall pace: event time is now
@@ -90,10 +67,10 @@ def test_two_live_workers_write_the_windows_one_writes(kafka_settings: KafkaSett
                     producer.produce(f"{group.prefix}.{record.topic}", key=record.key, value=record.value)
             assert producer.flush(10) == 0
         deadline = time.monotonic() + 120
-        while any(len(_windows(kafka_settings, g.prefix)) < len(expected) for g in groups):
-            assert time.monotonic() < deadline, [len(_windows(kafka_settings, g.prefix)) for g in groups]
+        while any(len(pod_windows(kafka_settings, g.prefix)) < len(expected) for g in groups):
+            assert time.monotonic() < deadline, [len(pod_windows(kafka_settings, g.prefix)) for g in groups]
             time.sleep(2)
-        one, two = (_windows(kafka_settings, g.prefix) for g in groups)
+        one, two = (pod_windows(kafka_settings, g.prefix) for g in groups)
     finally:
         producer.close(10)
         for group in groups:

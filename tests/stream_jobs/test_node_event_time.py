@@ -26,13 +26,14 @@ from schemas.codec import decode, encode
 from schemas.control import state_mark_value
 from schemas.examples import all_examples
 from schemas.outputs import Alert, PodWindow
-from schemas.topics import ALERTS, INTERNAL_CLUSTER_INPUTS, K8S_PODS, POD_WINDOWS
-from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaFleetDriver, KafkaReplay
+from schemas.topics import ALERTS, K8S_PODS
+from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import Scenario, parse_scenario
 from simulation.simulator import FleetSimulator
 from stream_jobs.route_agent import RouteAgent, RouteTopics
 from stream_jobs.watermark import Mark, decode_envelope, node_watermark
+from tests.stream_jobs.live import live_ready, pod_windows, start_mid_window
 from tests.stream_jobs.test_grouped_envelopes import _Committed, _delivery, _Event, _Offsets, _Stream, _Topic
 
 PODS = "p.k8s.pods.v1"
@@ -90,20 +91,8 @@ def _fleet(start: datetime) -> Scenario:
                            "nodes": [{"name": f"n{i}", "gpus": 4} for i in range(3)], "pods": pods})
 
 
-def _start_mid_window(after: datetime) -> datetime:
-    epoch_s = int(after.timestamp())
-    return datetime.fromtimestamp(epoch_s - epoch_s % 10 + 15, UTC)
-
-
 def _is_pod(record: Any, name: str) -> bool:
     return record.topic == K8S_PODS.suffix and record.value is not None and orjson.loads(record.value)["name"] == name
-
-
-def _ready(replay: KafkaReplay) -> bool:
-    if not replay.worker.logged_since_start(CONSUMING_LOG_LINE):
-        return False
-    return any(orjson.loads(r.value or b"{}").get("k") == "nm"
-               for r in read_to_end(replay.kafka, INTERNAL_CLUSTER_INPUTS.name(replay.prefix)))
 
 
 @pytest.mark.kafka
@@ -119,11 +108,11 @@ def test_live_alerts_come_in_seconds_and_pod_state_is_waited_for(kafka_settings:
         replay.create_topics()
         replay.start_workers()
         deadline = time.monotonic() + 180
-        while not _ready(replay):
+        while not live_ready(replay):
             assert time.monotonic() < deadline, replay.worker.tail()
             replay.supervise(print)
             time.sleep(1)
-        scenario = _fleet(_start_mid_window(datetime.now(UTC) + timedelta(seconds=2)))
+        scenario = _fleet(start_mid_window(datetime.now(UTC) + timedelta(seconds=2)))
         expected = {w.window_id: w.model_dump() for w in run_in_process(scenario, lateness_s=LATENESS_S).outputs
                     if isinstance(w, PodWindow)}
         held: list[Any] = []
@@ -138,7 +127,7 @@ def test_live_alerts_come_in_seconds_and_pod_state_is_waited_for(kafka_settings:
                 held = []
                 driver.state_mark(tick.ts + timedelta(milliseconds=1))
         deadline = time.monotonic() + 120
-        while len(windows := _windows(kafka_settings, replay.prefix)) < len(expected):
+        while len(windows := pod_windows(kafka_settings, replay.prefix)) < len(expected):
             assert time.monotonic() < deadline, (len(windows), len(expected), replay.worker.tail())
             time.sleep(2)
         alerts = [(decode(r.value, Alert), r.timestamp_ms)
@@ -153,8 +142,3 @@ def test_live_alerts_come_in_seconds_and_pod_state_is_waited_for(kafka_settings:
         assert at_ms is not None
         latency_s = at_ms / 1000 - produced_at[alert.at.timestamp()]
         assert latency_s < 5.0, f"{alert.subject} fired {latency_s:.1f}s after its sample (lateness {LATENESS_S}s)"
-
-
-def _windows(kafka: KafkaSettings, prefix: str) -> dict[str, dict[str, Any]]:
-    return {w.window_id: w.model_dump() for w in
-            (decode(r.value, PodWindow) for r in read_to_end(kafka, POD_WINDOWS.name(prefix)))}
