@@ -95,6 +95,26 @@ def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> di
     return result
 
 
+def decode_plain_canonical(payload: bytes | str | None, message_type: type[Message]) -> tuple[dict[str, Any], bool]:
+    """:func:`decode_plain`, and whether the record is *canonical*: it passed strict validation, so
+    every value already has its field's JSON type (numbers where numbers belong, ``true``/``false``
+    for booleans, timestamps as strings; nothing coerced). Another JSON reader then reads the same
+    values from the bytes as the validation did (what :mod:`sinks.sample_json` relies on).
+
+    Strict validation is tried first and, when it passes, is the validation (its result is the
+    lax one's); a record it refuses is validated as :func:`decode_plain` does, with its verdict.
+    """
+    if isinstance(payload, bytes) and len(payload) <= MAX_MESSAGE_BYTES:
+        strict = strict_json_validator(message_type)
+        if strict is not None:
+            try:
+                result: dict[str, Any] = strict.validate_json(payload)
+                return result, True
+            except ValidationError:
+                pass
+    return decode_plain(payload, message_type), False
+
+
 def validate(data: dict[str, object], message_type: type[M]) -> M:
     try:
         return message_type.model_validate(data)
@@ -139,6 +159,32 @@ def json_validator(message_type: type[Message]) -> SchemaValidator | None:
         return SchemaValidator(_json_schema(_plain_schema(message_type.__pydantic_core_schema__)))  # type: ignore[arg-type]
     except TypeError:
         return None
+
+
+STRICT_KINDS = frozenset({"int", "float", "bool", "str", "datetime", "date", "time", "timedelta", "list", "tuple",
+                          "set", "frozenset", "dict", "typed-dict", "literal", "decimal", "uuid", "bytes"})
+"""Core-schema nodes that take a ``strict`` flag."""
+
+
+@cache
+def strict_json_validator(message_type: type[Message]) -> SchemaValidator | None:
+    """:func:`json_validator` with every node strict: it accepts a subset of what that accepts,
+    with the same result. None where :func:`json_validator` is None."""
+    try:
+        return SchemaValidator(_strict_schema(_json_schema(_plain_schema(message_type.__pydantic_core_schema__))))  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _strict_schema(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_strict_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    strict = {key: value if key == "serialization" else _strict_schema(value) for key, value in node.items()}
+    if node.get("type") in STRICT_KINDS:
+        strict["strict"] = True
+    return strict
 
 
 def _json_schema(node: Any) -> Any:

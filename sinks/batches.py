@@ -14,9 +14,11 @@ from typing import Any, Protocol
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
-from schemas.codec import MessageError, decode, decode_plain, encode
+from schemas.codec import MessageError, decode, decode_plain, decode_plain_canonical, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
+from schemas.messages import GpuSample
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
+from sinks import sample_json
 from sinks.clickhouse import StoreRejected
 from sinks.ddl import TtlDays
 from sinks.migrations import TTL_TABLES
@@ -34,6 +36,8 @@ class Store(Protocol):
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any: ...
 
     def command(self, sql: str) -> None: ...
+
+    def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class PreparedBatch:
     tables: dict[str, TableColumns]
     rejected: list[tuple[ConsumedRecord, str]]
     """Records that cannot be stored (undecodable, past their TTL), with the reason."""
+    engine: list[tuple[ConsumedRecord, Decoded, bytes]] = field(default_factory=list)
+    """GPU samples the engine turns into rows (:mod:`sinks.sample_json`), with their lines; not in ``tables``."""
 
 
 @dataclass
@@ -216,6 +222,8 @@ class BatchWriter:
                 return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
             return None, "empty value (tombstone) on a topic that has no tombstones"
         try:
+            if spec.message is GpuSample:
+                return Plain(spec.message, *decode_plain_canonical(record.value, spec.message)), None
             if spec.message in PLAIN_TYPES:
                 return Plain(spec.message, decode_plain(record.value, spec.message)), None
             return decode(record.value, spec.message), None
@@ -275,8 +283,9 @@ class BatchWriter:
                 rejected.append((record, reason))
             elif message is not None:
                 decoded.append((record, message))
-        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
         now = self.now()
+        engine, decoded = self._engine_lines(decoded, now)
+        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
         if self._any_expired(tables, now):
             # rare: find the records concerned and leave them out of this batch's blocks
             fresh: list[tuple[ConsumedRecord, Decoded]] = []
@@ -288,7 +297,30 @@ class BatchWriter:
                     fresh.append((record, message))
             decoded = fresh
             tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
-        return PreparedBatch(batch, decoded, tables, rejected)
+        return PreparedBatch(batch, decoded, tables, rejected, engine)
+
+    def _engine_lines(self, decoded: list[tuple[ConsumedRecord, Decoded]], now: datetime
+                      ) -> tuple[list[tuple[ConsumedRecord, Decoded, bytes]], list[tuple[ConsumedRecord, Decoded]]]:
+        """The canonical GPU samples the engine can unpack (with their lines), and the other records.
+
+        All samples take the row path when one of them is past the samples' TTL (rare: that path
+        finds and dead-letters it)."""
+        engine: list[tuple[ConsumedRecord, Decoded, bytes]] = []
+        rest: list[tuple[ConsumedRecord, Decoded]] = []
+        for record, message in decoded:
+            line = None
+            if isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes):
+                line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
+            if line is None:
+                rest.append((record, message))
+            else:
+                engine.append((record, message, line))
+        if engine:
+            _, days = self.ttl_by_table["gpu_samples"]
+            oldest = min(message.data["ts"] for _, message, _ in engine)  # type: ignore[union-attr]
+            if oldest + timedelta(days=days) <= now + TTL_MARGIN:
+                return [], decoded
+        return engine, rest
 
     def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
         """Journal and insert a prepared batch (see :meth:`write`); call it once per preparation, as
@@ -298,6 +330,8 @@ class BatchWriter:
         rejected = list(prepared.rejected)
         outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
         self.plan(batch)
+        if prepared.engine:
+            tables, decoded = self._store_engine_lines(prepared, outcome)
         written: set[str] = set()
         try:
             for table, columns in tables.items():
@@ -312,6 +346,30 @@ class BatchWriter:
             rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
         outcome.dead_letters = len(rejected)
         return outcome, rejected
+
+    def _store_engine_lines(self, prepared: PreparedBatch, outcome: FlushOutcome
+                            ) -> tuple[dict[str, TableColumns], list[tuple[ConsumedRecord, Decoded]]]:
+        """Insert the batch's engine lines; the tables and records the row path still has to write:
+        those of the prepared batch, or, when the engine refused the lines (nothing of them was
+        stored: see :data:`sinks.sample_json.FITS`), every record of it, the samples included."""
+        batch = prepared.batch
+        try:
+            self.store.insert_json(sample_json.TABLE, b"\n".join(line for _, _, line in prepared.engine),
+                                   dedup_token=f"{batch.token}:json")
+        except StoreRejected as exc:
+            log.warning("the engine refused the batch's samples, writing them as rows", batch=batch.token,
+                        error=str(exc))
+            everything = sorted([*prepared.decoded, *((record, message) for record, message, _ in prepared.engine)],
+                                key=lambda item: item[0].offset)
+            self.metrics.errors.labels(kind="engine_refused_samples").inc()
+            tables = tables_for([(message, record.partition, record.offset) for record, message in everything])
+            return tables, everything
+        for _, message, _ in prepared.engine:
+            gpus, processes = sample_json.row_counts(message.data)  # type: ignore[union-attr]
+            outcome.rows_by_table["gpu_samples"] = outcome.rows_by_table.get("gpu_samples", 0) + gpus
+            if processes:
+                outcome.rows_by_table["gpu_processes"] = outcome.rows_by_table.get("gpu_processes", 0) + processes
+        return prepared.tables, prepared.decoded
 
     def _pivot(self, rows: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, TableColumns]:
         tables: dict[str, TableColumns] = {}

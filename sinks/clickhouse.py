@@ -80,6 +80,14 @@ READ_REFUSAL_CODES = frozenset({
 """Errors of a read query that are the query's own doing (a limit or the read-only rules), not an outage."""
 
 
+JSON_DATA_ERROR_CODES = DATA_ERROR_CODES | frozenset({
+    25,   # CANNOT_PARSE_ESCAPE_SEQUENCE
+    26,   # CANNOT_PARSE_QUOTED_STRING
+    395,  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+})
+"""What an insert of JSON lines answers for a line the engine cannot read or a value beyond its column."""
+
+
 class StoreError(GpulensError):
     """Base of the adapter's errors; ``code`` is ClickHouse's numeric error code when known."""
 
@@ -201,14 +209,14 @@ def _ticks_once(values: list[Any], type_name: str) -> list[Any]:
     return ticks
 
 
-def _classify(exc: BaseException, what: str) -> StoreError:
+def _classify(exc: BaseException, what: str, data_codes: frozenset[int] = DATA_ERROR_CODES) -> StoreError:
     code = getattr(exc, "code", None)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = f"{what}: {text}"[:2000]
     if isinstance(exc, OperationalError):
         return StoreUnavailable(text, code)
     if isinstance(exc, DatabaseError) and not isinstance(exc, DataError):
-        if code in DATA_ERROR_CODES:
+        if code in data_codes:
             return StoreRejected(text, code)
         return StoreUnavailable(text, code)
     if isinstance(exc, DataError | ProgrammingError | ValueError | TypeError | OverflowError):
@@ -397,6 +405,31 @@ class ClickHouseStore:
                 self._column_type_cache.pop(table, None)
                 raise _classify(exc, f"insert into {table} failed") from None
         return n_rows
+
+    def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None:
+        """Insert JSON lines (``JSONEachRow``) into ``table``; a block whose ``dedup_token`` was
+        already stored is dropped, in the table's materialized views too.
+
+        Raises :class:`StoreRejected` when the engine cannot read a line or a value does not fit its
+        column (:data:`JSON_DATA_ERROR_CODES`), :class:`StoreUnavailable` otherwise.
+        """
+        settings: dict[str, Any] = {
+            "insert_deduplication_token": dedup_token,
+            "deduplicate_blocks_in_dependent_materialized_views": 1,
+            "input_format_skip_unknown_fields": 1,
+            "input_format_json_ignore_unknown_keys_in_named_tuple": 1,
+            "input_format_allow_errors_num": 0,
+            "input_format_allow_errors_ratio": 0,
+            "precise_float_parsing": 1,
+            # the views of a block run side by side, and a large block is parsed in chunks in parallel
+            "parallel_view_processing": 1,
+            "min_chunk_bytes_for_parallel_parsing": 1 << 20,
+        }
+        with self._lock:
+            try:
+                self._client.raw_insert(table, None, lines, settings=settings, fmt="JSONEachRow")
+            except Exception as exc:
+                raise _classify(exc, f"insert into {table} failed", JSON_DATA_ERROR_CODES) from None
 
     def _column_types(self, table: str, names: Sequence[str]) -> list[str]:
         known = self._column_type_cache.get(table)

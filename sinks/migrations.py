@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.logs import get_logger
+from sinks import sample_json
 from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import LC, TtlDays
 from sinks.migration_core import PRICE, ROLLUP_SELECT, m1_core, m2_rollups, m3_costs
@@ -320,6 +321,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               m8_fragmentation),
     Migration(9, "allocator figures (reserved but unused, retries, OOMs) in pod windows and lifecycle",
               _m9_allocator),
+    Migration(10, "gpu_samples_json: GPU samples unpacked into rows by the engine", lambda ttl: sample_json.ddl()),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

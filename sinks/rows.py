@@ -490,6 +490,8 @@ class Plain:
 
     type: type[Message]
     data: dict[str, Any]
+    canonical: bool = False
+    """Strictly valid (:func:`schemas.codec.decode_plain_canonical`): its bytes read the same anywhere."""
 
 
 Decoded = Message | Tombstone | Plain

@@ -24,7 +24,7 @@ TOPIC = GPU_SAMPLES.name(PREFIX)
 
 
 class FakeStore:
-    """Records inserts; fails the first ``fail_inserts`` inserts into ``gpu_samples``."""
+    """Records inserts; fails the first ``fail_inserts`` inserts of GPU samples (rows or engine lines)."""
 
     def __init__(self, fail_inserts: int = 0) -> None:
         self.fail_inserts = fail_inserts
@@ -38,6 +38,12 @@ class FakeStore:
             raise StoreUnavailable("connection refused")
         self.inserts.append((table, dedup_token, n))
         return n
+
+    def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None:
+        if self.fail_inserts:
+            self.fail_inserts -= 1
+            raise StoreUnavailable("connection refused")
+        self.inserts.append(("gpu_samples", dedup_token.removesuffix(":json"), lines.count(b"\n") + 1))
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
         return QueryResult(["first_offset", "last_offset"], ["UInt64", "UInt64"], [])

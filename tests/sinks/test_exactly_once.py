@@ -118,7 +118,7 @@ def test_n_known_messages_give_exactly_the_expected_rows(
     try:
         _assert_expected_rows(store)
         applied = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-        assert [r[0] for r in applied] == [m.version for m in MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        assert [r[0] for r in applied] == [m.version for m in MIGRATIONS] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     finally:
         store.close()
 
@@ -147,8 +147,8 @@ class FlakyStore:
     """The real store behind a client that fails for a while, as during a ClickHouse outage.
 
     ``down`` inserts raise before reaching the engine; then ``lost_acks`` inserts into the raw
-    samples and the windows (which feed the rollups) reach the engine and store their block, but
-    the acknowledgement is lost (the client raises afterwards).
+    samples (rows or the engine's lines) and the windows (which feed the rollups) reach the engine
+    and store their block, but the acknowledgement is lost (the client raises afterwards).
     """
 
     LOST_ACK_TABLES = ("gpu_samples", "pod_windows")
@@ -174,6 +174,18 @@ class FlakyStore:
             self.failures += 1
             raise StoreUnavailable("read timed out after the server stored the block")
         return n
+
+    def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None:
+        self.calls += 1
+        if self.calls > self.start_after and self.down > 0:
+            self.down -= 1
+            self.failures += 1
+            raise StoreUnavailable("HTTPConnectionPool(host='clickhouse', port=8123): connection refused")
+        self.store.insert_json(table, lines, dedup_token)
+        if self.calls > self.start_after and self.lost_acks > 0:
+            self.lost_acks -= 1
+            self.failures += 1
+            raise StoreUnavailable("read timed out after the server stored the block")
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         return self.store.query(sql, parameters)

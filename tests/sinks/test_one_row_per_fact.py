@@ -286,6 +286,9 @@ class _CountingStore:
                repeated_timestamps: bool = False) -> int:
         return self.store.insert(table, columns, dedup_token, repeated_timestamps)
 
+    def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None:
+        self.store.insert_json(table, lines, dedup_token)
+
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         self.queries.append(sql)
         return self.store.query(sql, parameters)

@@ -1,0 +1,176 @@
+"""GPU samples turned into rows by the engine: the sink's fast path for ``gpu.samples.v1``.
+
+Why: building a batch's ``gpu_samples`` and ``gpu_processes`` rows in Python (one value per GPU
+and column) and serialising them for the driver took about as much of the interpreter as
+validating the records, and the interpreter is what a sink's wall clock waits on. Here the sink
+validates each record as before, then hands the record's own bytes, wrapped with its source
+position, to ``gpu_samples_json`` (a ``Null`` table, migration 10); two materialized views unpack
+them into the same rows :func:`sinks.rows.sample_columns` builds. The engine parses and pivots
+without the interpreter's lock, while the sink validates the next batch.
+
+The same rows, or none:
+
+- only **canonical** records take this path (:func:`schemas.codec.decode_plain_canonical`: strict
+  validation passed, so every value already has its JSON type and a JSON reader reads what the
+  validation read); the sample's time comes from the validated record (``t``, in the column's
+  milliseconds, floored as the driver does), not from the engine's reading of the text;
+- records with XID events (their ``gpu_xids`` rows) take the row path;
+- every object of a record is read as a named tuple, which refuses a duplicate key (a top-level
+  row would keep the first of two where validation keeps the last); a value a column cannot hold
+  (an index beyond ``UInt16``, a float beyond ``Float32``) fails the insert, as it fails the
+  driver's serialisation, and so does anything else the engine cannot read: the caller then
+  writes the batch through the row path, whose verdict stands.
+
+The views' expressions mirror ``sample_columns`` column by column (defaults of omitted fields
+included); tests store the same records both ways and compare every column.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from schemas.messages import DEFAULT_CLUSTER
+
+TABLE = "gpu_samples_json"
+
+_FLOATS = ("gpu_util_pct", "mem_util_pct", "power_w", "temperature_c", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
+           "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
+_UINT64S = ("mem_used_bytes", "mem_total_bytes")
+_UINT32S = ("sm_clock_mhz", "mem_clock_mhz")
+_GAUGE_ORDER = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
+                "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
+                "nvlink_rx_bytes_per_s")
+_PROCESS_STRINGS = ("process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name")
+
+
+def _gpu_structure() -> str:
+    gauges = ", ".join(
+        f"{name} Nullable({'Float64' if name in _FLOATS else 'UInt64'})" for name in _GAUGE_ORDER)
+    process = ", ".join(["pid UInt32", *(f"{name} Nullable(String)" for name in _PROCESS_STRINGS),
+                         "mem_used_bytes Nullable(UInt64)", "sm_util_pct Nullable(Float64)"])
+    return (f"Tuple(uuid String, index Int64, model String, mig_parent_uuid Nullable(String), "
+            f"mig_profile Nullable(String), {gauges}, health Nullable(String), health_reason Nullable(String), "
+            f"assigned_to Array(Tuple(namespace String, pod String, pod_uid Nullable(String))), "
+            f"processes Array(Tuple({process})), shared Nullable(Bool))")
+
+
+STRUCTURE = (
+    "p UInt16, o UInt64, t Int64, "
+    "s Tuple(cluster Nullable(String), node String, agent_boot_id String, seq UInt64, sample_interval_s Float64, "
+    f"driver_version Nullable(String), cuda_driver_version Nullable(String), gpus Array({_gpu_structure()}))"
+)
+"""What one line of ``gpu_samples_json`` holds: the record's partition, offset, time in ms and the sample."""
+
+
+def _fits_f32(expr: str) -> str:
+    return f"(isNull({expr}) OR NOT isInfinite(toFloat32({expr})))"
+
+
+_GPU_FITS = " AND ".join([
+    "gpu.index BETWEEN 0 AND 65535",
+    *(_fits_f32(f"gpu.{name}") for name in _FLOATS),
+    *(f"ifNull(gpu.{name} <= 4294967295, true)" for name in _UINT32S),
+    "length(gpu.processes) <= 65535",
+    "arrayAll(process -> " + _fits_f32("process.sm_util_pct") + ", gpu.processes)",
+])
+FITS = f"(empty(s.gpus) OR ({_fits_f32('s.sample_interval_s')} AND arrayAll(gpu -> {_GPU_FITS}, s.gpus)))"
+"""Whether every value of a line's sample fits its column (the driver refuses one that does not; a
+sample without GPUs makes no row on either path)."""
+
+CHECKED = f"{TABLE}_checked"
+"""Where the lines go once :data:`FITS` holds for all of them: the block reaches the views that
+write rows only then, so a refused insert has written nothing."""
+
+
+def _gauge(name: str) -> str:
+    if name in _FLOATS:
+        return f"toFloat32(g.{name})"
+    if name in _UINT32S:
+        return f"toUInt32(g.{name})"
+    return f"g.{name}"
+
+
+_CLUSTER = f"ifNull(s.cluster, '{DEFAULT_CLUSTER}')"
+_TS = "fromUnixTimestamp64Milli(t, 'UTC')"
+
+SAMPLE_COLUMNS: Mapping[str, str] = {
+    "cluster": _CLUSTER,
+    "ts": _TS,
+    "node": "s.node",
+    "gpu_uuid": "g.uuid",
+    "gpu_index": "toUInt16(g.index)",
+    "gpu_model": "g.model",
+    "mig_parent_uuid": "ifNull(g.mig_parent_uuid, '')",
+    "mig_profile": "ifNull(g.mig_profile, '')",
+    "agent_boot_id": "s.agent_boot_id",
+    "seq": "s.seq",
+    "sample_interval_s": "toFloat32(s.sample_interval_s)",
+    "driver_version": "ifNull(s.driver_version, '')",
+    "cuda_driver_version": "ifNull(s.cuda_driver_version, '')",
+    **{name: _gauge(name) for name in _GAUGE_ORDER},
+    "health": "ifNull(g.health, 'ok')",
+    "health_reason": "ifNull(g.health_reason, '')",
+    "xids": "CAST([], 'Array(UInt32)')",
+    "critical_xid": "false",
+    "pod_uids": "arrayMap(r -> ifNull(r.pod_uid, ''), g.assigned_to)",
+    "pod_namespaces": "arrayMap(r -> r.namespace, g.assigned_to)",
+    "pod_names": "arrayMap(r -> r.pod, g.assigned_to)",
+    "process_count": "toUInt16(length(g.processes))",
+    "shared": "ifNull(g.shared, false)",
+    "kafka_partition": "p",
+    "kafka_offset": "o",
+}
+"""``gpu_samples`` columns from one GPU ``g`` of sample ``s`` (as :func:`sinks.rows.sample_columns`)."""
+
+PROCESS_COLUMNS: Mapping[str, str] = {
+    "cluster": _CLUSTER,
+    "ts": _TS,
+    "node": "s.node",
+    "gpu_uuid": "g.uuid",
+    "pid": "q.pid",
+    **{name: f"ifNull(q.{name}, '')" for name in _PROCESS_STRINGS},
+    "mem_used_bytes": "q.mem_used_bytes",
+    "sm_util_pct": "toFloat32(q.sm_util_pct)",
+    "kafka_partition": "p",
+    "kafka_offset": "o",
+}
+"""``gpu_processes`` columns from one process ``q`` of GPU ``g`` of sample ``s``."""
+
+
+def _view(name: str, target: str, columns: Mapping[str, str], joins: str) -> str:
+    exprs = ",\n       ".join(f"{expr} AS {column}" for column, expr in columns.items())
+    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name} TO {target} ({', '.join(columns)}) AS\n"
+            f"SELECT {exprs}\nFROM {CHECKED} {joins}")
+
+
+def ddl() -> list[str]:
+    """Migration 10: the Null tables and the views that check and unpack their lines."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {TABLE} ({STRUCTURE}) ENGINE = Null",
+        f"CREATE TABLE IF NOT EXISTS {CHECKED} ({STRUCTURE}) ENGINE = Null",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {TABLE}_check TO {CHECKED} AS\n"
+        f"SELECT * FROM {TABLE}\nWHERE throwIf(NOT {FITS}, 'a value of a GPU sample is beyond its column type') = 0",
+        _view(f"{TABLE}_samples", "gpu_samples", SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
+        _view(f"{TABLE}_processes", "gpu_processes", PROCESS_COLUMNS,
+              "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q"),
+    ]
+
+
+def ts_millis(ts: Any) -> int:
+    """A sample's time in the ``ts`` column's milliseconds, floored (the driver's conversion)."""
+    return (math.floor(ts.timestamp()) * 1_000_000 + ts.microsecond) // 1000
+
+
+def engine_line(raw: bytes, sample: Mapping[str, Any], partition: int, offset: int) -> bytes | None:
+    """The record's line for ``gpu_samples_json``, or None when it takes the row path (XID events)."""
+    if any(gpu["xids"] for gpu in sample["gpus"]):
+        return None
+    return b'{"p":%d,"o":%d,"t":%d,"s":%b}' % (partition, offset, ts_millis(sample["ts"]), raw)
+
+
+def row_counts(sample: Mapping[str, Any]) -> tuple[int, int]:
+    """The ``gpu_samples`` and ``gpu_processes`` rows the views make of one sample."""
+    gpus = sample["gpus"]
+    return len(gpus), sum(len(gpu["processes"]) for gpu in gpus)
