@@ -75,7 +75,7 @@ class PreparedBatch:
     tables: dict[str, TableColumns]
     rejected: list[tuple[ConsumedRecord, str]]
     """Records that cannot be stored (undecodable, past their TTL), with the reason."""
-    engine: list[tuple[ConsumedRecord, Decoded, bytes]] = field(default_factory=list)
+    engine: list[tuple[ConsumedRecord, Plain, bytes]] = field(default_factory=list)
     """GPU samples the engine turns into rows (:mod:`sinks.sample_json`), with their lines; not in ``tables``."""
 
 
@@ -300,24 +300,23 @@ class BatchWriter:
         return PreparedBatch(batch, decoded, tables, rejected, engine)
 
     def _engine_lines(self, decoded: list[tuple[ConsumedRecord, Decoded]], now: datetime
-                      ) -> tuple[list[tuple[ConsumedRecord, Decoded, bytes]], list[tuple[ConsumedRecord, Decoded]]]:
+                      ) -> tuple[list[tuple[ConsumedRecord, Plain, bytes]], list[tuple[ConsumedRecord, Decoded]]]:
         """The canonical GPU samples the engine can unpack (with their lines), and the other records.
 
         All samples take the row path when one of them is past the samples' TTL (rare: that path
         finds and dead-letters it)."""
-        engine: list[tuple[ConsumedRecord, Decoded, bytes]] = []
+        engine: list[tuple[ConsumedRecord, Plain, bytes]] = []
         rest: list[tuple[ConsumedRecord, Decoded]] = []
         for record, message in decoded:
-            line = None
             if isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes):
                 line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
-            if line is None:
-                rest.append((record, message))
-            else:
-                engine.append((record, message, line))
+                if line is not None:
+                    engine.append((record, message, line))
+                    continue
+            rest.append((record, message))
         if engine:
             _, days = self.ttl_by_table["gpu_samples"]
-            oldest = min(message.data["ts"] for _, message, _ in engine)  # type: ignore[union-attr]
+            oldest = min(message.data["ts"] for _, message, _ in engine)
             if oldest + timedelta(days=days) <= now + TTL_MARGIN:
                 return [], decoded
         return engine, rest
@@ -359,13 +358,14 @@ class BatchWriter:
         except StoreRejected as exc:
             log.warning("the engine refused the batch's samples, writing them as rows", batch=batch.token,
                         error=str(exc))
-            everything = sorted([*prepared.decoded, *((record, message) for record, message, _ in prepared.engine)],
-                                key=lambda item: item[0].offset)
+            everything: list[tuple[ConsumedRecord, Decoded]] = sorted(
+                [*prepared.decoded, *((record, message) for record, message, _ in prepared.engine)],
+                key=lambda item: item[0].offset)
             self.metrics.errors.labels(kind="engine_refused_samples").inc()
             tables = tables_for([(message, record.partition, record.offset) for record, message in everything])
             return tables, everything
         for _, message, _ in prepared.engine:
-            gpus, processes = sample_json.row_counts(message.data)  # type: ignore[union-attr]
+            gpus, processes = sample_json.row_counts(message.data)
             outcome.rows_by_table["gpu_samples"] = outcome.rows_by_table.get("gpu_samples", 0) + gpus
             if processes:
                 outcome.rows_by_table["gpu_processes"] = outcome.rows_by_table.get("gpu_processes", 0) + processes

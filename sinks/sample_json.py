@@ -4,9 +4,10 @@ Why: building a batch's ``gpu_samples`` and ``gpu_processes`` rows in Python (on
 and column) and serialising them for the driver took about as much of the interpreter as
 validating the records, and the interpreter is what a sink's wall clock waits on. Here the sink
 validates each record as before, then hands the record's own bytes, wrapped with its source
-position, to ``gpu_samples_json`` (a ``Null`` table, migration 10); two materialized views unpack
-them into the same rows :func:`sinks.rows.sample_columns` builds. The engine parses and pivots
-without the interpreter's lock, while the sink validates the next batch.
+position, to ``gpu_samples_json`` (a ``Null`` table, migration 10); a view checks them into
+``gpu_samples_json_checked``, whose two views unpack them into the same rows
+:func:`sinks.rows.sample_columns` builds. The engine parses and pivots without the interpreter's
+lock, while the sink validates the next batch.
 
 The same rows, or none:
 
@@ -17,9 +18,9 @@ The same rows, or none:
 - records with XID events (their ``gpu_xids`` rows) take the row path;
 - every object of a record is read as a named tuple, which refuses a duplicate key (a top-level
   row would keep the first of two where validation keeps the last); a value a column cannot hold
-  (an index beyond ``UInt16``, a float beyond ``Float32``) fails the insert, as it fails the
-  driver's serialisation, and so does anything else the engine cannot read: the caller then
-  writes the batch through the row path, whose verdict stands.
+  (an index beyond ``UInt16``, a float beyond ``Float32``) fails the check (:data:`FITS`) before
+  any row is written, as it fails the driver's serialisation, and so does anything else the
+  engine cannot read: the caller then writes the batch through the row path, whose verdict stands.
 
 The views' expressions mirror ``sample_columns`` column by column (defaults of omitted fields
 included); tests store the same records both ways and compare every column.
@@ -165,7 +166,7 @@ def ts_millis(ts: Any) -> int:
 
 def engine_line(raw: bytes, sample: Mapping[str, Any], partition: int, offset: int) -> bytes | None:
     """The record's line for ``gpu_samples_json``, or None when it takes the row path (XID events)."""
-    if any(gpu["xids"] for gpu in sample["gpus"]):
+    if b'"xids"' in raw and any(gpu["xids"] for gpu in sample["gpus"]):  # the bytes first: most have none
         return None
     return b'{"p":%d,"o":%d,"t":%d,"s":%b}' % (partition, offset, ts_millis(sample["ts"]), raw)
 

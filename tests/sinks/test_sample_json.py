@@ -225,5 +225,5 @@ def test_a_block_sent_again_with_its_token_is_stored_once(migrated: ClickHouseSt
     for _ in range(3):
         migrated.insert_json(sample_json.TABLE, lines, dedup_token="a-batch:json")
     counts = {table: migrated.query(f"SELECT count() FROM {table}").rows[0][0] for table in TABLES}
-    expected = sample_columns([(m.data, 0, r.offset) for r, m, _ in prepared.engine])  # type: ignore[union-attr]
+    expected = sample_columns([(m.data, 0, r.offset) for r, m, _ in prepared.engine])
     assert counts == {table: expected[table].n_rows for table in TABLES}
