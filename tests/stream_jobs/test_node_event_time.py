@@ -33,8 +33,8 @@ from simulation.scenario import Scenario, parse_scenario
 from simulation.simulator import FleetSimulator
 from stream_jobs.route_agent import RouteAgent, RouteTopics
 from stream_jobs.watermark import Mark, decode_envelope, node_watermark
+from tests.stream_jobs.fakes import Committed, Event, Offsets, Stream, Topic, fake_delivery
 from tests.stream_jobs.live import live_ready, pod_windows, start_mid_window
-from tests.stream_jobs.test_grouped_envelopes import _Committed, _delivery, _Event, _Offsets, _Stream, _Topic
 
 PODS = "p.k8s.pods.v1"
 CONTROL = "p.internal.control.v1"
@@ -60,12 +60,12 @@ def test_a_node_never_runs_past_the_clock_nor_falls_behind_the_lateness() -> Non
 def test_the_route_holds_a_state_mark_until_its_pod_records_are_forwarded_and_sends_it_to_node_stages_only(
 ) -> None:
     sent: list[tuple[str, int | None, bytes]] = []
-    topics = RouteTopics(input_names={PODS: "k8s.pods.v1"}, control_name=CONTROL, node_topic=_Topic("node", sent),
-                         cluster_topic=_Topic("cluster", sent), control_topic=_Topic("control", sent),
+    topics = RouteTopics(input_names={PODS: "k8s.pods.v1"}, control_name=CONTROL, node_topic=Topic("node", sent),
+                         cluster_topic=Topic("cluster", sent), control_topic=Topic("control", sent),
                          node_partitions=2, node_partition=lambda key: 1)
-    route = RouteAgent(_delivery(_Offsets()), topics, _Committed())
+    route = RouteAgent(fake_delivery(Offsets()), topics, Committed())
     state = state_mark_value(7, 100.0, "default", {f"{PODS}:0": 0})
-    stream = _Stream([_Event(CONTROL, 0, 0, state), _Event(PODS, 0, 0, encode(all_examples()["k8s.pods.v1"]))])
+    stream = Stream([Event(CONTROL, 0, 0, state), Event(PODS, 0, 0, encode(all_examples()["k8s.pods.v1"]))])
 
     async def play() -> None:
         await route.run(stream)  # the state mark arrives first: held, its pod record is not consumed yet
