@@ -236,6 +236,56 @@ def test_plain_decoding_in_one_pass_gives_what_the_two_step_path_gives(edge: byt
     assert got == expected
 
 
+CANONICAL = {"seq='5'": False, "gpus.0.index=3.0": False, "ts='2026-01-05T11:00:00+02:00'": True,
+             "gpus.0.added_in_v2={'x': 1}": True, "gpus.1.health=<object": True, "gpus.1.processes=<object": True}
+
+
+@pytest.mark.parametrize("mutate", [*ACCEPTED_SAMPLES, *BROKEN_SAMPLES], ids=lambda m: m.__name__)
+def test_canonical_decoding_gives_the_plain_verdict_and_says_whether_anything_was_coerced(
+        mutate: Callable[[dict[str, Any]], None]) -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    mutate(data)
+    payload = orjson.dumps(data)
+    try:
+        expected: Any = codec.decode_plain(payload, GpuSample)
+    except codec.MessageError as exc:
+        expected = (exc.field_path, exc.reason)
+    got: Any
+    canonical: bool | None
+    try:
+        got, canonical = codec.decode_plain_canonical(payload, GpuSample)
+    except codec.MessageError as exc:
+        got, canonical = (exc.field_path, exc.reason), None
+    assert got == expected
+    name = next((key for key in CANONICAL if mutate.__name__.startswith(key)), None)
+    assert canonical == (CANONICAL[name] if name else None)
+
+
+@pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
+def test_canonical_decoding_reads_parser_edges_as_plain_decoding_does(edge: bytes) -> None:
+    data = orjson.loads(codec.encode(gpu_sample(gpus=1)))
+    data["node"], data["seq"] = "node-000", 0
+    data["gpus"][0].update(gpu_util_pct=42.0, mem_used_bytes=1024)
+    payload = orjson.dumps(data)
+    original = next(part for part in (b'"node":"node-000"', b'"seq":0', b'"gpu_util_pct":42.0',
+                                      b'"mem_used_bytes":1024') if part.startswith(edge.split(b":")[0]))
+    edged = payload.replace(original, edge, 1)
+    results: list[Any] = []
+    for decode in (lambda p: codec.decode_plain(p, GpuSample), lambda p: codec.decode_plain_canonical(p, GpuSample)[0]):
+        try:
+            results.append(decode(edged))
+        except codec.MessageError as exc:
+            results.append(exc.reason)
+    assert results[0] == results[1]
+
+
+def test_every_example_encodes_canonically() -> None:
+    for spec in ALL_TOPICS:
+        if spec.message is GpuSample:
+            _, canonical = codec.decode_plain_canonical(codec.encode(all_examples()[spec.suffix]), GpuSample)
+            assert canonical
+
+
 def test_plain_decoding_refuses_models_whose_behaviour_is_not_in_their_fields() -> None:
     class Checked(Message):
         low: int
