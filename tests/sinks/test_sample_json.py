@@ -19,7 +19,7 @@ from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
 from schemas.topics import GPU_SAMPLES
 from sinks import sample_json
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics
-from sinks.clickhouse import ClickHouseStore
+from sinks.clickhouse import ClickHouseStore, StoreRejected
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
 from sinks.rows import sample_columns, tables_for
@@ -180,24 +180,34 @@ def test_coerced_values_and_xid_events_take_the_row_path(migrated: ClickHouseSto
     assert xids == [[5, 79]]
 
 
+BEYOND_THEIR_COLUMNS = {
+    "index beyond UInt16": ("index", 70_000),
+    "finite temperature beyond Float32": ("temperature_c", 1e300),
+    "power beyond Float32": ("power_w", 3.5e38),
+    "clock beyond UInt32": ("sm_clock_mhz", 2**32),
+}
+
+
+@pytest.mark.parametrize("field, value", BEYOND_THEIR_COLUMNS.values(), ids=list(BEYOND_THEIR_COLUMNS))
 def test_a_value_beyond_its_column_refuses_the_block_and_the_row_path_dead_letters_it_alone(
-    migrated: ClickHouseStore,
+    migrated: ClickHouseStore, field: str, value: Any,
 ) -> None:
     rng = random.Random(5)
     good = [encode(_sample(rng, n).model_copy(update={"gpus": [_reading(rng, n, i) for i in range(2)]}))
-            for n in range(6)]
-    wide_index = orjson.loads(good[0])
-    wide_index["gpus"][0]["index"] = 70_000
-    hot = orjson.loads(good[1])
-    hot["gpus"][1]["temperature_c"] = 1e300  # finite, valid, beyond Float32
-    payloads = [*good[2:4], orjson.dumps(wide_index), *good[4:], orjson.dumps(hot)]
+            for n in range(5)]
+    bad = orjson.loads(good[2])
+    bad["gpus"][1][field] = value
+    payloads = [*good[:2], orjson.dumps(bad), *good[3:]]
     writer, prepared = _prepare(migrated, _records(payloads))
     assert len(prepared.engine) == len(payloads)
+    with pytest.raises(StoreRejected, match="beyond its column type"):
+        migrated.insert_json(sample_json.TABLE, b"\n".join(line for _, _, line in prepared.engine), "probe:json")
+    assert _stored(migrated) == {"gpu_samples": [], "gpu_processes": []}, "a refused block writes nothing"
 
     outcome, rejected = writer.store_prepared(prepared)
 
-    assert sorted(record.offset for record, _ in rejected) == [2, 5]
-    assert all("rejected by ClickHouse" in reason for _, reason in rejected)
+    assert [record.offset for record, _ in rejected] == [2]
+    assert "rejected by ClickHouse" in rejected[0][1]
     stored = migrated.query("SELECT kafka_offset, count() FROM gpu_samples GROUP BY kafka_offset ORDER BY 1").rows
     assert stored == [[0, 2], [1, 2], [3, 2], [4, 2]]
     assert outcome.rows_by_table["gpu_samples"] == 8
