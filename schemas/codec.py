@@ -7,6 +7,7 @@ decode so one giant record cannot exhaust a consumer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
 
@@ -176,35 +177,40 @@ def strict_json_validator(message_type: type[Message]) -> SchemaValidator | None
         return None
 
 
-def _strict_schema(node: Any) -> Any:
+def _rewrite(node: Any, rewrite_node: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> Any:
+    """A core schema with every node rewritten bottom-up: ``rewrite_node(original, with_children_rewritten)``
+    (serialization schemas are left as they are)."""
     if isinstance(node, list):
-        return [_strict_schema(item) for item in node]
+        return [_rewrite(item, rewrite_node) for item in node]
     if not isinstance(node, dict):
         return node
-    strict = {key: value if key == "serialization" else _strict_schema(value) for key, value in node.items()}
-    if node.get("type") in STRICT_KINDS:
-        strict["strict"] = True
-    return strict
+    children = {key: value if key == "serialization" else _rewrite(value, rewrite_node) for key, value in node.items()}
+    return rewrite_node(node, children)
+
+
+def _strict_schema(node: Any) -> Any:
+    def strict(original: dict[str, Any], rewritten: dict[str, Any]) -> dict[str, Any]:
+        if original.get("type") in STRICT_KINDS:
+            rewritten["strict"] = True
+        return rewritten
+    return _rewrite(node, strict)
 
 
 def _json_schema(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_json_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    kind = node.get("type")
-    if kind in ("any", "function-before", "function-wrap", "function-plain"):
-        raise TypeError(f"a {kind} schema sees the raw input")
-    if node.get("strict") or (node.get("config") or {}).get("strict"):
-        raise TypeError("strict validation of JSON input accepts what strict validation of Python data refuses")
-    narrowed = {key: value if key == "serialization" else _json_schema(value) for key, value in node.items()}
-    if kind == "float":
-        narrowed["allow_inf_nan"] = False
-    elif kind == "int":
-        low, high = ORJSON_INT_RANGE
-        narrowed["ge"] = max(low, node.get("ge", low))
-        narrowed["le"] = min(high, node.get("le", high))
-    return narrowed
+    def narrow(original: dict[str, Any], narrowed: dict[str, Any]) -> dict[str, Any]:
+        kind = original.get("type")
+        if kind in ("any", "function-before", "function-wrap", "function-plain"):
+            raise TypeError(f"a {kind} schema sees the raw input")
+        if original.get("strict") or (original.get("config") or {}).get("strict"):
+            raise TypeError("strict validation of JSON input accepts what strict validation of Python data refuses")
+        if kind == "float":
+            narrowed["allow_inf_nan"] = False
+        elif kind == "int":
+            low, high = ORJSON_INT_RANGE
+            narrowed["ge"] = max(low, original.get("ge", low))
+            narrowed["le"] = min(high, original.get("le", high))
+        return narrowed
+    return _rewrite(node, narrow)
 
 
 def _plain_schema(node: Any) -> Any:
