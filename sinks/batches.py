@@ -78,6 +78,11 @@ class PreparedBatch:
     engine: list[tuple[ConsumedRecord, Plain, bytes]] = field(default_factory=list)
     """GPU samples the engine turns into rows (:mod:`sinks.sample_json`), with their lines; not in ``tables``."""
 
+    def all_decoded(self) -> list[tuple[ConsumedRecord, Decoded]]:
+        """Every stored record of the batch, the engine's samples included, in offset order."""
+        return sorted([*self.decoded, *((record, message) for record, message, _ in self.engine)],
+                      key=lambda item: item[0].offset)
+
 
 @dataclass
 class FlushOutcome:
@@ -109,6 +114,10 @@ class SinkMetrics:
 
 TTL_MARGIN = timedelta(minutes=1)
 """Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
+
+
+def _past_ttl(value: datetime, days: int, now: datetime) -> bool:
+    return value + timedelta(days=days) <= now + TTL_MARGIN
 
 
 class GcPause:
@@ -194,7 +203,7 @@ class BatchWriter:
                 oldest = min(values)
             except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
                 oldest = min((v for v in values if isinstance(v, datetime)), default=None)
-            if isinstance(oldest, datetime) and oldest + timedelta(days=days) <= now + TTL_MARGIN:
+            if isinstance(oldest, datetime) and _past_ttl(oldest, days, now):
                 return True
         return False
 
@@ -206,7 +215,7 @@ class BatchWriter:
                 continue
             column, days = rule
             value = row.get(column)
-            if isinstance(value, datetime) and value + timedelta(days=days) <= now + TTL_MARGIN:
+            if isinstance(value, datetime) and _past_ttl(value, days, now):
                 return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
                         "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
         return None
@@ -317,7 +326,7 @@ class BatchWriter:
         if engine:
             _, days = self.ttl_by_table["gpu_samples"]
             oldest = min(message.data["ts"] for _, message, _ in engine)
-            if oldest + timedelta(days=days) <= now + TTL_MARGIN:
+            if _past_ttl(oldest, days, now):
                 return [], decoded
         return engine, rest
 
@@ -358,9 +367,7 @@ class BatchWriter:
         except StoreRejected as exc:
             log.warning("the engine refused the batch's samples, writing them as rows", batch=batch.token,
                         error=str(exc))
-            everything: list[tuple[ConsumedRecord, Decoded]] = sorted(
-                [*prepared.decoded, *((record, message) for record, message, _ in prepared.engine)],
-                key=lambda item: item[0].offset)
+            everything = prepared.all_decoded()
             self.metrics.errors.labels(kind="engine_refused_samples").inc()
             tables = tables_for([(message, record.partition, record.offset) for record, message in everything])
             return tables, everything

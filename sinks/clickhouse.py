@@ -186,6 +186,12 @@ def _load_insert_dependencies() -> None:
 _DATETIME64 = re.compile(r"^(?:Nullable\()?DateTime64\((\d+)")
 
 
+def datetime_ticks(value: dt.datetime, scale: int) -> int:
+    """An aware datetime as ``scale`` ticks per second since the epoch, floored: what the driver sends
+    for a DateTime64 column of that scale."""
+    return (math.floor(value.timestamp()) * 1_000_000 + value.microsecond) * scale // 1_000_000
+
+
 def _ticks_once(values: list[Any], type_name: str) -> list[Any]:
     """A DateTime64 column's aware datetimes as the integer ticks the driver would send, each
     distinct object converted once; any other column, or one holding anything else, as it is."""
@@ -203,8 +209,7 @@ def _ticks_once(values: list[Any], type_name: str) -> list[Any]:
         if tick is None:
             if type(value) is not dt.datetime or value.tzinfo is None:
                 return values
-            seconds = math.floor(value.timestamp())
-            tick = memo[id(value)] = (seconds * 1_000_000 + value.microsecond) * scale // 1_000_000
+            tick = memo[id(value)] = datetime_ticks(value, scale)
         ticks.append(tick)
     return ticks
 

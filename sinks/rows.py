@@ -130,10 +130,10 @@ def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: in
 
 _SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version",
                   "cluster")
-_GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
+GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
                "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
                "nvlink_rx_bytes_per_s")
-_GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *_GPU_GAUGES, "health", "health_reason",
+_GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *GPU_GAUGES, "health", "health_reason",
                "xids", "assigned_to", "processes", "shared")
 _PROCESS_FIELDS = ("pid", "process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name",
                    "mem_used_bytes", "sm_util_pct")
@@ -175,7 +175,7 @@ def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str
         "sample_interval_s": interval,
         "driver_version": [v or "" for v in driver],
         "cuda_driver_version": [v or "" for v in cuda],
-        **dict(zip(_GPU_GAUGES, gauges, strict=True)),
+        **dict(zip(GPU_GAUGES, gauges, strict=True)),
         "health": health,
         "health_reason": [v or "" for v in health_reason],
         "xids": [[x["xid"] for x in events] if events else [] for events in xids],

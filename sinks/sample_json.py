@@ -28,11 +28,12 @@ included); tests store the same records both ways and compare every column.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from schemas.messages import DEFAULT_CLUSTER
+from sinks.clickhouse import datetime_ticks
+from sinks.rows import GPU_GAUGES
 
 TABLE = "gpu_samples_json"
 
@@ -40,15 +41,12 @@ _FLOATS = ("gpu_util_pct", "mem_util_pct", "power_w", "temperature_c", "pcie_tx_
            "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
 _UINT64S = ("mem_used_bytes", "mem_total_bytes")
 _UINT32S = ("sm_clock_mhz", "mem_clock_mhz")
-_GAUGE_ORDER = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
-                "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
-                "nvlink_rx_bytes_per_s")
 _PROCESS_STRINGS = ("process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name")
 
 
 def _gpu_structure() -> str:
     gauges = ", ".join(
-        f"{name} Nullable({'Float64' if name in _FLOATS else 'UInt64'})" for name in _GAUGE_ORDER)
+        f"{name} Nullable({'Float64' if name in _FLOATS else 'UInt64'})" for name in GPU_GAUGES)
     process = ", ".join(["pid UInt32", *(f"{name} Nullable(String)" for name in _PROCESS_STRINGS),
                          "mem_used_bytes Nullable(UInt64)", "sm_util_pct Nullable(Float64)"])
     return (f"Tuple(uuid String, index Int64, model String, mig_parent_uuid Nullable(String), "
@@ -110,7 +108,7 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
     "sample_interval_s": "toFloat32(s.sample_interval_s)",
     "driver_version": "ifNull(s.driver_version, '')",
     "cuda_driver_version": "ifNull(s.cuda_driver_version, '')",
-    **{name: _gauge(name) for name in _GAUGE_ORDER},
+    **{name: _gauge(name) for name in GPU_GAUGES},
     "health": "ifNull(g.health, 'ok')",
     "health_reason": "ifNull(g.health_reason, '')",
     "xids": "CAST([], 'Array(UInt32)')",
@@ -161,7 +159,7 @@ def ddl() -> list[str]:
 
 def ts_millis(ts: Any) -> int:
     """A sample's time in the ``ts`` column's milliseconds, floored (the driver's conversion)."""
-    return (math.floor(ts.timestamp()) * 1_000_000 + ts.microsecond) // 1000
+    return datetime_ticks(ts, 1000)
 
 
 def engine_line(raw: bytes, sample: Mapping[str, Any], partition: int, offset: int) -> bytes | None:

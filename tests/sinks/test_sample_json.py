@@ -107,8 +107,7 @@ def _prepare(store: ClickHouseStore, records: list[ConsumedRecord]) -> tuple[Bat
 
 def _as_rows(prepared: PreparedBatch) -> PreparedBatch:
     """The same batch with every record on the row path (what the sink did before the engine path)."""
-    decoded = sorted([*prepared.decoded, *((record, message) for record, message, _ in prepared.engine)],
-                     key=lambda item: item[0].offset)
+    decoded = prepared.all_decoded()
     tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
     return PreparedBatch(prepared.batch, decoded, tables, prepared.rejected)
 
