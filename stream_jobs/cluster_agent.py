@@ -109,7 +109,7 @@ class ClusterAgent:
             self.next_offset = event.message.offset + 1
             if not await self._offer(gate, event):
                 metrics.duplicates.labels("cluster").inc()
-                await delivery.ack(events, event)
+                self.unacked.append(event)  # with the next checkpoint (see NodePartition.unacked)
                 continue
             while self.gate is gate and (ready := gate.next_complete()) is not None:
                 started = time.perf_counter()

@@ -48,7 +48,11 @@ class NodePartition:
     stages: dict[str, NodeStage] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     unacked: list[Any] = field(default_factory=list)
-    """Events applied since the last checkpoint (acknowledged when it is written)."""
+    """Events processed since the last checkpoint, acknowledged when it is written: those applied,
+    and also state marks and duplicates (a record or mark applied before). Acknowledged at once, a
+    duplicate would let the committed offset pass the position the last checkpoint saved, and a
+    restart would take the saved state for one older than the commits (a false "restored state is
+    older" and a needless re-read)."""
     futures: list[Any] = field(default_factory=list)
     """Deliveries of outputs sent since the last checkpoint."""
     checkpointed_at: float = 0.0
@@ -123,17 +127,17 @@ class NodeAgent:
                 state = Mark.from_dict(data)
                 cluster = state.cluster or DEFAULT_CLUSTER
                 part.state_ts[cluster] = max(part.state_ts.get(cluster, state.ts), state.ts)
-                part.unacked.append(event)  # at the next checkpoint, in order with the records before it
+                part.unacked.append(event)
                 continue
             if data["k"] in ("r", "b"):
                 if not offer_forwarded(part.gate, data, event):
                     metrics.duplicates.labels("node").inc()
-                    await delivery.ack(events, event)
+                    part.unacked.append(event)
                 continue
             mark = Mark.from_dict(data)
             if not part.gate.is_new(mark.seq):
                 metrics.duplicates.labels("node").inc()
-                await delivery.ack(events, event)
+                part.unacked.append(event)
                 continue
             started = time.perf_counter()
             released = part.gate.release(mark)

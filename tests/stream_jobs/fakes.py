@@ -44,6 +44,12 @@ class Counter:
     def inc(self, *args: Any) -> None:
         pass
 
+    def set(self, *args: Any) -> None:
+        pass
+
+    def observe(self, *args: Any) -> None:
+        pass
+
 
 class Metrics:
     def __getattr__(self, name: str) -> Counter:
