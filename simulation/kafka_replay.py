@@ -349,8 +349,7 @@ class KafkaReplay:
                     return dict(data.get("stats") or {})
             self.supervise(say, chaos)
             time.sleep(0.5)
-        raise UserError(f"the stream workers did not finish within {timeout_s:.0f}s; last lines of "
-                        f"{self.worker.log_path}:\n{self.worker.tail()}")
+        raise self._worker_error(f"the stream workers did not finish within {timeout_s:.0f}s", self.worker)
 
     def supervise(self, say: Callable[[str], None], chaos: bool = False) -> None:
         """What a process supervisor does with a worker that exited on its own: restart it when it
@@ -361,8 +360,7 @@ class KafkaReplay:
                 continue
             code = worker.process.returncode if worker.process else None
             if (not chaos and code != EXIT_STALLED) or self.unplanned_restarts >= MAX_UNPLANNED_RESTARTS:
-                raise UserError(f"the stream worker stopped (exit {code}); "
-                                f"last lines of {worker.log_path}:\n{worker.tail()}")
+                raise self._worker_error(f"the stream worker stopped (exit {code})", worker)
             self.unplanned_restarts += 1
             worker.start()
             pid = worker.process.pid if worker.process else None
@@ -403,19 +401,27 @@ class KafkaReplay:
         return build_report(self.scenario, outputs.outputs, self.simulator.pod_uids(),
                             stats)
 
-    def close(self) -> None:
+    def close(self, keep_work_dir: bool = False) -> None:
+        """Stop the workers and the driver; remove the work directory this replay made, unless
+        ``keep_work_dir`` (a failed run: its workers' logs explain it)."""
         for worker in self.workers:
             worker.stop()
         if self.driver is not None:
             self.driver.close()
-        if self._own_dir:
+        if self._own_dir and not keep_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _worker_error(self, what: str, worker: WorkerProcess) -> UserError:
+        return UserError(f"{what}; last lines of {worker.log_path}:\n{worker.tail()}\n"
+                         f"(the logs of every worker are kept in {self.work_dir})")
 
     def run(self, timeout_s: float = 300.0, chaos: ChaosPlan | None = None,
             say: Callable[[str], None] = lambda line: None, broker: BrokerControl | None = None) -> dict[str, Any]:
         """The whole replay; with ``chaos``, its actions (SIGKILL and restart a worker, add and
         remove one, stop the broker: ``broker``) happen on its schedule, each reported through
-        ``say``; a worker that exits on its own is then restarted too."""
+        ``say``; a worker that exits on its own is then restarted too. A run that fails keeps its
+        work directory (every worker's log) and its error names it."""
+        succeeded = False
         try:
             self.create_topics()
             self.start_workers()
@@ -430,9 +436,11 @@ class KafkaReplay:
             if chaos is not None:
                 say(f"chaos: done; {sum(w.starts for w in self.workers)} worker starts, "
                     f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped")
-            return self.report(outputs)
+            report = self.report(outputs)
+            succeeded = True
+            return report
         finally:
-            self.close()
+            self.close(keep_work_dir=not succeeded and any(worker.starts for worker in self.workers))
 
     def _send_with_chaos(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None],
                          broker: BrokerControl | None) -> None:
@@ -481,7 +489,7 @@ class KafkaReplay:
         deadline = time.monotonic() + (timeout_s if len(self.active()) == 1 else 20.0)
         while not worker.logged_since_start(CONSUMING_LOG_LINE):
             if not worker.alive():
-                raise UserError(f"the stream worker stopped; last lines of {worker.log_path}:\n{worker.tail()}")
+                raise self._worker_error("the stream worker stopped", worker)
             if time.monotonic() > deadline:
                 if len(self.active()) > 1:
                     return

@@ -5,6 +5,7 @@ on."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from common.errors import UserError
 from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
@@ -234,3 +236,22 @@ def test_chaos_replay_kills_the_worker_on_a_seeded_schedule_and_matches_in_proce
 
 def test_chaos_needs_kafka() -> None:
     assert main(["replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--chaos"]) == 2
+
+
+def test_a_failed_replay_keeps_every_workers_log_and_says_where(kafka_settings: KafkaSettings,
+                                                                 topic_prefix: str) -> None:
+    """A replay through Kafka whose worker fails keeps its work directory, with every worker's log
+    (what tells why), and its error names it."""
+    scenario = load_scenario(SHARED_SCENARIOS / "idle-notebook.yaml")
+    settings = load_settings(CommonSettings, kafka=kafka_settings.model_dump())
+    replay = KafkaReplay(scenario, settings, topic_prefix=topic_prefix)  # its own temporary directory
+    replay.worker.env["GPULENS_LATENESS_S"] = "-1"  # refused at start-up: the worker exits 2
+    try:
+        with pytest.raises(UserError) as failed:
+            replay.run(timeout_s=60)
+        message = str(failed.value)
+        assert "the stream worker stopped" in message
+        assert f"the logs of every worker are kept in {replay.work_dir}" in message
+        assert "GPULENS_LATENESS_S" in replay.worker.log_path.read_text(), "the log says which setting is wrong"
+    finally:
+        shutil.rmtree(replay.work_dir, ignore_errors=True)
