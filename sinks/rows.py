@@ -131,8 +131,8 @@ def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: in
 _SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version",
                   "cluster")
 GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
-               "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
-               "nvlink_rx_bytes_per_s")
+              "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
+              "nvlink_rx_bytes_per_s")
 _GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *GPU_GAUGES, "health", "health_reason",
                "xids", "assigned_to", "processes", "shared")
 _PROCESS_FIELDS = ("pid", "process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name",
