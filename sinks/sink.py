@@ -14,8 +14,10 @@ At-least-once transport becomes exactly-once rows through three rules:
 3. **Commit after acknowledgement.** Kafka offsets are committed only after ClickHouse accepted
    every table's block and the dead-letter records are delivered. While ClickHouse is down the
    partitions are paused, the same batch is retried with jittered exponential backoff, and nothing
-   is committed; the sink catches up afterwards. One batch is inserted by a store thread while the
-   next is decoded; a batch is committed before the next is handed over, so commits stay in order.
+   is committed; the sink catches up afterwards. A store thread inserts the batches in the order
+   they were cut while the next ones are decoded (at most ``STORE_QUEUE`` handed over at once), and
+   they are committed in that order; a batch whose insert failed makes every batch behind it wait
+   until it is stored, so no partition's batches are ever stored out of order.
 
 Records a producer sent twice (same deterministic id, different offsets) collapse in the
 ``ReplacingMergeTree`` tables, whose sorting keys are the facts' natural keys; for ``pod_windows``,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -86,7 +89,7 @@ class PartitionBuffer:
 
 @dataclass
 class InFlight:
-    """The batch being inserted by the store thread while the next one is prepared."""
+    """A batch handed to the store thread, not yet committed."""
 
     batch: Batch
     result: Future[tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]]
@@ -96,6 +99,15 @@ class InFlight:
 class SinkStopped(GpulensError):
     """Stop was requested while ClickHouse was failing: leave without committing the batch."""
 
+
+POLL_MAX_MESSAGES = 1000
+"""The most records one poll returns; a poll that returns fewer waited out its timeout: the
+consumer has caught up with the broker."""
+
+STORE_QUEUE = 2
+"""Batches handed to the store thread and not yet committed: one being inserted and one waiting
+behind it, so that the engine never waits for the decoding of the next batch when one batch took
+longer to decode than the one before took to insert (the two take about as long)."""
 
 NO_ASSIGNMENT_S = 30.0
 """How long ``ClickHouseSink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
@@ -129,7 +141,7 @@ class ClickHouseSink:
         self._consumer: Any = None
         self._producer: BoundedProducer | None = None
         self._store_thread: ThreadPoolExecutor | None = None
-        self._in_flight: InFlight | None = None
+        self._in_flight: deque[InFlight] = deque()
         self._last_lag_at = 0.0
 
     # ---------------------------------------------------------------- lifecycle
@@ -159,7 +171,7 @@ class ClickHouseSink:
         """Nothing buffered and quiet for ``idle_s`` since the group assigned partitions (a slow
         first join is not idleness: the data has not been read yet), or for ``NO_ASSIGNMENT_S``
         when no assignment ever came."""
-        if self._in_flight is not None or any(b.records for b in self.buffers.values()):
+        if self._in_flight or any(b.records for b in self.buffers.values()):
             return False
         return now - self._quiet_since >= (idle_s if self._assigned else max(idle_s, NO_ASSIGNMENT_S))
 
@@ -199,7 +211,7 @@ class ClickHouseSink:
         log.info("sink started", topics=self.topics, group=self.settings.group_id)
         try:
             while not self.stopping.is_set():
-                messages = self._consumer.consume(num_messages=1000, timeout=0.2)
+                messages = self._consumer.consume(num_messages=POLL_MAX_MESSAGES, timeout=0.2)
                 now = self.clock()
                 for msg in messages:
                     if msg.error() is not None:
@@ -208,7 +220,8 @@ class ClickHouseSink:
                         continue
                     self._buffer(ConsumedRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
                                         msg.timestamp()[1]), now)
-                if self._flush_due(now, caught_up=not messages) or messages:
+                # a short poll waited out its timeout: what the broker had is read
+                if self._flush_due(now, caught_up=len(messages) < POLL_MAX_MESSAGES) or messages:
                     # A flush that waited out an outage paused consumption (and librdkafka dropped
                     # what it had prefetched): quiet time counts only from its end.
                     self._quiet_since = self.clock()
@@ -274,7 +287,7 @@ class ClickHouseSink:
                 log.info("replaying journalled batches", topic=topic, partition=partition, ranges=plans)
 
     def _flush_due(self, now: float, force: bool = False, caught_up: bool = False) -> bool:
-        """Write the batches that are due (``caught_up``: the last poll returned nothing); whether
+        """Write the batches that are due (``caught_up``: the last poll came back short); whether
         any was written."""
         flushed = False
         for key in list(self.buffers):
@@ -328,36 +341,49 @@ class ClickHouseSink:
                 time.sleep(min(0.2, delay_s))
 
     def _flush(self, batch: Batch) -> None:
-        """Prepare ``batch`` here and hand it to the store thread once the batch before it is
-        committed: one batch is inserted while the next is decoded, and commits stay in order.
-        The collector stays paused until the store thread has freed the prepared rows."""
+        """Prepare ``batch`` here and hand it to the store thread once fewer than ``STORE_QUEUE``
+        batches wait there to be committed. The collector stays paused until the store thread has
+        freed the prepared rows."""
         started = time.perf_counter()
         GC_PAUSE.begin()
         try:
             handed_over = [self.writer.prepare(batch)]  # no local keeps the rows once the thread took them
-            self._settle()
+            self._settle(keep=STORE_QUEUE - 1)
             assert self._store_thread is not None
-            self._in_flight = InFlight(batch, self._store_thread.submit(self._store, handed_over), started)
+            before = self._in_flight[-1].result if self._in_flight else None
+            self._in_flight.append(InFlight(batch, self._store_thread.submit(self._store, handed_over, before),
+                                            started))
         except BaseException:
             GC_PAUSE.end()
             raise
 
-    def _store(self, handed_over: list[PreparedBatch]) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+    def _store(self, handed_over: list[PreparedBatch], before: Future[Any] | None
+               ) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+        """Insert a prepared batch (in the store thread, which runs them in order); ``before`` is
+        the batch handed over just before it, done by now: if its insert failed, this one is not
+        inserted either, as it would be stored before it (both are written again, in order, when
+        they are settled)."""
         prepared = handed_over.pop()
         try:
+            if before is not None and before.exception() is not None:
+                raise StoreUnavailable(f"the batch before {prepared.batch.token} is not stored yet")
             return self.writer.store_prepared(prepared)
         finally:
             del prepared  # freed by reference counting while the collector is still paused
             GC_PAUSE.end()
 
-    def _settle(self, wait: bool = True, in_callback: bool = False) -> None:
-        """Finish the batch in flight: dead letters, then the commit (``wait=False``: only if its
-        insert is done). While ClickHouse is down the whole batch is written again from its records
-        with backoff; not in a rebalance callback, where the records are left to the next owner."""
-        flight = self._in_flight
-        if flight is None or (not wait and not flight.result.done()):
-            return
-        self._in_flight = None
+    def _settle(self, wait: bool = True, in_callback: bool = False, keep: int = 0) -> None:
+        """Finish the batches in flight, oldest first: every one whose insert is done, and
+        (``wait``) the others until at most ``keep`` are left. See :meth:`_settle_one`."""
+        while self._in_flight:
+            if not self._in_flight[0].result.done() and (not wait or len(self._in_flight) <= keep):
+                return
+            self._settle_one(self._in_flight.popleft(), in_callback)
+
+    def _settle_one(self, flight: InFlight, in_callback: bool) -> None:
+        """Dead letters, then the commit. While ClickHouse is down the whole batch is written again
+        from its records with backoff; not in a rebalance callback, where the records are left to
+        the next owner (the batches behind it, which did not store before it, too)."""
         batch = flight.batch
         try:
             outcome, rejected = flight.result.result()

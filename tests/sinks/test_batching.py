@@ -1,10 +1,12 @@
 """How the sink cuts batches and hands them to its store thread, on a fake clock and a fake store
 (no Kafka): a record waits at most the batch age from when it was read; a size trigger cuts only
 full batches; a caught-up consumer writes buffers at least half full at once; a batch whose insert
-fails while in flight is written again, in order, before the next one."""
+fails while in flight is written again, in order, before the next one, also when the next one was
+already handed over."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +26,12 @@ TOPIC = GPU_SAMPLES.name(PREFIX)
 
 
 class FakeStore:
-    """Records inserts; fails the first ``fail_inserts`` inserts of GPU samples (rows or engine lines)."""
+    """Records inserts; fails the first ``fail_inserts`` inserts of GPU samples (rows or engine
+    lines), each once ``hold`` is set when one is given."""
 
-    def __init__(self, fail_inserts: int = 0) -> None:
+    def __init__(self, fail_inserts: int = 0, hold: threading.Event | None = None) -> None:
         self.fail_inserts = fail_inserts
+        self.hold = hold
         self.inserts: list[tuple[str, str | None, int]] = []
 
     def insert(self, table: str, columns: dict[str, list[Any]], dedup_token: str | None = None,
@@ -41,6 +45,8 @@ class FakeStore:
 
     def insert_json(self, table: str, lines: bytes, dedup_token: str) -> None:
         if self.fail_inserts:
+            if self.hold is not None:
+                self.hold.wait(10)
             self.fail_inserts -= 1
             raise StoreUnavailable("connection refused")
         self.inserts.append(("gpu_samples", dedup_token.removesuffix(":json"), lines.count(b"\n") + 1))
@@ -117,10 +123,28 @@ def test_a_batch_that_fails_in_flight_is_written_again_before_the_next(tmp_path:
     for batch in sink._due_batches((TOPIC, 0), sink.buffers[(TOPIC, 0)], 0.0, False):
         sink._flush(batch)
     sink._settle()
-    assert sink._in_flight is None
+    assert not sink._in_flight
     # the first batch failed twice (in the store thread, then its first retry), the second was
     # inserted only after the first was stored: one block each, in offset order
     assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:0:10-19"]
     assert sink.totals.rows_by_table["gpu_samples"] == 20
     assert [t for t, _, _ in store.inserts].count("sink_batches") >= 2
+    sink.close()
+
+
+def test_a_batch_handed_over_behind_a_failing_one_is_not_stored_before_it(tmp_path: Path) -> None:
+    hold = threading.Event()
+    store = FakeStore(fail_inserts=1, hold=hold)
+    sink = _sink(tmp_path, store, time.monotonic)
+    _read(sink, 0, 20, now=0.0)
+    first, second = sink._due_batches((TOPIC, 0), sink.buffers[(TOPIC, 0)], 0.0, False)
+    sink._flush(first)  # its insert waits for `hold`, then fails
+    sink._flush(second)  # queued behind it in the store thread
+    assert len(sink._in_flight) == 2
+    hold.set()
+    sink._settle()
+    # the second batch did not take the store thread's turn after the first failed: the first
+    # was written again, then the second
+    assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:0:10-19"]
+    assert sink.totals.rows_by_table["gpu_samples"] == 20
     sink.close()
