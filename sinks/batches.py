@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
-from schemas.codec import MessageError, decode, decode_plain, decode_plain_canonical, encode
+from schemas.codec import MessageError, decode, decode_canonical_sparse, decode_plain, decode_plain_canonical, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
 from schemas.messages import GpuSample
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
@@ -79,8 +79,8 @@ class PreparedBatch:
     """GPU samples the engine turns into rows (:mod:`sinks.sample_json`), with their lines; not in ``tables``."""
 
     def all_decoded(self) -> list[tuple[ConsumedRecord, Decoded]]:
-        """Every stored record of the batch, the engine's samples included, in offset order."""
-        return sorted([*self.decoded, *((record, message) for record, message, _ in self.engine)],
+        """Every stored record of the batch, the engine's samples included (completed), in offset order."""
+        return sorted([*self.decoded, *((record, completed(record, message)) for record, message, _ in self.engine)],
                       key=lambda item: item[0].offset)
 
 
@@ -165,6 +165,14 @@ def gc_paused() -> Iterator[None]:
         GC_PAUSE.end()
 
 
+def completed(record: ConsumedRecord, message: Plain) -> Plain:
+    """``message`` with every field, defaults included (a sparse sample is read again from its
+    record: the row path is rare)."""
+    if not message.complete and isinstance(record.value, bytes):
+        return Plain(message.type, decode_plain_canonical(record.value, message.type)[0], canonical=True)
+    return message
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -232,7 +240,11 @@ class BatchWriter:
             return None, "empty value (tombstone) on a topic that has no tombstones"
         try:
             if spec.message is GpuSample:
-                return Plain(spec.message, *decode_plain_canonical(record.value, spec.message)), None
+                # most samples go to the engine, which needs only a few of their fields from here
+                sparse = decode_canonical_sparse(record.value, spec.message)
+                if sparse is not None:
+                    return Plain(spec.message, sparse, canonical=True, complete=False), None
+                return Plain(spec.message, decode_plain(record.value, spec.message)), None
             if spec.message in PLAIN_TYPES:
                 return Plain(spec.message, decode_plain(record.value, spec.message)), None
             return decode(record.value, spec.message), None
@@ -322,12 +334,14 @@ class BatchWriter:
                 if line is not None:
                     engine.append((record, message, line))
                     continue
+                message = completed(record, message)
             rest.append((record, message))
         if engine:
             _, days = self.ttl_by_table["gpu_samples"]
             oldest = min(message.data["ts"] for _, message, _ in engine)
             if _past_ttl(oldest, days, now):
-                return [], decoded
+                return [], [(record, completed(record, message) if isinstance(message, Plain) else message)
+                            for record, message in decoded]
         return engine, rest
 
     def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:

@@ -492,6 +492,9 @@ class Plain:
     data: dict[str, Any]
     canonical: bool = False
     """Strictly valid (:func:`schemas.codec.decode_plain_canonical`): its bytes read the same anywhere."""
+    complete: bool = True
+    """False: only the fields the record has (:func:`schemas.codec.decode_canonical_sparse`), no
+    defaults filled in; enough to check and count a GPU sample the engine unpacks, not to build rows."""
 
 
 Decoded = Message | Tombstone | Plain
@@ -519,6 +522,8 @@ PLAIN_TYPES: frozenset[type[Message | Tombstone]] = frozenset(_COLUMN_BUILDERS)
 
 def _kind_and_data(message: Decoded) -> tuple[type[Message | Tombstone], Any]:
     if isinstance(message, Plain):
+        if not message.complete:
+            raise ValueError(f"a sparse {message.type.__name__} has no defaults filled in: complete it first")
         return message.type, message.data
     if type(message) in _COLUMN_BUILDERS:
         return type(message), message.model_dump()  # type: ignore[union-attr]

@@ -13,8 +13,10 @@ The same rows, or none:
 
 - only **canonical** records take this path (:func:`schemas.codec.decode_plain_canonical`: strict
   validation passed, so every value already has its JSON type and a JSON reader reads what the
-  validation read); the sample's time comes from the validated record (``t``, in the column's
-  milliseconds, floored as the driver does), not from the engine's reading of the text;
+  validation read; the sink validates them sparsely, :func:`schemas.codec.decode_canonical_sparse`,
+  as the engine fills in the defaults itself); the sample's time comes from the validated record
+  (``t``, in the column's milliseconds, floored as the driver does), not from the engine's reading
+  of the text;
 - records with XID events (their ``gpu_xids`` rows) take the row path;
 - every object of a record is read as a named tuple, which refuses a duplicate key (a top-level
   row would keep the first of two where validation keeps the last); a value a column cannot hold
@@ -163,13 +165,14 @@ def ts_millis(ts: Any) -> int:
 
 
 def engine_line(raw: bytes, sample: Mapping[str, Any], partition: int, offset: int) -> bytes | None:
-    """The record's line for ``gpu_samples_json``, or None when it takes the row path (XID events)."""
-    if b'"xids"' in raw and any(gpu["xids"] for gpu in sample["gpus"]):  # the bytes first: most have none
+    """The record's line for ``gpu_samples_json``, or None when it takes the row path (XID events);
+    ``sample`` is the validated record, sparse or not."""
+    if b'"xids"' in raw and any(gpu.get("xids") for gpu in sample.get("gpus", ())):  # the bytes first: most have none
         return None
     return b'{"p":%d,"o":%d,"t":%d,"s":%b}' % (partition, offset, ts_millis(sample["ts"]), raw)
 
 
 def row_counts(sample: Mapping[str, Any]) -> tuple[int, int]:
-    """The ``gpu_samples`` and ``gpu_processes`` rows the views make of one sample."""
-    gpus = sample["gpus"]
-    return len(gpus), sum(len(gpu["processes"]) for gpu in gpus)
+    """The ``gpu_samples`` and ``gpu_processes`` rows the views make of one sample (sparse or not)."""
+    gpus = sample.get("gpus", ())
+    return len(gpus), sum(len(gpu.get("processes", ())) for gpu in gpus)

@@ -96,6 +96,10 @@ class InFlight:
     started: float
 
 
+class EarlierBatchNotStored(StoreUnavailable):
+    """Not inserted because the batch handed over before it was not stored: written again after it."""
+
+
 class SinkStopped(GpulensError):
     """Stop was requested while ClickHouse was failing: leave without committing the batch."""
 
@@ -366,7 +370,7 @@ class ClickHouseSink:
         prepared = handed_over.pop()
         try:
             if before is not None and before.exception() is not None:
-                raise StoreUnavailable(f"the batch before {prepared.batch.token} is not stored yet")
+                raise EarlierBatchNotStored(f"the batch before {prepared.batch.token} is not stored yet")
             return self.writer.store_prepared(prepared)
         finally:
             del prepared  # freed by reference counting while the collector is still paused
@@ -388,7 +392,8 @@ class ClickHouseSink:
         try:
             outcome, rejected = flight.result.result()
         except StoreUnavailable as exc:
-            self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
+            if not isinstance(exc, EarlierBatchNotStored):  # no attempt was made: not an error of its own
+                self.metrics.errors.labels(kind="clickhouse_unavailable").inc()
             if in_callback:
                 log.warning("batch not stored before a rebalance; its records will be read again",
                             batch=batch.token, error=str(exc))

@@ -261,6 +261,25 @@ def test_canonical_decoding_gives_the_plain_verdict_and_says_whether_anything_wa
     assert canonical == (CANONICAL[name] if name else None)
 
 
+@pytest.mark.parametrize("mutate", [*ACCEPTED_SAMPLES, *BROKEN_SAMPLES], ids=lambda m: m.__name__)
+def test_sparse_decoding_has_the_canonical_verdict_and_values_and_leaves_defaults_out(
+        mutate: Callable[[dict[str, Any]], None]) -> None:
+    data = orjson.loads(codec.encode(gpu_sample()))
+    mutate(data)
+    payload = orjson.dumps(data)
+    sparse = codec.decode_canonical_sparse(payload, GpuSample)
+    try:
+        full, canonical = codec.decode_plain_canonical(payload, GpuSample)
+    except codec.MessageError:
+        full, canonical = None, False
+    assert (sparse is not None) == canonical
+    if sparse is not None:
+        assert GpuSample.model_validate(sparse) == GpuSample.model_validate(full)
+        assert set(sparse) <= set(data)
+        for gpu, sent in zip(sparse.get("gpus", []), data.get("gpus", []), strict=True):
+            assert set(gpu) <= set(sent)
+
+
 @pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
 def test_canonical_decoding_reads_parser_edges_as_plain_decoding_does(edge: bytes) -> None:
     data = orjson.loads(codec.encode(gpu_sample(gpus=1)))

@@ -18,7 +18,7 @@ from schemas.codec import encode
 from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
 from schemas.topics import GPU_SAMPLES
 from sinks import sample_json
-from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics, completed
 from sinks.clickhouse import ClickHouseStore, StoreRejected
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
@@ -234,5 +234,5 @@ def test_a_block_sent_again_with_its_token_is_stored_once(migrated: ClickHouseSt
     for _ in range(3):
         migrated.insert_json(sample_json.TABLE, lines, dedup_token="a-batch:json")
     counts = {table: migrated.query(f"SELECT count() FROM {table}").rows[0][0] for table in TABLES}
-    expected = sample_columns([(m.data, 0, r.offset) for r, m, _ in prepared.engine])
+    expected = sample_columns([(completed(r, m).data, 0, r.offset) for r, m, _ in prepared.engine])
     assert counts == {table: expected[table].n_rows for table in TABLES}
