@@ -191,6 +191,11 @@ def commit_offsets(consumer: Consumer, offsets: dict[tuple[str, int], int]) -> N
     )
 
 
+def seek_to(consumer: Consumer, topic: str, partition: int, offset: int) -> None:
+    """Read an assigned partition again from ``offset``; raises KafkaException."""
+    consumer.seek(TopicPartition(topic, partition, offset))
+
+
 def consumer_lag(consumer: Consumer) -> dict[tuple[str, int], int]:
     """Messages not yet consumed per assigned (topic, partition), from cached high watermarks."""
     lags: dict[tuple[str, int], int] = {}

@@ -44,7 +44,7 @@ from typing import Any
 
 from common.backoff import Backoff
 from common.errors import GpulensError
-from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer
+from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer, seek_to
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
@@ -187,10 +187,22 @@ class ClickHouseSink:
         log.info("partitions assigned", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
-        self._settle(in_callback=True)  # its commit still counts while the partitions are ours
-        for tp in partitions:
+        left = self._settle(in_callback=True)  # their commits still count while the partitions are ours
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        for key in revoked:
             # uncommitted records are simply re-read by the next owner, which replays the journal
-            self.buffers.pop((tp.topic, tp.partition), None)
+            self.buffers.pop(key, None)
+        rewind: dict[tuple[str, int], int] = {}
+        for batch in left:
+            if (batch.topic, batch.partition) not in revoked:
+                rewind.setdefault((batch.topic, batch.partition), batch.first_offset)
+        for (topic, partition), offset in rewind.items():
+            # a partition this sink keeps (an incremental rebalance) reads a batch it could not
+            # store again, with everything after it: else later batches would commit past it
+            self.buffers.pop((topic, partition), None)
+            seek_to(consumer, topic, partition, offset)
+            log.warning("batch not stored before a rebalance; reading its partition again from its first offset",
+                        topic=topic, partition=partition, offset=offset)
         log.info("partitions revoked", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
 
     def close(self) -> None:
@@ -376,18 +388,24 @@ class ClickHouseSink:
             del prepared  # freed by reference counting while the collector is still paused
             GC_PAUSE.end()
 
-    def _settle(self, wait: bool = True, in_callback: bool = False, keep: int = 0) -> None:
+    def _settle(self, wait: bool = True, in_callback: bool = False, keep: int = 0) -> list[Batch]:
         """Finish the batches in flight, oldest first: every one whose insert is done, and
-        (``wait``) the others until at most ``keep`` are left. See :meth:`_settle_one`."""
+        (``wait``) the others until at most ``keep`` are left; the batches left unstored in a
+        rebalance callback (see :meth:`_settle_one`)."""
+        left: list[Batch] = []
         while self._in_flight:
             if not self._in_flight[0].result.done() and (not wait or len(self._in_flight) <= keep):
-                return
-            self._settle_one(self._in_flight.popleft(), in_callback)
+                break
+            flight = self._in_flight.popleft()
+            if not self._settle_one(flight, in_callback):
+                left.append(flight.batch)
+        return left
 
-    def _settle_one(self, flight: InFlight, in_callback: bool) -> None:
-        """Dead letters, then the commit. While ClickHouse is down the whole batch is written again
-        from its records with backoff; not in a rebalance callback, where the records are left to
-        the next owner (the batches behind it, which did not store before it, too)."""
+    def _settle_one(self, flight: InFlight, in_callback: bool) -> bool:
+        """Dead letters, then the commit; whether the batch was committed. While ClickHouse is down
+        the whole batch is written again from its records with backoff; not in a rebalance
+        callback, where it is left uncommitted (with the batches behind it, which did not store
+        before it) to be read again: by the next owner, or by this sink if it keeps the partition."""
         batch = flight.batch
         try:
             outcome, rejected = flight.result.result()
@@ -397,7 +415,7 @@ class ClickHouseSink:
             if in_callback:
                 log.warning("batch not stored before a rebalance; its records will be read again",
                             batch=batch.token, error=str(exc))
-                return
+                return False
             log.warning("clickhouse unavailable, retrying the batch", batch=batch.token, error=str(exc))
             outcome, rejected = self._retry(lambda: self.writer.write(batch))
         for record, reason in rejected:
@@ -409,7 +427,7 @@ class ClickHouseSink:
                 except StoreUnavailable as exc:
                     log.warning("dead letters not delivered before a rebalance; the batch will be read again",
                                 batch=batch.token, error=str(exc))
-                    return
+                    return False
             else:
                 self._retry(self._deliver_dead_letters)
         self._commit(batch)
@@ -422,6 +440,7 @@ class ClickHouseSink:
         self.metrics.batches.labels(topic=batch.topic).inc()
         self.metrics.latency.labels(topic=batch.topic).observe(time.perf_counter() - flight.started)
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
+        return True
 
     def _send_dead_letter(self, record: ConsumedRecord, reason: str) -> None:
         assert self._producer is not None

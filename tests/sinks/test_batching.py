@@ -2,7 +2,8 @@
 (no Kafka): a record waits at most the batch age from when it was read; a size trigger cuts only
 full batches; a caught-up consumer writes buffers at least half full at once; a batch whose insert
 fails while in flight is written again, in order, before the next one, also when the next one was
-already handed over."""
+already handed over; a batch a rebalance callback could not store is read again when the sink
+keeps its partition."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from common.settings import ClickHouseSettings, KafkaSettings, SinkSettings
@@ -147,4 +149,43 @@ def test_a_batch_handed_over_behind_a_failing_one_is_not_stored_before_it(tmp_pa
     # was written again, then the second
     assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:0:10-19"]
     assert sink.totals.rows_by_table["gpu_samples"] == 20
+    sink.close()
+
+
+class FakeConsumer:
+    """What a rebalance callback is handed: records where partitions were sought to."""
+
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int, int]] = []
+
+    def seek(self, partition: Any) -> None:
+        self.seeks.append((partition.topic, partition.partition, partition.offset))
+
+
+def _rebalance_with_a_batch_failing(tmp_path: Path, revoked_partition: int) -> tuple[ClickHouseSink, FakeStore,
+                                                                                      FakeConsumer]:
+    store = FakeStore(fail_inserts=1)
+    sink = _sink(tmp_path, store, time.monotonic)
+    _read(sink, 0, 15, now=0.0)
+    (batch,) = sink._due_batches((TOPIC, 0), sink.buffers[(TOPIC, 0)], 0.0, False)  # 0-9; 10-14 stay buffered
+    sink._flush(batch)
+    consumer = FakeConsumer()
+    sink._on_revoke(consumer, [SimpleNamespace(topic=TOPIC, partition=revoked_partition)])
+    return sink, store, consumer
+
+
+def test_a_batch_not_stored_in_a_rebalance_is_read_again_when_the_sink_keeps_its_partition(tmp_path: Path) -> None:
+    sink, store, consumer = _rebalance_with_a_batch_failing(tmp_path, revoked_partition=1)
+    # partition 0 stays with this sink: it reads the batch again, and what it had buffered after it
+    assert consumer.seeks == [(TOPIC, 0, 0)]
+    assert (TOPIC, 0) not in sink.buffers
+    assert store.samples_tokens() == [] and not sink._in_flight
+    sink.close()
+
+
+def test_a_batch_not_stored_in_a_rebalance_is_left_to_the_next_owner(tmp_path: Path) -> None:
+    sink, store, consumer = _rebalance_with_a_batch_failing(tmp_path, revoked_partition=0)
+    assert consumer.seeks == []
+    assert (TOPIC, 0) not in sink.buffers
+    assert store.samples_tokens() == [] and not sink._in_flight
     sink.close()
