@@ -18,7 +18,7 @@ from schemas.codec import encode
 from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
 from schemas.topics import GPU_SAMPLES
 from sinks import sample_json
-from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics, completed
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics, read_in_full
 from sinks.clickhouse import ClickHouseStore, StoreRejected
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
@@ -167,7 +167,7 @@ def test_coerced_values_and_xid_events_take_the_row_path(migrated: ClickHouseSto
         "xids": [XidEvent(xid=79, at=START, critical=True, message="fallen off the bus")]})]})
     payloads = [*coerced, encode(with_xid), encode(_sample(rng, 7))]
     writer, prepared = _prepare(migrated, _records(payloads))
-    assert [record.offset for record, _, _ in prepared.engine] == [6]
+    assert [sample.record.offset for sample in prepared.engine] == [6]
     assert [record.offset for record, _ in prepared.decoded] == [0, 1, 2, 3, 4, 5]
 
     writer.store_prepared(prepared)
@@ -200,7 +200,7 @@ def test_a_value_beyond_its_column_refuses_the_block_and_the_row_path_dead_lette
     writer, prepared = _prepare(migrated, _records(payloads))
     assert len(prepared.engine) == len(payloads)
     with pytest.raises(StoreRejected, match="beyond its column type"):
-        migrated.insert_json(sample_json.TABLE, b"\n".join(line for _, _, line in prepared.engine), "probe:json")
+        migrated.insert_json(sample_json.TABLE, b"\n".join(sample.line for sample in prepared.engine), "probe:json")
     assert _stored(migrated) == {"gpu_samples": [], "gpu_processes": []}, "a refused block writes nothing"
 
     outcome, rejected = writer.store_prepared(prepared)
@@ -230,9 +230,9 @@ def test_a_block_sent_again_with_its_token_is_stored_once(migrated: ClickHouseSt
     rng = random.Random(7)
     payloads = [encode(_sample(rng, n)) for n in range(20)]
     _, prepared = _prepare(migrated, _records(payloads))
-    lines = b"\n".join(line for _, _, line in prepared.engine)
+    lines = b"\n".join(sample.line for sample in prepared.engine)
     for _ in range(3):
         migrated.insert_json(sample_json.TABLE, lines, dedup_token="a-batch:json")
     counts = {table: migrated.query(f"SELECT count() FROM {table}").rows[0][0] for table in TABLES}
-    expected = sample_columns([(completed(r, m).data, 0, r.offset) for r, m, _ in prepared.engine])
+    expected = sample_columns([(read_in_full(s.record).data, 0, s.record.offset) for s in prepared.engine])
     assert counts == {table: expected[table].n_rows for table in TABLES}
