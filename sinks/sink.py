@@ -74,6 +74,8 @@ class PartitionBuffer:
     """When each record was read (the sink's clock), for the batch age."""
     plans: list[tuple[int, int]] | None = None
     """Journalled (first, last) ranges still to replay exactly; None until looked up."""
+    backlog: bool = False
+    """What is buffered is the rest of a backlog: a full batch was cut and records were left."""
 
     def add(self, record: ConsumedRecord, now: float) -> None:
         self.records.append(record)
@@ -282,13 +284,18 @@ class ClickHouseSink:
             return batches
         # A record waits at most the batch age from when it was read; short of that, only full
         # batches are cut (a remainder waits for more records rather than becoming a small insert),
-        # or, once the consumer has caught up, a buffer at least half full (waiting would only idle).
+        # or, once the consumer has caught up, a buffer at least half full or the rest of a backlog
+        # (waiting would only idle; a backlog's rest is one small insert per backlog, not a trickle).
         max_rows = self.settings.batch_max_rows
         everything = (force or now - buffer.arrived_at[0] >= self.settings.batch_max_age_s
-                      or (caught_up and 2 * len(buffer.records) >= max_rows))
+                      or (caught_up and (buffer.backlog or 2 * len(buffer.records) >= max_rows)))
+        cut_full = False
         while len(buffer.records) >= max_rows or (everything and buffer.records):
             take = buffer.take(max_rows)
+            cut_full = cut_full or len(take) == max_rows
             batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
+        if batches:
+            buffer.backlog = cut_full and bool(buffer.records)
         return batches
 
     def _load_plans(self) -> None:

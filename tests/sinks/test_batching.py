@@ -1,6 +1,7 @@
 """How the sink cuts batches and hands them to its store thread, on a fake clock and a fake store
 (no Kafka): a record waits at most the batch age from when it was read; a size trigger cuts only
-full batches; a caught-up consumer writes buffers at least half full at once; a batch whose insert
+full batches; a caught-up consumer writes buffers at least half full, and the rest of a backlog, at
+once; a batch whose insert
 fails while in flight is written again, in order, before the next one, also when the next one was
 already handed over; a batch a rebalance callback could not store is read again when the sink
 keeps its partition."""
@@ -116,6 +117,17 @@ def test_a_caught_up_consumer_writes_buffers_at_least_half_full_at_once(tmp_path
     _read(sink, 4, 1, now=0.1)
     assert _cuts(sink, now=0.2) == []  # more may come
     assert _cuts(sink, now=0.2, caught_up=True) == [(0, 4)]
+
+
+def test_a_caught_up_consumer_writes_the_rest_of_a_backlog_at_once_and_a_trickle_after_it_waits(
+        tmp_path: Path) -> None:
+    sink = _sink(tmp_path, FakeStore(), Clock())
+    _read(sink, 0, 23, now=0.0)
+    assert _cuts(sink, now=0.1) == [(0, 9), (10, 19)]  # the broker had more: the rest may grow
+    assert _cuts(sink, now=0.2, caught_up=True) == [(20, 22)]  # it did not: no reason to wait
+    _read(sink, 23, 2, now=0.3)
+    assert _cuts(sink, now=0.4, caught_up=True) == []  # a trickle waits for its age again
+    assert _cuts(sink, now=2.4, caught_up=True) == [(23, 24)]
 
 
 def test_a_batch_that_fails_in_flight_is_written_again_before_the_next(tmp_path: Path) -> None:
