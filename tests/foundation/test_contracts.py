@@ -166,6 +166,13 @@ ACCEPTED_SAMPLES = [
 ]
 
 
+def _mutated(mutate: Callable[[dict[str, Any]], None]) -> tuple[dict[str, Any], bytes]:
+    """A sample's JSON after ``mutate``: the data and its bytes."""
+    data = orjson.loads(codec.encode(gpu_sample()))
+    mutate(data)
+    return data, orjson.dumps(data)
+
+
 @pytest.mark.parametrize("mutate", BROKEN_SAMPLES, ids=lambda m: m.__name__)
 def test_plain_decoding_refuses_what_the_models_refuse_with_the_same_reason(
         mutate: Callable[[dict[str, Any]], None]) -> None:
@@ -192,9 +199,7 @@ def test_plain_decoding_names_a_part_that_is_not_an_object_without_its_class() -
 
 @pytest.mark.parametrize("mutate", ACCEPTED_SAMPLES, ids=lambda m: m.__name__)
 def test_plain_decoding_coerces_and_fills_defaults_as_the_models_do(mutate: Callable[[dict[str, Any]], None]) -> None:
-    data = orjson.loads(codec.encode(gpu_sample()))
-    mutate(data)
-    payload = orjson.dumps(data)
+    _, payload = _mutated(mutate)
     assert codec.decode_plain(payload, GpuSample) == codec.decode(payload, GpuSample).model_dump()
 
 
@@ -206,19 +211,24 @@ PARSER_EDGES = [
 ]
 
 
+def _edged(edge: bytes) -> bytes:
+    """A one-GPU sample's bytes with the field ``edge`` names written as ``edge`` says."""
+    data = orjson.loads(codec.encode(gpu_sample(gpus=1)))
+    data["node"], data["seq"] = "node-000", 0
+    data["gpus"][0].update(gpu_util_pct=42.0, mem_used_bytes=1024)
+    payload = orjson.dumps(data)
+    original = next(part for part in (b'"node":"node-000"', b'"seq":0', b'"gpu_util_pct":42.0',
+                                      b'"mem_used_bytes":1024') if part.startswith(edge.split(b":")[0]))
+    edged = payload.replace(original, edge, 1)
+    assert edged != payload
+    return edged
+
+
 @pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
 def test_plain_decoding_in_one_pass_gives_what_the_two_step_path_gives(edge: bytes) -> None:
     """pydantic's JSON parser reads some inputs differently from orjson: the one-pass path must not show it."""
     assert codec.json_validator(GpuSample) is not None
-    data = orjson.loads(codec.encode(gpu_sample(gpus=1)))
-    data["node"], data["seq"] = "node-000", 0
-    data["gpus"][0].update(gpu_util_pct=42.0, mem_used_bytes=1024)
-    field = edge.split(b":")[0]
-    payload = orjson.dumps(data)
-    original = next(part for part in (b'"node":"node-000"', b'"seq":0', b'"gpu_util_pct":42.0',
-                                      b'"mem_used_bytes":1024') if part.startswith(field))
-    edged = payload.replace(original, edge, 1)
-    assert edged != payload
+    edged = _edged(edge)
 
     expected: dict[str, Any] | str
     try:
@@ -243,9 +253,7 @@ CANONICAL = {"seq='5'": False, "gpus.0.index=3.0": False, "ts='2026-01-05T11:00:
 @pytest.mark.parametrize("mutate", [*ACCEPTED_SAMPLES, *BROKEN_SAMPLES], ids=lambda m: m.__name__)
 def test_canonical_decoding_gives_the_plain_verdict_and_says_whether_anything_was_coerced(
         mutate: Callable[[dict[str, Any]], None]) -> None:
-    data = orjson.loads(codec.encode(gpu_sample()))
-    mutate(data)
-    payload = orjson.dumps(data)
+    _, payload = _mutated(mutate)
     try:
         expected: Any = codec.decode_plain(payload, GpuSample)
     except codec.MessageError as exc:
@@ -264,9 +272,7 @@ def test_canonical_decoding_gives_the_plain_verdict_and_says_whether_anything_wa
 @pytest.mark.parametrize("mutate", [*ACCEPTED_SAMPLES, *BROKEN_SAMPLES], ids=lambda m: m.__name__)
 def test_sparse_decoding_has_the_canonical_verdict_and_values_and_leaves_defaults_out(
         mutate: Callable[[dict[str, Any]], None]) -> None:
-    data = orjson.loads(codec.encode(gpu_sample()))
-    mutate(data)
-    payload = orjson.dumps(data)
+    data, payload = _mutated(mutate)
     sparse = codec.decode_canonical_sparse(payload, GpuSample)
     try:
         full, canonical = codec.decode_plain_canonical(payload, GpuSample)
@@ -282,13 +288,7 @@ def test_sparse_decoding_has_the_canonical_verdict_and_values_and_leaves_default
 
 @pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
 def test_canonical_decoding_reads_parser_edges_as_plain_decoding_does(edge: bytes) -> None:
-    data = orjson.loads(codec.encode(gpu_sample(gpus=1)))
-    data["node"], data["seq"] = "node-000", 0
-    data["gpus"][0].update(gpu_util_pct=42.0, mem_used_bytes=1024)
-    payload = orjson.dumps(data)
-    original = next(part for part in (b'"node":"node-000"', b'"seq":0', b'"gpu_util_pct":42.0',
-                                      b'"mem_used_bytes":1024') if part.startswith(edge.split(b":")[0]))
-    edged = payload.replace(original, edge, 1)
+    edged = _edged(edge)
     results: list[Any] = []
     for decode in (lambda p: codec.decode_plain(p, GpuSample), lambda p: codec.decode_plain_canonical(p, GpuSample)[0]):
         try:

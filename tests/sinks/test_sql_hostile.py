@@ -329,7 +329,9 @@ def test_ctrl_c_cancels_a_long_query_at_once(store: ClickHouseStore, tmp_path: P
     store.close()
     env = {**os.environ, "GPULENS_DATA_DIR": str(tmp_path), "GPULENS_CLICKHOUSE__QUERY_MAX_EXECUTION_TIME_S": "120"}
     child = subprocess.Popen([sys.executable, "-m", "gpulens", "sql", "SELECT count() FROM numbers(1e12)"],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             # a user's terminal delivers Ctrl-C; a runner that ignores SIGINT passes that on
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(20.0)  # imports and the engine's start (slow on a loaded machine), then the query runs
     assert child.poll() is None
     sent = time.monotonic()
