@@ -197,6 +197,9 @@ class FaustConsumerPort:
     def settled(self) -> bool:
         return not self.app.rebalancing and bool(self.app.consumer.flow_active)
 
+    def unsettled_state(self) -> dict[str, Any]:
+        return {"rebalancing": bool(self.app.rebalancing), "flow_active": bool(self.app.consumer.flow_active)}
+
     async def seek(self, tp: Any, offset: int) -> None:
         consumer = self.app.consumer
         consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged

@@ -8,6 +8,7 @@ the faust side of the port is ``stream_jobs.faust_app.FaustConsumerPort``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -17,6 +18,9 @@ from common.metrics import MetricsRegistry
 from stream_jobs.offsets import AckOrder, PartitionStalled, Positions
 
 log = get_logger(__name__)
+
+UNSETTLED_SAY_S = 30.0
+"""How often :meth:`OffsetGuard.watch` says that the consumer is still not settled."""
 
 
 class WorkerMetrics:
@@ -58,6 +62,9 @@ class ConsumerPort(Protocol):
         """False while the group rebalances or the consumer's flow is stopped (no records come
         then, by design: not a stall)."""
 
+    def unsettled_state(self) -> dict[str, Any]:
+        """What keeps the consumer unsettled, for the log (e.g. ``rebalancing``, ``flow_active``)."""
+
     async def seek(self, tp: Any, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
 
@@ -73,13 +80,21 @@ class OffsetGuard:
     arrives, but at the tail of a partition no later record comes. So a watched partition whose
     next offset is below the log end and which admitted nothing for ``stall_s`` is sought back
     to that offset; one that still admits nothing after ``give_up_s`` raises
-    :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang.
+    :class:`PartitionStalled` (the worker exits and restarts) — never a silent hang. A check whose
+    broker call does not answer within ``call_timeout_s`` counts as a stalled round (the watch
+    itself must not hang on it), and a consumer that stays unsettled (a rebalance, or faust's
+    recovery of its tables, which may take long and must not be cut short) is said in the log
+    every ``UNSETTLED_SAY_S``.
     """
 
     def __init__(self, port: ConsumerPort, metrics: WorkerMetrics | None = None,
                  watched: Iterable[str] | None = None, stall_s: float = 5.0, give_up_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+                 call_timeout_s: float = 30.0) -> None:
         self.port = port
+        self.call_timeout_s = call_timeout_s
+        self._unsettled_since: float | None = None
+        self._unsettled_said = 0.0
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions(wall_clock=wall_clock)
         self.acks: AckOrder[Any] = AckOrder()
@@ -179,7 +194,9 @@ class OffsetGuard:
         now = self.clock()
         if not self.port.settled():
             self._progress = {tp: now for tp in self._progress}  # waiting by design: not a stall
+            self._say_unsettled(now)
             return
+        self._unsettled_since = None
         idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
                 and (self.watched is None or tp.topic in self.watched)]
         if not idle:
@@ -187,19 +204,40 @@ class OffsetGuard:
         # one request for every idle partition: one per partition, through the consumer's thread
         # that also fetches, took a loaded worker 10 s per round while a partition crawled
         try:
-            ends = await self.port.log_ends(idle)
+            ends = await asyncio.wait_for(self.port.log_ends(idle), self.call_timeout_s)
         except Exception as exc:  # the broker may be away: the next round asks again
-            log.warning("stall check failed; retrying", partitions=len(idle), error=str(exc))
+            log.warning("stall check failed; retrying", partitions=len(idle), error=str(exc) or repr(exc))
             return
         for tp in idle:
             if tp not in ends:
                 continue
             try:
-                await self._check_stall(tp, now, ends[tp])
+                await asyncio.wait_for(self._check_stall(tp, now, ends[tp]), self.call_timeout_s)
             except PartitionStalled:
                 raise
+            except TimeoutError:
+                self._stalled_round(tp, now, ends[tp], f"no answer within {self.call_timeout_s:.0f}s")
             except Exception as exc:  # a rebalance can take the partition away: the next round decides
                 log.warning("stall check failed; retrying", topic=tp.topic, partition=tp.partition, error=str(exc))
+
+    def _say_unsettled(self, now: float) -> None:
+        """Log, every ``UNSETTLED_SAY_S``, that the consumer has not settled and why."""
+        if self._unsettled_since is None:
+            self._unsettled_since = self._unsettled_said = now
+        elif now - self._unsettled_said >= UNSETTLED_SAY_S:
+            self._unsettled_said = now
+            log.warning("consumer not settled: partitions are not watched meanwhile",
+                        unsettled_s=round(now - self._unsettled_since), **self.port.unsettled_state())
+
+    def _stalled_round(self, tp: Any, now: float, end: int, why: str) -> None:
+        """A check of ``tp`` that could not finish counts towards its give-up like a stalled round."""
+        since = self._stalled.setdefault(tp, now - self.stall_s)
+        self._progress[tp] = now
+        log.warning("stall check did not finish; retrying", topic=tp.topic, partition=tp.partition, reason=why,
+                    stalled_s=round(now - since, 1))
+        if now - since >= self.give_up_s:
+            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
+                                   f"(log end {end}; its checks did not finish: {why})")
 
     async def _check_stall(self, tp: Any, now: float, end: int) -> None:
         if tp not in self.positions.owned:

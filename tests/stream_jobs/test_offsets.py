@@ -6,6 +6,7 @@ that started at the first fetched record, compacted topics exempt)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from typing import Any, NamedTuple
@@ -92,6 +93,9 @@ class FaustLikeConsumer:
 
     def settled(self) -> bool:
         return not self.rebalancing
+
+    def unsettled_state(self) -> dict[str, Any]:
+        return {"rebalancing": self.rebalancing}
 
     rebalancing = False
 
@@ -354,6 +358,54 @@ def test_a_partition_that_stays_stalled_ends_the_worker_instead_of_hanging() -> 
             await guard.watch()
 
     asyncio.run(scenario())
+
+
+class SilentConsumer(FaustLikeConsumer):
+    """A consumer whose seeks never answer (a client wedged on its broker connection)."""
+
+    async def seek(self, tp: Any, offset: int) -> None:
+        self.seeks.append(offset)
+        await asyncio.Event().wait()
+
+
+def test_a_stall_check_that_never_answers_ends_the_worker_instead_of_hanging_the_watch() -> None:
+    consumer = SilentConsumer(SAMPLES, list(range(10)), committed=3, position=10)
+    clock = FakeClock()
+    guard = OffsetGuard(consumer, stall_s=5.0, give_up_s=60.0, clock=clock, call_timeout_s=0.01)
+    guard.assign({SAMPLES})
+
+    async def scenario() -> None:
+        for _ in range(11):  # every round's seek hangs: each round ends, counted as stalled
+            clock.now += 5
+            await guard.watch()
+        assert consumer.seeks == [3] * 11
+        clock.now += 5
+        with pytest.raises(PartitionStalled, match="admitted nothing for 60s"):
+            await guard.watch()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))  # a watch that hangs fails here rather than hang the tests
+
+
+def test_a_consumer_that_stays_unsettled_is_said_in_the_log_and_not_cut_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A long rebalance or recovery of faust's tables must not restart the worker (it would start
+    over), but it must not be silent either."""
+    consumer = LosingConsumer(SAMPLES, list(range(10)), committed=3, position=10)
+    consumer.rebalancing = True
+    clock = FakeClock()
+    guard = OffsetGuard(consumer, clock=clock)
+    guard.assign({SAMPLES})
+
+    async def scenario() -> None:
+        for _ in range(600):  # ten minutes, a round a second
+            clock.now += 1
+            await guard.watch()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    said = [r for r in caplog.records if r.getMessage().startswith("consumer not settled")]
+    assert len(said) == 19  # every 30 s from the first unsettled round on
+    assert consumer.seeks == []
 
 
 def test_an_idle_partition_that_is_caught_up_is_not_stalled() -> None:
