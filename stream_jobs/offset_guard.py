@@ -233,11 +233,18 @@ class OffsetGuard:
         """A check of ``tp`` that could not finish counts towards its give-up like a stalled round."""
         since = self._stalled.setdefault(tp, now - self.stall_s)
         self._progress[tp] = now
+        self._give_up_if_due(tp, now, since, f"log end {end}; its checks did not finish: {why}", log_end=end,
+                             reason=why)
         log.warning("stall check did not finish; retrying", topic=tp.topic, partition=tp.partition, reason=why,
                     stalled_s=round(now - since, 1))
+
+    def _give_up_if_due(self, tp: Any, now: float, since: float, detail: str, **fields: Any) -> None:
+        """Raise :class:`PartitionStalled` once ``tp`` has been stalled since ``since`` for
+        ``give_up_s`` (``fields``: for the log line)."""
         if now - since >= self.give_up_s:
-            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
-                                   f"(log end {end}; its checks did not finish: {why})")
+            log.error("partition stalled: its records do not come although the log holds them; restarting",
+                      topic=tp.topic, partition=tp.partition, **fields, stalled_s=round(now - since, 1))
+            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s ({detail})")
 
     async def _check_stall(self, tp: Any, now: float, end: int) -> None:
         if tp not in self.positions.owned:
@@ -250,12 +257,7 @@ class OffsetGuard:
             self._stalled.pop(tp, None)  # caught up: nothing to wait for
             return
         since = self._stalled.setdefault(tp, now - self.stall_s)
-        if now - since >= self.give_up_s:
-            log.error("partition stalled: its records do not come although the log holds them; restarting",
-                      topic=tp.topic, partition=tp.partition, expected=wanted, log_end=end,
-                      stalled_s=round(now - since, 1))
-            raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s "
-                                   f"(expected offset {wanted}, log end {end})")
+        self._give_up_if_due(tp, now, since, f"expected offset {wanted}, log end {end}", expected=wanted, log_end=end)
         log.warning("partition stalled; reading it again", topic=tp.topic, partition=tp.partition,
                     expected=wanted, log_end=end, stalled_s=round(now - since, 1))
         self.metrics.skips.inc()

@@ -1,10 +1,9 @@
 """How the sink cuts batches and hands them to its store thread, on a fake clock and a fake store
 (no Kafka): a record waits at most the batch age from when it was read; a size trigger cuts only
 full batches; a caught-up consumer writes buffers at least half full, and the rest of a backlog, at
-once; a batch whose insert
-fails while in flight is written again, in order, before the next one, also when the next one was
-already handed over; a batch a rebalance callback could not store is read again when the sink
-keeps its partition."""
+once; a batch whose insert fails while in flight is written again, in order, before the next one,
+also when the next one was already handed over; a batch a rebalance callback could not store is
+read again when the sink keeps its partition."""
 
 from __future__ import annotations
 

@@ -330,6 +330,19 @@ def test_a_seek_back_undone_by_a_batch_fetched_before_it_is_repeated() -> None:
     assert asyncio.run(scenario()) == list(range(1, 100))
 
 
+async def _stalled_for_a_minute(guard: OffsetGuard, consumer: FaustLikeConsumer, clock: FakeClock,
+                                match: str) -> None:
+    """Watch rounds every ``stall_s`` (5 s) of a partition stalled at offset 3: a seek back in each
+    for a minute, then the give-up."""
+    for _ in range(11):
+        clock.now += 5
+        await guard.watch()
+    assert consumer.seeks == [3] * 11
+    clock.now += 5
+    with pytest.raises(PartitionStalled, match=match):
+        await guard.watch()
+
+
 class LosingConsumer(FaustLikeConsumer):
     """A consumer whose seeks never take effect (the records keep getting lost)."""
 
@@ -349,13 +362,7 @@ def test_a_partition_that_stays_stalled_ends_the_worker_instead_of_hanging() -> 
         await guard.watch()
         assert consumer.seeks == []
         consumer.rebalancing = False
-        for _ in range(11):  # one seek per stall_s, for a minute
-            clock.now += 5
-            await guard.watch()
-        assert consumer.seeks == [3] * 11
-        clock.now += 5
-        with pytest.raises(PartitionStalled, match="expected offset 3, log end 10"):
-            await guard.watch()
+        await _stalled_for_a_minute(guard, consumer, clock, "expected offset 3, log end 10")
 
     asyncio.run(scenario())
 
@@ -374,16 +381,9 @@ def test_a_stall_check_that_never_answers_ends_the_worker_instead_of_hanging_the
     guard = OffsetGuard(consumer, stall_s=5.0, give_up_s=60.0, clock=clock, call_timeout_s=0.01)
     guard.assign({SAMPLES})
 
-    async def scenario() -> None:
-        for _ in range(11):  # every round's seek hangs: each round ends, counted as stalled
-            clock.now += 5
-            await guard.watch()
-        assert consumer.seeks == [3] * 11
-        clock.now += 5
-        with pytest.raises(PartitionStalled, match="admitted nothing for 60s"):
-            await guard.watch()
-
-    asyncio.run(asyncio.wait_for(scenario(), 10))  # a watch that hangs fails here rather than hang the tests
+    # every round's seek hangs: each round ends, counted as stalled
+    scenario = _stalled_for_a_minute(guard, consumer, clock, "admitted nothing for 60s")
+    asyncio.run(asyncio.wait_for(scenario, 10))  # a watch that hangs fails here rather than hang the tests
 
 
 def test_a_consumer_that_stays_unsettled_is_said_in_the_log_and_not_cut_short(
