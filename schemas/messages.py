@@ -59,10 +59,23 @@ UtcDatetime = Annotated[
 """A UTC timestamp; naive datetimes are rejected so wall-clock confusion cannot creep in."""
 
 NonNegInt = Annotated[int, Field(ge=0)]
-Uint32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
-"""An integer ClickHouse stores as UInt32 (a process id)."""
 NonNegFloat = Annotated[float, Field(ge=0)]
 Percent = Annotated[float, Field(ge=0, le=100)]
+
+# What a GPU sample's columns can hold, bounded here so that a value beyond its column is refused
+# (and dead-lettered with its reason) wherever the record is read, not stored wrapped or infinite.
+FLOAT32_MAX = 3.4028234663852886e38
+Uint16 = Annotated[int, Field(ge=0, le=2**16 - 1)]
+"""An integer ClickHouse stores as UInt16 (a GPU index)."""
+Uint32 = Annotated[int, Field(ge=0, le=2**32 - 1)]
+"""An integer ClickHouse stores as UInt32 (a process id, a clock, an XID)."""
+Uint64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
+"""An integer ClickHouse stores as UInt64 (bytes, a sequence number)."""
+Float32 = Annotated[float, Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+"""A float ClickHouse stores as Float32: finite there too (a larger float64 would become infinite)."""
+NonNegFloat32 = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
+MAX_PROCESSES_PER_GPU = 2**16 - 1
+"""What ``gpu_samples.process_count`` (UInt16) can count."""
 
 
 class Message(BaseModel):
@@ -87,7 +100,7 @@ GpuHealth = Literal["ok", "degraded", "lost", "error"]
 
 
 class XidEvent(Part):
-    xid: int
+    xid: Uint32
     at: UtcDatetime
     critical: bool
     message: str | None = None
@@ -109,14 +122,14 @@ class GpuProcess(Part):
     pod_namespace: str | None = None
     pod_name: str | None = None
     container_name: str | None = None
-    mem_used_bytes: NonNegInt | None = None
+    mem_used_bytes: Uint64 | None = None
     sm_util_pct: Percent | None = None
     process_name: str | None = None
 
 
 class GpuReading(Part):
     uuid: str
-    index: int
+    index: Uint16
     model: str
     mig_parent_uuid: str | None = None
     mig_profile: str | None = None
@@ -127,21 +140,21 @@ class GpuReading(Part):
         "start, 0-7); absent when the agent cannot read it (the stream then assumes the driver's default packing)")
     gpu_util_pct: Percent | None = None
     mem_util_pct: Percent | None = None
-    mem_used_bytes: NonNegInt | None = None
-    mem_total_bytes: NonNegInt | None = None
-    power_w: NonNegFloat | None = None
-    temperature_c: float | None = None
-    sm_clock_mhz: NonNegInt | None = None
-    mem_clock_mhz: NonNegInt | None = None
-    pcie_tx_bytes_per_s: NonNegFloat | None = None
-    pcie_rx_bytes_per_s: NonNegFloat | None = None
-    nvlink_tx_bytes_per_s: NonNegFloat | None = None
-    nvlink_rx_bytes_per_s: NonNegFloat | None = None
+    mem_used_bytes: Uint64 | None = None
+    mem_total_bytes: Uint64 | None = None
+    power_w: NonNegFloat32 | None = None
+    temperature_c: Float32 | None = None
+    sm_clock_mhz: Uint32 | None = None
+    mem_clock_mhz: Uint32 | None = None
+    pcie_tx_bytes_per_s: NonNegFloat32 | None = None
+    pcie_rx_bytes_per_s: NonNegFloat32 | None = None
+    nvlink_tx_bytes_per_s: NonNegFloat32 | None = None
+    nvlink_rx_bytes_per_s: NonNegFloat32 | None = None
     health: GpuHealth = "ok"
     health_reason: str | None = None
     xids: list[XidEvent] = Field(default_factory=list)
     assigned_to: list[PodRef] = Field(default_factory=list)
-    processes: list[GpuProcess] = Field(default_factory=list)
+    processes: list[GpuProcess] = Field(default_factory=list, max_length=MAX_PROCESSES_PER_GPU)
     shared: bool = False
     # profiling and error counters (from dcgm-exporter; added within v1, absent from NVML samples)
     sm_active_pct: Percent | None = Field(
@@ -171,8 +184,8 @@ class GpuSample(Message):
     node: str
     ts: UtcDatetime
     agent_boot_id: str
-    seq: NonNegInt
-    sample_interval_s: Annotated[float, Field(gt=0)]
+    seq: Uint64
+    sample_interval_s: Annotated[float, Field(gt=0, le=FLOAT32_MAX)]
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     gpus: list[GpuReading] = Field(default_factory=list)

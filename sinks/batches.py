@@ -391,8 +391,9 @@ class BatchWriter:
     def _store_engine_lines(self, prepared: PreparedBatch, outcome: FlushOutcome
                             ) -> tuple[dict[str, TableColumns], list[tuple[ConsumedRecord, Decoded]]]:
         """Insert the batch's engine lines; the tables and records the row path still has to write:
-        those of the prepared batch, or, when the engine refused the lines (nothing of them was
-        stored: see :data:`sinks.sample_json.FITS`), every record of it, the samples included."""
+        those of the prepared batch, or, when the engine refused the lines (a line it cannot read
+        fails the insert before any row is written: :mod:`sinks.sample_json`), every record of it,
+        the samples included."""
         batch = prepared.batch
         try:
             self.store.insert_json(sample_json.TABLE, b"\n".join(sample.line for sample in prepared.engine),

@@ -322,6 +322,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(9, "allocator figures (reserved but unused, retries, OOMs) in pod windows and lifecycle",
               _m9_allocator),
     Migration(10, "gpu_samples_json: GPU samples unpacked into rows by the engine", lambda ttl: sample_json.ddl()),
+    Migration(11, "gpu_samples_json: no check view, the schemas bound what the columns cannot hold",
+              lambda ttl: sample_json.ddl_without_the_check()),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

@@ -4,9 +4,8 @@ Why: building a batch's ``gpu_samples`` and ``gpu_processes`` rows in Python (on
 and column) and serialising them for the driver took about as much of the interpreter as
 validating the records, and the interpreter is what a sink's wall clock waits on. Here the sink
 validates each record as before, then hands the record's own bytes, wrapped with its source
-position, to ``gpu_samples_json`` (a ``Null`` table, migration 10); a view checks them into
-``gpu_samples_json_checked``, whose two views unpack them into the same rows
-:func:`sinks.rows.sample_columns` builds. The engine parses and pivots without the interpreter's
+position, to ``gpu_samples_json`` (a ``Null`` table, migration 10), whose two views unpack them
+into the same rows :func:`sinks.rows.sample_columns` builds. The engine parses and pivots without the interpreter's
 lock, while the sink validates the next batch.
 
 The same rows, or none:
@@ -18,11 +17,14 @@ The same rows, or none:
   (``t``, in the column's milliseconds, floored as the driver does), not from the engine's reading
   of the text;
 - records with XID events (their ``gpu_xids`` rows) take the row path;
+- a value a column cannot hold (an index beyond ``UInt16``, a float beyond ``Float32``) never gets
+  here: the schema bounds it (``schemas.messages.Uint16``, ``Float32``, ...), so validation refuses
+  the record, as the driver's serialisation would; the views convert without a check of their own
+  (a check view cost about a tenth of the sink's time, migration 11 dropped it);
 - every object of a record is read as a named tuple, which refuses a duplicate key (a top-level
-  row would keep the first of two where validation keeps the last); a value a column cannot hold
-  (an index beyond ``UInt16``, a float beyond ``Float32``) fails the check (:data:`FITS`) before
-  any row is written, as it fails the driver's serialisation, and so does anything else the
-  engine cannot read: the caller then writes the batch through the row path, whose verdict stands.
+  row would keep the first of two where validation keeps the last); a line the engine cannot read
+  fails the insert while the block is parsed, before either view writes a row, and the caller
+  writes the batch through the row path, whose verdict stands.
 
 The views' expressions mirror ``sample_columns`` column by column (defaults of omitted fields
 included); tests store the same records both ways and compare every column.
@@ -63,26 +65,6 @@ STRUCTURE = (
     f"driver_version Nullable(String), cuda_driver_version Nullable(String), gpus Array({_gpu_structure()}))"
 )
 """What one line of ``gpu_samples_json`` holds: the record's partition, offset, time in ms and the sample."""
-
-
-def _fits_f32(expr: str) -> str:
-    return f"(isNull({expr}) OR NOT isInfinite(toFloat32({expr})))"
-
-
-_GPU_FITS = " AND ".join([
-    "gpu.index BETWEEN 0 AND 65535",
-    *(_fits_f32(f"gpu.{name}") for name in _FLOATS),
-    *(f"ifNull(gpu.{name} <= 4294967295, true)" for name in _UINT32S),
-    "length(gpu.processes) <= 65535",
-    "arrayAll(process -> " + _fits_f32("process.sm_util_pct") + ", gpu.processes)",
-])
-FITS = f"(empty(s.gpus) OR ({_fits_f32('s.sample_interval_s')} AND arrayAll(gpu -> {_GPU_FITS}, s.gpus)))"
-"""Whether every value of a line's sample fits its column (the driver refuses one that does not; a
-sample without GPUs makes no row on either path)."""
-
-CHECKED = f"{TABLE}_checked"
-"""Where the lines go once :data:`FITS` holds for all of them: the block reaches the views that
-write rows only then, so a refused insert has written nothing."""
 
 
 def _gauge(name: str) -> str:
@@ -143,19 +125,33 @@ PROCESS_COLUMNS: Mapping[str, str] = {
 def _view(name: str, target: str, columns: Mapping[str, str], joins: str) -> str:
     exprs = ",\n       ".join(f"{expr} AS {column}" for column, expr in columns.items())
     return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name} TO {target} ({', '.join(columns)}) AS\n"
-            f"SELECT {exprs}\nFROM {CHECKED} {joins}")
+            f"SELECT {exprs}\nFROM {TABLE} {joins}")
 
 
 def ddl() -> list[str]:
-    """Migration 10: the Null tables and the views that check and unpack their lines."""
+    """The Null table and the two views that unpack its lines (migration 10 on a new store)."""
     return [
         f"CREATE TABLE IF NOT EXISTS {TABLE} ({STRUCTURE}) ENGINE = Null",
-        f"CREATE TABLE IF NOT EXISTS {CHECKED} ({STRUCTURE}) ENGINE = Null",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {TABLE}_check TO {CHECKED} AS\n"
-        f"SELECT * FROM {TABLE}\nWHERE throwIf(NOT {FITS}, 'a value of a GPU sample is beyond its column type') = 0",
-        _view(f"{TABLE}_samples", "gpu_samples", SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
-        _view(f"{TABLE}_processes", "gpu_processes", PROCESS_COLUMNS,
+        _view(f"{TABLE}_to_samples", "gpu_samples", SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
+        _view(f"{TABLE}_to_processes", "gpu_processes", PROCESS_COLUMNS,
               "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q"),
+    ]
+
+
+def ddl_without_the_check() -> list[str]:
+    """Migration 11: the lines go straight to the views that unpack them; the check view that passed
+    them on and its table are dropped, now that the schemas bound what a column cannot hold.
+
+    The new views are created before the old path is dropped, so a sink that inserts during the
+    migration loses no line: a block may be unpacked by both paths for that moment, and its second
+    copy of each row is one row under ``FINAL`` and after merges (one row per fact).
+    """
+    return [
+        *ddl(),
+        f"DROP VIEW IF EXISTS {TABLE}_check",
+        f"DROP VIEW IF EXISTS {TABLE}_samples",
+        f"DROP VIEW IF EXISTS {TABLE}_processes",
+        f"DROP TABLE IF EXISTS {TABLE}_checked",
     ]
 
 

@@ -1,11 +1,12 @@
 """GPU samples the engine unpacks (``sinks.sample_json``) are stored exactly as the row path stores
 them, column for column; samples it must not read (coerced values, XID events) take the row path;
-a value beyond its column, or a line the engine reads differently (a duplicate key), makes the
-engine refuse the whole block before either view writes, and the batch is written as rows, where
-the record is dead-lettered alone (real chDB, no broker)."""
+a value beyond its column is refused by the schema, dead-lettered alone; a line the engine reads
+differently (a duplicate key) makes it refuse the whole block before either view writes, and the
+batch is written as rows (real chDB, no broker)."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,9 +18,9 @@ from common.metrics import MetricsRegistry
 from schemas.codec import encode
 from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
 from schemas.topics import GPU_SAMPLES
-from sinks import sample_json
+from sinks import migrations, sample_json
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics, read_in_full
-from sinks.clickhouse import ClickHouseStore, StoreRejected
+from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
 from sinks.rows import sample_columns, tables_for
@@ -180,33 +181,50 @@ def test_coerced_values_and_xid_events_take_the_row_path(migrated: ClickHouseSto
 
 
 BEYOND_THEIR_COLUMNS = {
-    "index beyond UInt16": ("index", 70_000),
-    "finite temperature beyond Float32": ("temperature_c", 1e300),
-    "power beyond Float32": ("power_w", 3.5e38),
-    "clock beyond UInt32": ("sm_clock_mhz", 2**32),
+    "index beyond UInt16": ("gpus.1.index", 70_000),
+    "negative index": ("gpus.1.index", -1),
+    "finite temperature beyond Float32": ("gpus.1.temperature_c", 1e300),
+    "negative temperature beyond Float32": ("gpus.1.temperature_c", -3.5e38),
+    "power beyond Float32": ("gpus.1.power_w", 3.5e38),
+    "PCIe rate beyond Float32": ("gpus.1.pcie_rx_bytes_per_s", 1e39),
+    "clock beyond UInt32": ("gpus.1.sm_clock_mhz", 2**32),
+    "memory beyond UInt64": ("gpus.1.mem_used_bytes", 2**64),
+    "process memory beyond UInt64": ("gpus.1.processes", [{"pid": 1, "mem_used_bytes": 2**64}]),
+    "more processes than UInt16 counts": ("gpus.1.processes", [{"pid": 1}] * 65_536),
+    "XID beyond UInt32": ("gpus.1.xids", [{"xid": 2**32, "at": "2026-11-30T08:00:00Z", "critical": True}]),
+    "sample interval beyond Float32": ("sample_interval_s", 1e39),
+    "sequence number beyond UInt64": ("seq", 2**64),
 }
 
 
-@pytest.mark.parametrize("field, value", BEYOND_THEIR_COLUMNS.values(), ids=list(BEYOND_THEIR_COLUMNS))
-def test_a_value_beyond_its_column_refuses_the_block_and_the_row_path_dead_letters_it_alone(
-    migrated: ClickHouseStore, field: str, value: Any,
+def _set_path(record: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    target: Any = record
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target[part]
+    target[last] = value
+
+
+@pytest.mark.parametrize("path, value", BEYOND_THEIR_COLUMNS.values(), ids=list(BEYOND_THEIR_COLUMNS))
+def test_a_value_beyond_its_column_is_dead_lettered_alone_with_the_field_it_names(
+    migrated: ClickHouseStore, path: str, value: Any,
 ) -> None:
+    """The schema bounds what a column cannot hold, so the record is refused where it is read (the
+    views convert without a check of their own, which would wrap an index or make a float infinite)."""
     rng = random.Random(5)
     good = [encode(_sample(rng, n).model_copy(update={"gpus": [_reading(rng, n, i) for i in range(2)]}))
             for n in range(5)]
     bad = orjson.loads(good[2])
-    bad["gpus"][1][field] = value
-    payloads = [*good[:2], orjson.dumps(bad), *good[3:]]
+    _set_path(bad, path, value)
+    payloads = [*good[:2], json.dumps(bad).encode(), *good[3:]]  # json: orjson refuses integers beyond 64 bits
     writer, prepared = _prepare(migrated, _records(payloads))
-    assert len(prepared.engine) == len(payloads)
-    with pytest.raises(StoreRejected, match="beyond its column type"):
-        migrated.insert_json(sample_json.TABLE, b"\n".join(sample.line for sample in prepared.engine), "probe:json")
-    assert _stored(migrated) == {"gpu_samples": [], "gpu_processes": []}, "a refused block writes nothing"
+    assert [record.offset for record, _ in prepared.rejected] == [2]
+    reason = prepared.rejected[0][1]
+    assert path.split(".")[-1] in reason, reason
 
     outcome, rejected = writer.store_prepared(prepared)
 
     assert [record.offset for record, _ in rejected] == [2]
-    assert "rejected by ClickHouse" in rejected[0][1]
     stored = migrated.query("SELECT kafka_offset, count() FROM gpu_samples GROUP BY kafka_offset ORDER BY 1").rows
     assert stored == [[0, 2], [1, 2], [3, 2], [4, 2]]
     assert outcome.rows_by_table["gpu_samples"] == 8
@@ -236,3 +254,37 @@ def test_a_block_sent_again_with_its_token_is_stored_once(migrated: ClickHouseSt
     counts = {table: migrated.query(f"SELECT count() FROM {table}").rows[0][0] for table in TABLES}
     expected = sample_columns([(read_in_full(s.record).data, 0, s.record.offset) for s in prepared.engine])
     assert counts == {table: expected[table].n_rows for table in TABLES}
+
+
+def test_migration_11_moves_a_store_off_the_check_view_and_each_line_is_unpacked_once(
+    store: ClickHouseStore, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ttl = TtlDays.keeping(START - timedelta(days=1))
+    with monkeypatch.context() as before:
+        before.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:10])
+        migrate(store, ttl)
+    # migration 10 as released before 11: the lines went through a check view into a second Null table
+    for view in ("to_samples", "to_processes"):
+        store.command(f"DROP VIEW {sample_json.TABLE}_{view}")
+    store.command(f"CREATE TABLE {sample_json.TABLE}_checked AS {sample_json.TABLE}")
+    store.command(f"CREATE MATERIALIZED VIEW {sample_json.TABLE}_check TO {sample_json.TABLE}_checked AS "
+                  f"SELECT * FROM {sample_json.TABLE} WHERE throwIf(s.seq > 2000000, 'beyond') = 0")
+    for view, target, columns, joins in (
+            ("samples", "gpu_samples", sample_json.SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
+            ("processes", "gpu_processes", sample_json.PROCESS_COLUMNS,
+             "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q")):
+        exprs = ", ".join(f"{expr} AS {column}" for column, expr in columns.items())
+        store.command(f"CREATE MATERIALIZED VIEW {sample_json.TABLE}_{view} TO {target} ({', '.join(columns)}) AS "
+                      f"SELECT {exprs} FROM {sample_json.TABLE}_checked {joins}")
+
+    assert migrate(store, ttl) == [11]
+
+    names = {row[0] for row in store.query("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                                           f"AND name LIKE '{sample_json.TABLE}%'").rows}
+    assert names == {sample_json.TABLE, f"{sample_json.TABLE}_to_samples", f"{sample_json.TABLE}_to_processes"}
+    rng = random.Random(8)
+    writer, prepared = _prepare(store, _records([encode(_sample(rng, n)) for n in range(10)]))
+    outcome, _ = writer.store_prepared(prepared)
+    assert outcome.rows_by_table["gpu_samples"] > 0
+    stored = {table: store.query(f"SELECT count() FROM {table}").rows[0][0] for table in TABLES}  # no FINAL
+    assert stored == {table: outcome.rows_by_table.get(table, 0) for table in TABLES}
