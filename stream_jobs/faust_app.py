@@ -30,12 +30,13 @@ import gc
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from aiokafka.partitioner import DefaultPartitioner
 from faust.transport.consumer import Fetcher
 from faust.types import TP
+from mode.worker import EX_FAILURE
 
 from common.logs import get_logger
 from common.settings import WorkerSettings
@@ -127,6 +128,24 @@ class ExitingFetcher(Fetcher):  # type: ignore[misc]
             await super().crash(reason)
             return
         exit_for_restart(f"faust's fetcher crashed: {reason!r}")
+
+
+class RestartingWorker(faust.Worker):  # type: ignore[misc]
+    """faust's worker, except that an error that ends it (one raised while it starts, above all)
+    ends the process with ``EXIT_STALLED``, like every other crash of the stream jobs, instead of
+    mode's status 1 (``exiting()``): a
+    supervisor that restarts only the status that asks for it (``gpulens replay --kafka`` outside
+    a chaos run) would otherwise give up on a worker that met, say, a broker going away while it
+    joined its group. Out of memory keeps mode's status; a clean stop keeps 0."""
+
+    def execute_from_commandline(self) -> NoReturn:
+        try:
+            super().execute_from_commandline()
+        except SystemExit as exc:
+            if exc.code == EX_FAILURE:
+                exit_for_restart(f"the worker stopped on an error: {exc.__context__!r}")  # what exiting() caught
+            raise
+        raise SystemExit(0)  # for mypy: mode's method always exits
 
 
 def _durable_table(app: Any, name: str, partitions: int) -> DurableTable:
@@ -398,7 +417,7 @@ def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None,
     jobs = StreamJobs(settings, metrics, observer)
     for name in ("faust", "mode", "aiokafka", "kafka"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
-    worker = faust.Worker(jobs.app, loglevel=settings.log_level.lower(), override_logging=False, quiet=True)
+    worker = RestartingWorker(jobs.app, loglevel=settings.log_level.lower(), override_logging=False, quiet=True)
     log.info("stream jobs starting", app_id=app_id(settings), stage=settings.stage,
              watermark_source=settings.watermark_source, prefix=settings.topic_prefix)
     worker.execute_from_commandline()

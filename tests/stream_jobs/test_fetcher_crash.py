@@ -1,6 +1,8 @@
 """A crash of faust's fetcher ends the worker with status 70 (restart from the checkpoints), never a
 worker that stops half-way and hangs: seen in CI, a ``KeyError(TopicPartition(...))`` raised in
-faust's "Drain messages" right after a seek left a worker that no supervisor restarted."""
+faust's "Drain messages" right after a seek left a worker that no supervisor restarted. So does an
+error while the worker starts, which mode's worker ended with status 1 (not restarted by
+``gpulens replay --kafka`` outside a chaos run)."""
 
 from __future__ import annotations
 
@@ -37,3 +39,28 @@ def test_a_crashed_fetcher_ends_the_worker_for_a_restart(tmp_path: Path) -> None
     assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["ExitingFetcher"], "the process ended inside the crash"
     assert "stream jobs exiting to restart from their checkpoints" in done.stderr
+
+
+_START_UP_FAILS = textwrap.dedent("""
+    import sys
+    import faust
+    from common import logs
+    from common.settings import WorkerSettings, load_settings
+    from stream_jobs.faust_app import run_worker
+
+    async def refuse_to_start(self) -> None:
+        raise RuntimeError("the broker went away while the worker joined its group")
+
+    faust.App.on_start = refuse_to_start
+    logs.configure(fmt="json")
+    run_worker(load_settings(WorkerSettings, topic_prefix="startup", data_dir=sys.argv[1],
+                             kafka={"bootstrap_servers": "127.0.0.1:1"}))
+""")
+
+
+def test_an_error_while_the_worker_starts_ends_it_for_a_restart(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _START_UP_FAILS, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
+    exit_line = next(line for line in done.stderr.splitlines() if "exiting to restart" in line)
+    assert "the broker went away while the worker joined its group" in exit_line
