@@ -36,17 +36,18 @@ def state_mark_value(seq: int, ts: float, cluster: str, offsets: dict[str, int])
 
 
 class DeliveredOffsets:
-    """The last offset delivered per ``topic:partition`` of the topics named in ``topics`` (a
-    producer's ``on_delivery_report``), and the numbering of the marks written about them."""
+    """The last offset delivered per ``topic:partition`` of the topics named in ``topics`` (None:
+    every topic but those in ``exclude``) (a producer's ``on_delivery_report``), and the numbering
+    of the marks written about them: strictly increasing, also across restarts (wall-clock based)."""
 
-    def __init__(self, topics: set[str]) -> None:
-        self.topics = topics
+    def __init__(self, topics: set[str] | None, exclude: frozenset[str] = frozenset()) -> None:
+        self.topics, self.exclude = topics, exclude
         self._offsets: dict[str, int] = {}
         self._lock = threading.Lock()
         self._seq = 0
 
     def __call__(self, topic: str, partition: int, offset: int, ok: bool) -> None:
-        if not ok or topic not in self.topics:
+        if not ok or (self.topics is not None and topic not in self.topics) or topic in self.exclude:
             return
         key = f"{topic}:{partition}"
         with self._lock:

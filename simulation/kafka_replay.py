@@ -40,7 +40,7 @@ from common.errors import UserError
 from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
-from schemas.control import STATE_TOPICS, state_mark_value
+from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
 from schemas.messages import DEFAULT_CLUSTER, Message
 from schemas.topics import (
     ALERTS,
@@ -75,28 +75,18 @@ class KafkaFleetDriver:
     def __init__(self, kafka: KafkaSettings, prefix: str, producer: ProducerSettings | None = None) -> None:
         self.prefix = prefix
         self.control_topic = INTERNAL_CONTROL.name(prefix)
-        self._offsets: dict[str, int] = {}
+        # every input a scenario writes (poison records included), so that a mark covers them all
+        self._offsets = DeliveredOffsets(None, exclude=frozenset({self.control_topic}))
         self._failed: list[str] = []
         self._producer = BoundedProducer(kafka, producer or ProducerSettings(linger_ms=5),
                                          on_delivery_report=self._delivered)
-        self._seq = 0
         self.ticks_sent = 0
         self.records_sent = 0
 
     def _delivered(self, topic: str, partition: int, offset: int, ok: bool) -> None:
         if not ok:
             self._failed.append(topic)
-            return
-        if topic == self.control_topic:
-            return
-        key = f"{topic}:{partition}"
-        if offset > self._offsets.get(key, -1):
-            self._offsets[key] = offset
-
-    def _next_seq(self) -> int:
-        # strictly increasing, also across driver restarts on the same topics (wall-clock based)
-        self._seq = max(self._seq + 1, time.time_ns() // 1000)
-        return self._seq
+        self._offsets(topic, partition, offset, ok)
 
     def _produce(self, topic: str, key: str | None, value: bytes | None) -> None:
         while not self._producer.produce(topic, key=key, value=value):
@@ -108,7 +98,7 @@ class KafkaFleetDriver:
             raise RuntimeError(f"could not deliver to Kafka ({left} queued, failed: {sorted(set(self._failed))})")
 
     def _mark(self, ts: datetime, end: bool) -> dict[str, Any]:
-        mark = Mark(seq=self._next_seq(), ts=_epoch(ts), offsets=dict(self._offsets), end=end)
+        mark = Mark(seq=self._offsets.next_seq(), ts=_epoch(ts), offsets=self._offsets.snapshot(), end=end)
         self._produce(self.control_topic, None, mark.encode())
         return mark.to_dict()
 
@@ -117,8 +107,9 @@ class KafkaFleetDriver:
         the ticks sent so far, observed before ``before``, are at or below their delivered offsets."""
         self._flush()
         state_topics = {topic.name(self.prefix) for topic in STATE_TOPICS}
-        offsets = {key: off for key, off in self._offsets.items() if key.rpartition(":")[0] in state_topics}
-        self._produce(self.control_topic, None, state_mark_value(self._next_seq(), _epoch(before), cluster, offsets))
+        offsets = {key: off for key, off in self._offsets.snapshot().items() if key.rpartition(":")[0] in state_topics}
+        self._produce(self.control_topic, None,
+                      state_mark_value(self._offsets.next_seq(), _epoch(before), cluster, offsets))
         self._flush()
 
     def send_records(self, records: list[SimulatedRecord]) -> None:
