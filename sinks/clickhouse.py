@@ -83,9 +83,8 @@ READ_REFUSAL_CODES = frozenset({
 JSON_DATA_ERROR_CODES = DATA_ERROR_CODES | frozenset({
     25,   # CANNOT_PARSE_ESCAPE_SEQUENCE
     26,   # CANNOT_PARSE_QUOTED_STRING
-    395,  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
 })
-"""What an insert of JSON lines answers for a line the engine cannot read or a value beyond its column."""
+"""What an insert of JSON lines answers for a line the engine cannot read (or reads as another type)."""
 
 INSERT_SETTINGS: Mapping[str, Any] = {
     # a block the deduplication token drops is dropped in the materialized views too
