@@ -133,10 +133,10 @@ class ExitingFetcher(Fetcher):  # type: ignore[misc]
 class RestartingWorker(faust.Worker):  # type: ignore[misc]
     """faust's worker, except that an error that ends it (one raised while it starts, above all)
     ends the process with ``EXIT_STALLED``, like every other crash of the stream jobs, instead of
-    mode's status 1 (``exiting()``): a
-    supervisor that restarts only the status that asks for it (``gpulens replay --kafka`` outside
-    a chaos run) would otherwise give up on a worker that met, say, a broker going away while it
-    joined its group. Out of memory keeps mode's status; a clean stop keeps 0."""
+    mode's status 1 (``exiting()``): a supervisor that restarts only the status that asks for it
+    (``gpulens replay --kafka`` outside a chaos run) would otherwise give up on a worker that met,
+    say, a broker going away while it joined its group. Out of memory keeps mode's status; a clean
+    stop keeps 0."""
 
     def execute_from_commandline(self) -> NoReturn:
         try:
