@@ -43,6 +43,7 @@ __all__ = [
     "ensure_topics",
     "group_lag",
     "make_consumer",
+    "read_ranges",
     "read_to_end",
 ]
 
@@ -427,6 +428,42 @@ class TopicFollower:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_ranges(kafka: KafkaSettings, topic: str, ranges: Iterable[tuple[int, int, int]],
+                timeout_s: float = 30.0) -> list[ReadRecord]:
+    """The records of ``topic`` in each ``(partition, first, last)`` offset range, in partition and
+    offset order (no consumer group, nothing committed; offsets a compaction removed are skipped).
+    Raises ``TimeoutError`` if they cannot all be read in time."""
+    wanted = {partition: (first, last) for partition, first, last in ranges}
+    if not wanted:
+        return []
+    consumer = make_consumer(kafka, group_id=f"gpulens-range-reader-{topic}")
+    try:
+        consumer.assign([TopicPartition(topic, p, first) for p, (first, _last) in wanted.items()])
+        deadline = time.monotonic() + timeout_s
+        records: list[ReadRecord] = []
+        left = set(wanted)
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} partitions {sorted(left)}: not all records came in time")
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error():
+                    continue
+                partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+                first, last = wanted[partition]
+                if first <= offset <= last:
+                    key = msg.key()
+                    kind, stamp = msg.timestamp()
+                    records.append(ReadRecord(topic, partition, offset, key.encode() if isinstance(key, str) else key,
+                                              msg.value(), {}, stamp if kind != 0 and stamp >= 0 else None))
+                if offset >= last:
+                    left.discard(partition)
+                    consumer.pause([TopicPartition(topic, partition)])
+        records.sort(key=lambda r: (r.partition, r.offset))
+        return records
+    finally:
+        consumer.close()
 
 
 def read_to_end(kafka: KafkaSettings, topic: str, timeout_s: float = 30.0) -> list[ReadRecord]:

@@ -352,6 +352,9 @@ class WorkerSettings(CommonSettings):
 class SinkSettings(CommonSettings):
     batch_max_rows: int = Field(default=10_000, ge=1)
     batch_max_age_s: float = Field(default=2.0, gt=0)
+    batch_group_max_rows: int = Field(default=10_000, ge=1)
+    """The GPU-sample batches of several partitions that are due at once are stored as one insert
+    (a group) of up to this many records; a batch larger than this is stored alone."""
     group_id: str = "gpulens-sink"
     raw_sample_ttl_days: int = Field(default=14, ge=1)
     rollup_ttl_days: int = Field(default=730, ge=1)

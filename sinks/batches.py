@@ -52,18 +52,75 @@ class ConsumedRecord:
     timestamp_ms: int | None = None
 
 
+@dataclass(frozen=True, order=True)
+class Span:
+    """One partition's offset range in a batch."""
+
+    partition: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A journalled range of one partition, to be cut again exactly when it is replayed; ``group``
+    is the token of the group it was stored in ('' when it was stored alone)."""
+
+    first_offset: int
+    last_offset: int
+    group: str = ""
+
+
+def batch_token(topic: str, spans: Iterable[Span]) -> str:
+    """The deduplication token of a block holding these ranges: ``topic:partition:first-last``, for
+    a group the ranges in partition order joined by ``+`` (the same whichever member cuts it)."""
+    return f"{topic}:" + "+".join(f"{s.partition}:{s.first_offset}-{s.last_offset}" for s in sorted(spans))
+
+
+def spans_of(token: str) -> tuple[str, tuple[Span, ...]]:
+    """The topic and ranges of a token made by :func:`batch_token` (topic names hold no ``:``)."""
+    topic, _, ranges = token.partition(":")
+    spans = []
+    for part in ranges.split("+"):
+        partition, _, offsets = part.partition(":")
+        first, _, last = offsets.partition("-")
+        spans.append(Span(int(partition), int(first), int(last)))
+    return topic, tuple(spans)
+
+
 @dataclass
 class Batch:
+    """The records of one partition's offset range, stored as one block; a **group** also holds the
+    ranges of other partitions of the topic (``joined``), whose records are in ``records`` too, so
+    that several partitions' due batches cost one insert (see :mod:`sinks.sink`)."""
+
     topic: str
     partition: int
     records: list[ConsumedRecord]
     first_offset: int
     last_offset: int
     replayed: bool = False
+    joined: tuple[Span, ...] = ()
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        return (Span(self.partition, self.first_offset, self.last_offset), *self.joined)
+
+    @property
+    def committed_spans(self) -> tuple[Span, ...]:
+        """The ranges its commit covers: every member of a group it cut, only its own when it
+        replays one (each member's owner replays and commits its own)."""
+        return self.spans[:1] if self.replayed else self.spans
 
     @property
     def token(self) -> str:
-        return f"{self.topic}:{self.partition}:{self.first_offset}-{self.last_offset}"
+        return batch_token(self.topic, self.spans)
+
+    def record_token(self, record: ConsumedRecord) -> str:
+        """The token of one record's rows when the batch is written record by record."""
+        if self.joined:
+            return f"{self.token}:{record.partition}:{record.offset}"
+        return f"{self.token}:{record.offset}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,35 +328,39 @@ class BatchWriter:
     # ---------------------------------------------------------------- write
 
     def plan(self, batch: Batch) -> None:
+        """Journal the batch's ranges (one row per partition; a group's rows name the group)."""
+        spans = sorted(batch.spans)
+        group = batch.token if len(spans) > 1 else ""
         self.store.insert(
             "sink_batches",
             {
-                "topic": [batch.topic],
-                "partition": [batch.partition],
-                "first_offset": [batch.first_offset],
-                "last_offset": [batch.last_offset],
-                "planned_at": [_now()],
+                "topic": [batch.topic] * len(spans),
+                "partition": [span.partition for span in spans],
+                "first_offset": [span.first_offset for span in spans],
+                "last_offset": [span.last_offset for span in spans],
+                "planned_at": [_now()] * len(spans),
+                "batch_group": [group] * len(spans),
             },
             dedup_token=f"plan:{batch.token}",
         )
 
-    def pending_plans(self, starts: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[tuple[int, int]]]:
-        """The journalled (first, last) ranges of each (topic, partition) that end at or after its
-        start offset, in offset order: one query for every partition that needs them (after an
-        assignment, each would otherwise wait for its own query behind the insert in flight)."""
+    def pending_plans(self, starts: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[Plan]]:
+        """The journalled ranges of each (topic, partition) that end at or after its start offset,
+        in offset order: one query for every partition that needs them (after an assignment, each
+        would otherwise wait for its own query behind the insert in flight)."""
         if not starts:
             return {}
         result = self.store.query(
-            "SELECT topic, partition, first_offset, last_offset FROM sink_batches "
+            "SELECT topic, partition, first_offset, last_offset, batch_group FROM sink_batches "
             "WHERE has({keys:Array(Tuple(String, UInt16))}, (topic, partition)) AND last_offset >= {offset:UInt64} "
-            "GROUP BY topic, partition, first_offset, last_offset ORDER BY last_offset",
+            "GROUP BY topic, partition, first_offset, last_offset, batch_group ORDER BY last_offset, batch_group",
             {"keys": sorted(starts), "offset": min(starts.values())},
         )
-        plans: dict[tuple[str, int], list[tuple[int, int]]] = {key: [] for key in starts}
-        for topic, partition, first, last in result.rows:
+        plans: dict[tuple[str, int], list[Plan]] = {key: [] for key in starts}
+        for topic, partition, first, last, group in result.rows:
             key = (str(topic), int(partition))
             if key in plans and int(last) >= starts[key]:
-                plans[key].append((int(first), int(last)))
+                plans[key].append(Plan(int(first), int(last), str(group)))
         return plans
 
     def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
@@ -432,15 +493,17 @@ class BatchWriter:
             return 0
         ids = windows.column("window_id")
         starts = windows.column("window_start")
+        ranges: dict[str, Any] = {}
+        mine: list[str] = []
+        for i, span in enumerate(batch.spans):
+            mine.append(f"(kafka_partition = {{p{i}:UInt16}} "
+                        f"AND kafka_offset BETWEEN {{f{i}:UInt64}} AND {{l{i}:UInt64}})")
+            ranges |= {f"p{i}": span.partition, f"f{i}": span.first_offset, f"l{i}": span.last_offset}
         result = self.store.query(
             "SELECT DISTINCT window_id FROM pod_windows "
             "WHERE window_start >= {lo:DateTime64(3, 'UTC')} AND window_start <= {hi:DateTime64(3, 'UTC')} "
-            "AND window_id IN {ids:Array(String)} "
-            "AND NOT (kafka_partition = {p:UInt16} AND kafka_offset BETWEEN {first:UInt64} AND {last:UInt64})",
-            {
-                "lo": min(starts), "hi": max(starts), "ids": sorted(set(ids)),
-                "p": batch.partition, "first": batch.first_offset, "last": batch.last_offset,
-            },
+            f"AND window_id IN {{ids:Array(String)}} AND NOT ({' OR '.join(mine)})",
+            {"lo": min(starts), "hi": max(starts), "ids": sorted(set(ids)), **ranges},
         )
         seen = {str(r[0]) for r in result.rows}
         keep: list[int] = []
@@ -472,7 +535,7 @@ class BatchWriter:
         rejected: list[tuple[ConsumedRecord, str]] = []
         left = {table: _row_keys(columns) for table, columns in remaining.items()}
         for record, rows in per_record:
-            token = f"{batch.token}:{record.offset}"
+            token = batch.record_token(record)
             mine = [(table, row) for table, row in rows if _row_key(row) in left.get(table, set())]
             stored: list[str] = []
             try:

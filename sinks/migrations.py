@@ -324,6 +324,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "gpu_samples_json: GPU samples unpacked into rows by the engine", lambda ttl: sample_json.ddl()),
     Migration(11, "gpu_samples_json: no check view, the schemas bound what the columns cannot hold",
               lambda ttl: sample_json.ddl_without_the_check()),
+    Migration(12, "sink_batches: the group a journalled range was stored in",
+              lambda ttl: ["ALTER TABLE sink_batches ADD COLUMN IF NOT EXISTS batch_group String DEFAULT ''"]),
 )
 
 # table -> (TTL column expression, which TTL) for re-applying configured TTLs

@@ -6,11 +6,16 @@ At-least-once transport becomes exactly-once rows through three rules:
    (a record waits at most the batch age from when it was read). Before a batch is inserted its
    offset range is journalled in ``sink_batches``; after a crash the next owner of the partition
    finds the journalled ranges it has not committed and cuts its first batches at exactly those
-   offsets, so a replayed batch is the same block of rows.
+   offsets, so a replayed batch is the same block of rows. GPU-sample batches of several
+   partitions that are due at once are stored as one block, a **group** (an insert costs the
+   engine a fixed time whatever its size); each member's range is journalled with the group, and
+   the owner of a member that replays it reads the other members' ranges again from Kafka, so the
+   replay is the group's block again, whoever owns the other partitions now.
 2. **Deduplicated inserts.** Each table insert carries ``insert_deduplication_token`` =
-   ``topic:partition:first-last``; tables keep a deduplication window, so a block already stored
-   (crash after insert, lost acknowledgement, outage retry) is dropped by the engine, and so are
-   the rollup views' blocks.
+   ``topic:partition:first-last`` (a group's ranges joined by ``+``); tables keep a deduplication
+   window, so a block already stored (crash after insert, lost acknowledgement, outage retry,
+   the replay of a group by each of its members' owners) is dropped by the engine, and so are the
+   rollup views' blocks.
 3. **Commit after acknowledgement.** Kafka offsets are committed only after ClickHouse accepted
    every table's block and the dead-letter records are delivered. While ClickHouse is down the
    partitions are paused, the same batch is retried with jittered exponential backoff, and nothing
@@ -37,28 +42,38 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.backoff import Backoff
 from common.errors import GpulensError
-from common.kafka import BoundedProducer, KafkaException, commit_offsets, consumer_lag, make_consumer, seek_to
+from common.kafka import (
+    BoundedProducer,
+    KafkaException,
+    commit_offsets,
+    consumer_lag,
+    make_consumer,
+    read_ranges,
+    seek_to,
+)
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
-from schemas.topics import DEADLETTER
+from schemas.topics import DEADLETTER, GPU_SAMPLES
 from sinks.batches import (
     GC_PAUSE,
     Batch,
     BatchWriter,
     ConsumedRecord,
     FlushOutcome,
+    Plan,
     PreparedBatch,
     SinkMetrics,
     Store,
     encoded_dead_letter,
+    spans_of,
 )
 from sinks.clickhouse import StoreUnavailable
 from sinks.ddl import TtlDays
@@ -72,8 +87,8 @@ class PartitionBuffer:
     records: list[ConsumedRecord] = field(default_factory=list)
     arrived_at: list[float] = field(default_factory=list)
     """When each record was read (the sink's clock), for the batch age."""
-    plans: list[tuple[int, int]] | None = None
-    """Journalled (first, last) ranges still to replay exactly; None until looked up."""
+    plans: list[Plan] | None = None
+    """Journalled ranges still to replay exactly; None until looked up."""
     backlog: bool = False
     """What is buffered is the rest of a backlog: a full batch was cut and records were left."""
 
@@ -115,6 +130,12 @@ STORE_QUEUE = 2
 behind it, so that the engine never waits for the decoding of the next batch when one batch took
 longer to decode than the one before took to insert (the two take about as long)."""
 
+GROUP_REPLAY_READ_S = 30.0
+"""How long the replay of a group waits for the other members' records from Kafka, per attempt."""
+
+GROUP_REPLAY_ATTEMPTS = 3
+"""Attempts to read them before the member is replayed alone (see :meth:`ClickHouseSink._replay`)."""
+
 NO_ASSIGNMENT_S = 30.0
 """How long ``ClickHouseSink.run(exit_when_idle_s=...)`` waits for a first partition assignment before it
 counts the time as idle anyway."""
@@ -137,6 +158,9 @@ class ClickHouseSink:
         self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings))
         self.clock = clock
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
+        self.grouped_topics = {GPU_SAMPLES.name(settings.topic_prefix)}
+        """Topics whose due batches of several partitions are stored as one group: the one whose
+        volume makes the engine's fixed cost per insert count (it is unpacked by the engine's views)."""
         self.dlq_topic = DEADLETTER.name(settings.topic_prefix)
         self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
         self._quiet_since = clock()
@@ -196,8 +220,9 @@ class ClickHouseSink:
             self.buffers.pop(key, None)
         rewind: dict[tuple[str, int], int] = {}
         for batch in left:
-            if (batch.topic, batch.partition) not in revoked:
-                rewind.setdefault((batch.topic, batch.partition), batch.first_offset)
+            for span in batch.committed_spans:
+                if (batch.topic, span.partition) not in revoked:
+                    rewind.setdefault((batch.topic, span.partition), span.first_offset)
         for (topic, partition), offset in rewind.items():
             # a partition this sink keeps (an incremental rebalance) reads a batch it could not
             # store again, with everything after it: else later batches would commit past it
@@ -273,13 +298,13 @@ class ClickHouseSink:
             if buffer.plans is None:
                 return batches  # revoked while the lookup waited for ClickHouse: no longer ours
         while buffer.plans and buffer.records:
-            first, last = buffer.plans[0]
-            if buffer.records[-1].offset < last and not force:
+            plan = buffer.plans[0]
+            if buffer.records[-1].offset < plan.last_offset and not force:
                 return batches  # wait until the whole journalled range is read again
-            take = buffer.take(sum(1 for r in buffer.records if r.offset <= last))
+            take = buffer.take(sum(1 for r in buffer.records if r.offset <= plan.last_offset))
             buffer.plans.pop(0)
             if take:
-                batches.append(Batch(topic, partition, take, first, last, replayed=True))
+                batches.append(self._replay(topic, partition, take, plan))
         if not buffer.records:
             return batches
         # A record waits at most the batch age from when it was read; short of that, only full
@@ -298,6 +323,59 @@ class ClickHouseSink:
             buffer.backlog = cut_full and bool(buffer.records)
         return batches
 
+    def _replay(self, topic: str, partition: int, records: list[ConsumedRecord], plan: Plan) -> Batch:
+        """The batch that replays a journalled range: the range alone, or, when it was stored in a
+        group, the whole group again, the other members' records read from Kafka, so that its token
+        and rows are the group's whether or not the group was stored. Only if those records cannot
+        be read (gone from the log) is the range replayed alone; if the group had been stored its
+        rows are then there twice, one row per fact under ``FINAL`` (counted and logged)."""
+        if not plan.group:
+            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True)
+        joined = tuple(span for span in spans_of(plan.group)[1] if span.partition != partition)
+        for attempt in range(1, GROUP_REPLAY_ATTEMPTS + 1):
+            try:
+                others = read_ranges(self.settings.kafka, topic,
+                                     [(s.partition, s.first_offset, s.last_offset) for s in joined],
+                                     GROUP_REPLAY_READ_S)
+                break
+            except (TimeoutError, KafkaException) as exc:
+                log.warning("the other members of a journalled group could not be read", group=plan.group,
+                            attempt=attempt, error=str(exc))
+        else:
+            self.metrics.errors.labels(kind="group_replayed_alone").inc()
+            log.error("replaying a member of a group alone: its rows may be stored twice (one row per fact "
+                      "under FINAL)", group=plan.group, partition=partition)
+            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True)
+        read = [ConsumedRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms) for r in others]
+        return Batch(topic, partition, records + read, plan.first_offset, plan.last_offset, replayed=True,
+                     joined=joined)
+
+    def _grouped(self, due: list[list[Batch]]) -> Iterator[Batch]:
+        """The due batches, those of a grouped topic's partitions joined into groups of at most
+        ``batch_group_max_rows`` records: each group takes at most the next batch of each
+        partition, so a partition's batches are still stored in offset order. Replays go as they
+        were journalled."""
+        cap = self.settings.batch_group_max_rows
+        queues = [deque(batches) for batches in due]
+        while queues:
+            members: list[Batch] = []
+            rows = 0
+            for queue in queues:
+                batch = queue[0]
+                if batch.replayed or batch.topic not in self.grouped_topics:
+                    yield queue.popleft()
+                elif not members or (batch.topic == members[0].topic and rows + len(batch.records) <= cap):
+                    members.append(queue.popleft())
+                    rows += len(batch.records)
+            queues = [queue for queue in queues if queue]
+            if len(members) == 1:
+                yield members[0]
+            elif members:
+                members.sort(key=lambda b: b.partition)
+                head = members[0]
+                yield Batch(head.topic, head.partition, [r for b in members for r in b.records], head.first_offset,
+                            head.last_offset, joined=tuple(span for b in members[1:] for span in b.spans))
+
     def _load_plans(self) -> None:
         """Look up the journalled ranges of every buffered partition not yet looked up, at once."""
         waiting = {key: buffer for key, buffer in self.buffers.items() if buffer.plans is None and buffer.records}
@@ -312,16 +390,27 @@ class ClickHouseSink:
     def _flush_due(self, now: float, force: bool = False, caught_up: bool = False) -> bool:
         """Write the batches that are due (``caught_up``: the last poll came back short); whether
         any was written."""
-        flushed = False
+        due: list[list[Batch]] = []
+        cut_from: dict[tuple[str, int], PartitionBuffer] = {}
         for key in list(self.buffers):
             buffer = self.buffers.get(key)
             if buffer is None:
+                continue  # revoked while an earlier journal lookup waited for ClickHouse
+            batches = self._due_batches(key, buffer, now, force, caught_up)
+            if batches:
+                due.append(batches)
+                cut_from[key] = buffer
+        flushed = False
+        # Every batch cut is written, also when a stop was requested: its records left the buffer,
+        # and the stop's final flush must not commit batches cut after it past them. Only a
+        # rebalance while an earlier batch waited for ClickHouse drops one: its partition is
+        # another owner's now, or was sought back to a batch before it.
+        for batch in self._grouped(due):
+            if any(self.buffers.get((batch.topic, span.partition)) is not cut_from[(batch.topic, span.partition)]
+                   for span in batch.committed_spans):
                 continue
-            for batch in self._due_batches(key, buffer, now, force, caught_up):
-                if self.stopping.is_set() and not force:
-                    return flushed
-                self._flush(batch)
-                flushed = True
+            self._flush(batch)
+            flushed = True
         return flushed
 
     # ---------------------------------------------------------------- one batch
@@ -469,7 +558,8 @@ class ClickHouseSink:
         if self._consumer is None:
             return
         try:
-            commit_offsets(self._consumer, {(batch.topic, batch.partition): batch.last_offset + 1})
+            commit_offsets(self._consumer, {(batch.topic, span.partition): span.last_offset + 1
+                                            for span in batch.committed_spans})
         except KafkaException as exc:
             # the rows are stored; a later commit (or the journal replay after a restart) covers it
             self.metrics.errors.labels(kind="commit").inc()

@@ -19,6 +19,8 @@ from gpulens.commands.base import settings_from_flags, with_common_options
 @click.option("--group-id", default=None, help="consumer group [env GPULENS_GROUP_ID]")
 @click.option("--batch-max-rows", type=int, default=None, help="records per batch [env GPULENS_BATCH_MAX_ROWS]")
 @click.option("--batch-max-age-s", type=float, default=None, help="max age of a batch [env GPULENS_BATCH_MAX_AGE_S]")
+@click.option("--batch-group-max-rows", type=int, default=None,
+              help="records per insert of several partitions' GPU-sample batches [env GPULENS_BATCH_GROUP_MAX_ROWS]")
 @click.option("--metrics-port", type=int, default=None, help="/metrics port, 0 = off [env GPULENS_METRICS_PORT]")
 @click.option("--exit-when-idle", "exit_when_idle_s", type=float, default=None,
               help="exit once caught up and idle for this many seconds (one-shot catch-up)")

@@ -200,3 +200,56 @@ def test_a_batch_not_stored_in_a_rebalance_is_left_to_the_next_owner(tmp_path: P
     assert (TOPIC, 0) not in sink.buffers
     assert store.samples_tokens() == [] and not sink._in_flight
     sink.close()
+
+
+class CommittingConsumer(FakeConsumer):
+    """Records the offsets committed, per (topic, partition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed: dict[tuple[str, int], int] = {}
+
+    def commit(self, offsets: list[Any], asynchronous: bool = True) -> None:
+        for tp in offsets:
+            self.committed[(tp.topic, tp.partition)] = tp.offset
+
+
+def _read_partition(sink: ClickHouseSink, partition: int, first: int, count: int) -> None:
+    for offset in range(first, first + count):
+        sink._buffer(ConsumedRecord(TOPIC, partition, offset, b"n", encode(sample(f"n{partition}", offset, gpus=1))),
+                     0.0)
+
+
+def test_due_batches_of_several_partitions_are_one_insert_and_a_partitions_batches_stay_in_order(
+        tmp_path: Path) -> None:
+    store = FakeStore()
+    sink = _sink(tmp_path, store, time.monotonic)
+    sink.settings.batch_group_max_rows = 25
+    consumer = CommittingConsumer()
+    sink._consumer = consumer
+    _read_partition(sink, 0, 0, 20)  # two full batches of partition 0
+    _read_partition(sink, 1, 100, 10)
+    _read_partition(sink, 2, 50, 10)
+    sink._flush_due(0.0)
+    sink._settle()
+    # a group takes at most the next batch of each partition, up to 25 records: partition 0's
+    # second batch waits for the next group, behind its first
+    assert store.samples_tokens() == [f"{TOPIC}:0:0-9+1:100-109", f"{TOPIC}:0:10-19+2:50-59"]
+    assert consumer.committed == {(TOPIC, 0): 20, (TOPIC, 1): 110, (TOPIC, 2): 60}
+    journal = [n for table, token, n in store.inserts if table == "sink_batches"]
+    assert journal == [2, 2]  # one journal row per member
+    assert sink.totals.rows_by_table["gpu_samples"] == 40
+    sink._consumer = None
+    sink.close()
+
+
+def test_a_batch_larger_than_a_group_is_stored_alone(tmp_path: Path) -> None:
+    store = FakeStore()
+    sink = _sink(tmp_path, store, time.monotonic)
+    sink.settings.batch_group_max_rows = 5
+    _read_partition(sink, 0, 0, 10)
+    _read_partition(sink, 1, 0, 10)
+    sink._flush_due(0.0)
+    sink._settle()
+    assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:1:0-9"]
+    sink.close()

@@ -20,7 +20,7 @@ from schemas.topics import ALERTS, CLUSTER_CAPACITY, GPU_SAMPLES, POD_LIFECYCLE,
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from simulation.simulator import FleetSimulator
-from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, Plan, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, StoreRejected, StoreUnavailable, _classify
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
@@ -275,7 +275,8 @@ def test_the_journal_lookup_answers_every_partition_in_one_query(store: ClickHou
     plans = BatchWriter(counting, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays()).pending_plans(
         {(samples, 0): 12, (samples, 1): 0, (pods, 0): 8, (samples, 3): 0})
     assert len(queries) == 1
-    assert plans == {(samples, 0): [(10, 19)], (samples, 1): [(0, 4), (5, 9)], (pods, 0): [], (samples, 3): []}
+    assert plans == {(samples, 0): [Plan(10, 19)], (samples, 1): [Plan(0, 4), Plan(5, 9)], (pods, 0): [],
+                     (samples, 3): []}
 
 
 class _CountingStore:

@@ -277,7 +277,7 @@ def test_migration_11_moves_a_store_off_the_check_view_and_each_line_is_unpacked
         store.command(f"CREATE MATERIALIZED VIEW {sample_json.TABLE}_{view} TO {target} ({', '.join(columns)}) AS "
                       f"SELECT {exprs} FROM {sample_json.TABLE}_checked {joins}")
 
-    assert migrate(store, ttl) == [11]
+    assert migrate(store, ttl) == [11, 12]
 
     names = {row[0] for row in store.query("SELECT name FROM system.tables WHERE database = currentDatabase() "
                                            f"AND name LIKE '{sample_json.TABLE}%'").rows}
