@@ -226,11 +226,16 @@ class ClickHouseSink:
         for (topic, partition), offset in rewind.items():
             # a partition this sink keeps (an incremental rebalance) reads a batch it could not
             # store again, with everything after it: else later batches would commit past it
-            self.buffers.pop((topic, partition), None)
-            seek_to(consumer, topic, partition, offset)
-            log.warning("batch not stored before a rebalance; reading its partition again from its first offset",
-                        topic=topic, partition=partition, offset=offset)
+            self._read_again(consumer, topic, partition, offset)
         log.info("partitions revoked", partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions])
+
+    def _read_again(self, consumer: Any, topic: str, partition: int, offset: int) -> None:
+        """Drop what is buffered of a partition and read it again from ``offset``."""
+        self.buffers.pop((topic, partition), None)
+        if consumer is not None:
+            seek_to(consumer, topic, partition, offset)
+        log.warning("batch not stored before a rebalance; reading its partition again from its first offset",
+                    topic=topic, partition=partition, offset=offset)
 
     def close(self) -> None:
         if self._store_thread is not None:
@@ -403,14 +408,18 @@ class ClickHouseSink:
         flushed = False
         # Every batch cut is written, also when a stop was requested: its records left the buffer,
         # and the stop's final flush must not commit batches cut after it past them. Only a
-        # rebalance while an earlier batch waited for ClickHouse drops one: its partition is
-        # another owner's now, or was sought back to a batch before it.
+        # rebalance while an earlier batch waited for ClickHouse drops one: a member's partition
+        # is another owner's now, or was sought back to a batch before it. Its members this sink
+        # still reads are read again from the batch on.
         for batch in self._grouped(due):
-            if any(self.buffers.get((batch.topic, span.partition)) is not cut_from[(batch.topic, span.partition)]
-                   for span in batch.committed_spans):
+            keys = [(batch.topic, span.partition) for span in batch.committed_spans]
+            if all(self.buffers.get(key) is cut_from[key] for key in keys):
+                self._flush(batch)
+                flushed = True
                 continue
-            self._flush(batch)
-            flushed = True
+            for span in batch.committed_spans:
+                if self.buffers.get((batch.topic, span.partition)) is cut_from[(batch.topic, span.partition)]:
+                    self._read_again(self._consumer, batch.topic, span.partition, span.first_offset)
         return flushed
 
     # ---------------------------------------------------------------- one batch

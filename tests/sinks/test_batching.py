@@ -253,3 +253,32 @@ def test_a_batch_larger_than_a_group_is_stored_alone(tmp_path: Path) -> None:
     sink._settle()
     assert store.samples_tokens() == [f"{TOPIC}:0:0-9", f"{TOPIC}:1:0-9"]
     sink.close()
+
+
+def test_a_group_cut_before_a_rebalance_took_one_member_is_read_again_for_the_members_kept(
+        tmp_path: Path) -> None:
+    store = FakeStore()
+    sink = _sink(tmp_path, store, time.monotonic)
+    consumer = CommittingConsumer()
+    sink._consumer = consumer
+    _read_partition(sink, 0, 0, 20)
+    _read_partition(sink, 1, 0, 20)
+    flush = sink._flush
+
+    def flush_then_lose_partition_1(batch: Any) -> None:
+        # the rebalance comes while the first group is handed over (the store thread's queue is
+        # settled then), after both groups were cut
+        flush(batch)
+        if len(sink._in_flight) == 1 and (TOPIC, 1) in sink.buffers:
+            sink._on_revoke(consumer, [SimpleNamespace(topic=TOPIC, partition=1)])
+
+    sink._flush = flush_then_lose_partition_1  # type: ignore[method-assign]
+    sink._flush_due(0.0)
+    sink._settle()
+    # the second group (0:10-19 with 1:10-19) is not stored: partition 1 is another owner's now,
+    # and partition 0, still this sink's, is read again from that group's range on
+    assert store.samples_tokens() == [f"{TOPIC}:0:0-9+1:0-9"]
+    assert consumer.committed == {(TOPIC, 0): 10, (TOPIC, 1): 10}
+    assert consumer.seeks == [(TOPIC, 0, 10)] and (TOPIC, 0) not in sink.buffers
+    sink._consumer = None
+    sink.close()
