@@ -350,6 +350,18 @@ class ReadRecord:
     """The record's Kafka timestamp (producer create time unless the topic says log-append)."""
 
 
+def _read_record(topic: str, msg: Message) -> ReadRecord:
+    headers: dict[str, bytes] = {}
+    for item in msg.headers() or []:
+        name, val = item[0], item[1]
+        headers[str(name)] = val if isinstance(val, bytes) else (b"" if val is None else str(val).encode())
+    key = msg.key()
+    kind, stamp = msg.timestamp()
+    return ReadRecord(topic, int(msg.partition() or 0), int(msg.offset() or 0),
+                      key.encode() if isinstance(key, str) else key, msg.value(), headers,
+                      stamp if kind != 0 and stamp >= 0 else None)
+
+
 class TopicFollower:
     """Reads a topic from its beginning and then, call by call, what was appended since: for state a
     process rebuilds and keeps current (e.g. the compacted pod states). No consumer group offsets
@@ -384,14 +396,7 @@ class TopicFollower:
                 offset = int(msg.offset() or 0)
                 if offset >= ends.get(partition, 0):
                     continue
-                headers: dict[str, bytes] = {}
-                for item in msg.headers() or []:
-                    name, val = item[0], item[1]
-                    headers[str(name)] = val if isinstance(val, bytes) else (b"" if val is None else str(val).encode())
-                key = msg.key()
-                kind, stamp = msg.timestamp()
-                records.append(ReadRecord(topic, partition, offset, key.encode() if isinstance(key, str) else key,
-                                          msg.value(), headers, stamp if kind != 0 and stamp >= 0 else None))
+                records.append(_read_record(topic, msg))
         records.sort(key=lambda r: (r.partition, r.offset))
         return records
 
@@ -453,10 +458,7 @@ def read_ranges(kafka: KafkaSettings, topic: str, ranges: Iterable[tuple[int, in
                 partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
                 first, last = wanted[partition]
                 if first <= offset <= last:
-                    key = msg.key()
-                    kind, stamp = msg.timestamp()
-                    records.append(ReadRecord(topic, partition, offset, key.encode() if isinstance(key, str) else key,
-                                              msg.value(), {}, stamp if kind != 0 and stamp >= 0 else None))
+                    records.append(_read_record(topic, msg))
                 if offset >= last:
                     left.discard(partition)
                     consumer.pause([TopicPartition(topic, partition)])

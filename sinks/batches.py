@@ -77,15 +77,15 @@ def batch_token(topic: str, spans: Iterable[Span]) -> str:
     return f"{topic}:" + "+".join(f"{s.partition}:{s.first_offset}-{s.last_offset}" for s in sorted(spans))
 
 
-def spans_of(token: str) -> tuple[str, tuple[Span, ...]]:
-    """The topic and ranges of a token made by :func:`batch_token` (topic names hold no ``:``)."""
-    topic, _, ranges = token.partition(":")
+def spans_of(token: str) -> tuple[Span, ...]:
+    """The ranges of a token made by :func:`batch_token` (topic names hold no ``:``)."""
+    _topic, _, ranges = token.partition(":")
     spans = []
     for part in ranges.split("+"):
         partition, _, offsets = part.partition(":")
         first, _, last = offsets.partition("-")
         spans.append(Span(int(partition), int(first), int(last)))
-    return topic, tuple(spans)
+    return tuple(spans)
 
 
 @dataclass

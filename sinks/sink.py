@@ -336,7 +336,7 @@ class ClickHouseSink:
         rows are then there twice, one row per fact under ``FINAL`` (counted and logged)."""
         if not plan.group:
             return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True)
-        joined = tuple(span for span in spans_of(plan.group)[1] if span.partition != partition)
+        joined = tuple(span for span in spans_of(plan.group) if span.partition != partition)
         for attempt in range(1, GROUP_REPLAY_ATTEMPTS + 1):
             try:
                 others = read_ranges(self.settings.kafka, topic,
@@ -412,14 +412,14 @@ class ClickHouseSink:
         # is another owner's now, or was sought back to a batch before it. Its members this sink
         # still reads are read again from the batch on.
         for batch in self._grouped(due):
-            keys = [(batch.topic, span.partition) for span in batch.committed_spans]
-            if all(self.buffers.get(key) is cut_from[key] for key in keys):
+            kept = [span for span in batch.committed_spans
+                    if self.buffers.get((batch.topic, span.partition)) is cut_from[(batch.topic, span.partition)]]
+            if len(kept) == len(batch.committed_spans):
                 self._flush(batch)
                 flushed = True
                 continue
-            for span in batch.committed_spans:
-                if self.buffers.get((batch.topic, span.partition)) is cut_from[(batch.topic, span.partition)]:
-                    self._read_again(self._consumer, batch.topic, span.partition, span.first_offset)
+            for span in kept:
+                self._read_again(self._consumer, batch.topic, span.partition, span.first_offset)
         return flushed
 
     # ---------------------------------------------------------------- one batch
