@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,8 +29,24 @@ from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelo
 log = get_logger(__name__)
 
 ROUTE_BATCH = 256
-"""Routed records the route forwards and awaits together (also at each control record and every
-0.5 s): one envelope per stage partition (``records_envelopes``)."""
+"""Routed records the route forwards together (also at each control record and every 0.5 s): one
+envelope per stage partition (``records_envelopes``)."""
+
+MAX_IN_FLIGHT = 8
+"""Forwarded batches whose delivery the route does not wait for before reading on; with more, it
+waits for the oldest (memory stays bounded when the broker is slow)."""
+
+
+@dataclass
+class InFlight:
+    """Forwarded copies (and marks) on their way: what to count consumed and acknowledge once they
+    are delivered."""
+
+    delivered: asyncio.Future[Any]
+    records: list[tuple[Any, str, int, int]]
+    """The routed input records: (event, topic, partition, offset)."""
+    marks: list[Any]
+    """The control records of the forwarded marks."""
 
 
 class CommittedOffsets(Protocol):
@@ -76,6 +93,9 @@ class RouteAgent:
     cluster-inputs)."""
     _marks_pending: list[tuple[list[Any], Any]] = field(default_factory=list)
     """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
+    _in_flight: deque[InFlight] = field(default_factory=deque)
+    """Sent batches, oldest first, not yet counted consumed (:meth:`_settle`)."""
+    _wake_task: asyncio.Future[None] | None = None
     _group_committed: dict[str, int] = field(default_factory=dict)
     """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
 
@@ -143,25 +163,58 @@ class RouteAgent:
             await self._release_marks()
 
     async def _settle(self) -> None:
-        """Once the forwarded copies of routed records are delivered, count those records consumed
-        and acknowledge them (so committed). faust's flush before a commit does not fail on a send
-        that failed (the broker away too long): acknowledging at hand-over could commit an input
-        whose copy was lost. A failed delivery ends the worker (exit 70; it reads them again)."""
+        """Send the forwarded copies of the routed records; once they are delivered, count those
+        records consumed and acknowledge them (so committed), with the forwarded marks. faust's
+        flush before a commit does not fail on a send that failed (the broker away too long):
+        acknowledging at hand-over could commit an input whose copy was lost. A failed delivery
+        ends the worker (exit 70; it reads them again).
+
+        The route reads on while a batch travels (waiting for each batch's round trip to the
+        broker held up the stages behind it); a batch delivered releases the marks it completes at
+        once (:meth:`_on_delivered`)."""
         pending, self._pending = self._pending, []
         marks, self._marks_pending = self._marks_pending, []
-        if not (pending or marks) or self._events is None:
+        if (pending or marks) and self._events is not None:
+            sent = await self._send_outbox()
+            delivered = asyncio.gather(*sent, *(future for futures, _token in marks for future in futures))
+            delivered.add_done_callback(self._on_delivered)
+            self._in_flight.append(InFlight(delivered, pending, [token for _futures, token in marks]))
+        await self._count_delivered(wait=len(self._in_flight) > MAX_IN_FLIGHT)
+
+    async def _count_delivered(self, wait: bool) -> None:
+        """Count consumed and acknowledge the delivered batches, oldest first (``wait``: wait for
+        the oldest one)."""
+        while self._in_flight and (wait or self._in_flight[0].delivered.done()):
+            batch = self._in_flight.popleft()
+            wait = False
+            try:
+                await batch.delivered
+            except Exception as exc:
+                exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
+            for event, topic, partition, offset in batch.records:
+                self.hold.consume(topic, partition, offset)
+                self.state_hold.consume(topic, partition, offset)
+                await self.delivery.ack(self._events, event)
+            for token in batch.marks:
+                await self.delivery.ack(self._events, token)
+
+    def _on_delivered(self, _delivered: asyncio.Future[Any]) -> None:
+        """A batch arrived: forward the marks it completes now, not when the next record comes."""
+        waking = self._wake_task is not None and not self._wake_task.done()
+        if waking or not (self.hold.held or self.state_hold.held):
             return
-        sent = await self._send_outbox()
+        self._wake_task = asyncio.ensure_future(self._wake())
+
+    async def _wake(self) -> None:
         try:
-            await asyncio.gather(*sent, *(future for futures, _token in marks for future in futures))
-        except Exception as exc:
-            exit_for_restart(f"a forwarded input record or mark was not delivered: {exc!r}")
-        for event, topic, partition, offset in pending:
-            self.hold.consume(topic, partition, offset)
-            self.state_hold.consume(topic, partition, offset)
-            await self.delivery.ack(self._events, event)
-        for _futures, token in marks:
-            await self.delivery.ack(self._events, token)
+            while True:
+                await self._count_delivered(wait=False)
+                await self._release_marks()
+                if not (self._in_flight and self._in_flight[0].delivered.done()
+                        and (self.hold.held or self.state_hold.held)):
+                    return
+        except Exception as exc:  # a task of its own: nobody else would see it
+            exit_for_restart(f"forwarding marks failed: {exc!r}")
 
     async def _send_outbox(self) -> list[Any]:
         """Send the forwarded copies of the pending records, grouped per stage partition."""
