@@ -253,6 +253,17 @@ class FaustConsumerPort:
     async def log_start(self, tp: Any) -> int:
         return int((await self.app.consumer.earliest_offsets(tp))[tp])
 
+    async def committed_many(self, tps: list[Any]) -> dict[Any, int]:
+        thread = self.app.consumer._thread
+        coordinator = thread._ensure_consumer()._coordinator
+        found = await thread.call_thread(coordinator.fetch_committed_offsets, list(tps))
+        out = {TP(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+        missing = [tp for tp in tps if tp not in out]
+        if missing:
+            starts = await self.app.consumer.earliest_offsets(*missing)
+            out.update({tp: int(off) for tp, off in starts.items() if off is not None})
+        return out
+
     async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
         found = await self.app.consumer.highwaters(*tps)
         return {tp: int(offset) for tp, offset in found.items() if offset is not None}
@@ -456,6 +467,7 @@ class StreamJobs:
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         self.offsets.assign(assigned)
+        await self.offsets.read_committed()
 
 
 WORKER_GC_THRESHOLDS = (50_000, 20, 100)
