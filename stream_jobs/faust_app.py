@@ -358,8 +358,13 @@ class StreamJobs:
 
     def _node_partition(self, key: bytes) -> int:
         """Where the producer puts a record keyed ``key`` on node-inputs (its default partitioner),
-        so a node's records stay with its stage state whichever version forwarded them."""
-        return int(DefaultPartitioner()(key, self._node_partition_ids, self._node_partition_ids))
+        so a node's records stay with its stage state whichever version forwarded them. Kept per
+        node key (as many as the fleet has nodes): the partitioner's hash is pure Python."""
+        partition = self._node_partition_of.get(key)
+        if partition is None:
+            ids = self._node_partition_ids
+            partition = self._node_partition_of[key] = int(DefaultPartitioner()(key, ids, ids))
+        return partition
 
     def _declare(self) -> None:
         app, prefix, s = self.app, self.prefix, self.settings
@@ -371,6 +376,7 @@ class StreamJobs:
                                      value_serializer="raw")
         self.node_topic = self._topic(self.node_name, self.node_partitions)
         self._node_partition_ids = list(range(self.node_partitions))
+        self._node_partition_of: dict[bytes, int] = {}
         self.cluster_topic = self._topic(self.cluster_name, 1)
         self.control_topic = self._topic(self.control_name, 1)
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
