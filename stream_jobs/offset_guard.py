@@ -123,19 +123,19 @@ class OffsetGuard:
         for tp in self.positions.owned - set(assignment):
             self.acks.forget(tp)
         self.positions.assign(assignment)
-        self._committed = {tp: off for tp, off in self._committed.items() if tp in self.positions.owned}
         self._revoked.clear()
         self._reset_watch()
 
     def revoke(self, revoked: set[Any]) -> None:
         self.positions.revoke(revoked)
         self._revoked |= set(revoked)
-        self._committed = {tp: off for tp, off in self._committed.items() if tp in self.positions.owned}
         for tp in revoked:
             self.acks.forget(tp)
         self._reset_watch()
 
     def _reset_watch(self) -> None:
+        """After an assignment or revocation: forget what belongs to partitions no longer owned."""
+        self._committed = {tp: off for tp, off in self._committed.items() if tp in self.positions.owned}
         now = self.clock()
         self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
         self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
