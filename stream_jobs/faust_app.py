@@ -175,13 +175,11 @@ class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
         handoff, flow = coros
         try:
             pending = handoff.send(None)
-        except StopIteration as stop:
+        except BaseException as exc:  # done at its first step (StopIteration), or failed: flow unused
             if asyncio.iscoroutine(flow):
                 flow.close()
-            return WaitResults([handoff], [stop.value], False)
-        except BaseException:
-            if asyncio.iscoroutine(flow):
-                flow.close()
+            if isinstance(exc, StopIteration):
+                return WaitResults([handoff], [exc.value], False)
             raise
         return await super().wait_first(_Resumed(handoff, pending), flow)
 
@@ -254,10 +252,7 @@ class FaustConsumerPort:
         return int((await self.app.consumer.earliest_offsets(tp))[tp])
 
     async def committed_many(self, tps: list[Any]) -> dict[Any, int]:
-        thread = self.app.consumer._thread
-        coordinator = thread._ensure_consumer()._coordinator
-        found = await thread.call_thread(coordinator.fetch_committed_offsets, list(tps))
-        out = {TP(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+        out: dict[Any, int] = await self._group_commits([TP(tp.topic, tp.partition) for tp in tps])
         missing = [tp for tp in tps if tp not in out]
         if missing:
             starts = await self.app.consumer.earliest_offsets(*missing)
@@ -271,11 +266,17 @@ class FaustConsumerPort:
     async def group_committed(self, keys: list[str]) -> dict[str, int]:
         """The group's committed offsets of ``topic:partition`` keys, owned by this consumer or not
         (keys with no commit are left out)."""
+        tps = [TP(topic, int(partition)) for topic, partition in (key.rsplit(":", 1) for key in keys)]
+        found = await self._group_commits(tps)
+        return {tp_key(tp.topic, tp.partition): offset for tp, offset in found.items()}
+
+    async def _group_commits(self, tps: list[Any]) -> dict[Any, int]:
+        """The group's committed offsets of ``tps`` in one request to its coordinator (those with
+        no commit are left out), keyed by :class:`TP`."""
         thread = self.app.consumer._thread
         coordinator = thread._ensure_consumer()._coordinator
-        tps = [TP(topic, int(partition)) for topic, partition in (key.rsplit(":", 1) for key in keys)]
         found = await thread.call_thread(coordinator.fetch_committed_offsets, tps)
-        return {tp_key(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
+        return {TP(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items() if meta.offset >= 0}
 
     def assignment(self) -> set[Any]:
         return set(self.app.consumer.assignment())

@@ -201,7 +201,7 @@ class RouteAgent:
     def _on_delivered(self, _delivered: asyncio.Future[Any]) -> None:
         """A batch arrived: forward the marks it completes now, not when the next record comes."""
         waking = self._wake_task is not None and not self._wake_task.done()
-        if waking or not (self.hold.held or self.state_hold.held):
+        if waking or not self._marks_held():
             return
         self._wake_task = asyncio.ensure_future(self._wake())
 
@@ -211,10 +211,13 @@ class RouteAgent:
                 await self._count_delivered(wait=False)
                 await self._release_marks()
                 if not (self._in_flight and self._in_flight[0].delivered.done()
-                        and (self.hold.held or self.state_hold.held)):
+                        and self._marks_held()):
                     return
         except Exception as exc:  # a task of its own: nobody else would see it
             exit_for_restart(f"forwarding marks failed: {exc!r}")
+
+    def _marks_held(self) -> bool:
+        return bool(self.hold.held or self.state_hold.held)
 
     async def _send_outbox(self) -> list[Any]:
         """Send the forwarded copies of the pending records, grouped per stage partition."""
@@ -232,7 +235,7 @@ class RouteAgent:
     async def _release_marks(self) -> None:
         """Forward the held marks whose inputs are consumed (after each input record, and on a
         timer: commits made after the last record can complete a mark too)."""
-        if not (self.hold.held or self.state_hold.held) or self._events is None:
+        if not self._marks_held() or self._events is None:
             return
         async with self._forward_lock:  # marks leave in order
             committed = self.committed()
