@@ -164,9 +164,9 @@ FETCH_MAX_WAIT_MS = 100
 
 With 1 byte, a busy worker's consumer thread fetched again the moment anything was there: many
 small fetches, each a request to write and a response to take apart, and a hand-over to the main
-thread, all competing with the stages for the GIL. In ten alternating pairs of the stream
-benchmark's throughput phase (one worker, 64 nodes x 8 GPUs, 3,776 samples) the worker needed
-about a fifth less CPU per sample (median 678 against 537 samples/s). A partition that gets fewer
+thread, all competing with the stages for the GIL. In alternating runs of the stream benchmark's
+throughput phase (one worker, 64 nodes x 8 GPUs, 3,776 samples; 7 before, 10 after) the worker
+needed about a fifth less CPU per sample (median 678 against 537 samples/s). A partition that gets fewer
 than 64 KiB waits at most 100 ms, which each hop between the stages in live mode (input -> route
 -> node-inputs -> node) can add to an alert's latency; with faust's 1,500 ms a record that arrived
 while the one fetch in flight was out for other partitions waited up to that long (the bench's
