@@ -50,14 +50,13 @@ from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import Scenario, parse_scenario
 from simulation.simulator import FleetSimulator
+from stream_jobs.faust_app import SESSION_TIMEOUT_S
 
 BENCH = "stream"
 PASSTHROUGH_RUNS = 3
 """The passthrough's rate swung 4x between runs on one machine (1,755 - 7,784 msg/s on 2026-12-03,
 lowest on a freshly started broker): the ratio takes the best of three, what the client and the
 broker can do."""
-SESSION_TIMEOUT_S = 10.0
-"""The worker's ``broker_session_timeout`` (stream_jobs.faust_app)."""
 
 
 def _settings(ctx: Context) -> CommonSettings:
@@ -112,7 +111,7 @@ def _paused(replay: KafkaReplay) -> Iterator[None]:
     """The workers stopped (SIGSTOP) meanwhile. The passthrough reads messages already in Kafka with
     the machine to itself; a worker that read the fleet while the driver produced it shared the
     two cores with the driver (and was timed on the driver's pace at first). A pause well below the
-    group's session timeout (10 s) keeps the workers' partitions where they are."""
+    group's session timeout (``SESSION_TIMEOUT_S``) keeps the workers' partitions where they are."""
     paused = [worker.process for worker in replay.workers if worker.process is not None and worker.alive()]
     for process in paused:
         process.send_signal(signal.SIGSTOP)
@@ -122,8 +121,9 @@ def _paused(replay: KafkaReplay) -> Iterator[None]:
     finally:
         for process in paused:
             process.send_signal(signal.SIGCONT)
-    if time.monotonic() - started > SESSION_TIMEOUT_S / 2:
-        print(f"  (workers paused {time.monotonic() - started:.1f} s: the group may have rebalanced)")
+    paused_s = time.monotonic() - started
+    if paused_s > SESSION_TIMEOUT_S / 2:
+        print(f"  (workers paused {paused_s:.1f} s: the group may have rebalanced)")
 
 
 def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1) -> Throughput:

@@ -158,6 +158,9 @@ class _Resumed:
                 return stop.value
 
 
+SESSION_TIMEOUT_S = 10.0
+"""A crashed worker's partitions move to the others after this long (faust's default is 60 s)."""
+
 FETCH_MIN_BYTES = 64 * 1024
 FETCH_MAX_WAIT_MS = 100
 """A fetch returns once 64 KiB are there or after 100 ms (faust's consumer: 1 byte, 1,500 ms).
@@ -369,8 +372,7 @@ class StreamJobs:
             consumer_auto_offset_reset="earliest",
             stream_wait_empty=False,
             broker_commit_interval=1.0,
-            # a crashed worker's partitions move after this long (faust's default is 60 s)
-            broker_session_timeout=10.0,
+            broker_session_timeout=SESSION_TIMEOUT_S,
             broker_heartbeat_interval=1.0,
             consumer_group_instance_id=s.group_instance_id,
             producer_acks=-1,
