@@ -21,6 +21,7 @@ recognised and dropped. Everything here is plain data so it lives in the stages'
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -229,6 +230,10 @@ class InputGate(Generic[T]):
         self.applied_seq = applied_seq
         self.applied: dict[str, int] = dict(applied or {})
         self.records: dict[tuple[str, int, int], Parked[T]] = {}
+        self._parked_offsets: dict[tuple[str, int], list[int]] = {}
+        """The offsets in ``records`` per source partition, ascending: a mark releases a prefix of
+        each (scanning every parked record at each mark cost a worker catching up on a backlog,
+        whose gates park thousands, a twentieth of its CPU)."""
 
     def offer(self, data: dict[str, Any], token: T) -> bool:
         """Park a forwarded record; False when it was already applied or is parked (a duplicate)."""
@@ -239,6 +244,11 @@ class InputGate(Generic[T]):
         if key in self.records:
             return False
         self.records[key] = Parked((TOPIC_RANK.get(str(data["s"]), 99), topic, partition, offset), data, token)
+        offsets = self._parked_offsets.setdefault((topic, partition), [])
+        if offsets and offset < offsets[-1]:
+            bisect.insort(offsets, offset)
+        else:
+            offsets.append(offset)
         return True
 
     def is_new(self, seq: int) -> bool:
@@ -246,14 +256,24 @@ class InputGate(Generic[T]):
 
     def release(self, mark: Mark) -> list[Parked[T]]:
         """The parked records ``mark`` covers, in canonical order; records progress to the mark."""
-        out = [p for (topic, partition, offset), p in self.records.items() if mark.covers(topic, partition, offset)]
+        out: list[Parked[T]] = []
+        for source, offsets in list(self._parked_offsets.items()):
+            key = tp_key(*source)
+            if mark.offsets is None:
+                covered = len(offsets)
+            else:
+                last = mark.offsets.get(key)  # None: not covered (see Mark.covers)
+                covered = 0 if last is None else bisect.bisect_right(offsets, last)
+            if not covered:
+                continue
+            topic, partition = source
+            out.extend(self.records.pop((topic, partition, offset)) for offset in offsets[:covered])
+            if offsets[covered - 1] > self.applied.get(key, -1):
+                self.applied[key] = offsets[covered - 1]
+            del offsets[:covered]
+            if not offsets:
+                del self._parked_offsets[source]
         out.sort(key=lambda p: p.order)
-        for p in out:
-            _rank, topic, partition, offset = p.order
-            del self.records[(topic, partition, offset)]
-            key = tp_key(topic, partition)
-            if offset > self.applied.get(key, -1):
-                self.applied[key] = offset
         self.applied_seq = max(self.applied_seq, mark.seq)
         return out
 
