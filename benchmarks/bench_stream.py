@@ -246,9 +246,9 @@ def _latency(ctx: Context, nodes: int, seconds: int) -> tuple[list[float], int]:
 
 
 def run(ctx: Context) -> list[Result]:
-    # 30 minutes, not 10: a 10-minute fleet is 5 s of a worker's time, and in alternating runs on
-    # 2026-12-03 a worker did 680-790 samples/s on it against 950-1,070 on 30 minutes (what it
-    # does once its fetches, buffers and state are up to speed)
+    # 30 minutes, not 10: a 10-minute fleet is 5 s of a worker's time, much of it spent getting up
+    # to speed. Within one hour on 2026-12-03, same code: 9 runs on 10 minutes, 680-794 samples/s
+    # (median 775); 10 runs on 30 minutes, 757-1,072 (median 967)
     nodes, duration = (16, "5m") if ctx.quick else (64, "30m")
     one = _throughput(ctx, nodes, duration)
     passes = sorted(asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples, attempt))
