@@ -331,6 +331,25 @@ def topic_names(kafka: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
     return sorted(AdminClient(_client_conf(kafka)).list_topics(timeout=timeout_s).topics)
 
 
+def delete_prefixed(kafka: KafkaSettings, prefixes: Sequence[str], timeout_s: float = 30.0) -> list[str]:
+    """Delete every topic whose name starts with one of ``prefixes``; the topics deleted, sorted.
+    Raises :class:`AdminRequestFailed` when the cluster refuses or cannot be reached."""
+    admin = AdminClient(_client_conf(kafka))
+    try:
+        names = sorted(name for name in admin.list_topics(timeout=timeout_s).topics
+                       if name.startswith(tuple(prefixes)))
+        if names:
+            for future in admin.delete_topics(names, request_timeout=timeout_s).values():
+                future.result()
+    except KafkaException as exc:
+        raise AdminRequestFailed(str(exc)) from None
+    return names
+
+
+class AdminRequestFailed(RuntimeError):
+    """An administrative request (deleting topics or groups) the cluster refused or did not answer."""
+
+
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:
     metadata = AdminClient(_client_conf(kafka)).list_topics(topic, timeout=timeout_s)
     return sorted(metadata.topics[topic].partitions)

@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from common.errors import UserError
-from common.kafka import BoundedProducer, ReadRecord, ensure_topics, read_to_end
+from common.kafka import AdminRequestFailed, BoundedProducer, ReadRecord, delete_prefixed, ensure_topics, read_to_end
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
 from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
@@ -269,6 +269,7 @@ class KafkaReplay:
         self.kafka = settings.kafka
         self.lateness_s = lateness_s
         self.prefix = topic_prefix or f"replay{uuid.uuid4().hex[:10]}"
+        self._own_prefix = topic_prefix is None
         self.node_partitions = node_partitions
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="gpulens-replay-"))
@@ -432,6 +433,20 @@ class KafkaReplay:
             return report
         finally:
             self.close(keep_work_dir=not succeeded and any(worker.starts for worker in self.workers))
+            if succeeded and self._own_prefix:
+                self.remove_topics(say)
+
+    def remove_topics(self, say: Callable[[str], None] = lambda line: None) -> None:
+        """Delete the topics of this replay's prefix (its workers' changelogs included). A replay
+        with a generated prefix (nobody can name its topics in advance) that succeeded leaves no
+        topic on the cluster; one that failed keeps them, as it keeps its work directory, to be
+        looked into. (The consumer group's offsets go with the topics; the empty group expires.)"""
+        try:
+            removed = delete_prefixed(self.kafka, [f"{self.prefix}.", f"{self.prefix}-stream-jobs-"])
+        except AdminRequestFailed as exc:
+            say(f"the topics under the prefix {self.prefix} were not deleted: {exc}")
+            return
+        say(f"deleted the replay's {len(removed)} topics (prefix {self.prefix})")
 
     def _send_with_chaos(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None],
                          broker: BrokerControl | None) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from common.kafka import topic_names
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
 from gpulens.kafka_local import LocalKafka
@@ -74,6 +75,9 @@ def test_three_workers_survive_kills_a_rebalance_and_a_broker_outage(
     assert sum("added" in line for line in said) == 1 and sum("removed" in line for line in said) == 1, log
     outage = [float(line.rsplit(" ", 1)[1].rstrip("s")) for line in said if "broker started again after" in line]
     assert len(outage) == 1 and outage[0] >= 20.0, log
+    # a replay with a generated prefix that succeeded leaves no topic behind on the cluster
+    assert [name for name in topic_names(kafka_settings) if name.startswith(replay.prefix)] == [], log
+    assert any(line.startswith("deleted the replay's") for line in said), log
     # the group really split the work: every first-generation worker routed input partitions and
     # only one of them can own the control partition
     inputs = f'"topic":"{replay.prefix}.'
