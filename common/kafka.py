@@ -347,7 +347,7 @@ def delete_prefixed(kafka: KafkaSettings, prefixes: Sequence[str], timeout_s: fl
 
 
 class AdminRequestFailed(RuntimeError):
-    """An administrative request (deleting topics or groups) the cluster refused or did not answer."""
+    """An administrative request (deleting topics) the cluster refused or did not answer."""
 
 
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:

@@ -520,21 +520,22 @@ without them at the same peak memory. What the stream jobs free is freed by refe
 the collector is only for cycles (asyncio futures, exceptions)."""
 
 
-WORKER_EVENT_LOOP = "uvloop"
-"""A worker's event loops (the main one, and that of faust's consumer thread, created under the
-same policy) are uvloop's, not asyncio's. Both threads spend much of their time in the loop
-itself: buffering socket reads (``StreamReader.feed_data``), writes, the selector, scheduling
-callbacks; pure Python in asyncio, C in uvloop. In alternating runs of the stream benchmark's
-throughput phase (3 pairs) a worker did 680-789 samples/s against 597-693 without it, with about a
-seventh less CPU per sample. faust supports uvloop (its ``uvloop`` extra); the in-process tests and
-the simulated parts keep asyncio's loop."""
+def use_uvloop() -> None:
+    """A worker's event loops (the main one, and that of faust's consumer thread, made later under
+    the same policy) are uvloop's, not asyncio's. Both threads spend much of their time in the loop
+    itself: buffering socket reads (``StreamReader.feed_data``), writes, the selector, scheduling
+    callbacks; pure Python in asyncio, C in uvloop. In alternating runs of the stream benchmark's
+    throughput phase (3 pairs) a worker did 680-789 samples/s against 597-693 without it, with
+    about a seventh less CPU per sample. faust supports uvloop (its ``uvloop`` extra); the
+    in-process tests and the simulated parts keep asyncio's loop."""
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def run_worker(settings: WorkerSettings, metrics: WorkerMetrics | None = None,
                observer: OutputObserver | None = None) -> None:
     """Run a faust worker for ``settings`` until SIGTERM/SIGINT (blocks; exits the process)."""
     gc.set_threshold(*WORKER_GC_THRESHOLDS)
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # see WORKER_EVENT_LOOP
+    use_uvloop()
     jobs = StreamJobs(settings, metrics, observer)
     for name in ("faust", "mode", "aiokafka", "kafka"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))

@@ -90,14 +90,6 @@ class Mark:
                    end=bool(data.get("end", False)), state=state,
                    cluster=str(data.get("cluster") or DEFAULT_CLUSTER) if state else None)
 
-    def covers(self, topic: str, partition: int, offset: int) -> bool:
-        if self.offsets is None:
-            return True
-        last = self.offsets.get(tp_key(topic, partition))
-        # a partition the driver had not written yet: its records come after this mark (they are
-        # checked against the clock of the mark that covers them, as in-process)
-        return last is not None and offset <= last
-
 
 def record_envelope(topic: str, suffix: str, partition: int, offset: int, value: bytes) -> bytes:
     """A forwarded input record; ``value`` is the original JSON (already validated), embedded as is."""
@@ -262,7 +254,9 @@ class InputGate(Generic[T]):
             if mark.offsets is None:
                 covered = len(offsets)
             else:
-                last = mark.offsets.get(key)  # None: not covered (see Mark.covers)
+                # a partition the driver had not written yet: its records come after this mark
+                # (they are checked against the clock of the mark that covers them, as in-process)
+                last = mark.offsets.get(key)
                 covered = 0 if last is None else bisect.bisect_right(offsets, last)
             if not covered:
                 continue
