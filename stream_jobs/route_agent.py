@@ -23,7 +23,7 @@ from common.logs import get_logger
 from schemas.codec import MessageError
 from schemas.control import STATE_MARK_KIND
 from stream_jobs.delivery import Delivery, exit_for_restart
-from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
+from stream_jobs.pipeline import TombstoneSkipped, decode_record, route, route_canonical
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
 
 log = get_logger(__name__)
@@ -249,15 +249,17 @@ class RouteAgent:
         """Decode an input record and put its forwarded copies in the outbox (none for a tombstone
         or a dead letter, which is delivered already)."""
         suffix = self.topics.input_names[topic]
-        try:
-            decoded = decode_record(suffix, value)
-        except TombstoneSkipped:
-            return
-        except MessageError as exc:
-            await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
-            return
+        targets = route_canonical(suffix, value)
+        if targets is None:
+            try:
+                targets = route(decode_record(suffix, value))
+            except TombstoneSkipped:
+                return
+            except MessageError as exc:
+                await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
+                return
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
-        for stage, node in route(decoded):
+        for stage, node in targets:
             target = None if stage == "cluster" else self.topics.node_partition(str(node).encode())
             self._outbox.setdefault(target, []).append(envelope)
 

@@ -24,6 +24,9 @@ MAX_STATE_RECORD_BYTES = 512 * 1024
 and the record overhead."""
 
 _HEAD = "__chunked__"
+_HEAD_PREFIX = b'{"' + _HEAD.encode() + b'":'
+"""How a head record begins (orjson writes its keys in order, ``_HEAD`` first); a stage's document
+begins with one of its own keys."""
 
 
 class ChunkedStore:
@@ -70,13 +73,14 @@ class ChunkedStore:
                     del self.table[chunk]
 
     def _head(self, key: str) -> tuple[int, int] | None:
+        """The generation and chunk count of a chunked document under ``key`` (None: none, or a
+        plain document, which is not parsed: a node partition's state is parsed at every
+        checkpoint otherwise)."""
         raw = self.table.get(key.encode())
-        if raw is None:
+        if raw is None or not raw.startswith(_HEAD_PREFIX):
             return None
         head = orjson.loads(raw)
-        if isinstance(head, dict) and _HEAD in head:
-            return int(head[_HEAD]), int(head["n"])
-        return None
+        return int(head[_HEAD]), int(head["n"])
 
 
 def _chunk_key(key: str, generation: int, index: int) -> bytes:
