@@ -270,6 +270,8 @@ class KafkaReplay:
         self.lateness_s = lateness_s
         self.prefix = topic_prefix or f"replay{uuid.uuid4().hex[:10]}"
         self._own_prefix = topic_prefix is None
+        self.app_id = f"{self.prefix}-stream-jobs"
+        """The workers' faust application id: their consumer group and the prefix of their changelogs."""
         self.node_partitions = node_partitions
         self._own_dir = work_dir is None
         self.work_dir = work_dir or Path(tempfile.mkdtemp(prefix="gpulens-replay-"))
@@ -297,7 +299,7 @@ class KafkaReplay:
         name = "worker" if index == 0 else f"worker-{index}"
         worker = WorkerProcess(
             _worker_env(self.settings, self.prefix, self.work_dir / name, self.scenario, self.lateness_s,
-                        self.node_partitions, f"{self.prefix}-stream-jobs", index),
+                        self.node_partitions, self.app_id, index),
             self.work_dir / f"{name}.log")
         self.workers.append(worker)
         return worker
@@ -442,7 +444,7 @@ class KafkaReplay:
         topic on the cluster; one that failed keeps them, as it keeps its work directory, to be
         looked into. (The consumer group's offsets go with the topics; the empty group expires.)"""
         try:
-            removed = delete_prefixed(self.kafka, [f"{self.prefix}.", f"{self.prefix}-stream-jobs-"])
+            removed = delete_prefixed(self.kafka, [f"{self.prefix}.", f"{self.app_id}-"])
         except AdminRequestFailed as exc:
             say(f"the topics under the prefix {self.prefix} were not deleted: {exc}")
             return

@@ -236,11 +236,7 @@ class InputGate(Generic[T]):
         if key in self.records:
             return False
         self.records[key] = Parked((TOPIC_RANK.get(str(data["s"]), 99), topic, partition, offset), data, token)
-        offsets = self._parked_offsets.setdefault((topic, partition), [])
-        if offsets and offset < offsets[-1]:
-            bisect.insort(offsets, offset)
-        else:
-            offsets.append(offset)
+        bisect.insort(self._parked_offsets.setdefault((topic, partition), []), offset)
         return True
 
     def is_new(self, seq: int) -> bool:
