@@ -8,6 +8,7 @@ time-bounded streams.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass
 
 from schemas.messages import (
@@ -141,6 +142,22 @@ def internal_topics(node_input_partitions: int) -> list[TopicSpec]:
     setting a deployment sizes: it bounds how many node-stage workers share the work)."""
     return [dataclasses.replace(spec, partitions=node_input_partitions)
             if spec.suffix == INTERNAL_NODE_INPUTS.suffix else spec for spec in INTERNAL_TOPICS]
+
+
+def node_stage_topics(node_input_partitions: int) -> list[TopicSpec]:
+    """The topics a node stage reads partition by partition, with ``node_input_partitions`` each:
+    ``gpu.samples.v1`` (read directly) and the internal topics. Partition ``p`` of the samples and
+    of node-inputs hold the same nodes (:func:`key_partition`), so they must have one count."""
+    return [dataclasses.replace(GPU_SAMPLES, partitions=node_input_partitions), *internal_topics(node_input_partitions)]
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition of a record keyed ``key``: librdkafka's default partitioner (CRC-32 of the key),
+    which every gpulens producer uses. ``gpu.samples.v1`` is keyed by node key (``<cluster>/<node>``,
+    the bare node in the ``default`` cluster), so a node's samples are on partition
+    ``key_partition(node key)``, and the stream jobs put its pod and node states on the same
+    partition of node-inputs."""
+    return zlib.crc32(key) % partitions
 
 
 def by_suffix(suffix: str) -> TopicSpec:

@@ -51,7 +51,7 @@ from schemas.topics import (
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
-    internal_topics,
+    node_stage_topics,
 )
 from simulation.fleet_state import SimulatedRecord, Tick
 from simulation.replay import DEFAULT_LATENESS_S, build_report, engine_config
@@ -313,7 +313,10 @@ class KafkaReplay:
             worker.start()
 
     def create_topics(self) -> None:
-        ensure_topics(self.kafka, [*ALL_TOPICS, *internal_topics(self.node_partitions)], self.prefix)
+        node_topics = node_stage_topics(self.node_partitions)  # the samples with node-inputs' partition count
+        names = {spec.suffix for spec in node_topics}
+        ensure_topics(self.kafka, [*(spec for spec in ALL_TOPICS if spec.suffix not in names), *node_topics],
+                      self.prefix)
 
     def ticks(self) -> list[Tick]:
         return list(self.simulator.run())

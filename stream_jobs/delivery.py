@@ -22,13 +22,13 @@ from typing import Any, NoReturn, Protocol
 import orjson
 
 from common.logs import get_logger
-from schemas.codec import WIRE_HEADERS, encode, validate
+from schemas.codec import WIRE_HEADERS, MessageError, encode, validate
 from schemas.messages import Message, scoped_key
 from schemas.outputs import Alert, PodLifecycle, PodWindow
 from stream_jobs.config import EngineConfig
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
 from stream_jobs.offsets import EXIT_STALLED
-from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, event_time_error
+from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, decode_record, event_time_error
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import InputGate, Mark, Parked, envelope_records
 
@@ -64,9 +64,10 @@ def state_position(parked: Iterable[Any], next_offset: int | None) -> int | None
     return min(offsets, default=None)
 
 
-def saved_position(state: dict[str, Any] | None) -> int | None:
-    """The :func:`state_position` a saved stage state was written at (None: none saved)."""
-    position = ((state or {}).get("progress") or {}).get("position")
+def saved_position(state: dict[str, Any] | None, name: str = "position") -> int | None:
+    """The :func:`state_position` a saved stage state was written at (None: none saved); ``name``:
+    which of its input topics' positions (``position``: the stage's internal topic)."""
+    position = ((state or {}).get("progress") or {}).get(name)
     return None if position is None else int(position)
 
 
@@ -82,6 +83,13 @@ class SharedAck:
     @property
     def message(self) -> Any:
         return self.event.message
+
+
+def direct_record(topic: str, suffix: str, partition: int, offset: int, key: bytes | None,
+                  value: bytes | None) -> dict[str, Any]:
+    """A record a stage reads from an input topic itself (a node partition's samples), parked as
+    read: it is validated when a mark releases it (:meth:`Delivery.released_input`)."""
+    return {"t": topic, "s": suffix, "p": partition, "o": offset, "key": key, "raw": value}
 
 
 def offer_forwarded(gate: InputGate[Any], data: dict[str, Any], event: Any) -> bool:
@@ -156,13 +164,25 @@ class Delivery:
         log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
 
     async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
-        """A forwarded input record a mark released, or None when its event time is out of the
-        bounds of the mark's clock (then it is dead-lettered: by both stages when it went to both,
-        with the same source headers; ``replay --kafka`` counts letters once per source)."""
+        """An input record a mark released, or None when it is dead-lettered: invalid (a record
+        the stage read itself, :func:`direct_record`; forwarded ones were validated by the route)
+        or with its event time out of the bounds of the mark's clock (by both stages when it went
+        to both, with the same source headers; ``replay --kafka`` counts letters once per source)."""
         data = parked.data
-        message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
+        topic, partition, offset = str(data["t"]), int(data["p"]), int(data["o"])
+        raw: bytes | None
+        if "raw" in data:
+            raw = data["raw"]
+            try:
+                message = decode_record(str(data["s"]), raw)
+            except MessageError as exc:
+                await self.dead_letter(topic, partition, offset, data["key"], raw, str(exc))
+                return None
+        else:
+            message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
+            raw = None
         error = event_time_error(message, mark.ts, self.config)
         if error is None:
             return message
-        await self.dead_letter(str(data["t"]), int(data["p"]), int(data["o"]), None, orjson.dumps(data["v"]), error)
+        await self.dead_letter(topic, partition, offset, None, orjson.dumps(data["v"]) if raw is None else raw, error)
         return None

@@ -34,7 +34,6 @@ from typing import Any, NoReturn
 
 import faust
 import uvloop
-from aiokafka.partitioner import DefaultPartitioner
 from faust.transport.consumer import Fetcher
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
@@ -50,12 +49,14 @@ from schemas.topics import (
     ALERTS,
     CLUSTER_CAPACITY,
     DEADLETTER,
+    GPU_SAMPLES,
     INTERNAL_CLUSTER_INPUTS,
     INTERNAL_CONTROL,
     INTERNAL_NODE_INPUTS,
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
+    key_partition,
 )
 from stream_jobs.cluster_agent import ClusterAgent
 from stream_jobs.config import EngineConfig, Thresholds
@@ -392,26 +393,24 @@ class StreamJobs:
         return self.app.topic(name, partitions=partitions, key_serializer="raw", value_serializer="raw")
 
     def _node_partition(self, key: bytes) -> int:
-        """Where the producer puts a record keyed ``key`` on node-inputs (its default partitioner),
-        so a node's records stay with its stage state whichever version forwarded them. Kept per
-        node key (as many as the fleet has nodes): the partitioner's hash is pure Python."""
-        partition = self._node_partition_of.get(key)
-        if partition is None:
-            ids = self._node_partition_ids
-            partition = self._node_partition_of[key] = int(DefaultPartitioner()(key, ids, ids))
-        return partition
+        """The node-inputs (and samples) partition of a node key: a node's states go where its
+        samples are, so that partition's stage reads both."""
+        return key_partition(key, self.node_partitions)
 
     def _declare(self) -> None:
         app, prefix, s = self.app, self.prefix, self.settings
         self.input_names = {spec.name(prefix): spec.suffix for spec in INPUT_TOPICS}
+        self.samples_name = GPU_SAMPLES.name(prefix)
+        routed = {name: suffix for name, suffix in self.input_names.items() if name != self.samples_name}
         self.control_name = INTERNAL_CONTROL.name(prefix)
         self.node_name = INTERNAL_NODE_INPUTS.name(prefix)
         self.cluster_name = INTERNAL_CLUSTER_INPUTS.name(prefix)
-        self.inputs = self.app.topic(*self.input_names, self.control_name, key_serializer="raw",
-                                     value_serializer="raw")
+        self.inputs = self.app.topic(*routed, self.control_name, key_serializer="raw", value_serializer="raw")
         self.node_topic = self._topic(self.node_name, self.node_partitions)
-        self._node_partition_ids = list(range(self.node_partitions))
-        self._node_partition_of: dict[bytes, int] = {}
+        # partition p of both holds the same nodes: faust assigns co-subscribed topics of one
+        # partition count together (and the node-stages changelog with them)
+        self.node_inputs = self.app.topic(self.node_name, self.samples_name, key_serializer="raw",
+                                          value_serializer="raw")
         self.cluster_topic = self._topic(self.cluster_name, 1)
         self.control_topic = self._topic(self.control_name, 1)
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
@@ -433,19 +432,21 @@ class StreamJobs:
             out_topics={cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()},
             compacted={spec.name(prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"})
         self.route = RouteAgent(self.delivery, RouteTopics(
-            input_names=self.input_names, control_name=self.control_name, node_topic=self.node_topic,
+            input_names=routed, control_name=self.control_name, node_topic=self.node_topic,
             cluster_topic=self.cluster_topic, control_topic=self.control_topic,
             node_partitions=self.node_partitions, node_partition=self._node_partition), self.consumer_port)
         self.node = NodeAgent(self.delivery, self.config, self.node_name, self.cluster_topic, self.node_table,
-                              self.node_durable, self.lateness_s, s.checkpoint_interval_s, self.observer)
+                              self.node_durable, self.lateness_s, s.checkpoint_interval_s, self.observer,
+                              samples_topic=self.samples_name, partitioner=self._node_partition)
         self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, self.control_topic,
                                     self.cluster_table, self.cluster_durable, self.node_partitions, self.lateness_s,
                                     s.checkpoint_interval_s, self.observer)
         self.offsets.state_positions = {self.node_name: self.node.saved_position,
+                                        self.samples_name: self.node.saved_sample_position,
                                         self.cluster_name: self.cluster.saved_position}
         if s.stage in ("node", "all"):
             app.agent(self.inputs, name="route")(self._exit_on_error("route", self.route.run))
-            app.agent(self.node_topic, name="node")(self._exit_on_error("node", self.node.run))
+            app.agent(self.node_inputs, name="node")(self._exit_on_error("node", self.node.run))
             app.timer(0.5)(self.route.refresh_and_release)
             if s.watermark_source == "clock":
                 app.timer(s.clock_interval_s, on_leader=True)(self.route.clock)
@@ -499,7 +500,7 @@ class StreamJobs:
         unacknowledged records go to the new owner, which restores the state from the tables)."""
         self.offsets.revoke(revoked)
         for tp in revoked:
-            if tp.topic == self.node_name:
+            if tp.topic in (self.node_name, self.samples_name):
                 self.node.revoke(tp.partition)
             elif tp.topic == self.cluster_name:
                 self.cluster.revoke()

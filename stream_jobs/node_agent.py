@@ -1,4 +1,14 @@
-"""The node agent: one stream over the node-inputs partitions, running the node stages.
+"""The node agent: one stream over the node-inputs partitions and the ``gpu.samples.v1``
+partitions, running the node stages.
+
+Partition ``p`` of both topics holds the same nodes: samples are keyed by node key and the route
+forwards a node's pod and node states to the node-inputs partition of that key
+(:func:`schemas.topics.key_partition`; the topics have one partition count). The stage reads its
+samples itself: the route does not copy them (about half a worker's bytes) nor validate them twice.
+A mark arrives in-band on node-inputs behind the states it covers; it waits until the partition's
+samples are read up to the mark's offset for them (its samples partition), so it releases what
+in-process would. A sample on a partition its node is not keyed to (a producer with another
+partitioner or key) is dead-lettered with the reason: its node's state is elsewhere.
 
 Per partition, records wait in a gate (:class:`~stream_jobs.watermark.InputGate`) until a mark
 releases them; then the partition's :class:`NodeStage` s (one per node, kept in the
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +31,16 @@ from common.logs import get_logger
 from schemas.codec import encode
 from schemas.control import STATE_MARK_KIND
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, Message
+from schemas.topics import GPU_SAMPLES
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_position, state_position
+from stream_jobs.delivery import (
+    Confirmable,
+    Delivery,
+    direct_record,
+    offer_forwarded,
+    saved_position,
+    state_position,
+)
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
@@ -35,6 +54,7 @@ from stream_jobs.watermark import (
     node_mark_envelope,
     node_watermark,
     output_envelopes,
+    tp_key,
 )
 
 log = get_logger(__name__)
@@ -58,14 +78,27 @@ class NodePartition:
     checkpointed_at: float = 0.0
     next_offset: int | None = None
     """The node-inputs offset after the last record processed."""
+    next_sample_offset: int | None = None
+    """The samples offset after the last sample read."""
+    waiting: list[tuple[Mark, Any]] = field(default_factory=list)
+    """Marks (with their events) waiting for the partition's samples they cover, in order."""
     state_ts: dict[str, float] = field(default_factory=dict)
     """Per cluster: pod and node state is complete up to here (the latest state mark's time)."""
     sample_ts: dict[str, float] = field(default_factory=dict)
     """Per node key: the time of the node's latest sample applied (a node's agent sends in order)."""
 
-    def position(self) -> int | None:
-        """The offset of the first record the stages' state does not hold (:func:`state_position`)."""
-        return state_position((parked.token for parked in self.gate.records.values()), self.next_offset)
+    def position(self, topic: str, next_offset: int | None) -> int | None:
+        """The offset of ``topic``'s first record the stages' state does not hold
+        (:func:`state_position`)."""
+        tokens = [*(parked.token for parked in self.gate.records.values()), *(event for _mark, event in self.waiting)]
+        return state_position((token for token in tokens if token.message.topic == topic), next_offset)
+
+    def samples_read(self, mark: Mark, tp: str) -> bool:
+        """Whether this partition's samples are read (or applied) up to what ``mark`` covers of them
+        (``tp``: the samples partition); a clock mark covers what has arrived."""
+        wanted = None if mark.offsets is None else mark.offsets.get(tp)
+        read = -1 if self.next_sample_offset is None else self.next_sample_offset - 1
+        return wanted is None or max(read, self.gate.applied.get(tp, -1)) >= wanted
 
     def stage(self, key: str, node: str, cluster: str, config: EngineConfig) -> NodeStage:
         """The stage of ``node`` of ``cluster`` (``key``: their node key)."""
@@ -86,11 +119,19 @@ class NodeAgent:
     lateness_s: float
     checkpoint_interval_s: float
     observer: OutputObserver | None = None
+    samples_topic: str = ""
+    """``gpu.samples.v1`` (prefixed), read by this agent partition by partition."""
+    partitioner: Callable[[bytes], int] | None = None
+    """The partition of a node key (``key_partition`` over the topics' partition count)."""
     parts: dict[int, NodePartition] = field(default_factory=dict)
 
     def saved_position(self, partition: int) -> int | None:
         """The node-inputs position the partition's saved state was written at (None: none)."""
         return saved_position(self.table.get(f"p{partition}"))
+
+    def saved_sample_position(self, partition: int) -> int | None:
+        """The samples position the partition's saved state was written at (None: none)."""
+        return saved_position(self.table.get(f"p{partition}"), "sample_position")
 
     def revoke(self, partition: int) -> None:
         log.info("node partition revoked", partition=partition)
@@ -114,14 +155,25 @@ class NodeAgent:
         async for event in events.events():
             if not await delivery.admit(event):
                 continue
-            partition = event.message.partition
-            metrics.records_in.labels(self.topic_name).inc()
+            message = event.message
+            partition = message.partition
+            metrics.records_in.labels(message.topic).inc()
             if partition not in self.parts:
                 part = self._part(partition)
-                log.info("node partition resumed", partition=partition, offset=event.message.offset,
+                log.info("node partition resumed", partition=partition, topic=message.topic, offset=message.offset,
                          seq=part.gate.applied_seq, applied=part.gate.applied, nodes=sorted(part.stages))
             part = self._part(partition)
-            part.next_offset = event.message.offset + 1
+            if message.topic == self.samples_topic:
+                part.next_sample_offset = message.offset + 1
+                record = direct_record(message.topic, GPU_SAMPLES.suffix, partition, message.offset, message.key,
+                                       event.value)
+                if not part.gate.offer(record, event):
+                    metrics.duplicates.labels("node").inc()
+                    part.unacked.append(event)
+                if part.waiting:
+                    await self._release(events, partition, part)
+                continue
+            part.next_offset = message.offset + 1
             data = decode_envelope(event.value)
             if data["k"] == STATE_MARK_KIND:
                 state = Mark.from_dict(data)
@@ -135,10 +187,19 @@ class NodeAgent:
                     part.unacked.append(event)
                 continue
             mark = Mark.from_dict(data)
-            if not part.gate.is_new(mark.seq):
+            if not part.gate.is_new(mark.seq) or any(mark.seq == other.seq for other, _event in part.waiting):
                 metrics.duplicates.labels("node").inc()
                 part.unacked.append(event)
                 continue
+            part.waiting.append((mark, event))
+            await self._release(events, partition, part)
+
+    async def _release(self, events: Any, partition: int, part: NodePartition) -> None:
+        """Process the waiting marks whose samples are read, in order."""
+        metrics = self.delivery.metrics
+        tp = tp_key(self.samples_topic, partition)
+        while part.waiting and part.samples_read(part.waiting[0][0], tp) and self.parts.get(partition) is part:
+            mark, event = part.waiting.pop(0)
             started = time.perf_counter()
             released = part.gate.release(mark)
             await self._mark(partition, part, mark, released)
@@ -158,6 +219,8 @@ class NodeAgent:
             if not node:
                 continue
             key = node_key(message.cluster, node)
+            if "raw" in parked.data and not await self._on_its_partition(partition, key, parked):
+                continue
             stage = part.stage(key, node, message.cluster, self.config)
             late = stage.counters["late_samples"]
             stage.submit(message)
@@ -204,6 +267,19 @@ class NodeAgent:
                                                 node_mark_envelope(partition, mark, stats)))
         metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
 
+    async def _on_its_partition(self, partition: int, key: str, parked: Parked[Any]) -> bool:
+        """Whether a sample read from samples partition ``partition`` belongs there; one that does
+        not is dead-lettered (its node's states, and its stage, are on the partition of its key)."""
+        home = partition if self.partitioner is None else self.partitioner(key.encode())
+        if home == partition:
+            return True
+        data = parked.data
+        error = (f"sample of node {key!r} on partition {partition} of {data['t']}, but its node's state is on "
+                 f"partition {home}: samples must be keyed by their node key ({key!r}) and partitioned by "
+                 f"librdkafka's default partitioner (CRC-32 of the key), as gpulens's agent produces them")
+        await self.delivery.dead_letter(str(data["t"]), partition, int(data["o"]), data["key"], data["raw"], error)
+        return False
+
     async def _checkpoint(self, events: Any, partition: int, part: NodePartition) -> None:
         """Outputs delivered -> state written -> inputs acknowledged, in this order: a crash at any
         point replays from the previous checkpoint and only repeats outputs (same ids).
@@ -217,8 +293,10 @@ class NodeAgent:
         if self.parts.get(partition) is not part:
             log.info("node partition revoked during its checkpoint; state not written", partition=partition)
             return
+        progress = {**part.gate.progress(), "position": part.position(self.topic_name, part.next_offset),
+                    "sample_position": part.position(self.samples_topic, part.next_sample_offset)}
         self.table[f"p{partition}"] = {
-            "progress": {**part.gate.progress(), "position": part.position()}, "stats": part.stats,
+            "progress": progress, "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         await self.durable.confirm()
         for token in part.unacked:

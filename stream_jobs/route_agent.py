@@ -1,6 +1,7 @@
 """The route agent: decodes the input topics, forwards records to the stages, forwards marks.
 
-It consumes the five input topics and the internal control topic. Every record is decoded
+It consumes the input topics but ``gpu.samples.v1`` (each node partition reads its own samples,
+:mod:`stream_jobs.node_agent`) and the internal control topic. Every record is decoded
 (undecodable or invalid -> ``deadletter.v1`` with the reason and source position as headers; the
 stream goes on), valid ones go to ``internal.node-inputs.v1`` (the partition of their node, per
 :func:`stream_jobs.pipeline.route`) and/or ``internal.cluster-inputs.v1``, grouped into one envelope
@@ -23,7 +24,7 @@ from common.logs import get_logger
 from schemas.codec import MessageError
 from schemas.control import STATE_MARK_KIND
 from stream_jobs.delivery import Delivery, exit_for_restart
-from stream_jobs.pipeline import TombstoneSkipped, decode_record, route, route_canonical
+from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
 
 log = get_logger(__name__)
@@ -99,10 +100,19 @@ class RouteAgent:
     _group_committed: dict[str, int] = field(default_factory=dict)
     """Committed offsets (next to read) of the group's input partitions, ``topic:partition``."""
 
+    def __post_init__(self) -> None:
+        self.hold, self.state_hold = self._holds()
+
+    def _holds(self) -> tuple[MarkHold, MarkHold]:
+        """Marks and state marks wait for the inputs this route reads (not the samples: each node
+        partition reads its own and holds a mark until it has)."""
+        topics = frozenset(self.topics.input_names)
+        return MarkHold(topics=topics), MarkHold(topics=topics)
+
     def revoke_control(self) -> None:
         self._marks_pending = []
         # the held marks are unacknowledged: their new owner reads them again
-        self.hold, self.state_hold = MarkHold(), MarkHold()
+        self.hold, self.state_hold = self._holds()
 
     async def clock(self) -> None:
         """A clock mark (live mode)."""
@@ -249,15 +259,13 @@ class RouteAgent:
         """Decode an input record and put its forwarded copies in the outbox (none for a tombstone
         or a dead letter, which is delivered already)."""
         suffix = self.topics.input_names[topic]
-        targets = route_canonical(suffix, value)
-        if targets is None:
-            try:
-                targets = route(decode_record(suffix, value))
-            except TombstoneSkipped:
-                return
-            except MessageError as exc:
-                await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
-                return
+        try:
+            targets = route(decode_record(suffix, value))
+        except TombstoneSkipped:
+            return
+        except MessageError as exc:
+            await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
+            return
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
         for stage, node in targets:
             target = None if stage == "cluster" else self.topics.node_partition(str(node).encode())

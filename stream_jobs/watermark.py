@@ -173,6 +173,9 @@ class MarkHold:
 
     consumed: dict[str, int] = field(default_factory=dict)
     held: list[tuple[Mark, Any]] = field(default_factory=list)
+    topics: frozenset[str] | None = None
+    """The input topics whose partitions a mark waits for (None: every one it names). The route
+    does not read ``gpu.samples.v1``: each node partition waits for its own samples."""
 
     def consume(self, topic: str, partition: int, offset: int) -> None:
         key = tp_key(topic, partition)
@@ -189,7 +192,8 @@ class MarkHold:
         if mark.offsets is None:
             return {}
         return {tp: off for tp, off in mark.offsets.items()
-                if max(self.consumed.get(tp, -1), committed.get(tp, 0) - 1) < off}
+                if max(self.consumed.get(tp, -1), committed.get(tp, 0) - 1) < off
+                and (self.topics is None or tp.rpartition(":")[0] in self.topics)}
 
     def ready(self, committed: dict[str, int]) -> list[tuple[Mark, Any]]:
         """Marks now released, in order (a mark never overtakes an earlier one)."""

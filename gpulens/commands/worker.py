@@ -37,8 +37,8 @@ def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
     from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
     from common.logs import get_logger
-    from common.settings import WorkerSettings
-    from schemas.topics import internal_topics
+    from common.settings import ConfigError, WorkerSettings
+    from schemas.topics import GPU_SAMPLES, node_stage_topics
     from stream_jobs.faust_app import WorkerMetrics, app_id, changelog_topics, run_worker
     from stream_jobs.fleet_metrics import FleetSeries
 
@@ -48,8 +48,8 @@ def worker(**flags: Any) -> None:
     delay = 1.0
     while True:
         try:
-            ensure_topics(settings.kafka, internal_topics(settings.node_input_partitions), settings.topic_prefix,
-                          timeout_s=3.0)
+            report = ensure_topics(settings.kafka, node_stage_topics(settings.node_input_partitions),
+                                   settings.topic_prefix, timeout_s=3.0)
             ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), timeout_s=3.0)
             break
         except BrokerUnavailable as exc:
@@ -60,6 +60,10 @@ def worker(**flags: Any) -> None:
                         gives_up_in_s=round(remaining))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 30.0)
+    if report.mismatched:  # the node stage reads samples and node-inputs partition by partition
+        raise ConfigError(f"GPULENS_NODE_INPUT_PARTITIONS ({settings.node_input_partitions}) must be the partition "
+                          f"count of {GPU_SAMPLES.name(settings.topic_prefix)}, and the internal topics must have "
+                          f"it too: {'; '.join(report.mismatched)}")
     metrics = WorkerMetrics()
     fleet = FleetSeries(metrics.registry, settings.fleet_metrics_max_series)
     if settings.metrics_port:

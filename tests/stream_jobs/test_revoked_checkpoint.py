@@ -13,12 +13,14 @@ from stream_jobs.config import EngineConfig
 from stream_jobs.node_agent import NodeAgent
 from stream_jobs.state_store import ChunkedStore
 
+NODE_INPUTS = "p.internal.node-inputs.v1"
+
 
 class _Event:
     """A consumed record as an agent holds it (its offset is what the state's position needs)."""
 
     def __init__(self, offset: int) -> None:
-        self.message = type("Message", (), {"offset": offset})()
+        self.message = type("Message", (), {"offset": offset, "topic": NODE_INPUTS})()
 
 
 class _Durable:
@@ -40,7 +42,7 @@ class _Delivery:
 
 
 def _node_agent(table: dict[bytes, Any], durable: _Durable, delivery: _Delivery) -> NodeAgent:
-    return NodeAgent(delivery, EngineConfig(), "p.internal.node-inputs.v1", None,  # type: ignore[arg-type]
+    return NodeAgent(delivery, EngineConfig(), NODE_INPUTS, None,  # type: ignore[arg-type]
                      ChunkedStore(table), durable, 30.0, 1.0)
 
 
