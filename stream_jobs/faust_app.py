@@ -487,6 +487,12 @@ class StreamJobs:
             mark = hold.held[0][0]
             log.info("route holds a mark", seq=mark.seq, held=len(hold.held),
                      missing=hold.missing(mark, self.route.committed()))
+        for partition, part in sorted(self.node.parts.items()):
+            if part.waiting:
+                mark = part.waiting[0][0]
+                tp = f"{self.samples_name}:{partition}"
+                log.info("node partition waits for its samples", partition=partition, seq=mark.seq,
+                         wanted=(mark.offsets or {}).get(tp), next_offset=part.next_sample_offset)
         gate = self.cluster.gate
         if gate is not None and gate.marks:
             seq = min(gate.marks)
