@@ -515,6 +515,11 @@ class StreamJobs:
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         self.offsets.assign(assigned)
+        node = {tp.partition for tp in assigned if tp.topic == self.node_name}
+        samples = {tp.partition for tp in assigned if tp.topic == self.samples_name}
+        if node != samples:  # faust assigns them together; a group of workers of other versions might not
+            log.error("node-inputs and samples partitions assigned apart: those node partitions wait for ever",
+                      node_inputs=sorted(node), samples=sorted(samples))
         await self.offsets.read_committed()
 
 
