@@ -27,6 +27,7 @@ latency from a sample's production to the alert it triggers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import statistics
 import time
@@ -155,13 +156,15 @@ def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1) -> Th
 
 
 async def _passthrough(ctx: Context, source: str, count: int, attempt: int = 0) -> float:
-    ensure_topics(ctx.kafka, [GPU_SAMPLES], f"{source}.passthrough{attempt}")  # same partitions as the source
     target = GPU_SAMPLES.name(f"{source}.passthrough{attempt}")
     servers = ctx.kafka.bootstrap_servers
     consumer = AIOKafkaConsumer(source, bootstrap_servers=servers, group_id=f"{source}-passthrough{attempt}",
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True, linger_ms=0)
     await consumer.start()
+    partitions = len(consumer.partitions_for_topic(source) or ())
+    ensure_topics(ctx.kafka, [dataclasses.replace(GPU_SAMPLES, partitions=partitions)],  # as many as the source
+                  f"{source}.passthrough{attempt}")
     await producer.start()
     seen = 0
     started: float | None = None

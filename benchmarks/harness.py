@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from common.kafka import delete_prefixed
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
 
@@ -81,12 +82,16 @@ def main(argv: list[str]) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = Context(KafkaSettings(bootstrap_servers=local.bootstrap), f"bench{int(time.time())}", scratch, quick)
     results: list[Result] = []
-    for name in discover(only):
-        print(f"== {name}", flush=True)
-        module = importlib.import_module(f"benchmarks.{name}")
-        started = time.perf_counter()
-        results.extend(module.run(ctx))
-        print(f"   done in {time.perf_counter() - started:.1f}s", flush=True)
+    try:
+        for name in discover(only):
+            print(f"== {name}", flush=True)
+            module = importlib.import_module(f"benchmarks.{name}")
+            started = time.perf_counter()
+            results.extend(module.run(ctx))
+            print(f"   done in {time.perf_counter() - started:.1f}s", flush=True)
+    finally:  # a broker that keeps every run's topics gets slower run after run
+        print(f"deleted the run's {len(delete_prefixed(ctx.kafka, [ctx.topic_prefix]))} topics "
+              f"(prefix {ctx.topic_prefix})", flush=True)
     print()
     print_table(results)
     out = scratch / "results.json"

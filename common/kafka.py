@@ -334,6 +334,8 @@ def topic_names(kafka: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
 def delete_prefixed(kafka: KafkaSettings, prefixes: Sequence[str], timeout_s: float = 30.0) -> list[str]:
     """Delete every topic whose name starts with one of ``prefixes``; the topics deleted, sorted.
     Raises :class:`AdminRequestFailed` when the cluster refuses or cannot be reached."""
+    if isinstance(prefixes, str):  # a str is a sequence of one-letter prefixes: never what is meant
+        raise TypeError("delete_prefixed takes a list of prefixes, not a str")
     admin = AdminClient(_client_conf(kafka))
     try:
         names = sorted(name for name in admin.list_topics(timeout=timeout_s).topics
