@@ -87,6 +87,10 @@ class ProducerStats:
     last_error: str | None = None
 
 
+_UNASSIGNED = -1
+"""librdkafka's ``RD_KAFKA_PARTITION_UA``: the partitioner places the record by its key."""
+
+
 class BoundedProducer:
     """confluent-kafka Producer with a bounded queue and counted outcomes.
 
@@ -137,16 +141,19 @@ class BoundedProducer:
                                      -1 if offset is None or err is not None else int(offset), err is None)
 
     def produce(
-        self, topic: str, key: str | bytes | None, value: bytes | None, headers: Headers | None = None
+        self, topic: str, key: str | bytes | None, value: bytes | None, headers: Headers | None = None,
+        partition: int | None = None,
     ) -> bool:
         """Queue one record; ``False`` when the bounded queue is full (counted as overflow).
+        ``partition``: None lets librdkafka's partitioner place it by its key.
 
         Every record with a value carries the wire headers (content type, schema version) first."""
         if value is not None:
             headers = [*WIRE_HEADERS, *(headers or [])]
         try:
             self._producer.produce(
-                topic, value=value, key=key, headers=headers, on_delivery=self._delivery
+                topic, value=value, key=key, headers=headers, on_delivery=self._delivery,
+                partition=_UNASSIGNED if partition is None else partition,
             )
         except BufferError:
             self.stats.overflowed += 1

@@ -41,16 +41,18 @@ from common.kafka import AdminRequestFailed, BoundedProducer, ReadRecord, delete
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
 from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
-from schemas.messages import DEFAULT_CLUSTER, Message
+from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,
     CLUSTER_CAPACITY,
     DEADLETTER,
+    GPU_SAMPLES,
     INTERNAL_CONTROL,
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
+    key_partition,
     node_stage_topics,
 )
 from simulation.fleet_state import SimulatedRecord, Tick
@@ -72,8 +74,11 @@ def _epoch(ts: datetime) -> float:
 class KafkaFleetDriver:
     """Produces ticks to the input topics and a watermark mark after each (see module doc)."""
 
-    def __init__(self, kafka: KafkaSettings, prefix: str, producer: ProducerSettings | None = None) -> None:
+    def __init__(self, kafka: KafkaSettings, prefix: str, producer: ProducerSettings | None = None,
+                 sample_partitions: int | None = None) -> None:
         self.prefix = prefix
+        self.sample_partitions = sample_partitions
+        """The partition count of the samples topic: a sample goes to its node's partition (below)."""
         self.control_topic = INTERNAL_CONTROL.name(prefix)
         # every input a scenario writes (poison records included), so that a mark covers them all
         self._offsets = DeliveredOffsets(None, exclude=frozenset({self.control_topic}))
@@ -88,9 +93,27 @@ class KafkaFleetDriver:
             self._failed.append(topic)
         self._offsets(topic, partition, offset, ok)
 
-    def _produce(self, topic: str, key: str | None, value: bytes | None) -> None:
-        while not self._producer.produce(topic, key=key, value=value):
+    def _produce(self, topic: str, key: str | None, value: bytes | None, partition: int | None = None) -> None:
+        while not self._producer.produce(topic, key=key, value=value, partition=partition):
             self._producer.poll(0.05)
+
+    def _sample_partition(self, value: bytes | None) -> int | None:
+        """The partition of the node a sample names: where the agent, keying it by node, puts it
+        (``key_partition``), and where the node stage reading that partition has the node's state.
+        The same as its key's for every sample the simulator makes; a scenario's poison keyed
+        otherwise lands there too, so that a replay through Kafka applies what in-process applies.
+        None (placed by its key) when the value names no node."""
+        if self.sample_partitions is None or value is None:
+            return None
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("node"), str):
+            return None
+        cluster = data.get("cluster")
+        key = scoped_key(cluster if isinstance(cluster, str) else DEFAULT_CLUSTER, data["node"])
+        return key_partition(key.encode(), self.sample_partitions)
 
     def _flush(self) -> None:
         left = self._producer.flush(60)
@@ -118,7 +141,8 @@ class KafkaFleetDriver:
             key = record.key
             if key is None and record.topic in _COMPACTED:
                 key = "unkeyed"  # a compacted topic refuses keyless records (a scenario's poison may have none)
-            self._produce(f"{self.prefix}.{record.topic}", key, record.value)
+            partition = self._sample_partition(record.value) if record.topic == GPU_SAMPLES.suffix else None
+            self._produce(f"{self.prefix}.{record.topic}", key, record.value, partition)
         self._flush()
         self.records_sent += len(records)
 
@@ -323,7 +347,7 @@ class KafkaReplay:
 
     def send(self, ticks: list[Tick]) -> None:
         if self.driver is None:
-            self.driver = KafkaFleetDriver(self.kafka, self.prefix)
+            self.driver = KafkaFleetDriver(self.kafka, self.prefix, sample_partitions=self.node_partitions)
         for tick in ticks:
             self.driver.send_tick(tick)
 

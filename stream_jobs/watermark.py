@@ -5,8 +5,9 @@ time: a burst replay can deliver every sample before any pod state. Progress is 
 explicit with *marks*. A mark says "every input up to these offsets has been written, and event
 time has reached ``ts``" (a replay driver writes one after each tick; a live worker writes them
 from its wall clock, without offsets). The route stage holds a mark until it has consumed every
-input partition up to the mark's offsets and then forwards it *in-band* to every partition of the
-node-inputs topic and to the cluster-inputs topic, behind the records it forwarded.
+input partition it reads up to the mark's offsets and then forwards it *in-band* to every partition
+of the node-inputs topic and to the cluster-inputs topic, behind the records it forwarded. A node
+partition reads its own samples partition and holds the mark until it has read that far there too.
 
 A stage never applies a record when it arrives. It parks it in a gate; when a mark comes, the gate
 releases exactly the records the mark covers (source offset <= the mark's offset for its input

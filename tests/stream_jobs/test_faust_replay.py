@@ -17,9 +17,18 @@ from common.errors import UserError
 from common.kafka import read_to_end
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.cli import main
-from schemas.codec import decode
+from schemas.codec import decode, encode
+from schemas.messages import GpuSample
 from schemas.outputs import Alert, DeadLetter
-from schemas.topics import ALERTS, DEADLETTER, K8S_WORKLOADS, POD_WINDOWS, WORKLOAD_ALLOCATOR
+from schemas.topics import (
+    ALERTS,
+    DEADLETTER,
+    GPU_SAMPLES,
+    K8S_WORKLOADS,
+    POD_WINDOWS,
+    WORKLOAD_ALLOCATOR,
+    key_partition,
+)
 from simulation.fleet_state import SimulatedRecord
 from simulation.kafka_replay import KafkaReplay
 from simulation.replay import compare_report, run_in_process
@@ -255,3 +264,30 @@ def test_a_failed_replay_keeps_every_workers_log_and_says_where(kafka_settings: 
         assert "GPULENS_LATENESS_S" in replay.worker.log_path.read_text(), "the log says which setting is wrong"
     finally:
         shutil.rmtree(replay.work_dir, ignore_errors=True)
+
+
+def test_a_valid_sample_keyed_otherwise_replays_as_in_process(kafka_settings: KafkaSettings, topic_prefix: str,
+                                                              tmp_path: Path) -> None:
+    """The node stage reads the samples partition its node's state is on. A scenario's poison that
+    is a valid sample keyed by the bare node name (in a cluster whose agents key by ``<cluster>/<node>``)
+    would hash elsewhere: the driver puts it on its node's partition, as the agent would have, so
+    it is applied as in-process (a sample on another partition is dead-lettered, see
+    test_direct_samples)."""
+    base = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "idle-node.yaml")
+    partitions = KafkaReplay(base, _settings(kafka_settings, tmp_path)).node_partitions
+    node = base.nodes[0].name
+    cluster = next(name for name in ("eu-west", "us-east", "ap-south", "lab")
+                   if key_partition(node.encode(), partitions) != key_partition(f"{name}/{node}".encode(), partitions))
+    scenario = replace(base, cluster=cluster)
+    ticks = list(FleetSimulator(scenario).run())
+    tick, record = next((tick, record) for tick in ticks[3:] for record in tick.records
+                        if record.topic == GPU_SAMPLES.suffix and record.key == f"{cluster}/{node}")
+    sample = decode(record.value, GpuSample)
+    extra = sample.model_copy(update={"gpus": [gpu.model_copy(update={"gpu_util_pct": 1.0}) for gpu in sample.gpus]})
+    scenario = replace(scenario, poison=(PoisonSpec(tick.offset_s, GPU_SAMPLES.suffix, encode(extra).decode(),
+                                                    key=sample.node),))
+    expected = run_in_process(scenario).report
+    assert expected != run_in_process(replace(scenario, poison=())).report, "the idle sample counts in-process"
+    report = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix).run(timeout_s=180)
+    assert _json(report) == _json(expected)
+    assert report["stream"]["deadletters"] == 0
