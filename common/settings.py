@@ -330,7 +330,9 @@ class WorkerSettings(CommonSettings):
     app_id: str | None = None
     """faust application id (consumer group, changelog topic names); default ``<topic_prefix>-stream-jobs``."""
     node_input_partitions: int = Field(default=12, ge=1, le=1024)
-    """Partitions of the internal node-inputs topic (the node stage's parallelism)."""
+    """Partitions of the internal node-inputs topic (the node stage's parallelism); must be the
+    partition count of ``gpu.samples.v1``, which the node stage reads partition by partition along
+    with node-inputs (the worker creates it so when it is missing and refuses to start otherwise)."""
     checkpoint_interval_s: float = Field(default=1.0, ge=0)
     """How often a stage writes its state to its changelog-backed table (and acknowledges what the
     state covers); a crash replays at most this much input. 0 = after every watermark mark."""
