@@ -122,3 +122,12 @@ def test_route_holds_a_mark_until_its_offsets_are_consumed() -> None:
     assert [t for _m, t in hold.ready({f"{PODS}:2": 1})] == ["m1"]
     hold.consume(SAMPLES, 0, 5)
     assert [t for _m, t in hold.ready({})] == ["m2"]
+
+
+def test_route_does_not_hold_a_mark_for_the_samples_it_does_not_read() -> None:
+    """Each node partition reads its samples and holds the mark there; the route waits for its own inputs."""
+    hold = MarkHold(topics=frozenset({PODS}))
+    hold.hold(Mark(1, 0.0, {f"{SAMPLES}:0": 3, f"{PODS}:2": 0}), "m1")
+    assert hold.missing(hold.held[0][0], {}) == {f"{PODS}:2": 0}
+    hold.consume(PODS, 2, 0)
+    assert [t for _m, t in hold.ready({})] == ["m1"], "no sample was consumed by the route, none is waited for"
