@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from common.kafka import ensure_topics
 from common.settings import KafkaSettings
 from schemas.topics import GPU_SAMPLES
@@ -38,6 +40,7 @@ def test_worker_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path) -> 
     assert elapsed >= 8, "it gave up before broker_wait_s"
 
 
+@pytest.mark.kafka
 def test_worker_refuses_samples_with_another_partition_count_than_its_node_inputs(
         tmp_path: Path, kafka_settings: KafkaSettings, topic_prefix: str) -> None:
     """A node stage reads partition p of gpu.samples.v1 and of node-inputs together: with other
