@@ -490,9 +490,9 @@ class StreamJobs:
         for partition, part in sorted(self.node.parts.items()):
             if part.waiting:
                 mark = part.waiting[0][0]
-                tp = f"{self.samples_name}:{partition}"
                 log.info("node partition waits for its samples", partition=partition, seq=mark.seq,
-                         wanted=(mark.offsets or {}).get(tp), next_offset=part.next_sample_offset)
+                         wanted=(mark.offsets or {}).get(tp_key(self.samples_name, partition)),
+                         next_offset=part.next_sample_offset)
         gate = self.cluster.gate
         if gate is not None and gate.marks:
             seq = min(gate.marks)

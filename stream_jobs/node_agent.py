@@ -87,11 +87,14 @@ class NodePartition:
     sample_ts: dict[str, float] = field(default_factory=dict)
     """Per node key: the time of the node's latest sample applied (a node's agent sends in order)."""
 
-    def position(self, topic: str, next_offset: int | None) -> int | None:
-        """The offset of ``topic``'s first record the stages' state does not hold
-        (:func:`state_position`)."""
-        tokens = [*(parked.token for parked in self.gate.records.values()), *(event for _mark, event in self.waiting)]
-        return state_position((token for token in tokens if token.message.topic == topic), next_offset)
+    def positions(self, node_topic: str) -> tuple[int | None, int | None]:
+        """Per topic read, node-inputs (``node_topic``) and samples: the offset of its first record
+        the stages' state does not hold (:func:`state_position`), in one pass over what waits."""
+        node: list[Any] = []
+        samples: list[Any] = []
+        for token in (*(parked.token for parked in self.gate.records.values()), *(e for _mark, e in self.waiting)):
+            (node if token.message.topic == node_topic else samples).append(token)
+        return state_position(node, self.next_offset), state_position(samples, self.next_sample_offset)
 
     def samples_read(self, mark: Mark, tp: str) -> bool:
         """Whether this partition's samples are read (or applied) up to what ``mark`` covers of them
@@ -293,8 +296,8 @@ class NodeAgent:
         if self.parts.get(partition) is not part:
             log.info("node partition revoked during its checkpoint; state not written", partition=partition)
             return
-        progress = {**part.gate.progress(), "position": part.position(self.topic_name, part.next_offset),
-                    "sample_position": part.position(self.samples_topic, part.next_sample_offset)}
+        position, sample_position = part.positions(self.topic_name)
+        progress = {**part.gate.progress(), "position": position, "sample_position": sample_position}
         self.table[f"p{partition}"] = {
             "progress": progress, "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}

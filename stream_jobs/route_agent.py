@@ -81,8 +81,8 @@ class RouteAgent:
     delivery: Delivery
     topics: RouteTopics
     committed_offsets: CommittedOffsets
-    hold: MarkHold = field(default_factory=MarkHold)
-    state_hold: MarkHold = field(default_factory=MarkHold)
+    hold: MarkHold = field(init=False)
+    state_hold: MarkHold = field(init=False)
     """State marks (``schemas.control``), held like marks until the pod and node records they
     cover are consumed, then forwarded to every node-inputs partition."""
     _events: Any = None
