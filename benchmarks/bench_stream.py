@@ -10,6 +10,9 @@ latency from a sample's production to the alert it triggers.
   already in Kafka with the machine to itself. Samples/s = sample messages after the warm-up /
   seconds from the worker's resumption to its ``done`` marker. The passthrough reads the very same
   sample messages with aiokafka and writes each to another topic.
+- The floor under a worker: the same messages through a bare faust app built as a worker's is
+  (``benchmarks.faust_passthrough``: same consumer, fetch sizes, acknowledgements, uvloop, GC
+  thresholds) that forwards each record and runs no stage. What faust itself costs per record.
 - The stage logic alone: the same fleet's ticks through the in-process replay (no Kafka), samples
   per CPU second. A worker's samples per CPU second are given as a ratio to it: what the runtime
   (Kafka, faust, envelopes, checkpoints) costs on top of the logic it runs.
@@ -28,13 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -42,17 +49,17 @@ from confluent_kafka import KafkaException
 
 from benchmarks.bench_replay import fleet_scenario
 from benchmarks.harness import Context, Result, process_cpu_s
-from common.kafka import ensure_topics, read_to_end
+from common.kafka import ensure_topics, read_to_end, topic_partitions
 from common.settings import CommonSettings, WorkerSettings, load_settings
 from schemas.codec import decode
 from schemas.outputs import Alert
 from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
 from simulation.fleet_state import Tick
-from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay
+from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay, child_env
 from simulation.replay import run_in_process
 from simulation.scenario import Scenario, parse_scenario
 from simulation.simulator import FleetSimulator
-from stream_jobs.faust_app import SESSION_TIMEOUT_S
+from stream_jobs.faust_app import SESSION_TIMEOUT_S, WORKER_GC_THRESHOLDS
 
 BENCH = "stream"
 PASSTHROUGH_RUNS = 3
@@ -187,17 +194,59 @@ async def _passthrough(ctx: Context, source: str, count: int, attempt: int = 0) 
     return seen / (time.perf_counter() - (started or time.perf_counter()))
 
 
+@dataclass(frozen=True)
+class FaustRate:
+    per_s: float
+    per_cpu_s: float
+
+
+def _faust_passthrough(ctx: Context, source: str, count: int, attempt: int = 0) -> FaustRate:
+    """The same messages through a bare faust app on a worker's runtime (``benchmarks.faust_passthrough``,
+    a child process like a worker): what faust costs per record before any stage runs."""
+    target = f"{source}.faust{attempt}"
+    partitions = len(topic_partitions(ctx.kafka, source))
+    ensure_topics(ctx.kafka, [dataclasses.replace(GPU_SAMPLES, partitions=partitions)], target)
+    result = ctx.scratch / f"faust-passthrough-{attempt}.json"
+    result.unlink(missing_ok=True)
+    log = ctx.scratch / f"faust-passthrough-{attempt}.log"
+    env = child_env(_settings(ctx), ctx.topic_prefix, ctx.scratch / f"faust-passthrough-{attempt}",
+                    {"GPULENS_APP_ID": target, "GPULENS_LOG_LEVEL": "WARNING"})
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.faust_passthrough", source, GPU_SAMPLES.name(target), str(count),
+             str(result)], env=env, cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not result.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"faust passthrough failed:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        time.sleep(0.1)  # written in one call; let it finish
+        data = orjson.loads(result.read_bytes())
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    return FaustRate(data["per_s"], data["per_cpu_s"])
+
+
 def _in_process_per_cpu_s(nodes: int, duration: str) -> float:
     """Samples per CPU second of the stage logic alone: the throughput fleet's ticks (simulated
-    beforehand) through ``run_in_process``, the best of three. What a worker adds to this is its
-    runtime: Kafka, faust, envelopes, checkpoints."""
+    beforehand) through ``run_in_process``, the best of three, with the worker's GC thresholds (a
+    worker runs the same code under them; with Python's defaults the collector took about a third
+    of this figure's time on 2026-12-03). What a worker adds to this is its runtime: Kafka, faust,
+    envelopes, checkpoints."""
     scenario = fleet_scenario(nodes=nodes, duration=duration)
     ticks = list(FleetSimulator(scenario).run())
     best = 0.0
-    for _ in range(3):
-        started = time.process_time()
-        run_in_process(scenario, ticks=ticks)
-        best = max(best, _samples(ticks) / (time.process_time() - started))
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*WORKER_GC_THRESHOLDS)
+    try:
+        for _ in range(3):
+            started = time.process_time()
+            run_in_process(scenario, ticks=ticks)
+            best = max(best, _samples(ticks) / (time.process_time() - started))
+    finally:
+        gc.set_threshold(*thresholds)
     return best
 
 
@@ -257,6 +306,9 @@ def run(ctx: Context) -> list[Result]:
     passes = sorted(asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples, attempt))
                     for attempt in range(PASSTHROUGH_RUNS))
     baseline = passes[-1]
+    floors = sorted((_faust_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples, attempt)
+                     for attempt in range(PASSTHROUGH_RUNS)), key=lambda rate: rate.per_s)
+    floor = floors[-1]
     three = _throughput(ctx, nodes, duration, workers=3)
     logic_per_cpu_s = _in_process_per_cpu_s(nodes, duration)
     results = [
@@ -265,6 +317,11 @@ def run(ctx: Context) -> list[Result]:
                notes=f"{one.samples} samples; route + node + cluster stages in one process"),
         Result(BENCH, "aiokafka passthrough msgs/s (same messages)", baseline, "msg/s",
                notes=f"best of {PASSTHROUGH_RUNS} runs: " + ", ".join(f"{rate:.0f}" for rate in passes)),
+        Result(BENCH, "faust passthrough msgs/s (same messages, a worker's runtime, no stages)", floor.per_s, "msg/s",
+               baseline="aiokafka passthrough", ratio_to_baseline=floor.per_s / baseline,
+               notes=f"best of {PASSTHROUGH_RUNS} runs: " + ", ".join(f"{rate.per_s:.0f}" for rate in floors)
+               + f"; {floor.per_cpu_s:.0f} msgs per CPU s; the worker did {one.per_s / floor.per_s:.2f}x of its "
+               f"msgs/s, {one.per_cpu_s / floor.per_cpu_s:.2f}x per CPU s"),
         Result(BENCH, "samples per worker CPU-second, 1 worker", one.per_cpu_s, "samples/s",
                baseline="the same stages in-process (no Kafka)", ratio_to_baseline=one.per_cpu_s / logic_per_cpu_s,
                notes=f"{one.cpu_s:.1f} CPU s in {one.seconds:.1f} s"),

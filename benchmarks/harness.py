@@ -72,9 +72,21 @@ def print_table(results: list[Result]) -> None:
         print(f"{r.bench:24} {r.metric:44} {r.value:14.2f} {r.unit:12} {ratio:>12}  {r.target or ''}")
 
 
+USAGE = "usage: python -m benchmarks [--quick] [NAME ...]  (NAME: part of a bench_*.py module's name, e.g. stream)"
+
+
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(USAGE)
+        return 0
+    unknown = [a for a in argv if a.startswith("-") and a != "--quick"]
+    only = [a for a in argv if not a.startswith("-")]
+    unmatched = [name for name in only if not discover([name])]
+    if unknown or unmatched:
+        what = f"unknown option {unknown[0]}" if unknown else f"no benchmark named like {unmatched[0]!r}"
+        print(f"benchmarks: {what}; {USAGE} (benchmarks: {', '.join(discover([]))})", file=sys.stderr)
+        return 2
     quick = "--quick" in argv
-    only = [a for a in argv if not a.startswith("--")]
     settings = load_settings(CommonSettings)
     local = LocalKafka.from_settings(settings)
     print(local.up(), flush=True)

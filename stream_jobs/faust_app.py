@@ -70,8 +70,8 @@ from stream_jobs.route_agent import RouteAgent, RouteTopics
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import tp_key
 
-__all__ = ["DurableTable", "OffsetGuard", "StreamJobs", "WorkerMetrics", "app_id", "changelog_topics",
-           "engine_config", "run_worker"]
+__all__ = ["DurableTable", "OffsetGuard", "StreamJobs", "WorkerMetrics", "app_id", "changelog_topics", "engine_config",
+           "make_app", "run_worker"]
 
 log = get_logger(__name__)
 
@@ -329,6 +329,53 @@ class FaustConsumerPort:
         await consumer.seek(tp, offset)
 
 
+def make_app(settings: WorkerSettings) -> Any:
+    """The faust app of a worker, with its runtime: the broker settings, the at-least-once
+    guarantee, bytes keys and values, :class:`DirectHandoffConsumer` and :class:`ExitingFetcher`.
+    No topics or agents: :class:`StreamJobs` declares the stream jobs on it, and the stream
+    benchmark a bare passthrough (the floor under a worker)."""
+    kafka = settings.kafka
+    credentials: Any = None
+    if kafka.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        credentials = faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
+            ssl_context=kafka.ssl_context() if kafka.security_protocol == "SASL_SSL" else None,
+            mechanism=kafka.sasl_mechanism)
+    elif kafka.security_protocol == "SSL":
+        credentials = faust.SSLCredentials(kafka.ssl_context())
+    datadir = settings.data_dir / "stream-jobs" / app_id(settings)
+    datadir.mkdir(parents=True, exist_ok=True)
+    app: Any = faust.App(
+        app_id(settings),
+        broker=kafka.faust_broker_url(),
+        broker_credentials=credentials,
+        broker_client_id=kafka.client_id,
+        datadir=str(datadir),
+        store="memory://",
+        processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest",
+        stream_wait_empty=False,
+        broker_commit_interval=1.0,
+        broker_session_timeout=SESSION_TIMEOUT_S,
+        broker_heartbeat_interval=1.0,
+        consumer_group_instance_id=settings.group_instance_id,
+        producer_acks=-1,
+        producer_linger_ms=0,
+        table_standby_replicas=0,
+        topic_replication_factor=1,
+        web_enabled=settings.web_port > 0,
+        web_port=settings.web_port or 6066,
+        web_bind=str(settings.web_bind),
+        autodiscover=False,
+        key_serializer="raw",  # every topic and changelog holds bytes we encode ourselves
+        value_serializer="raw",
+    )
+    app.transport.Fetcher = ExitingFetcher
+    app.transport.Consumer = DirectHandoffConsumer
+    return app
+
+
 class StreamJobs:
     """Builds the faust app for one worker process (``settings.stage`` picks the agents)."""
 
@@ -342,52 +389,10 @@ class StreamJobs:
         self.prefix = settings.topic_prefix
         self.lateness_s = settings.lateness_s
         self.node_partitions = settings.node_input_partitions
-        self.app = self._make_app()
-        self.app.transport.Fetcher = ExitingFetcher
-        self.app.transport.Consumer = DirectHandoffConsumer
+        self.app = make_app(settings)
         self._declare()
 
     # ------------------------------------------------------------------ app and topics
-
-    def _make_app(self) -> Any:
-        s = self.settings
-        kafka = s.kafka
-        credentials: Any = None
-        if kafka.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-            credentials = faust.SASLCredentials(
-                username=kafka.sasl_username,
-                password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
-                ssl_context=kafka.ssl_context() if kafka.security_protocol == "SASL_SSL" else None,
-                mechanism=kafka.sasl_mechanism)
-        elif kafka.security_protocol == "SSL":
-            credentials = faust.SSLCredentials(kafka.ssl_context())
-        datadir = s.data_dir / "stream-jobs" / app_id(s)
-        datadir.mkdir(parents=True, exist_ok=True)
-        return faust.App(
-            app_id(s),
-            broker=kafka.faust_broker_url(),
-            broker_credentials=credentials,
-            broker_client_id=kafka.client_id,
-            datadir=str(datadir),
-            store="memory://",
-            processing_guarantee="at_least_once",
-            consumer_auto_offset_reset="earliest",
-            stream_wait_empty=False,
-            broker_commit_interval=1.0,
-            broker_session_timeout=SESSION_TIMEOUT_S,
-            broker_heartbeat_interval=1.0,
-            consumer_group_instance_id=s.group_instance_id,
-            producer_acks=-1,
-            producer_linger_ms=0,
-            table_standby_replicas=0,
-            topic_replication_factor=1,
-            web_enabled=s.web_port > 0,
-            web_port=s.web_port or 6066,
-            web_bind=str(s.web_bind),
-            autodiscover=False,
-            key_serializer="raw",  # every topic and changelog holds bytes we encode ourselves
-            value_serializer="raw",
-        )
 
     def _topic(self, name: str, partitions: int | None = None) -> Any:
         return self.app.topic(name, partitions=partitions, key_serializer="raw", value_serializer="raw")
