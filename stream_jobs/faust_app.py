@@ -329,6 +329,27 @@ class FaustConsumerPort:
         await consumer.seek(tp, offset)
 
 
+@dataclass(frozen=True)
+class DirectSender:
+    """Sends records to one topic with the app's producer, without faust's ``Topic.send``.
+
+    faust's path builds a pending message, a future message and a sensor state per record and
+    resolves one future through another; the stream jobs need none of it (their records are bytes,
+    their futures are awaited before inputs are acknowledged). What :class:`~stream_jobs.delivery.Delivery`
+    calls: ``send`` (the record's delivery, a future to await) and ``get_topic_name``."""
+
+    app: Any
+    name: str
+
+    async def send(self, *, key: bytes | None, value: bytes, partition: int | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[Any]:
+        result: Awaitable[Any] = await self.app.producer.send(self.name, key, value, partition, None, headers)
+        return result
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
 def make_app(settings: WorkerSettings) -> Any:
     """The faust app of a worker, with its runtime: the broker settings, the at-least-once
     guarantee, bytes keys and values, :class:`DirectHandoffConsumer` and :class:`ExitingFetcher`.
@@ -411,13 +432,11 @@ class StreamJobs:
         self.node_name = INTERNAL_NODE_INPUTS.name(prefix)
         self.cluster_name = INTERNAL_CLUSTER_INPUTS.name(prefix)
         self.inputs = self.app.topic(*routed, self.control_name, key_serializer="raw", value_serializer="raw")
-        self.node_topic = self._topic(self.node_name, self.node_partitions)
         # partition p of both holds the same nodes: faust assigns co-subscribed topics of one
         # partition count together (and the node-stages changelog with them)
         self.node_inputs = self.app.topic(self.node_name, self.samples_name, key_serializer="raw",
                                           value_serializer="raw")
         self.cluster_topic = self._topic(self.cluster_name, 1)
-        self.control_topic = self._topic(self.control_name, 1)
         # keys and values are bytes (orjson documents): what is written is exactly what is restored
         # one document per node-inputs partition (its node stages + progress) and one for the cluster
         # stage: a state and the progress that says which inputs it holds are written atomically
@@ -433,17 +452,18 @@ class StreamJobs:
                                    stall_s=s.stall_s, give_up_s=s.stall_give_up_s)
         self.delivery = Delivery(
             config=self.config, metrics=self.metrics, offsets=self.offsets,
-            deadletter_topic=self._topic(DEADLETTER.name(prefix)),
-            out_topics={cls: self._topic(spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()},
+            deadletter_topic=DirectSender(app, DEADLETTER.name(prefix)),
+            out_topics={cls: DirectSender(app, spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()},
             compacted={spec.name(prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"})
         self.route = RouteAgent(self.delivery, RouteTopics(
-            input_names=routed, control_name=self.control_name, node_topic=self.node_topic,
-            cluster_topic=self.cluster_topic, control_topic=self.control_topic,
+            input_names=routed, control_name=self.control_name, node_topic=DirectSender(app, self.node_name),
+            cluster_topic=DirectSender(app, self.cluster_name), control_topic=DirectSender(app, self.control_name),
             node_partitions=self.node_partitions, node_partition=self._node_partition), self.consumer_port)
-        self.node = NodeAgent(self.delivery, self.config, self.node_name, self.cluster_topic, self.node_table,
+        self.node = NodeAgent(self.delivery, self.config, self.node_name, DirectSender(app, self.cluster_name),
+                              self.node_table,
                               self.node_durable, self.lateness_s, s.checkpoint_interval_s, self.observer,
                               samples_topic=self.samples_name, partitioner=self._node_partition)
-        self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, self.control_topic,
+        self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, DirectSender(app, self.control_name),
                                     self.cluster_table, self.cluster_durable, self.node_partitions, self.lateness_s,
                                     s.checkpoint_interval_s, self.observer)
         self.offsets.state_positions = {self.node_name: self.node.saved_position,
