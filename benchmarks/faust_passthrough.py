@@ -45,7 +45,9 @@ def main(argv: list[str]) -> None:
             if len(pending) == count:
                 await asyncio.gather(*pending)
                 seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-                result.write_bytes(orjson.dumps({"per_s": count / seconds, "per_cpu_s": count / cpu_s}))
+                partial = result.with_suffix(".partial")
+                partial.write_bytes(orjson.dumps({"per_s": count / seconds, "per_cpu_s": count / cpu_s}))
+                partial.replace(result)  # whole or absent for the parent, which polls for it
 
     RestartingWorker(app, loglevel="warning", override_logging=False, quiet=True).execute_from_commandline()
 
