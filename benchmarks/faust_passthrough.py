@@ -4,9 +4,9 @@ Run by the stream benchmark as a child process (``python -m benchmarks.faust_pas
 TARGET COUNT RESULT``, settings from ``GPULENS_*`` as a worker's). It builds the app a worker
 builds (:func:`stream_jobs.faust_app.make_app`: the same consumer, fetch sizes, producer settings,
 at-least-once acknowledgements, uvloop and GC thresholds) with one agent that sends every record
-of SOURCE to TARGET unchanged, and no stages. Once COUNT records are forwarded and delivered it
-writes ``{"per_s": ..., "per_cpu_s": ...}`` to RESULT, timed from the first record; the parent
-then stops it.
+of SOURCE to TARGET unchanged, as a worker sends (``DirectSender``), and no stages. Once COUNT
+records are forwarded and delivered it writes ``{"per_s": ..., "per_cpu_s": ...}`` to RESULT, timed
+from the first record; the parent then stops it.
 
 What a worker does per sample on top of this is the work itself: its stages, and the other records
 a sample brings along (the fleet's progress records, pod windows, marks, checkpoints).
@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from common.settings import WorkerSettings, load_settings
-from stream_jobs.faust_app import WORKER_GC_THRESHOLDS, RestartingWorker, make_app, use_uvloop
+from stream_jobs.faust_app import WORKER_GC_THRESHOLDS, DirectSender, RestartingWorker, make_app, use_uvloop
 
 
 def main(argv: list[str]) -> None:
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
     gc.set_threshold(*WORKER_GC_THRESHOLDS)
     use_uvloop()
     app = make_app(load_settings(WorkerSettings))
-    target_topic = app.topic(target, key_serializer="raw", value_serializer="raw")
+    target_topic = DirectSender(app, target)  # as a worker sends
 
     @app.agent(app.topic(source, key_serializer="raw", value_serializer="raw"))  # type: ignore[misc]
     async def forward(stream: Any) -> None:

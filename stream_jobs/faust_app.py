@@ -70,8 +70,8 @@ from stream_jobs.route_agent import RouteAgent, RouteTopics
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import tp_key
 
-__all__ = ["DurableTable", "OffsetGuard", "StreamJobs", "WorkerMetrics", "app_id", "changelog_topics", "engine_config",
-           "make_app", "run_worker"]
+__all__ = ["DirectSender", "DurableTable", "OffsetGuard", "StreamJobs", "WorkerMetrics", "app_id", "changelog_topics",
+           "engine_config", "make_app", "run_worker"]
 
 log = get_logger(__name__)
 
