@@ -162,16 +162,21 @@ def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1) -> Th
     return Throughput(_samples(ticks[1:]), seconds, cpu_s, replay.prefix)
 
 
+def _target_like(ctx: Context, source: str, prefix: str) -> str:
+    """A samples topic under ``prefix`` with as many partitions as ``source`` (a passthrough's
+    target: each source partition's records keep a partition of their own); its name."""
+    partitions = len(topic_partitions(ctx.kafka, source))
+    ensure_topics(ctx.kafka, [dataclasses.replace(GPU_SAMPLES, partitions=partitions)], prefix)
+    return GPU_SAMPLES.name(prefix)
+
+
 async def _passthrough(ctx: Context, source: str, count: int, attempt: int = 0) -> float:
-    target = GPU_SAMPLES.name(f"{source}.passthrough{attempt}")
+    target = _target_like(ctx, source, f"{source}.passthrough{attempt}")
     servers = ctx.kafka.bootstrap_servers
     consumer = AIOKafkaConsumer(source, bootstrap_servers=servers, group_id=f"{source}-passthrough{attempt}",
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True, linger_ms=0)
     await consumer.start()
-    partitions = len(consumer.partitions_for_topic(source) or ())
-    ensure_topics(ctx.kafka, [dataclasses.replace(GPU_SAMPLES, partitions=partitions)],  # as many as the source
-                  f"{source}.passthrough{attempt}")
     await producer.start()
     seen = 0
     started: float | None = None
@@ -203,17 +208,16 @@ class FaustRate:
 def _faust_passthrough(ctx: Context, source: str, count: int, attempt: int = 0) -> FaustRate:
     """The same messages through a bare faust app on a worker's runtime (``benchmarks.faust_passthrough``,
     a child process like a worker): what faust costs per record before any stage runs."""
-    target = f"{source}.faust{attempt}"
-    partitions = len(topic_partitions(ctx.kafka, source))
-    ensure_topics(ctx.kafka, [dataclasses.replace(GPU_SAMPLES, partitions=partitions)], target)
+    app_id = f"{source}.faust{attempt}"
+    target = _target_like(ctx, source, app_id)
     result = ctx.scratch / f"faust-passthrough-{attempt}.json"
     result.unlink(missing_ok=True)
     log = ctx.scratch / f"faust-passthrough-{attempt}.log"
     env = child_env(_settings(ctx), ctx.topic_prefix, ctx.scratch / f"faust-passthrough-{attempt}",
-                    {"GPULENS_APP_ID": target, "GPULENS_LOG_LEVEL": "WARNING"})
+                    {"GPULENS_APP_ID": app_id, "GPULENS_LOG_LEVEL": "WARNING"})
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.faust_passthrough", source, GPU_SAMPLES.name(target), str(count),
+            [sys.executable, "-m", "benchmarks.faust_passthrough", source, target, str(count),
              str(result)], env=env, cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
