@@ -333,6 +333,10 @@ class WorkerSettings(CommonSettings):
     """Partitions of the internal node-inputs topic (the node stage's parallelism); must be the
     partition count of ``gpu.samples.v1``, which the node stage reads partition by partition along
     with node-inputs (the worker creates it so when it is missing and refuses to start otherwise)."""
+    read_ahead_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
+    """Sample bytes a node partition may hold read but not yet released by a mark; beyond this it
+    stops fetching its ``gpu.samples.v1`` partition until a mark needs more or releases what it
+    holds (a worker catching up a backlog while marks lag behind would otherwise buffer it all)."""
     checkpoint_interval_s: float = Field(default=1.0, ge=0)
     """How often a stage writes its state to its changelog-backed table (and acknowledges what the
     state covers); a crash replays at most this much input. 0 = after every watermark mark."""

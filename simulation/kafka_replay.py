@@ -287,8 +287,10 @@ class KafkaReplay:
 
     def __init__(self, scenario: Scenario, settings: CommonSettings, lateness_s: float = DEFAULT_LATENESS_S,
                  topic_prefix: str | None = None, node_partitions: int = DEFAULT_NODE_PARTITIONS,
-                 work_dir: Path | None = None, workers: int = 1) -> None:
+                 work_dir: Path | None = None, workers: int = 1, worker_settings: dict[str, str] | None = None) -> None:
         self.scenario = scenario
+        self.worker_settings = dict(worker_settings or {})
+        """``GPULENS_*`` settings given to every worker on top of the replay's own."""
         self.settings = settings
         self.kafka = settings.kafka
         self.lateness_s = lateness_s
@@ -321,10 +323,9 @@ class KafkaReplay:
         """A new worker process of the group (not started): its own data dir, log and instance id."""
         index = len(self.workers)
         name = "worker" if index == 0 else f"worker-{index}"
-        worker = WorkerProcess(
-            _worker_env(self.settings, self.prefix, self.work_dir / name, self.scenario, self.lateness_s,
-                        self.node_partitions, self.app_id, index),
-            self.work_dir / f"{name}.log")
+        env = _worker_env(self.settings, self.prefix, self.work_dir / name, self.scenario, self.lateness_s,
+                          self.node_partitions, self.app_id, index)
+        worker = WorkerProcess(env | self.worker_settings, self.work_dir / f"{name}.log")
         self.workers.append(worker)
         return worker
 

@@ -128,6 +128,14 @@ class Delivery:
         return await self.offsets.admit(message.tp, message.offset, message.topic in self.compacted, event,
                                         message.timestamp)
 
+    def pause(self, tp: Any) -> None:
+        """Stop fetching the consumed partition ``tp`` (:meth:`OffsetGuard.pause`)."""
+        self.offsets.pause(tp)
+
+    async def resume(self, tp: Any) -> None:
+        """Fetch ``tp`` again from the next record to admit (:meth:`OffsetGuard.resume`)."""
+        await self.offsets.resume(tp)
+
     async def ack(self, events: Any, event: Any) -> None:
         """The event is done; acknowledge it and what waited for it (offset order, see AckOrder).
         A :class:`SharedAck` is one of its envelope's records: the envelope is done with the last."""

@@ -219,6 +219,13 @@ class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _BatchingFetchThread(self, loop=self.loop, beacon=self.beacon)
 
+    def on_buffer_drop(self, tp: TP) -> None:
+        """faust fetches a partition again once its stream's buffer has drained to half, also one
+        that a stage paused (:meth:`FaustConsumerPort.pause`) meanwhile: that one stays paused."""
+        super().on_buffer_drop(tp)
+        if tp in self._paused_partitions:
+            self._get_active_partitions().discard(tp)
+
 
 class RestartingWorker(faust.Worker):  # type: ignore[misc]
     """faust's worker, except that an error that ends it (one raised while it starts, above all)
@@ -327,6 +334,13 @@ class FaustConsumerPort:
         consumer = self.app.consumer
         consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged
         await consumer.seek(tp, offset)
+
+    def pause(self, tp: Any) -> None:
+        self.app.consumer.pause_partitions({TP(tp.topic, tp.partition)})
+
+    def resume(self, tp: Any) -> None:
+        # faust's own TP: resume_partitions adds what it is given to a set it asserts holds only those
+        self.app.consumer.resume_partitions({TP(tp.topic, tp.partition)})
 
 
 @dataclass(frozen=True)
@@ -462,7 +476,8 @@ class StreamJobs:
         self.node = NodeAgent(self.delivery, self.config, self.node_name, DirectSender(app, self.cluster_name),
                               self.node_table,
                               self.node_durable, self.lateness_s, s.checkpoint_interval_s, self.observer,
-                              samples_topic=self.samples_name, partitioner=self._node_partition)
+                              samples_topic=self.samples_name, partitioner=self._node_partition,
+                              read_ahead_bytes=s.read_ahead_bytes)
         self.cluster = ClusterAgent(self.delivery, self.config, self.cluster_name, DirectSender(app, self.control_name),
                                     self.cluster_table, self.cluster_durable, self.node_partitions, self.lateness_s,
                                     s.checkpoint_interval_s, self.observer)

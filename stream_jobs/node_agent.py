@@ -86,6 +86,12 @@ class NodePartition:
     """Per cluster: pod and node state is complete up to here (the latest state mark's time)."""
     sample_ts: dict[str, float] = field(default_factory=dict)
     """Per node key: the time of the node's latest sample applied (a node's agent sends in order)."""
+    samples_tp: Any = None
+    """The samples partition as the consumer names it (its records' ``message.tp``), once one is read."""
+    read_ahead_bytes: int = 0
+    """Bytes of the samples parked in the gate: read, not yet released by a mark."""
+    paused: bool = False
+    """Fetching the samples is paused (:meth:`NodeAgent._flow`)."""
 
     def positions(self, node_topic: str) -> tuple[int | None, int | None]:
         """Per topic read, node-inputs (``node_topic``) and samples: the offset of its first record
@@ -126,6 +132,8 @@ class NodeAgent:
     """``gpu.samples.v1`` (prefixed), read by this agent partition by partition."""
     partitioner: Callable[[bytes], int] | None = None
     """The partition of a node key (``key_partition`` over the topics' partition count)."""
+    read_ahead_bytes: int = 16 * 1024 * 1024
+    """``WorkerSettings.read_ahead_bytes``: sample bytes a partition parks before it pauses its samples."""
     parts: dict[int, NodePartition] = field(default_factory=dict)
 
     def saved_position(self, partition: int) -> int | None:
@@ -168,13 +176,18 @@ class NodeAgent:
             part = self._part(partition)
             if message.topic == self.samples_topic:
                 part.next_sample_offset = message.offset + 1
+                part.samples_tp = message.tp
                 record = direct_record(message.topic, GPU_SAMPLES.suffix, partition, message.offset, message.key,
                                        event.value)
-                if not part.gate.offer(record, event):
+                if part.gate.offer(record, event):
+                    part.read_ahead_bytes += len(event.value or b"")
+                else:
                     metrics.duplicates.labels("node").inc()
                     part.unacked.append(event)
                 if part.waiting:
                     await self._release(events, partition, part)
+                if part.paused or part.read_ahead_bytes > self.read_ahead_bytes:
+                    await self._flow(partition, part)
                 continue
             part.next_offset = message.offset + 1
             data = decode_envelope(event.value)
@@ -196,6 +209,30 @@ class NodeAgent:
                 continue
             part.waiting.append((mark, event))
             await self._release(events, partition, part)
+            if part.paused:
+                await self._flow(partition, part)
+
+    async def _flow(self, partition: int, part: NodePartition) -> None:
+        """Back-pressure on the partition's samples. They are read ahead of the marks that release
+        them (a mark comes through the route, which may lag far behind: a worker catching up a
+        backlog read every sample before the route's first mark). Above ``read_ahead_bytes`` parked
+        and with no mark waiting for more samples, fetching them pauses; it resumes when a mark
+        waits for samples not read yet, or when marks have released half of what was parked. The
+        marks come on node-inputs, which never pauses, so a paused partition is always woken."""
+        metrics = self.delivery.metrics
+        if part.read_ahead_bytes > self.read_ahead_bytes and not part.waiting:
+            metrics.read_ahead.labels(str(partition)).set(part.read_ahead_bytes)
+            if not part.paused:
+                part.paused = True
+                metrics.pauses.inc()
+                log.info("samples read ahead of the marks; pausing them", partition=partition,
+                         read_ahead_bytes=part.read_ahead_bytes, next_offset=part.next_sample_offset)
+            self.delivery.pause(part.samples_tp)  # again each time: a rebalance's recovery resumes all
+        elif part.paused and (part.waiting or 2 * part.read_ahead_bytes <= self.read_ahead_bytes):
+            part.paused = False
+            log.info("samples resumed", partition=partition, read_ahead_bytes=part.read_ahead_bytes,
+                     waiting_marks=len(part.waiting))
+            await self.delivery.resume(part.samples_tp)
 
     async def _release(self, events: Any, partition: int, part: NodePartition) -> None:
         """Process the waiting marks whose samples are read, in order."""
@@ -205,6 +242,8 @@ class NodeAgent:
             mark, event = part.waiting.pop(0)
             started = time.perf_counter()
             released = part.gate.release(mark)
+            part.read_ahead_bytes -= sum(len(parked.data["raw"] or b"") for parked in released if "raw" in parked.data)
+            metrics.read_ahead.labels(str(partition)).set(part.read_ahead_bytes)
             await self._mark(partition, part, mark, released)
             part.unacked.extend([*(parked.token for parked in released), event])
             if mark.end or time.monotonic() - part.checkpointed_at >= self.checkpoint_interval_s:

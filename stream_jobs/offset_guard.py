@@ -41,6 +41,10 @@ class WorkerMetrics:
         self.watermark_lag = r.gauge("stream_watermark_lag_seconds",
                                      "wall clock minus the stage's event-time watermark", ("stage",))
         self.stage_seconds = r.histogram("stream_stage_seconds", "processing time of one mark", ("stage",))
+        self.read_ahead = r.gauge("stream_read_ahead_bytes",
+                                  "sample bytes a node partition holds read but not released by a mark", ("partition",))
+        self.pauses = r.counter("stream_read_ahead_pauses_total",
+                                "times a node partition stopped fetching its samples (read_ahead_bytes reached)")
 
 
 class ConsumerPort(Protocol):
@@ -71,6 +75,12 @@ class ConsumerPort(Protocol):
 
     async def seek(self, tp: Any, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
+
+    def pause(self, tp: Any) -> None:
+        """Stop fetching ``tp`` (records already fetched may still come, or be dropped)."""
+
+    def resume(self, tp: Any) -> None:
+        """Fetch ``tp`` again."""
 
 
 class OffsetGuard:
@@ -117,6 +127,8 @@ class OffsetGuard:
         self._committed: dict[Any, int] = {}
         """Committed offsets of owned partitions with no position yet, read at their assignment
         (:meth:`read_committed`)."""
+        self._paused: set[Any] = set()
+        """Partitions a stage paused (:meth:`pause`): not fetched by design, so not watched."""
 
     def assign(self, assignment: set[Any]) -> None:
         """The assignment signal (the worker's whole assignment)."""
@@ -139,6 +151,27 @@ class OffsetGuard:
         now = self.clock()
         self._progress = {tp: self._progress.get(tp, now) for tp in self.positions.owned}
         self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
+        self._paused &= self.positions.owned
+
+    def pause(self, tp: Any) -> None:
+        """Stop fetching ``tp`` because a stage holds enough of it (back-pressure). Asked again
+        while it still holds enough: the consumer resumes every partition after a rebalance."""
+        if tp in self.positions.owned:
+            self._paused.add(tp)
+            self.port.pause(tp)
+
+    async def resume(self, tp: Any) -> None:
+        """Fetch ``tp`` again, from the next offset to admit: faust drops the rest of a fetched
+        batch of a partition paused while the batch was handed over, and its fetch position is past
+        them (the offset guard would catch the jump, but with a seek and a warning of its own)."""
+        if tp not in self._paused:
+            return
+        self._paused.discard(tp)
+        self._progress[tp] = self.clock()
+        self.port.resume(tp)
+        target = self.positions.next_offset(tp)
+        if target is not None and tp in self.positions.owned:
+            await self.port.seek(tp, target)
 
     async def admit(self, tp: Any, offset: int, compacted: bool, token: Any, timestamp: float | None = None) -> bool:
         """``timestamp``: the record's broker timestamp, epoch seconds (see :meth:`Positions.admit`)."""
@@ -225,6 +258,8 @@ class OffsetGuard:
             self._say_unsettled(now)
             return
         self._unsettled_since = None
+        for tp in self._paused:
+            self._progress[tp] = now  # paused by a stage: waiting by design
         idle = [tp for tp, at in self._progress.items() if now - at >= self.stall_s
                 and (self.watched is None or tp.topic in self.watched)]
         if not idle:

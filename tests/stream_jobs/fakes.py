@@ -28,6 +28,8 @@ class Offsets:
 
     def __init__(self) -> None:
         self.done_calls: list[Any] = []
+        self.flow: list[tuple[str, Any]] = []
+        """``("pause" | "resume", tp)`` in the order asked."""
 
     def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
         self.done_calls.append(token)
@@ -35,6 +37,12 @@ class Offsets:
 
     async def admit(self, *args: Any) -> bool:
         return True
+
+    def pause(self, tp: Any) -> None:
+        self.flow.append(("pause", tp))
+
+    async def resume(self, tp: Any) -> None:
+        self.flow.append(("resume", tp))
 
 
 class Counter:

@@ -45,13 +45,15 @@ def _mark(offset: int, seq: int, last_sample: int, partition: int = 0) -> Event:
 class _Node:
     """A node agent over fakes, with what it sent (cluster-inputs, dead letters)."""
 
-    def __init__(self, table: dict[bytes, Any], partitioner: Any = lambda key: 0) -> None:
+    def __init__(self, table: dict[bytes, Any], partitioner: Any = lambda key: 0,
+                 read_ahead_bytes: int = 16 * 1024 * 1024) -> None:
         self.sent: list[tuple[str, int | None, bytes]] = []
-        delivery = Delivery(EngineConfig(), Metrics(), Offsets(), Topic("p.deadletter.v1", self.sent), {},  # type: ignore[arg-type]
+        self.offsets = Offsets()
+        delivery = Delivery(EngineConfig(), Metrics(), self.offsets, Topic("p.deadletter.v1", self.sent), {},  # type: ignore[arg-type]
                             set())
         self.agent = NodeAgent(delivery, EngineConfig(), NODE_INPUTS, Topic("p.internal.cluster-inputs.v1", self.sent),
                                ChunkedStore(table), _Durable(), 30.0, 0.0, samples_topic=SAMPLES,  # type: ignore[arg-type]
-                               partitioner=partitioner)
+                               partitioner=partitioner, read_ahead_bytes=read_ahead_bytes)
 
     def run(self, events: list[Event]) -> list[int]:
         """Feed ``events``; the offsets of the samples acknowledged."""
@@ -129,3 +131,54 @@ def test_a_sample_on_another_partition_than_its_node_key_is_dead_lettered() -> N
     assert [letter["source_offset"] for letter in letters] == [1]
     assert f"partition {key_partition(other.encode(), partitions)}" in letters[0]["error"]
     assert node.applied_ts(home) == T0 and node.applied_ts(other) is None
+
+
+def test_samples_read_far_ahead_of_the_marks_pause_until_a_mark_needs_more() -> None:
+    """The marks come through the route, which may lag far behind the samples (a worker catching
+    up a backlog). Above ``read_ahead_bytes`` parked, the partition stops fetching its samples; a
+    mark that waits for samples not read yet resumes it. What is applied is what an unbounded
+    partition applies."""
+    size = len(_sample(0).value)
+    node = _Node({}, read_ahead_bytes=int(3.5 * size))
+    tp = (SAMPLES, 0)
+    node.run([_sample(0), _sample(1), _sample(2)])
+    assert node.offsets.flow == [], "three samples parked: under the bound"
+    node.run([_sample(3)])
+    assert node.offsets.flow == [("pause", tp)]
+    assert node.agent.parts[0].read_ahead_bytes == 4 * size
+
+    node.run([_mark(0, 1, last_sample=1)])
+    assert node.node_marks() == [1] and node.applied_ts() == T0 + 10
+    assert node.offsets.flow == [("pause", tp)], "two samples still parked: more than half the bound"
+
+    node.run([_mark(1, 2, last_sample=5)])
+    assert node.offsets.flow == [("pause", tp), ("resume", tp)], "mark 2 waits for samples 4 and 5"
+    node.run([_sample(4), _sample(5)])
+    assert node.node_marks() == [1, 2] and node.applied_ts() == T0 + 50
+    assert node.agent.parts[0].read_ahead_bytes == 0
+
+    unbounded = _Node({})
+    unbounded.run([*(_sample(i) for i in range(4)), _mark(0, 1, last_sample=1), _mark(1, 2, last_sample=5),
+                   _sample(4), _sample(5)])
+    assert unbounded.offsets.flow == []
+    assert unbounded.agent.parts[0].stages["gpu-a"].to_dict() == node.agent.parts[0].stages["gpu-a"].to_dict()
+    assert unbounded.sent == node.sent
+
+
+def test_a_paused_partition_resumes_once_marks_release_half_of_what_it_holds() -> None:
+    size = len(_sample(0).value)
+    node = _Node({}, read_ahead_bytes=int(3.5 * size))
+    tp = (SAMPLES, 0)
+    node.run([*(_sample(i) for i in range(5)), _mark(0, 1, last_sample=0)])
+    assert node.offsets.flow[-1] == ("pause", tp), "four samples left parked"
+    node.run([_mark(1, 2, last_sample=3)])
+    assert node.offsets.flow[-1] == ("resume", tp), "one sample left parked"
+    assert node.node_marks() == [1, 2]
+
+
+def test_a_clock_mark_releases_a_paused_partition() -> None:
+    size = len(_sample(0).value)
+    node = _Node({}, read_ahead_bytes=int(1.5 * size))
+    node.run([_sample(0), _sample(1), Event(NODE_INPUTS, 0, 0, Mark(1, T0 + 15, None).encode())])
+    assert node.offsets.flow == [("pause", (SAMPLES, 0)), ("resume", (SAMPLES, 0))]
+    assert node.node_marks() == [1] and node.agent.parts[0].read_ahead_bytes == 0

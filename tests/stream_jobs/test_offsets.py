@@ -50,9 +50,12 @@ class FaustLikeConsumer:
         self.commits: list[int] = []
         self.assigned = {tp}
         self.many_requests: list[list[Any]] = []
+        self.paused: set[Any] = set()
 
     async def fetch(self, count: int) -> None:
         """Fetch up to ``count`` records from ``position`` through faust's gap detection."""
+        if self.tp in self.paused:
+            return
         for offset in [o for o in self.log if o >= self.position][:count]:
             r_offset = self._read_offset[self.tp]
             if r_offset is None or offset >= r_offset:
@@ -116,6 +119,12 @@ class FaustLikeConsumer:
         self._gap.pop(tp, None)
         self.position = offset
         self._read_offset[tp] = offset if offset else None
+
+    def pause(self, tp: Any) -> None:
+        self.paused.add(tp)
+
+    def resume(self, tp: Any) -> None:
+        self.paused.discard(tp)
 
 
 class Rec:
@@ -528,3 +537,49 @@ def test_an_assignment_reads_every_partitions_committed_offset_in_one_request() 
         assert asyncio.run(consume(port, guard)) == list(range(3, 10))
         # the test's consume() reads the commit once for its own check; the guard asks only when the bulk read failed
         assert port.single == [SAMPLES] * (2 if fail else 1)
+
+
+def test_a_paused_partition_is_not_taken_for_stalled_and_resumes_where_it_left_off() -> None:
+    """A node partition pauses its samples while it holds enough of them (``read_ahead_bytes``):
+    nothing comes by design, for as long as the marks lag. The watch must neither seek it back nor
+    end the worker; resuming reads on from the next record to admit, also when faust dropped the
+    rest of a batch fetched before the pause (its fetch position is past those records)."""
+    consumer = FaustLikeConsumer(SAMPLES, list(range(20)), committed=0)
+    clock = FakeClock()
+    guard = OffsetGuard(consumer, stall_s=5.0, give_up_s=60.0, clock=clock)
+    guard.assign({SAMPLES})
+
+    async def scenario() -> list[int]:
+        await consumer.fetch(5)
+        for offset in consumer.queue[:3]:
+            rec = Rec(SAMPLES, offset)
+            assert await guard.admit(SAMPLES, offset, False, rec)
+            for ready in guard.done(SAMPLES, offset, rec):
+                consumer.ack(ready.offset)
+        consumer.commit()
+        consumer.queue.clear()  # 3 and 4: fetched, then dropped by faust when the partition paused
+        guard.pause(SAMPLES)
+        assert consumer.paused == {SAMPLES}
+        for _ in range(120):  # ten minutes of watch rounds
+            clock.now += 5
+            await guard.watch()
+        assert consumer.seeks == [], "paused by a stage: not a stall, and no give-up"
+        assert await consume(consumer, guard) == [], "nothing is fetched while paused"
+        await guard.resume(SAMPLES)
+        assert consumer.paused == set() and consumer.seeks == [3], "read on from the next record to admit"
+        return await consume(consumer, guard)
+
+    assert asyncio.run(scenario()) == list(range(3, 20))
+    assert consumer.commits[-1] == 20
+
+
+def test_a_revoked_partition_is_no_longer_paused_by_the_guard() -> None:
+    consumer = FaustLikeConsumer(SAMPLES, list(range(5)), committed=0)
+    guard = OffsetGuard(consumer)
+    guard.assign({SAMPLES})
+    guard.pause(SAMPLES)
+    guard.revoke({SAMPLES})
+    consumer.paused.clear()  # faust forgets the pauses of revoked partitions
+    guard.assign({SAMPLES})
+    asyncio.run(guard.resume(SAMPLES))
+    assert consumer.seeks == [], "a new assignment starts unpaused: nothing to resume"
