@@ -64,6 +64,12 @@ from stream_jobs.watermark import Mark
 
 OUTPUT_TOPICS: tuple[TopicSpec, ...] = (POD_WINDOWS, CLUSTER_CAPACITY, POD_LIFECYCLE, ALERTS)
 DEFAULT_NODE_PARTITIONS = 4
+CHAOS_READ_AHEAD_BYTES = 64 * 1024
+"""A chaos replay's workers park at most this much of each node partition's samples ahead of the
+marks (the worker's default is 16 MiB): partitions pause and resume their samples all along, so the
+read-ahead bound goes through the kills, rebalances and outage too."""
+PAUSE_EVENT = '"samples read ahead of the marks; pausing them"'
+"""A worker's log line (JSON) when a node partition pauses its samples."""
 _COMPACTED = {spec.suffix for spec in ALL_TOPICS if spec.cleanup_policy == "compact"}
 
 
@@ -457,7 +463,8 @@ class KafkaReplay:
             outputs = self.outputs = self.read_outputs(done)
             if chaos is not None:
                 say(f"chaos: done; {sum(w.starts for w in self.workers)} worker starts, "
-                    f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped")
+                    f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped, "
+                    f"{self.read_ahead_pauses()} read-ahead pauses")
             report = self.report(outputs)
             succeeded = True
             return report
@@ -465,6 +472,11 @@ class KafkaReplay:
             self.close(keep_work_dir=not succeeded and any(worker.starts for worker in self.workers))
             if succeeded and self._own_prefix:
                 self.remove_topics(say)
+
+    def read_ahead_pauses(self) -> int:
+        """How often the workers' node partitions paused their samples (said in their logs)."""
+        return sum(worker.log_path.read_text(errors="replace").count(PAUSE_EVENT)
+                   for worker in self.workers if worker.log_path.exists())
 
     def remove_topics(self, say: Callable[[str], None] = lambda line: None) -> None:
         """Delete the topics of this replay's prefix (its workers' changelogs included). A replay
@@ -627,11 +639,14 @@ def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DE
     settings = load_settings(CommonSettings)
     kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     settings = settings.model_copy(update={"kafka": kafka})
-    replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix, workers=workers)
+    worker_settings = {} if chaos_seed is None else {"GPULENS_READ_AHEAD_BYTES": str(CHAOS_READ_AHEAD_BYTES)}
+    replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix, workers=workers,
+                         worker_settings=worker_settings)
     chaos = None
     if chaos_seed is not None:
         chaos = ChaosPlan.seeded(chaos_seed, sum(1 for _ in FleetSimulator(scenario).run()), kills, workers,
                                  outage_s)
         say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs, {workers} workers"
-            f"{f', a {outage_s:.0f}s broker outage' if outage_s else ''}: {chaos.describe()}")
+            f"{f', a {outage_s:.0f}s broker outage' if outage_s else ''}, read-ahead "
+            f"{CHAOS_READ_AHEAD_BYTES // 1024} KiB per node partition: {chaos.describe()}")
     return replay.run(chaos=chaos, say=say, broker=broker)
