@@ -29,7 +29,8 @@ for scenario in simulation/scenarios/*.yaml ${shared:+"$shared"/*.yaml} tests/st
       --chaos --seed "$seed" --kills "$kills" --outage "$outage" --json \
       > "$work/$name.chaos.json" 2> "$work/$name.chaos.log" \
       && cmp -s "$work/$name.in-process.json" "$work/$name.chaos.json"; then
-    echo "ok      $name ($(grep -c 'SIGKILL worker' "$work/$name.chaos.log") kills, $workers workers)"
+    pauses=$(grep -o '[0-9]* read-ahead pauses' "$work/$name.chaos.log" || true)
+    echo "ok      $name ($(grep -c 'SIGKILL worker' "$work/$name.chaos.log") kills, $workers workers, ${pauses:-no read-ahead pauses})"
   else
     echo "FAILED  $name (seed $seed); chaos log:"; tail -20 "$work/$name.chaos.log"
     failed=1
