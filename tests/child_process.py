@@ -7,11 +7,19 @@ them all, so "assigned" means the same thing in every test: the consumer logged 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
 
 from tests.conftest import REPO_ROOT
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, for a child (or a test server) to listen on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class GpulensChild:

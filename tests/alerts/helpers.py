@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 import threading
@@ -19,14 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from common.settings import KafkaSettings
-from tests.child_process import GpulensChild
+from tests.child_process import GpulensChild, free_port
 from tests.conftest import REPO_ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.1) -> None:

@@ -4,7 +4,6 @@ the CLI reports user errors in one line, never a traceback."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import orjson
 import pytest
 
 from common.settings import AgentSettings, CommonSettings, ConfigError, SinkSettings, load_settings, redacted
+from tests.child_process import free_port
 
 GPULENS = str(Path(sys.executable).parent / "gpulens")
 
@@ -107,15 +107,9 @@ def test_cli_user_errors_are_one_clear_line_without_traceback(
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_missing_java_names_the_alternatives(tmp_path: Path) -> None:
     env = {"PATH": str(Path(sys.executable).parent), "GPULENS_DATA_DIR": str(tmp_path),
-           "GPULENS_LOCAL_KAFKA__PORT": str(_free_port()), "GPULENS_LOCAL_KAFKA__CACHE_DIR": str(tmp_path / "cache")}
+           "GPULENS_LOCAL_KAFKA__PORT": str(free_port()), "GPULENS_LOCAL_KAFKA__CACHE_DIR": str(tmp_path / "cache")}
     result = run_cli("kafka", "up", env=env)
     assert result.returncode == 2
     assert "java and mvn not found" in result.stderr

@@ -9,7 +9,6 @@ then cached; scripts/test.sh builds them before the tests). A failed build fails
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -27,6 +26,7 @@ from simulation.kafka_replay import CONSUMING_LOG_LINE, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
 from stream_jobs.fleet_metrics import METRICS
+from tests.child_process import free_port
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
 pytestmark = pytest.mark.kafka
@@ -37,15 +37,9 @@ PACE_S = 0.08
 LATENESS_S = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Prometheus:
     def __init__(self, binary: Path, work: Path, target: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         config = work / "prometheus.yml"
         config.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
@@ -96,7 +90,7 @@ def prometheus_and_worker(prometheus_dir: Path, kafka_settings: KafkaSettings, t
     settings = load_settings(CommonSettings, kafka=kafka_settings.model_dump(), data_dir=tmp_path)
     replay = KafkaReplay(scenario, settings, lateness_s=LATENESS_S, topic_prefix=topic_prefix,
                          work_dir=tmp_path / "replay")
-    metrics_port = _free_port()
+    metrics_port = free_port()
     replay.worker.env["GPULENS_METRICS_PORT"] = str(metrics_port)
     prometheus: Prometheus | None = None
     try:

@@ -6,7 +6,6 @@ resume it, and the report is the in-process one."""
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from schemas.topics import GPU_SAMPLES
 from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay
 from simulation.replay import run_in_process
 from simulation.scenario import Scenario, parse_scenario
+from tests.child_process import free_port
 
 pytestmark = pytest.mark.kafka
 
@@ -59,12 +59,6 @@ class HeldMarksDriver(KafkaFleetDriver):
         self._flush()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _metric(port: int, name: str) -> dict[str, float]:
     """The worker's ``/metrics`` series of ``name``: labels text -> value."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -96,7 +90,7 @@ def test_samples_stop_being_read_far_ahead_of_the_marks(kafka_settings: KafkaSet
     expected = run_in_process(scenario).report
     settings = load_settings(CommonSettings, kafka=kafka_settings.model_dump(), data_dir=tmp_path)
     replay = KafkaReplay(scenario, settings, topic_prefix=topic_prefix)
-    port = _free_port()
+    port = free_port()
     replay.worker.env.update({"GPULENS_METRICS_PORT": str(port), "GPULENS_READ_AHEAD_BYTES": str(READ_AHEAD_BYTES)})
     samples_topic = GPU_SAMPLES.name(replay.prefix)
     try:

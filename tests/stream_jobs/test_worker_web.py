@@ -11,12 +11,7 @@ import pytest
 
 from common.settings import CommonSettings, KafkaSettings, WorkerSettings, load_settings
 from simulation.kafka_replay import WorkerProcess, child_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.child_process import free_port
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -51,7 +46,7 @@ def test_web_server_is_off_by_default() -> None:
 @pytest.mark.kafka
 def test_worker_web_server_listens_on_loopback_only(kafka_settings: KafkaSettings, topic_prefix: str,
                                                     tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     settings = load_settings(CommonSettings, kafka=kafka_settings.model_dump(), data_dir=tmp_path)
     env = child_env(settings, topic_prefix, tmp_path, {"GPULENS_WEB_PORT": str(port),
                                                         "GPULENS_APP_ID": f"{topic_prefix}-web"})
