@@ -104,7 +104,7 @@ class ClusterAgent:
         async for event in events.events():
             if not await delivery.admit(event):
                 continue
-            metrics.records_in.labels(self.topic_name).inc()
+            metrics.record_in(self.topic_name)
             gate, stage = self._restore()
             self.next_offset = event.message.offset + 1
             if not await self._offer(gate, event):

@@ -152,7 +152,7 @@ class Delivery:
         """Hand a record to the producer; returns its delivery (a future to await)."""
         fut = await topic.send(key=key.encode() if key is not None else None, value=value, partition=partition,
                                headers=headers)
-        self.metrics.records_out.labels(topic.get_topic_name()).inc()
+        self.metrics.record_out(topic.get_topic_name())
         return fut
 
     async def publish(self, message: Message) -> Any:
@@ -168,7 +168,7 @@ class Delivery:
         fut = await self.deadletter_topic.send(key=key, value=encode(letter), headers=headers)
         await fut  # rare: make it durable before the stream moves on
         self.metrics.deadletters.labels(topic).inc()
-        self.metrics.records_out.labels(self.deadletter_topic.get_topic_name()).inc()
+        self.metrics.record_out(self.deadletter_topic.get_topic_name())
         log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
 
     async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:

@@ -168,7 +168,7 @@ class NodeAgent:
                 continue
             message = event.message
             partition = message.partition
-            metrics.records_in.labels(message.topic).inc()
+            metrics.record_in(message.topic)
             if partition not in self.parts:
                 part = self._part(partition)
                 log.info("node partition resumed", partition=partition, topic=message.topic, offset=message.offset,

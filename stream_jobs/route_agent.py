@@ -151,7 +151,7 @@ class RouteAgent:
                 continue
             message = event.message
             topic, partition, offset = message.topic, message.partition, message.offset
-            delivery.metrics.records_in.labels(topic).inc()
+            delivery.metrics.record_in(topic)
             if topic == self.topics.control_name:
                 try:
                     data = decode_envelope(event.value)

@@ -8,6 +8,7 @@ from typing import Any
 
 from stream_jobs.config import EngineConfig
 from stream_jobs.delivery import Delivery
+from stream_jobs.offset_guard import WorkerMetrics
 
 
 class Message:
@@ -45,23 +46,8 @@ class Offsets:
         self.flow.append(("resume", tp))
 
 
-class Counter:
-    def labels(self, *args: Any) -> Counter:
-        return self
-
-    def inc(self, *args: Any) -> None:
-        pass
-
-    def set(self, *args: Any) -> None:
-        pass
-
-    def observe(self, *args: Any) -> None:
-        pass
-
-
-class Metrics:
-    def __getattr__(self, name: str) -> Counter:
-        return Counter()
+class Metrics(WorkerMetrics):
+    """The worker's own metrics, in a registry of their own (what the agents count is real)."""
 
 
 class Events:
