@@ -9,7 +9,8 @@ latency from a sample's production to the alert it triggers.
   worker is paused while the rest is produced, so that, like the passthrough, it reads messages
   already in Kafka with the machine to itself. Samples/s = sample messages after the warm-up /
   seconds from the worker's resumption to its ``done`` marker. The passthrough reads the very same
-  sample messages with aiokafka and writes each to another topic.
+  sample messages with aiokafka and writes each to another topic. Both are the best of three runs
+  (``WORKER_RUNS``, ``PASSTHROUGH_RUNS``): the machine's pace swings between runs.
 - The floor under a worker: the same messages through a bare faust app built as a worker's is
   (``benchmarks.faust_passthrough``: same consumer, fetch sizes, acknowledgements, uvloop, GC
   thresholds) that forwards each record and runs no stage. What faust itself costs per record.
@@ -17,7 +18,8 @@ latency from a sample's production to the alert it triggers.
   per CPU second. A worker's samples per CPU second are given as a ratio to it: what the runtime
   (Kafka, faust, envelopes, checkpoints) costs on top of the logic it runs.
 - Scaling: the same fleet through a group of three worker processes on this one machine; samples
-  per CPU second of all workers (every thread, from ``/proc``) against the one-worker run. Wall
+  per CPU second of all workers (every thread, from ``/proc``), the best of three runs, against the
+  one-worker runs' best. Wall
   clock says little here: three workers share the machine's cores with the broker.
 - Latency: a live worker (clock marks; the default lateness of 30 s and clock interval of 1 s) and
   a 16-node fleet whose pods flip between busy and idle every 30 s (``idle_after`` 10 s), produced
@@ -66,6 +68,10 @@ PASSTHROUGH_RUNS = 3
 """The passthrough's rate swung 4x between runs on one machine (1,755 - 7,784 msg/s on 2026-12-03,
 lowest on a freshly started broker): the ratio takes the best of three, what the client and the
 broker can do."""
+WORKER_RUNS = 3
+"""The workers' throughput runs are the best of three too, so that the ratio compares the best of
+each: one worker run against the passthrough's best compared the machine's slow phases with its
+fast ones (six runs of the same code on 2026-12-03: 1,232-1,646 samples/s)."""
 
 
 def _settings(ctx: Context) -> CommonSettings:
@@ -135,10 +141,10 @@ def _paused(replay: KafkaReplay) -> Iterator[None]:
         print(f"  (workers paused {paused_s:.1f} s: the group may have rebalanced)")
 
 
-def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1) -> Throughput:
+def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1, attempt: int = 0) -> Throughput:
     replay = KafkaReplay(fleet_scenario(nodes=nodes, duration=duration), _settings(ctx),
-                         topic_prefix=f"{ctx.topic_prefix}-stream{workers}", work_dir=ctx.scratch / f"stream-{workers}",
-                         workers=workers)
+                         topic_prefix=f"{ctx.topic_prefix}-stream{workers}-{attempt}",
+                         work_dir=ctx.scratch / f"stream-{workers}-{attempt}", workers=workers)
     try:
         replay.create_topics()
         replay.start_workers()
@@ -305,34 +311,40 @@ def run(ctx: Context) -> list[Result]:
     # to speed. Within one hour on 2026-12-03, same code: 9 runs on 10 minutes, 680-794 samples/s
     # (median 775); 10 runs on 30 minutes, 757-1,072 (median 967)
     nodes, duration = (16, "5m") if ctx.quick else (64, "30m")
-    one = _throughput(ctx, nodes, duration)
+    ones = [_throughput(ctx, nodes, duration, attempt=attempt) for attempt in range(WORKER_RUNS)]
+    one = max(ones, key=lambda run: run.per_s)
     passes = sorted(asyncio.run(_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples, attempt))
                     for attempt in range(PASSTHROUGH_RUNS))
     baseline = passes[-1]
     floors = sorted((_faust_passthrough(ctx, GPU_SAMPLES.name(one.prefix), one.samples, attempt)
                      for attempt in range(PASSTHROUGH_RUNS)), key=lambda rate: rate.per_s)
     floor = floors[-1]
-    three = _throughput(ctx, nodes, duration, workers=3)
+    threes = [_throughput(ctx, nodes, duration, workers=3, attempt=attempt) for attempt in range(WORKER_RUNS)]
+    three = max(threes, key=lambda run: run.per_cpu_s)
+    one_per_cpu = max(ones, key=lambda run: run.per_cpu_s)
     logic_per_cpu_s = _in_process_per_cpu_s(nodes, duration)
     results = [
         Result(BENCH, f"node stage samples/s per worker ({nodes} nodes x 8 GPUs)", one.per_s, "samples/s",
                baseline="aiokafka consume->produce passthrough", ratio_to_baseline=one.per_s / baseline,
-               notes=f"{one.samples} samples; route + node + cluster stages in one process"),
+               notes=f"{one.samples} samples; route + node + cluster stages in one process; best of {WORKER_RUNS} "
+               "runs: " + ", ".join(f"{run.per_s:.0f}" for run in ones)),
         Result(BENCH, "aiokafka passthrough msgs/s (same messages)", baseline, "msg/s",
                notes=f"best of {PASSTHROUGH_RUNS} runs: " + ", ".join(f"{rate:.0f}" for rate in passes)),
         Result(BENCH, "faust passthrough msgs/s (same messages, a worker's runtime, no stages)", floor.per_s, "msg/s",
                baseline="aiokafka passthrough", ratio_to_baseline=floor.per_s / baseline,
                notes=f"best of {PASSTHROUGH_RUNS} runs: " + ", ".join(f"{rate.per_s:.0f}" for rate in floors)
                + f"; {floor.per_cpu_s:.0f} msgs per CPU s; the worker did {one.per_s / floor.per_s:.2f}x of its "
-               f"msgs/s, {one.per_cpu_s / floor.per_cpu_s:.2f}x per CPU s"),
-        Result(BENCH, "samples per worker CPU-second, 1 worker", one.per_cpu_s, "samples/s",
-               baseline="the same stages in-process (no Kafka)", ratio_to_baseline=one.per_cpu_s / logic_per_cpu_s,
-               notes=f"{one.cpu_s:.1f} CPU s in {one.seconds:.1f} s"),
+               f"msgs/s, {one_per_cpu.per_cpu_s / floor.per_cpu_s:.2f}x per CPU s"),
+        Result(BENCH, "samples per worker CPU-second, 1 worker", one_per_cpu.per_cpu_s, "samples/s",
+               baseline="the same stages in-process (no Kafka)",
+               ratio_to_baseline=one_per_cpu.per_cpu_s / logic_per_cpu_s,
+               notes=f"best of {WORKER_RUNS} runs: " + ", ".join(f"{run.per_cpu_s:.0f}" for run in ones)),
         Result(BENCH, "in-process stages: samples per CPU-second (same fleet, no Kafka)", logic_per_cpu_s,
                "samples/s", notes="decoding, both stages, the report: what a worker's runtime adds nothing to"),
         Result(BENCH, "samples per worker CPU-second, 3 workers", three.per_cpu_s, "samples/s",
-               baseline="1 worker", ratio_to_baseline=three.per_cpu_s / one.per_cpu_s,
-               notes=f"{three.cpu_s:.1f} CPU s in {three.seconds:.1f} s ({three.per_s:.0f} samples/s); one group"),
+               baseline="1 worker", ratio_to_baseline=three.per_cpu_s / one_per_cpu.per_cpu_s,
+               notes=f"best of {WORKER_RUNS} runs: " + ", ".join(f"{run.per_cpu_s:.0f}" for run in threes)
+               + f"; {three.cpu_s:.1f} CPU s in {three.seconds:.1f} s ({three.per_s:.0f} samples/s); one group"),
     ]
     latencies, alerts = _latency(ctx, 8 if ctx.quick else 16, 60 if ctx.quick else 150)
     if latencies:

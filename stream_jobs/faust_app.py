@@ -261,10 +261,10 @@ class KeyHashCache:
     def __init__(self, size: int = 65_536) -> None:
         self._hash = functools.lru_cache(maxsize=size)(murmur2)
 
-    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    def __call__(self, key: bytes | bytearray | None, all_partitions: list[int], available: list[int]) -> int:
         if key is None:
             return int(DefaultPartitioner()(key, all_partitions, available))
-        return all_partitions[(self._hash(key) & 0x7FFFFFFF) % len(all_partitions)]
+        return all_partitions[(self._hash(bytes(key)) & 0x7FFFFFFF) % len(all_partitions)]
 
 
 class RestartingWorker(faust.Worker):  # type: ignore[misc]

@@ -23,6 +23,7 @@ def test_outputs_go_to_the_default_partitioners_partition() -> None:
         for count in (1, 3, 12, 64):
             partitions = list(range(count))
             assert cached(key, partitions, partitions) == default(key, partitions, partitions), (key, count)
+    assert cached(bytearray(b"cluster"), [0, 1, 2], [0, 1, 2]) == default(b"cluster", [0, 1, 2], [0, 1, 2])
 
 
 def test_a_record_without_a_key_goes_to_an_available_partition() -> None:
