@@ -19,8 +19,8 @@ latency from a sample's production to the alert it triggers.
   (Kafka, faust, envelopes, checkpoints) costs on top of the logic it runs.
 - Scaling: the same fleet through a group of three worker processes on this one machine; samples
   per CPU second of all workers (every thread, from ``/proc``), the best of three runs, against the
-  one-worker runs' best. Wall
-  clock says little here: three workers share the machine's cores with the broker.
+  one-worker runs' best. Wall clock says little here: three workers share the machine's cores with
+  the broker.
 - Latency: a live worker (clock marks; the default lateness of 30 s and clock interval of 1 s) and
   a 16-node fleet whose pods flip between busy and idle every 30 s (``idle_after`` 10 s), produced
   at wall pace (event time = now) with a state mark after each tick as the cluster watcher writes

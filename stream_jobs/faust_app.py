@@ -235,7 +235,7 @@ class LeanMonitor(Monitor):  # type: ignore[misc]
     """faust's monitor without its per-record bookkeeping. faust's :class:`Monitor` counts every
     message and stream event by topic, stream and task and times each one, for faust's own web
     views, which a worker does not serve (its figures are on ``/metrics``): about 2 % of a
-    worker's CPU (cProfile of the stream benchmark). It still notes when a partition's stream last
+    worker's cProfile (the stream benchmark). It still notes when a partition's stream last
     took an event, which faust's consumer reads to log a stream that stopped processing."""
 
     def on_message_in(self, tp: TP, offset: int, message: Any) -> None:

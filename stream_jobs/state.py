@@ -10,8 +10,8 @@ here, and no field holds a list that grows with time.
 
 ``to_dict`` gives a view for a checkpoint that serialises it at once: a record's containers (a
 pod's restart times, an open alert) are the record's own, not copies. ``dataclasses.asdict``
-deep-copied every value at every checkpoint, about a twentieth of a worker's CPU on a 64-node
-fleet (a cProfile of the stream benchmark); nothing keeps a view past the checkpoint.
+deep-copied every value at every checkpoint, about 3 % of a worker's cProfile on a 64-node fleet
+(the stream benchmark); nothing keeps a view past the checkpoint.
 """
 
 from __future__ import annotations
