@@ -288,8 +288,10 @@ class NodeStage(Stage):
 
     def _health(self, reading: GpuReading, ts: float) -> None:
         th = self.config.thresholds
-        g = self.gpus.setdefault(reading.uuid, GpuHealth())
-        critical = [x for x in reading.xids if x.critical]
+        g = self.gpus.get(reading.uuid)
+        if g is None:
+            g = self.gpus[reading.uuid] = GpuHealth()
+        critical = [x for x in reading.xids if x.critical] if reading.xids else []
         bad = reading.health in ("lost", "error") or bool(critical)
         if bad:
             g.bad_ts = ts

@@ -49,19 +49,20 @@ class WorkerMetrics:
         self._out: dict[str, Any] = {}
 
     def record_in(self, topic: str) -> None:
-        """Count a record consumed from ``topic``. The labelled series is looked up once per topic:
-        ``labels()`` takes a lock and checks its values, once per record it was about 1 % of a
-        worker's CPU."""
-        series = self._in.get(topic)
-        if series is None:
-            series = self._in[topic] = self.records_in.labels(topic)
-        series.inc()
+        """Count a record consumed from ``topic``."""
+        self._count(self.records_in, self._in, topic)
 
     def record_out(self, topic: str) -> None:
-        """Count a record produced to ``topic`` (as :meth:`record_in`)."""
-        series = self._out.get(topic)
+        """Count a record produced to ``topic``."""
+        self._count(self.records_out, self._out, topic)
+
+    @staticmethod
+    def _count(counter: Any, series_by_topic: dict[str, Any], topic: str) -> None:
+        """Increment ``counter``'s series for ``topic``, looked up once per topic: ``labels()``
+        takes a lock and checks its values, once per record it was about 1 % of a worker's CPU."""
+        series = series_by_topic.get(topic)
         if series is None:
-            series = self._out[topic] = self.records_out.labels(topic)
+            series = series_by_topic[topic] = counter.labels(topic)
         series.inc()
 
 
