@@ -1,0 +1,175 @@
+"""Seeded random scenarios: valid files of the scenario format and of gpulens's extensions, so that
+the pipeline is checked on scenarios nobody wrote, not only on the goldens and the examples.
+
+One seed always gives the same file. A scenario mixes what the format offers: a few nodes (whole
+GPUs, time-sliced GPUs with and without per-process figures, MIG devices; some cordoned, some
+removed part-way), pods that wait, run, end, get deleted, crash-loop, form gangs, report training
+steps, with utilisation and memory in steps; threshold overrides, prices, a non-default cluster,
+XID faults, lost GPUs, agent gaps, late samples and poison records. What it is for:
+
+- ``make chaos RANDOM=N`` plays N of them (seeded by ``SEED``) through ``replay --kafka --workers 3
+  --chaos``: each report must equal the in-process one byte for byte, as for the goldens;
+- the tests replay a rotating few in-process and through Kafka.
+
+``python -m simulation.random_scenario SEED`` prints one as YAML.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import yaml
+
+MODELS = (("NVIDIA H100 80GB HBM3", 80), ("NVIDIA A100-SXM4-40GB", 40), ("NVIDIA L4", 24))
+MIG_PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb")
+"""MIG profiles of an 80 GB GPU (the MIG nodes' model)."""
+NAMESPACES = ("research", "serve", "batch")
+TEAMS = ("nlp", "vision", "infra")
+POISON = (
+    ("gpu.samples.v1", "not json at all"),
+    ("k8s.pods.v1", '{"uid": "x", "namespace": "a"}'),
+    ("k8s.nodes.v1", "[1, 2, 3]"),
+    ("k8s.events.v1", '{"uid": "e", "ts": "yesterday"}'),
+    ("workload.progress.v1", '{"pod_uid": "p", "namespace": "a", "pod": "b", "ts": "2026-01-05T09:05:00Z", '
+                             '"steps_total": -5}'),
+)
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds)}s"
+
+
+def _steps(rng: random.Random, low: float, high: float, run_s: float) -> float | list[list[Any]]:
+    """A constant, or a few steps from the moment the pod runs."""
+    if rng.random() < 0.5:
+        return round(rng.uniform(low, high), 1)
+    at = sorted({0, *(rng.randrange(30, max(31, int(run_s))) for _ in range(rng.randint(1, 3)))})
+    return [[_duration(t), round(rng.uniform(low, high), 1)] for t in at]
+
+
+def random_scenario(seed: int) -> dict[str, Any]:
+    """The scenario of ``seed`` as a YAML document (a mapping)."""
+    rng = random.Random(seed)
+    interval = rng.choice((5, 10, 10, 15, 30))
+    duration = rng.randrange(8, 31) * 60
+    doc: dict[str, Any] = {
+        "name": f"random-{seed}",
+        "start": f"{rng.choice((2025, 2026, 2027))}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+                 f"T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z",
+        "duration": _duration(duration),
+        "sample_interval": _duration(interval),
+        "window": rng.choice(("1m", "1m", "2m", "5m")),
+    }
+    if rng.random() < 0.7:
+        doc["thresholds"] = {name: _duration(rng.choice(choices)) for name, choices in (
+            ("idle_after", (60, 120, 300)), ("pending_after", (30, 60, 120)),
+            ("fragmentation_after", (30, 60)), ("gang_after", (60, 120)), ("idle_node_after", (120, 300, 600)),
+            ("vram_pressure_after", (30, 60)), ("crashloop_window", (300, 600)),
+        ) if rng.random() < 0.6}
+    if rng.random() < 0.3:
+        doc["cluster"] = rng.choice(("us-east", "eu-1"))
+    doc["prices"] = {model: rng.choice((0.8, 1.5, 2.5, 3.0)) for model, _memory in MODELS if rng.random() < 0.7}
+
+    nodes: list[dict[str, Any]] = []
+    mig_units: dict[str, tuple[str, int]] = {}  # node -> (profile, memory GiB of one device)
+    for index in range(rng.randint(1, 4)):
+        model, memory = rng.choice(MODELS)
+        node: dict[str, Any] = {"name": f"gpu-{index}", "gpus": rng.choice((1, 2, 4, 8)), "model": model,
+                                "memory_gib": memory}
+        kind = rng.random()
+        if kind < 0.15 and memory == 80:
+            profile = rng.choice(MIG_PROFILES)
+            node["mig"] = profile
+            mig_units[node["name"]] = (profile, int(profile.split(".")[1][:-2]))
+        elif kind < 0.35:
+            node["time_slicing"] = rng.randint(2, 4)
+            node["process_stats"] = rng.random() < 0.7
+        if rng.random() < 0.3:
+            node["labels"] = {"pool": rng.choice(("train", "serve"))}
+        if rng.random() < 0.15:
+            node["ready_until"] = _duration(rng.randrange(duration // 3, duration))
+        if rng.random() < 0.1:
+            node["unschedulable"] = True
+        nodes.append(node)
+    doc["nodes"] = nodes
+
+    pods: list[dict[str, Any]] = []
+    gangs = [f"gang-{g}" for g in range(rng.randint(0, 2))]
+    for index in range(rng.randint(2, 10)):
+        namespace = rng.choice(NAMESPACES)
+        create = rng.randrange(0, int(duration * 0.6))
+        pod: dict[str, Any] = {"name": f"pod-{index}", "namespace": namespace, "create": _duration(create)}
+        target = rng.choice(nodes)
+        if target["name"] in mig_units and rng.random() < 0.7:
+            profile, slice_gib = mig_units[target["name"]]
+            pod |= {"resource": f"nvidia.com/mig-{profile}", "gpus": rng.randint(1, 2)}
+            memory_max = slice_gib
+        else:
+            pod["gpus"] = rng.choice((1, 1, 2, 4, 8))
+            memory_max = min(memory for _model, memory in MODELS)
+        if rng.random() < 0.25:
+            pod["node"] = target["name"]
+        if rng.random() < 0.6:
+            pod["labels"] = {"team": rng.choice(TEAMS), "project": rng.choice(("chat", "search", "eval"))}
+        run_s = duration - create
+        if rng.random() < 0.4:
+            run_s = rng.randrange(2 * interval, max(2 * interval + 1, duration - create))
+            pod["run_for"] = _duration(run_s)
+            pod["end"] = rng.choice(("Succeeded", "Succeeded", "Failed", "OOMKilled", "Evicted"))
+        if rng.random() < 0.2:
+            pod["delete"] = _duration(rng.randrange(create + 2 * interval, duration + 2 * interval))
+        pod["util"] = _steps(rng, 0, 100, run_s)
+        pod["memory_gib"] = _steps(rng, 0, memory_max, run_s)
+        pod["processes"] = rng.choice((0, 1, 1, 1, 2))
+        if gangs and rng.random() < 0.3:
+            pod["gang"] = rng.choice(gangs)
+        if rng.random() < 0.08:
+            pod["crashloop"] = True
+        if rng.random() < 0.3:
+            pod["steps_per_s"] = round(rng.uniform(0.5, 4.0), 2)
+        pods.append(pod)
+    doc["pods"] = pods
+
+    def some_node() -> dict[str, Any]:
+        return rng.choice(nodes)
+
+    def some_time() -> str:
+        return _duration(rng.randrange(0, duration))
+
+    if rng.random() < 0.25:
+        node = some_node()
+        fault: dict[str, Any] = {"node": node["name"], "gpu": rng.randrange(node["gpus"]), "at": some_time()}
+        fault |= {"xid": rng.choice((13, 31, 48, 79))} if rng.random() < 0.6 else {"lost": True}
+        if rng.random() < 0.5:
+            fault["until"] = _duration(rng.randrange(duration // 2, duration + 60))
+        doc["faults"] = [fault]
+    if rng.random() < 0.25:
+        start = rng.randrange(0, duration - 60)
+        doc["agent_gaps"] = [{"node": some_node()["name"], "from": _duration(start),
+                              "to": _duration(start + rng.randrange(interval, 5 * 60))}]
+    if rng.random() < 0.25:
+        doc["late_samples"] = [{"node": some_node()["name"], "at": _duration(rng.randrange(0, duration, interval)),
+                                "by": _duration(rng.choice((5, 20, 45, 120)))}]
+    if rng.random() < 0.25:
+        topic, value = rng.choice(POISON)
+        doc["poison"] = [{"at": some_time(), "topic": topic, "value": value}
+                         | ({"key": nodes[0]["name"]} if topic == "gpu.samples.v1" else {})]
+    return doc
+
+
+def random_scenario_yaml(seed: int) -> str:
+    return yaml.safe_dump(random_scenario(seed), sort_keys=False)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        print("usage: python -m simulation.random_scenario SEED", file=sys.stderr)
+        return 2
+    sys.stdout.write(random_scenario_yaml(int(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
