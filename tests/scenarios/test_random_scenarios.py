@@ -1,8 +1,9 @@
 """Seeded random scenarios (``simulation.random_scenario``): files nobody wrote, of every feature of
-the format, replay in-process with every pod seen, every alert's transitions in order, and the same
-report every time. Fifteen fixed seeds and ten that rotate daily (the seed is in the failure
-message; ``python -m simulation.random_scenario SEED`` prints the file). Through Kafka under chaos:
-``tests/stream_jobs/test_chaos_workers.py`` and ``make chaos RANDOM=N``."""
+the format, replay in-process with every pod seen, each pod's timeline as the simulator played it,
+every alert's transitions in order, and the same report every time. Fifteen fixed seeds and ten
+that rotate daily (the seed is in the failure message; ``python -m simulation.random_scenario
+SEED`` prints the file). Through Kafka under chaos: ``tests/stream_jobs/test_chaos_workers.py``
+and ``make chaos RANDOM_SCENARIOS=N``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import yaml
 from simulation.random_scenario import main, random_scenario, random_scenario_yaml
 from simulation.replay import run_in_process
 from simulation.scenario import parse_scenario
+from simulation.simulator import FleetSimulator
 
 DAY = int(time.time() // 86400)
 SEEDS = [*range(15), *range(1000 + DAY * 10, 1000 + DAY * 10 + 10)]
@@ -47,11 +49,31 @@ def test_the_files_cover_the_format() -> None:
 def test_a_random_scenario_replays(seed: int) -> None:
     text = random_scenario_yaml(seed)
     scenario = parse_scenario(yaml.safe_load(text), source=f"random seed {seed}")
-    report = run_in_process(scenario).report
+    simulator = FleetSimulator(scenario)
+    report = run_in_process(scenario, ticks=list(simulator.run())).report
     assert [(row["namespace"], row["name"]) for row in report["pods"]] == \
         [(pod.namespace, pod.name) for pod in scenario.pods], f"seed {seed}"
     unseen = [row["name"] for row in report["pods"] if row.get("seen") is False]
     assert not unseen, f"seed {seed}: pods the pipeline never saw: {unseen}"
+    nodes = {node.name: node for node in scenario.nodes}
+    for row, played in zip(report["pods"], simulator.pods, strict=True):
+        # what the simulator did to the pod, against what the pipeline made of the records it wrote
+        end = played.ended if played.ended is not None else scenario.end_offset_s
+        assert played.created is not None
+        running_s = 0.0 if played.scheduled is None else end - played.scheduled
+        expected = {
+            "node": played.node,
+            "end_reason": played.end_reason or ("Running" if played.scheduled is not None else "Pending"),
+            "pending_s": (played.scheduled if played.scheduled is not None else end) - played.created,
+            "running_s": running_s,
+        }
+        assert {key: row[key] for key in expected} == expected, f"seed {seed}, {played.spec.name}"
+        gpu_hours = played.spec.gpus * running_s / 3600
+        assert row["gpu_hours"] == pytest.approx(gpu_hours, abs=5.1e-5), f"seed {seed}, {played.spec.name}"
+        node = nodes.get(str(played.node))
+        if node is not None and not node.mig and node.time_slicing == 1:  # whole GPUs: the format's cost
+            price = scenario.prices.get(node.model, 0.0)
+            assert row["cost_usd"] == pytest.approx(gpu_hours * price, abs=5.1e-5), f"seed {seed}, {played.spec.name}"
     transitions: dict[str, list[str]] = defaultdict(list)
     for alert in report["alerts"]:
         transitions[alert["id"]].append(alert["state"])
