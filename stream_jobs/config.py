@@ -7,13 +7,23 @@ the scenario parser and the settings loader convert duration strings).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-_MIG_SUFFIX = re.compile(r"\s+MIG\s+\S+\s*$")
+_MIG_SUFFIX = re.compile(r"[\s-]+MIG[\s-]+\S+\s*$")
+
+
+@functools.lru_cache(maxsize=1024)
+def model_key(model: str) -> str:
+    """A GPU model's name as prices are matched: NVML's name (``NVIDIA A100-SXM4-40GB``, what samples
+    carry) and the node label GPU feature discovery writes (``NVIDIA-A100-SXM4-40GB``, what the
+    cluster stage has for a pod none of whose GPUs was sampled) name one model; so do two spellings
+    that differ only in case."""
+    return " ".join(model.replace("-", " ").split()).casefold()
 
 
 @dataclass(frozen=True)
@@ -89,15 +99,22 @@ class EngineConfig:
     horizon_s: float = 86400.0
     """An input whose event time is further behind the stream's clock is dead-lettered."""
 
+    _prices_by_key: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_prices_by_key", {model_key(model): float(usd)
+                                                    for model, usd in self.prices_usd_per_gpu_hour.items()})
+
     def price(self, model: str | None) -> float:
-        """USD per GPU-hour of ``model``; a MIG device falls back to its parent's model."""
+        """USD per GPU-hour of ``model`` (matched by :func:`model_key`); a MIG device falls back to its
+        parent's model."""
         if not model:
             return 0.0
-        prices = self.prices_usd_per_gpu_hour
-        if model in prices:
-            return float(prices[model])
-        parent = _MIG_SUFFIX.sub("", model)
-        return float(prices.get(parent, 0.0))
+        prices = self._prices_by_key
+        usd = prices.get(model_key(model))
+        if usd is None:
+            usd = prices.get(model_key(_MIG_SUFFIX.sub("", model)), 0.0)
+        return usd
 
     def to_dict(self) -> dict[str, Any]:
         return {
