@@ -4,12 +4,14 @@ the pipeline is checked on scenarios nobody wrote, not only on the goldens and t
 One seed always gives the same file. A scenario mixes what the format offers: a few nodes (whole
 GPUs, time-sliced GPUs with and without per-process figures, MIG devices; some cordoned, some
 removed part-way), pods that wait, run, end, get deleted, crash-loop, form gangs, report training
-steps, with utilisation and memory in steps; threshold overrides, prices, a non-default cluster,
-XID faults, lost GPUs, agent gaps, late samples and poison records. What it is for:
+steps, with utilisation and memory in steps, some owned by controllers, using part of their GPUs,
+declaring their VRAM or reporting allocator statistics; Kueue workloads (admitted late or never,
+deleted); threshold overrides, prices, a non-default cluster, XID faults, lost GPUs, agent gaps,
+late samples and poison records. What it is for:
 
-- ``make chaos RANDOM=N`` plays N of them (seeded by ``SEED``) through ``replay --kafka --workers 3
-  --chaos``: each report must equal the in-process one byte for byte, as for the goldens;
-- the tests replay a rotating few in-process and through Kafka.
+- ``make chaos RANDOM_SCENARIOS=N`` plays N of them (seeded by ``SEED``) through ``replay --kafka
+  --workers 3 --chaos``: each report must equal the in-process one byte for byte, as for the goldens;
+- the tests replay a rotating few in-process and one a day through Kafka.
 
 ``python -m simulation.random_scenario SEED`` prints one as YAML.
 """
@@ -129,8 +131,20 @@ def random_scenario(seed: int) -> dict[str, Any]:
             pod["crashloop"] = True
         if rng.random() < 0.3:
             pod["steps_per_s"] = round(rng.uniform(0.5, 4.0), 2)
+        if rng.random() < 0.15:
+            pod["owner"] = f"{rng.choice(('Job', 'PyTorchJob', 'StatefulSet'))}/owner-{rng.randint(0, 2)}"
+        if pod["gpus"] > 1 and "resource" not in pod and rng.random() < 0.1:
+            pod["active_gpus"] = rng.randint(1, pod["gpus"] - 1)
+        if pod["gpus"] == 1 and "resource" not in pod and rng.random() < 0.15:
+            pod["vram_request_gib"] = round(rng.uniform(2, 20), 1)
+        if rng.random() < 0.1:
+            reserved = round(rng.uniform(1, memory_max), 1)
+            pod["allocator"] = {"reserved_gib": reserved, "allocated_gib": round(rng.uniform(0, reserved), 1),
+                                "retries_per_min": rng.choice((0, 0, 2, 6)), "ooms_per_min": rng.choice((0, 0, 1))}
         pods.append(pod)
     doc["pods"] = pods
+    if rng.random() < 0.25:
+        doc["workloads"] = _workloads(rng, pods, duration)
 
     def some_node() -> dict[str, Any]:
         return rng.choice(nodes)
@@ -157,6 +171,33 @@ def random_scenario(seed: int) -> dict[str, Any]:
         doc["poison"] = [{"at": some_time(), "topic": topic, "value": value}
                          | ({"key": nodes[0]["name"]} if topic == "gpu.samples.v1" else {})]
     return doc
+
+
+def _workloads(rng: random.Random, pods: list[dict[str, Any]], duration: int) -> list[dict[str, Any]]:
+    """One or two Kueue workloads; the first's pod set takes one or two of the pods (created once it
+    is admitted, never if it is not), the second is demand without pods."""
+    workloads: list[dict[str, Any]] = []
+    for index in range(rng.randint(1, 2)):
+        members = [pod for pod in pods if "workload" not in pod and "node" not in pod][:rng.randint(1, 2)] \
+            if index == 0 else []
+        namespace = members[0]["namespace"] if members else rng.choice(NAMESPACES)
+        gpus = members[0]["gpus"] if members else rng.choice((1, 2, 4))
+        workload: dict[str, Any] = {
+            "name": f"wl-{index}", "namespace": namespace, "queue": rng.choice(("research", "batch")),
+            "pod_sets": [{"name": "workers", "count": max(1, len(members)), "gpus": gpus}],
+            "create": _duration(rng.randrange(0, duration // 2)),
+        }
+        if rng.random() < 0.7:
+            workload["admit"] = _duration(rng.randrange(int(workload["create"][:-1]), duration))
+        if rng.random() < 0.3:
+            workload["delete"] = _duration(rng.randrange(int(workload["create"][:-1]) + 60, duration + 60))
+        for pod in members:
+            pod |= {"namespace": namespace, "gpus": gpus, "workload": workload["name"],
+                    "create": _duration(rng.randrange(0, 60))}
+            for field in ("resource", "delete", "active_gpus"):
+                pod.pop(field, None)
+        workloads.append(workload)
+    return workloads
 
 
 def random_scenario_yaml(seed: int) -> str:
