@@ -1,25 +1,33 @@
 """Seeded random scenarios (``simulation.random_scenario``): files nobody wrote, of every feature of
-the format, replay in-process with every pod that existed seen, each pod's timeline as the simulator played it,
-every alert's transitions in order, and the same report every time. Fifteen fixed seeds and ten
-that rotate daily (the seed is in the failure message; ``python -m simulation.random_scenario
-SEED`` prints the file). Through Kafka under chaos: ``tests/stream_jobs/test_chaos_workers.py``
-and ``make chaos RANDOM_SCENARIOS=N``."""
+the format, replay in-process with every pod that existed seen; each pod's timeline as the
+simulator played it and, on whole GPUs, its cost, idle hours, utilisation and peak memory as the
+samples the simulator wrote add up; every alert's transitions in order; the same report every
+time. Fifteen fixed seeds and ten that rotate daily (the seed is in the failure message; ``python
+-m simulation.random_scenario SEED`` prints the file). Through Kafka under chaos:
+``tests/stream_jobs/test_chaos_workers.py`` and ``make chaos RANDOM_SCENARIOS=N``."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from itertools import pairwise
 
 import pytest
 import yaml
 
+from schemas.codec import MessageError, decode
+from schemas.messages import GpuSample
+from schemas.topics import GPU_SAMPLES
+from simulation.fleet_state import Tick
 from simulation.random_scenario import main, random_scenario, random_scenario_yaml
 from simulation.replay import run_in_process
 from simulation.scenario import parse_scenario
 from simulation.simulator import FleetSimulator
 
 DAY = int(time.time() // 86400)
+LATENESS_S = 30.0
+"""The replay's allowed lateness (docs/FORMAT.md): a sample delivered later is dropped."""
 SEEDS = [*range(15), *range(1000 + DAY * 10, 1000 + DAY * 10 + 10)]
 
 
@@ -47,12 +55,49 @@ def test_the_files_cover_the_format() -> None:
         assert any(field in doc for doc in docs), field
 
 
+@dataclass
+class SampledUsage:
+    idle_s: float = 0.0
+    util_pct_s: float = 0.0
+    util_data_s: float = 0.0
+    peak_mem_bytes: int | None = None
+
+
+def _sampled_usage(ticks: list[Tick], idle_util_pct: float) -> dict[str, SampledUsage]:
+    """Per pod uid, the format's figures summed over the GPU samples the simulator wrote that were
+    on time (within the default lateness), counting each sample for its interval: an independent
+    tally of what the pipeline read, to hold its figures against."""
+    usage: dict[str, SampledUsage] = defaultdict(SampledUsage)
+    for tick in ticks:
+        for record in tick.records:
+            if record.topic != GPU_SAMPLES.suffix or record.value is None:
+                continue
+            try:
+                sample = decode(record.value, GpuSample)
+            except MessageError:
+                continue  # poison
+            if (tick.ts - sample.ts).total_seconds() > LATENESS_S:
+                continue
+            for reading in sample.gpus:
+                for ref in reading.assigned_to:
+                    pod = usage[str(ref.pod_uid)]
+                    if reading.gpu_util_pct is not None:
+                        pod.util_pct_s += reading.gpu_util_pct * sample.sample_interval_s
+                        pod.util_data_s += sample.sample_interval_s
+                        pod.idle_s += sample.sample_interval_s if reading.gpu_util_pct < idle_util_pct else 0.0
+                    if reading.mem_used_bytes is not None:
+                        pod.peak_mem_bytes = max(pod.peak_mem_bytes or 0, reading.mem_used_bytes)
+    return usage
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_scenario_replays(seed: int) -> None:
     text = random_scenario_yaml(seed)
     scenario = parse_scenario(yaml.safe_load(text), source=f"random seed {seed}")
     simulator = FleetSimulator(scenario)
-    report = run_in_process(scenario, ticks=list(simulator.run())).report
+    ticks = list(simulator.run())
+    report = run_in_process(scenario, ticks=ticks).report
+    sampled = _sampled_usage(ticks, scenario.thresholds.idle_util_pct)
     assert [(row["namespace"], row["name"]) for row in report["pods"]] == \
         [(pod.namespace, pod.name) for pod in scenario.pods], f"seed {seed}"
     nodes = {node.name: node for node in scenario.nodes}
@@ -74,9 +119,15 @@ def test_a_random_scenario_replays(seed: int) -> None:
         gpu_hours = played.spec.gpus * running_s / 3600
         assert row["gpu_hours"] == pytest.approx(gpu_hours, abs=5.1e-5), f"seed {seed}, {played.spec.name}"
         node = nodes.get(str(played.node))
-        if node is not None and not node.mig and node.time_slicing == 1:  # whole GPUs: the format's cost
-            price = scenario.prices.get(node.model, 0.0)
-            assert row["cost_usd"] == pytest.approx(gpu_hours * price, abs=5.1e-5), f"seed {seed}, {played.spec.name}"
+        if node is None or node.mig or node.time_slicing > 1 or not node.process_stats:
+            continue  # the format's figures below are those of whole GPUs
+        price = scenario.prices.get(node.model, 0.0)
+        assert row["cost_usd"] == pytest.approx(gpu_hours * price, abs=5.1e-5), f"seed {seed}, {played.spec.name}"
+        usage = sampled[played.uid]
+        assert (row["idle_gpu_hours"], row["avg_sm_util_pct"], row["peak_mem_bytes"]) == (
+            pytest.approx(usage.idle_s / 3600, abs=5.1e-5),
+            None if not usage.util_data_s else pytest.approx(usage.util_pct_s / usage.util_data_s, abs=5.1e-5),
+            usage.peak_mem_bytes), f"seed {seed}, {played.spec.name}"
     transitions: dict[str, list[str]] = defaultdict(list)
     for alert in report["alerts"]:
         transitions[alert["id"]].append(alert["state"])
