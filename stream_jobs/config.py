@@ -7,7 +7,6 @@ the scenario parser and the settings loader convert duration strings).
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Mapping
@@ -17,7 +16,6 @@ from typing import Any
 _MIG_SUFFIX = re.compile(r"[\s-]+MIG[\s-]+\S+\s*$")
 
 
-@functools.lru_cache(maxsize=1024)
 def model_key(model: str) -> str:
     """A GPU model's name as prices are matched: NVML's name (``NVIDIA A100-SXM4-40GB``, what samples
     carry) and the node label GPU feature discovery writes (``NVIDIA-A100-SXM4-40GB``, what the
@@ -100,20 +98,26 @@ class EngineConfig:
     """An input whose event time is further behind the stream's clock is dead-lettered."""
 
     _prices_by_key: dict[str, float] = field(init=False, repr=False, compare=False)
+    _price_of: dict[str, float] = field(init=False, repr=False, compare=False)
+    """Each model name's price once found (the stages ask per GPU reading)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_prices_by_key", {model_key(model): float(usd)
                                                     for model, usd in self.prices_usd_per_gpu_hour.items()})
+        object.__setattr__(self, "_price_of", {})
 
     def price(self, model: str | None) -> float:
         """USD per GPU-hour of ``model`` (matched by :func:`model_key`); a MIG device falls back to its
         parent's model."""
         if not model:
             return 0.0
-        prices = self._prices_by_key
-        usd = prices.get(model_key(model))
+        usd = self._price_of.get(model)
         if usd is None:
-            usd = prices.get(model_key(_MIG_SUFFIX.sub("", model)), 0.0)
+            prices = self._prices_by_key
+            usd = prices.get(model_key(model))
+            if usd is None:
+                usd = prices.get(model_key(_MIG_SUFFIX.sub("", model)), 0.0)
+            self._price_of[model] = usd
         return usd
 
     def to_dict(self) -> dict[str, Any]:
