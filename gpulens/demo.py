@@ -27,6 +27,7 @@ from rich.text import Text
 from common.errors import UserError
 from common.kafka import group_lag
 from common.logs import get_logger
+from common.processes import terminate_as_interrupt
 from common.settings import AdviseThresholds, CommonSettings, KafkaSettings
 from gpulens.kafka_local import LocalKafka
 from gpulens.top import FleetView, drain_topics, render
@@ -153,6 +154,13 @@ def run_demo(settings: CommonSettings, options: DemoOptions, console: Console | 
                   scenario=build_scenario(options, wall_start_utc))
     run.run_dir.mkdir(parents=True, exist_ok=True)
     replay = run.replay = KafkaReplay(run.scenario, settings, topic_prefix=run.prefix, work_dir=run.run_dir)
+    with terminate_as_interrupt():  # terminated, the demo stops its workers and sink (below) as on Ctrl-C
+        return _run_demo(run, local, started_broker, kafka, replay)
+
+
+def _run_demo(run: DemoRun, local: LocalKafka, started_broker: bool, kafka: KafkaSettings,
+              replay: KafkaReplay) -> int:
+    console, settings = run.console, run.settings
     try:
         replay.create_topics()
         console.print(f"topics created under the prefix {run.prefix}")

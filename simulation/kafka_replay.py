@@ -38,6 +38,7 @@ import orjson
 
 from common.errors import UserError
 from common.kafka import AdminRequestFailed, BoundedProducer, ReadRecord, delete_prefixed, ensure_topics, read_to_end
+from common.processes import terminate_as_interrupt
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
 from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
@@ -448,7 +449,13 @@ class KafkaReplay:
         """The whole replay; with ``chaos``, its actions (SIGKILL and restart a worker, add and
         remove one, stop the broker: ``broker``) happen on its schedule, each reported through
         ``say``; a worker that exits on its own is then restarted too. A run that fails keeps its
-        work directory (every worker's log) and its error names it."""
+        work directory (every worker's log) and its error names it. Terminated (SIGTERM), it stops
+        its workers as when it is interrupted."""
+        with terminate_as_interrupt():
+            return self._run(timeout_s, chaos, say, broker)
+
+    def _run(self, timeout_s: float, chaos: ChaosPlan | None, say: Callable[[str], None],
+             broker: BrokerControl | None) -> dict[str, Any]:
         succeeded = False
         try:
             self.create_topics()
