@@ -73,104 +73,103 @@ def random_scenario(seed: int) -> dict[str, Any]:
     if rng.random() < 0.3:
         doc["cluster"] = rng.choice(("us-east", "eu-1"))
     doc["prices"] = {model: rng.choice((0.8, 1.5, 2.5, 3.0)) for model, _memory in MODELS if rng.random() < 0.7}
-
-    nodes: list[dict[str, Any]] = []
-    mig_units: dict[str, tuple[str, int]] = {}  # node -> (profile, memory GiB of one device)
-    for index in range(rng.randint(1, 4)):
-        model, memory = rng.choice(MODELS)
-        node: dict[str, Any] = {"name": f"gpu-{index}", "gpus": rng.choice((1, 2, 4, 8)), "model": model,
-                                "memory_gib": memory}
-        kind = rng.random()
-        if kind < 0.15 and memory == 80:
-            profile = rng.choice(MIG_PROFILES)
-            node["mig"] = profile
-            mig_units[node["name"]] = (profile, int(profile.split(".")[1][:-2]))
-        elif kind < 0.35:
-            node["time_slicing"] = rng.randint(2, 4)
-            node["process_stats"] = rng.random() < 0.7
-        if rng.random() < 0.3:
-            node["labels"] = {"pool": rng.choice(("train", "serve"))}
-        if rng.random() < 0.15:
-            node["ready_until"] = _duration(rng.randrange(duration // 3, duration))
-        if rng.random() < 0.1:
-            node["unschedulable"] = True
-        nodes.append(node)
-    doc["nodes"] = nodes
-
-    pods: list[dict[str, Any]] = []
+    nodes = doc["nodes"] = [_node(rng, index, duration) for index in range(rng.randint(1, 4))]
     gangs = [f"gang-{g}" for g in range(rng.randint(0, 2))]
-    for index in range(rng.randint(2, 10)):
-        namespace = rng.choice(NAMESPACES)
-        create = rng.randrange(0, int(duration * 0.6))
-        pod: dict[str, Any] = {"name": f"pod-{index}", "namespace": namespace, "create": _duration(create)}
-        target = rng.choice(nodes)
-        if target["name"] in mig_units and rng.random() < 0.7:
-            profile, slice_gib = mig_units[target["name"]]
-            pod |= {"resource": f"nvidia.com/mig-{profile}", "gpus": rng.randint(1, 2)}
-            memory_max = slice_gib
-        else:
-            pod["gpus"] = rng.choice((1, 1, 2, 4, 8))
-            memory_max = min(memory for _model, memory in MODELS)
-        if rng.random() < 0.25:
-            pod["node"] = target["name"]
-        if rng.random() < 0.6:
-            pod["labels"] = {"team": rng.choice(TEAMS), "project": rng.choice(("chat", "search", "eval"))}
-        run_s = duration - create
-        if rng.random() < 0.4:
-            run_s = rng.randrange(2 * interval, max(2 * interval + 1, duration - create))
-            pod["run_for"] = _duration(run_s)
-            pod["end"] = rng.choice(("Succeeded", "Succeeded", "Failed", "OOMKilled", "Evicted"))
-        if rng.random() < 0.2:
-            pod["delete"] = _duration(rng.randrange(create + 2 * interval, duration + 2 * interval))
-        pod["util"] = _steps(rng, 0, 100, run_s)
-        pod["memory_gib"] = _steps(rng, 0, memory_max, run_s)
-        pod["processes"] = rng.choice((0, 1, 1, 1, 2))
-        if gangs and rng.random() < 0.3:
-            pod["gang"] = rng.choice(gangs)
-        if rng.random() < 0.08:
-            pod["crashloop"] = True
-        if rng.random() < 0.3:
-            pod["steps_per_s"] = round(rng.uniform(0.5, 4.0), 2)
-        if rng.random() < 0.15:
-            pod["owner"] = f"{rng.choice(('Job', 'PyTorchJob', 'StatefulSet'))}/owner-{rng.randint(0, 2)}"
-        if pod["gpus"] > 1 and "resource" not in pod and rng.random() < 0.1:
-            pod["active_gpus"] = rng.randint(1, pod["gpus"] - 1)
-        if pod["gpus"] == 1 and "resource" not in pod and rng.random() < 0.15:
-            pod["vram_request_gib"] = round(rng.uniform(2, 20), 1)
-        if rng.random() < 0.1:
-            reserved = round(rng.uniform(1, memory_max), 1)
-            pod["allocator"] = {"reserved_gib": reserved, "allocated_gib": round(rng.uniform(0, reserved), 1),
-                                "retries_per_min": rng.choice((0, 0, 2, 6)), "ooms_per_min": rng.choice((0, 0, 1))}
-        pods.append(pod)
-    doc["pods"] = pods
+    pods = doc["pods"] = [_pod(rng, index, nodes, gangs, duration, interval) for index in range(rng.randint(2, 10))]
     if rng.random() < 0.25:
         doc["workloads"] = _workloads(rng, pods, duration)
+    _add_troubles(rng, doc, nodes, duration, interval)
+    return doc
 
-    def some_node() -> dict[str, Any]:
-        return rng.choice(nodes)
 
-    def some_time() -> str:
-        return _duration(rng.randrange(0, duration))
+def _node(rng: random.Random, index: int, duration: int) -> dict[str, Any]:
+    model, memory = rng.choice(MODELS)
+    node: dict[str, Any] = {"name": f"gpu-{index}", "gpus": rng.choice((1, 2, 4, 8)), "model": model,
+                            "memory_gib": memory}
+    kind = rng.random()
+    if kind < 0.15 and memory == 80:
+        node["mig"] = rng.choice(MIG_PROFILES)
+    elif kind < 0.35:
+        node["time_slicing"] = rng.randint(2, 4)
+        node["process_stats"] = rng.random() < 0.7
+    if rng.random() < 0.3:
+        node["labels"] = {"pool": rng.choice(("train", "serve"))}
+    if rng.random() < 0.15:
+        node["ready_until"] = _duration(rng.randrange(duration // 3, duration))
+    if rng.random() < 0.1:
+        node["unschedulable"] = True
+    return node
 
+
+def _pod(rng: random.Random, index: int, nodes: list[dict[str, Any]], gangs: list[str], duration: int,
+         interval: int) -> dict[str, Any]:
+    namespace = rng.choice(NAMESPACES)
+    create = rng.randrange(0, int(duration * 0.6))
+    pod: dict[str, Any] = {"name": f"pod-{index}", "namespace": namespace, "create": _duration(create)}
+    target = rng.choice(nodes)
+    if "mig" in target and rng.random() < 0.7:
+        profile = target["mig"]
+        pod |= {"resource": f"nvidia.com/mig-{profile}", "gpus": rng.randint(1, 2)}
+        memory_max = int(profile.split(".")[1][:-2])  # 2g.20gb: 20 GiB
+    else:
+        pod["gpus"] = rng.choice((1, 1, 2, 4, 8))
+        memory_max = min(memory for _model, memory in MODELS)
     if rng.random() < 0.25:
-        node = some_node()
-        fault: dict[str, Any] = {"node": node["name"], "gpu": rng.randrange(node["gpus"]), "at": some_time()}
+        pod["node"] = target["name"]
+    if rng.random() < 0.6:
+        pod["labels"] = {"team": rng.choice(TEAMS), "project": rng.choice(("chat", "search", "eval"))}
+    run_s = duration - create
+    if rng.random() < 0.4:
+        run_s = rng.randrange(2 * interval, max(2 * interval + 1, duration - create))
+        pod["run_for"] = _duration(run_s)
+        pod["end"] = rng.choice(("Succeeded", "Succeeded", "Failed", "OOMKilled", "Evicted"))
+    if rng.random() < 0.2:  # two intervals after its creation at least: a pod created and gone unseen is no test
+        pod["delete"] = _duration(rng.randrange(create + 2 * interval, duration + 2 * interval))
+    pod["util"] = _steps(rng, 0, 100, run_s)
+    pod["memory_gib"] = _steps(rng, 0, memory_max, run_s)
+    pod["processes"] = rng.choice((0, 1, 1, 1, 2))
+    if gangs and rng.random() < 0.3:
+        pod["gang"] = rng.choice(gangs)
+    if rng.random() < 0.08:
+        pod["crashloop"] = True
+    if rng.random() < 0.3:
+        pod["steps_per_s"] = round(rng.uniform(0.5, 4.0), 2)
+    if rng.random() < 0.15:
+        pod["owner"] = f"{rng.choice(('Job', 'PyTorchJob', 'StatefulSet'))}/owner-{rng.randint(0, 2)}"
+    if pod["gpus"] > 1 and "resource" not in pod and rng.random() < 0.1:
+        pod["active_gpus"] = rng.randint(1, pod["gpus"] - 1)
+    if pod["gpus"] == 1 and "resource" not in pod and rng.random() < 0.15:
+        pod["vram_request_gib"] = round(rng.uniform(2, 20), 1)
+    if rng.random() < 0.1:
+        reserved = round(rng.uniform(1, memory_max), 1)
+        pod["allocator"] = {"reserved_gib": reserved, "allocated_gib": round(rng.uniform(0, reserved), 1),
+                            "retries_per_min": rng.choice((0, 0, 2, 6)), "ooms_per_min": rng.choice((0, 0, 1))}
+    return pod
+
+
+def _add_troubles(rng: random.Random, doc: dict[str, Any], nodes: list[dict[str, Any]], duration: int,
+                  interval: int) -> None:
+    """Now and then an XID or a lost GPU, an agent gap, a late sample, a poison record."""
+    if rng.random() < 0.25:
+        node = rng.choice(nodes)
+        fault: dict[str, Any] = {"node": node["name"], "gpu": rng.randrange(node["gpus"]),
+                                 "at": _duration(rng.randrange(0, duration))}
         fault |= {"xid": rng.choice((13, 31, 48, 79))} if rng.random() < 0.6 else {"lost": True}
         if rng.random() < 0.5:
             fault["until"] = _duration(rng.randrange(duration // 2, duration + 60))
         doc["faults"] = [fault]
     if rng.random() < 0.25:
         start = rng.randrange(0, duration - 60)
-        doc["agent_gaps"] = [{"node": some_node()["name"], "from": _duration(start),
+        doc["agent_gaps"] = [{"node": rng.choice(nodes)["name"], "from": _duration(start),
                               "to": _duration(start + rng.randrange(interval, 5 * 60))}]
     if rng.random() < 0.25:
-        doc["late_samples"] = [{"node": some_node()["name"], "at": _duration(rng.randrange(0, duration, interval)),
+        doc["late_samples"] = [{"node": rng.choice(nodes)["name"],
+                                "at": _duration(rng.randrange(0, duration, interval)),
                                 "by": _duration(rng.choice((5, 20, 45, 120)))}]
     if rng.random() < 0.25:
         topic, value = rng.choice(POISON)
-        doc["poison"] = [{"at": some_time(), "topic": topic, "value": value}
+        doc["poison"] = [{"at": _duration(rng.randrange(0, duration)), "topic": topic, "value": value}
                          | ({"key": nodes[0]["name"]} if topic == "gpu.samples.v1" else {})]
-    return doc
 
 
 def _workloads(rng: random.Random, pods: list[dict[str, Any]], duration: int) -> list[dict[str, Any]]:
@@ -182,15 +181,17 @@ def _workloads(rng: random.Random, pods: list[dict[str, Any]], duration: int) ->
             if index == 0 else []
         namespace = members[0]["namespace"] if members else rng.choice(NAMESPACES)
         gpus = members[0]["gpus"] if members else rng.choice((1, 2, 4))
+        queue = rng.choice(("research", "batch"))
+        create = rng.randrange(0, duration // 2)
         workload: dict[str, Any] = {
-            "name": f"wl-{index}", "namespace": namespace, "queue": rng.choice(("research", "batch")),
+            "name": f"wl-{index}", "namespace": namespace, "queue": queue,
             "pod_sets": [{"name": "workers", "count": max(1, len(members)), "gpus": gpus}],
-            "create": _duration(rng.randrange(0, duration // 2)),
+            "create": _duration(create),
         }
         if rng.random() < 0.7:
-            workload["admit"] = _duration(rng.randrange(int(workload["create"][:-1]), duration))
+            workload["admit"] = _duration(rng.randrange(create, duration))
         if rng.random() < 0.3:
-            workload["delete"] = _duration(rng.randrange(int(workload["create"][:-1]) + 60, duration + 60))
+            workload["delete"] = _duration(rng.randrange(create + 60, duration + 60))
         for pod in members:
             pod |= {"namespace": namespace, "gpus": gpus, "workload": workload["name"],
                     "create": _duration(rng.randrange(0, 60))}
