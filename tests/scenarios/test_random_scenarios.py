@@ -1,13 +1,15 @@
 """Seeded random scenarios (``simulation.random_scenario``): files nobody wrote, of every feature of
-the format, replay in-process with every pod that existed seen; each pod's timeline as the
-simulator played it and, on whole GPUs, its cost, idle hours, utilisation and peak memory as the
-samples the simulator wrote add up; every alert's transitions in order; the same report every
-time. Fifteen fixed seeds and ten that rotate daily (the seed is in the failure message; ``python
--m simulation.random_scenario SEED`` prints the file). Through Kafka under chaos:
+the format, replay in-process with every pod that existed seen; each pod's timeline as the simulator
+played it and, on whole GPUs, its cost, idle hours, utilisation and peak memory as the samples the
+simulator wrote add up; on whole GPUs the cluster's capacity as the nodes were up and its allocated
+GPU-hours as the pods' add up; every alert's transitions in order; the same report every time.
+Fifteen fixed seeds and ten that rotate daily (the seed is in the failure message; ``python -m
+simulation.random_scenario SEED`` prints the file). Through Kafka under chaos:
 ``tests/stream_jobs/test_chaos_workers.py`` and ``make chaos RANDOM_SCENARIOS=N``."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -128,6 +130,17 @@ def test_a_random_scenario_replays(seed: int) -> None:
             pytest.approx(usage.idle_s / 3600, abs=5.1e-5),
             None if not usage.util_data_s else pytest.approx(usage.util_pct_s / usage.util_data_s, abs=5.1e-5),
             usage.peak_mem_bytes), f"seed {seed}, {played.spec.name}"
+    if not any(node.mig or node.time_slicing > 1 for node in scenario.nodes):  # units are whole GPUs
+        cluster, step = report["cluster"], scenario.sample_interval_s
+        up_s = [scenario.end_offset_s if node.ready_until is None  # a removal takes effect at the next tick
+                else min(scenario.end_offset_s, math.ceil(node.ready_until / step) * step) for node in scenario.nodes]
+        assert cluster["gpu_hours_capacity"] == pytest.approx(
+            sum(node.gpus * s for node, s in zip(scenario.nodes, up_s, strict=True)) / 3600, abs=1e-3), f"seed {seed}"
+        # capacity windows (node and cluster stages) and lifecycle records count the same GPU-hours
+        assert cluster["gpu_hours_allocated"] == pytest.approx(
+            sum(row["gpu_hours"] or 0.0 for row in report["pods"]), abs=1e-3), f"seed {seed}"
+        assert cluster["gpu_hours_unallocated"] == pytest.approx(
+            cluster["gpu_hours_capacity"] - cluster["gpu_hours_allocated"], abs=1e-3), f"seed {seed}"
     transitions: dict[str, list[str]] = defaultdict(list)
     for alert in report["alerts"]:
         transitions[alert["id"]].append(alert["state"])
