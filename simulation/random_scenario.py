@@ -13,7 +13,8 @@ late samples and poison records. What it is for:
   --workers 3 --chaos``: each report must equal the in-process one byte for byte, as for the goldens;
 - the tests replay a rotating few in-process and one a day through Kafka.
 
-``python -m simulation.random_scenario SEED`` prints one as YAML.
+``python -m simulation.random_scenario SEED`` prints one as YAML; ``gpulens replay --random SEED``
+plays it (with ``--kafka BOOTSTRAP --workers 3 --chaos``, on the user's own broker).
 """
 
 from __future__ import annotations

@@ -62,7 +62,10 @@ def _print_summary(report: dict[str, Any]) -> None:
 
 
 @click.command("replay")
-@click.argument("scenario", type=click.Path(path_type=Path))
+@click.argument("scenario", type=click.Path(path_type=Path), required=False)
+@click.option("--random", "random_seed", type=click.IntRange(min=0), default=None, metavar="SEED",
+              help="play the random scenario of SEED instead of a file (`python -m simulation.random_scenario "
+              "SEED` prints it): a file nobody wrote, for --kafka --chaos on your own broker")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report of FORMAT.md")
 @click.option("--kafka", "bootstrap", default=None, metavar="BOOTSTRAP",
               help="run through real topics and faust workers on this Kafka (host:port)")
@@ -78,14 +81,20 @@ def _print_summary(report: dict[str, Any]) -> None:
               help="with --kafka: worker processes in the group")
 @click.option("--outage", "outage_s", type=click.FloatRange(min=0), default=0.0,
               help="with --chaos: stop the local broker (`gpulens kafka up`) once for this many seconds")
-def replay(scenario: Path, as_json: bool, bootstrap: str | None, lateness_s: float | None,
-           topic_prefix: str | None, expected_path: Path | None, chaos: bool, seed: int | None,
-           kills: int, workers: int, outage_s: float) -> None:
+def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootstrap: str | None,
+           lateness_s: float | None, topic_prefix: str | None, expected_path: Path | None, chaos: bool,
+           seed: int | None, kills: int, workers: int, outage_s: float) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
+    from simulation.random_scenario import random_scenario
     from simulation.replay import DEFAULT_LATENESS_S, run_in_process
-    from simulation.scenario import load_scenario
+    from simulation.scenario import load_scenario, parse_scenario
 
-    parsed = load_scenario(scenario)
+    if (scenario is None) == (random_seed is None):
+        raise UserError("give a SCENARIO file or --random SEED (one of them)")
+    if scenario is not None:
+        parsed = load_scenario(scenario)
+    else:
+        parsed = parse_scenario(random_scenario(int(str(random_seed))), source=f"random scenario {random_seed}")
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
     if lateness < 0:
         raise UserError("--lateness must not be negative")

@@ -15,9 +15,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from itertools import pairwise
 
+import orjson
 import pytest
 import yaml
 
+from gpulens.cli import main as cli
 from schemas.codec import MessageError, decode
 from schemas.messages import GpuSample
 from schemas.topics import GPU_SAMPLES
@@ -156,3 +158,13 @@ def test_the_module_prints_a_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == random_scenario_yaml(3)
     assert main(["three"]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_replay_plays_a_random_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpulens replay --random SEED``: the same report as the file the module prints for SEED."""
+    assert cli(["replay", "--random", "3", "--json"]) == 0
+    expected = run_in_process(parse_scenario(random_scenario(3))).report
+    assert orjson.loads(capsys.readouterr().out) == orjson.loads(orjson.dumps(expected))
+    for argv in (["replay"], ["replay", "some.yaml", "--random", "3"]):
+        assert cli(argv) == 2
+        assert capsys.readouterr().err.strip() == "gpulens: give a SCENARIO file or --random SEED (one of them)"

@@ -1,7 +1,7 @@
 """Prices are matched by model whichever way the model is spelt: NVML's name in samples, the node
 label GPU feature discovery writes (spaces as dashes) in node states. A pod none of whose GPUs was
 ever sampled is priced by its node's label, and was charged nothing for it before (a random
-scenario found it: seed 379, a pod scheduled during its node's agent gap)."""
+scenario found it: a pod scheduled during its node's agent gap)."""
 
 from __future__ import annotations
 
