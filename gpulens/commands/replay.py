@@ -89,12 +89,12 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
     from simulation.replay import DEFAULT_LATENESS_S, run_in_process
     from simulation.scenario import load_scenario, parse_scenario
 
-    if (scenario is None) == (random_seed is None):
-        raise UserError("give a SCENARIO file or --random SEED (one of them)")
-    if scenario is not None:
+    if scenario is not None and random_seed is None:
         parsed = load_scenario(scenario)
+    elif random_seed is not None and scenario is None:
+        parsed = parse_scenario(random_scenario(random_seed), source=f"random scenario {random_seed}")
     else:
-        parsed = parse_scenario(random_scenario(int(str(random_seed))), source=f"random scenario {random_seed}")
+        raise UserError("give a SCENARIO file or --random SEED (one of them)")
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
     if lateness < 0:
         raise UserError("--lateness must not be negative")

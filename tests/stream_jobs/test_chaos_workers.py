@@ -21,9 +21,9 @@ from schemas.outputs import PodWindow
 from schemas.topics import GPU_SAMPLES, INTERNAL_CONTROL
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import CHAOS_READ_AHEAD_BYTES, ChaosPlan, KafkaReplay
-from simulation.random_scenario import random_scenario_yaml
+from simulation.random_scenario import random_scenario
 from simulation.replay import run_in_process
-from simulation.scenario import load_scenario
+from simulation.scenario import load_scenario, parse_scenario
 from simulation.simulator import FleetSimulator
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -110,17 +110,15 @@ def test_a_golden_with_three_workers_under_chaos(kafka_settings: KafkaSettings,
     assert sum(": SIGKILL worker" in line for line in err.splitlines()) == 4, err
 
 
-def test_a_random_scenario_with_three_workers_under_chaos(kafka_settings: KafkaSettings, tmp_path: Path,
+def test_a_random_scenario_with_three_workers_under_chaos(kafka_settings: KafkaSettings,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A random scenario (``simulation.random_scenario``, a seed that rotates daily; ``make chaos``
-    plays more) through ``gpulens replay --kafka --workers 3 --chaos``: a file nobody wrote, byte
-    for byte the in-process report."""
+    plays more) through ``gpulens replay --random SEED --kafka --workers 3 --chaos``: a file nobody
+    wrote, byte for byte the in-process report."""
     seed = int(time.time() // 86400)
-    path = tmp_path / f"random-{seed}.yaml"
-    path.write_text(random_scenario_yaml(seed))
-    expected = run_in_process(load_scenario(path)).report
-    code = main(["replay", str(path), "--kafka", kafka_settings.bootstrap_servers, "--workers", "3", "--chaos",
-                 "--seed", str(seed), "--kills", "3", "--json"])
+    expected = run_in_process(parse_scenario(random_scenario(seed))).report
+    code = main(["replay", "--random", str(seed), "--kafka", kafka_settings.bootstrap_servers, "--workers", "3",
+                 "--chaos", "--seed", str(seed), "--kills", "3", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.strip().encode() == _json(expected), \
