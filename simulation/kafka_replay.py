@@ -38,7 +38,7 @@ import orjson
 
 from common.errors import UserError
 from common.kafka import AdminRequestFailed, BoundedProducer, ReadRecord, delete_prefixed, ensure_topics, read_to_end
-from common.processes import terminate_as_interrupt
+from common.processes import terminate_as_interrupt, uninterrupted
 from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
 from schemas.codec import MessageError, decode
 from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
@@ -234,11 +234,11 @@ class WorkerProcess:
 
     def start(self) -> None:
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as out:
+        with open(self.log_path, "ab") as out, uninterrupted():  # terminated meanwhile, it is still stopped
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpulens", *self.args], stdout=out,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
-        self.starts += 1
+            self.starts += 1
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -42,7 +42,7 @@ def test_a_terminated_replay_stops_its_workers(kafka_settings: KafkaSettings, tm
         [sys.executable, "-m", "gpulens", "replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--kafka",
          kafka_settings.bootstrap_servers, "--workers", "2", "--json"],
         cwd=REPO_ROOT, env=os.environ | {"GPULENS_DATA_DIR": str(tmp_path)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("wb"))
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -50,7 +50,8 @@ def test_a_terminated_replay_stops_its_workers(kafka_settings: KafkaSettings, tm
             assert replay.poll() is None and time.monotonic() < deadline, "the replay never started 2 workers"
             time.sleep(0.2)
         replay.send_signal(signal.SIGTERM)
-        assert replay.wait(90) == 130  # as when interrupted
+        code = replay.wait(90)
+        assert code == 130, f"exit {code} (130 as when interrupted); its stderr:\n{(tmp_path / 'stderr').read_text()}"
         left = [pid for pid in workers if pid_alive(pid)]
         assert not left, f"workers {left} outlived their replay"
     finally:
