@@ -331,3 +331,45 @@ def test_plain_decoding_keeps_the_models_config() -> None:
         codec.decode_plain(b'{"count": "5"}', Strict)
     assert (plain.value.field_path, plain.value.reason) == (by_model.value.field_path, by_model.value.reason)
     assert codec.decode_plain(b'{"count": 5}', Strict) == {"schema_version": 2, "cluster": "default", "count": 5}
+
+
+def _two_step(payload: bytes, message_type: type[Message]) -> Any:
+    """What orjson and then the model make of ``payload``: the model, or (field path, reason)."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return ("", f"not valid JSON: {exc}")
+    try:
+        return codec.validate(data, message_type)
+    except codec.MessageError as exc:
+        return (exc.field_path, exc.reason)
+
+
+def _decoded(payload: bytes, message_type: type[Message]) -> Any:
+    try:
+        return codec.decode(payload, message_type)
+    except codec.MessageError as exc:
+        return (exc.field_path, exc.reason)
+
+
+@pytest.mark.parametrize("spec", ALL_TOPICS, ids=lambda s: s.suffix)
+def test_decoding_in_one_pass_builds_the_models_the_two_step_path_builds(spec) -> None:  # type: ignore[no-untyped-def]
+    # an alert's details are free-form (a field of any type): alerts take the two-step path
+    assert (codec.model_json_validator(spec.message) is None) == (spec.message is Alert)
+    encoded = codec.encode(all_examples()[spec.suffix])
+    decoded = codec.decode(encoded, spec.message)
+    assert type(decoded) is spec.message
+    assert decoded == _two_step(encoded, spec.message)
+
+
+@pytest.mark.parametrize("edge", PARSER_EDGES, ids=lambda v: v.decode(errors="replace"))
+def test_decoding_in_one_pass_reads_parser_edges_as_orjson_and_the_model_do(edge: bytes) -> None:
+    edged = _edged(edge)
+    assert _decoded(edged, GpuSample) == _two_step(edged, GpuSample)
+
+
+@pytest.mark.parametrize("mutate", [*ACCEPTED_SAMPLES, *BROKEN_SAMPLES], ids=lambda m: m.__name__)
+def test_decoding_in_one_pass_coerces_and_refuses_as_the_two_step_path_does(
+        mutate: Callable[[dict[str, Any]], None]) -> None:
+    _, payload = _mutated(mutate)
+    assert _decoded(payload, GpuSample) == _two_step(payload, GpuSample)
