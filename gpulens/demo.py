@@ -85,8 +85,8 @@ def build_scenario(options: DemoOptions, wall_start: datetime) -> Scenario:
 
 def _spawn(run: DemoRun, args: tuple[str, ...], env: dict[str, str]) -> WorkerProcess:
     child = WorkerProcess(env, run.run_dir / f"{args[0]}.log", args)
+    run.children.append(child)  # before it starts: terminated meanwhile, the demo still stops it
     child.start()
-    run.children.append(child)
     return child
 
 
@@ -164,8 +164,8 @@ def _run_demo(run: DemoRun, local: LocalKafka, started_broker: bool, kafka: Kafk
     try:
         replay.create_topics()
         console.print(f"topics created under the prefix {run.prefix}")
-        replay.worker.start()
         run.children.append(replay.worker)
+        replay.worker.start()
         # the sink gets the same price table as the workers: it fills gpu_prices for the list-price views
         sink_env = child_env(settings, run.prefix, settings.data_dir, {
             "GPULENS_GROUP_ID": run.sink_group,
