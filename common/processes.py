@@ -71,7 +71,8 @@ def terminate_as_interrupt() -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if _termination.terminated:
+        terminated, _termination.terminated = _termination.terminated, False  # none of later code's business
+    if terminated:
         raise KeyboardInterrupt
 
 

@@ -60,3 +60,10 @@ def test_a_sigterm_while_a_process_starts_waits_for_its_handle() -> None:
             started.append("the handle")  # reached: the interrupt waits for the end of the block
         pytest.fail("the interrupt did not come at the end of the block")
     assert started == ["the handle"]
+
+
+def test_a_termination_is_over_with_its_block() -> None:
+    with pytest.raises(KeyboardInterrupt), terminate_as_interrupt():
+        _terminate_me()
+    with uninterrupted():  # later code, outside any terminated block, starts processes undisturbed
+        pass
