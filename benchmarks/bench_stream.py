@@ -55,7 +55,7 @@ from common.kafka import ensure_topics, read_to_end, topic_partitions
 from common.settings import CommonSettings, WorkerSettings, load_settings
 from schemas.codec import decode
 from schemas.outputs import Alert
-from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS, INTERNAL_CONTROL
+from schemas.topics import ALERTS, GPU_SAMPLES, INTERNAL_CLUSTER_INPUTS
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaFleetDriver, KafkaReplay, child_env
 from simulation.replay import run_in_process
@@ -165,24 +165,14 @@ def _throughput(ctx: Context, nodes: int, duration: str, workers: int = 1, attem
         replay.wait_done(timeout_s=600)
         noticed_s = time.perf_counter() - started
         cpu_s = _cpu_s(replay) - cpu_before
-        done_at = _done_at(replay)
     finally:
         replay.close()
-    seconds = noticed_s if done_at is None else min(noticed_s, done_at - started_wall)
+    # the worker writes done once every output is delivered, where the passthrough's clock stops
+    # too; wait_done notices it up to a poll later (0.5 s apart, each a fresh reader of the control
+    # topic), a tenth of a 6 s run. Its create time is this machine's clock, as the bench's.
+    done_at_ms = replay.done_at_ms
+    seconds = noticed_s if not done_at_ms else min(noticed_s, done_at_ms / 1000.0 - started_wall)
     return Throughput(_samples(ticks[1:]), seconds, cpu_s, replay.prefix, noticed_s)
-
-
-def _done_at(replay: KafkaReplay) -> float | None:
-    """When the worker wrote its ``done`` marker (the record's create time, epoch seconds; this
-    machine's clock, as the bench's): it writes it once every output is delivered, which is where
-    the passthrough's clock stops too. :meth:`KafkaReplay.wait_done` notices it up to a poll (0.5 s
-    apart, each a fresh reader of the control topic) later, a tenth of a 6 s run."""
-    assert replay.end_mark is not None
-    for record in read_to_end(replay.kafka, INTERNAL_CONTROL.name(replay.prefix)):
-        data = orjson.loads(record.value or b"{}")
-        if data.get("k") == "done" and data.get("seq") == replay.end_mark["seq"] and record.timestamp_ms:
-            return record.timestamp_ms / 1000.0
-    return None
 
 
 def _target_like(ctx: Context, source: str, prefix: str) -> str:

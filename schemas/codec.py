@@ -73,15 +73,22 @@ def decode(payload: bytes | str | None, message_type: type[M]) -> M:
     pass (a quarter less time for a GPU sample) and accepts only what the two-step path (orjson,
     then the model) accepts, with the same result; anything it refuses goes through the two-step
     path, whose verdict and reason stand."""
-    if isinstance(payload, bytes) and len(payload) <= MAX_MESSAGE_BYTES:
-        fast = model_json_validator(message_type)
-        if fast is not None:
-            try:
-                message: M = fast.validate_json(payload)
-                return message
-            except ValidationError:
-                pass
+    message: M | None = _one_pass(model_json_validator(message_type), payload)
+    if message is not None:
+        return message
     return validate(_parse(payload), message_type)
+
+
+def _one_pass(validator: SchemaValidator | None, payload: bytes | str | None) -> Any:
+    """What ``validator`` (one of the narrowed JSON validators below) makes of ``payload``, or None
+    when there is none, the payload is not bytes within the size limit, or the validator refuses
+    it: the caller's two-step path then gives the verdict."""
+    if validator is None or not isinstance(payload, bytes) or len(payload) > MAX_MESSAGE_BYTES:
+        return None
+    try:
+        return validator.validate_json(payload)
+    except ValidationError:
+        return None
 
 
 def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> dict[str, Any]:
@@ -93,14 +100,9 @@ def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> di
     pass and accepts only what the two-step path accepts with the same result; anything it refuses
     goes through the two-step path, whose verdict and reason stand.
     """
-    if isinstance(payload, bytes) and len(payload) <= MAX_MESSAGE_BYTES:
-        fast = json_validator(message_type)
-        if fast is not None:
-            try:
-                result: dict[str, Any] = fast.validate_json(payload)
-                return result
-            except ValidationError:
-                pass
+    result: dict[str, Any] | None = _one_pass(json_validator(message_type), payload)
+    if result is not None:
+        return result
     data = _parse(payload)
     try:
         result = plain_validator(message_type).validate_python(data)
@@ -118,14 +120,9 @@ def decode_plain_canonical(payload: bytes | str | None, message_type: type[Messa
     Strict validation is tried first and, when it passes, is the validation (its result is the
     lax one's); a record it refuses is validated as :func:`decode_plain` does, with its verdict.
     """
-    if isinstance(payload, bytes) and len(payload) <= MAX_MESSAGE_BYTES:
-        strict = strict_json_validator(message_type)
-        if strict is not None:
-            try:
-                result: dict[str, Any] = strict.validate_json(payload)
-                return result, True
-            except ValidationError:
-                pass
+    result: dict[str, Any] | None = _one_pass(strict_json_validator(message_type), payload)
+    if result is not None:
+        return result, True
     return decode_plain(payload, message_type), False
 
 
@@ -134,15 +131,7 @@ def decode_canonical_sparse(payload: bytes, message_type: type[Message]) -> dict
     record leaves out (their defaults are not filled in); None when the record is not canonical
     (:func:`decode_plain` then gives the verdict). For readers that need only a few fields: a GPU
     sample's defaults are most of what validation builds (:func:`sparse_strict_json_validator`)."""
-    if len(payload) > MAX_MESSAGE_BYTES:
-        return None
-    sparse = sparse_strict_json_validator(message_type)
-    if sparse is None:
-        return None
-    try:
-        result: dict[str, Any] = sparse.validate_json(payload)
-    except ValidationError:
-        return None
+    result: dict[str, Any] | None = _one_pass(sparse_strict_json_validator(message_type), payload)
     return result
 
 

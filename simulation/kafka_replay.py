@@ -317,6 +317,8 @@ class KafkaReplay:
             self.add_worker()
         self.driver: KafkaFleetDriver | None = None
         self.end_mark: dict[str, Any] | None = None
+        self.done_at_ms: int | None = None
+        """When a worker wrote ``done`` for the end mark (its record's create time), once seen."""
         self.unplanned_restarts = 0
         self.outputs: KafkaOutputs | None = None
         """What :meth:`run` read back."""
@@ -375,6 +377,7 @@ class KafkaReplay:
             for record in read_to_end(self.kafka, control, timeout_s=30):
                 data = orjson.loads(record.value or b"{}")
                 if data.get("k") == "done" and data.get("seq") == self.end_mark["seq"]:
+                    self.done_at_ms = record.timestamp_ms
                     return dict(data.get("stats") or {})
             self.supervise(say, chaos)
             time.sleep(0.5)

@@ -38,11 +38,12 @@ def _workers_of(pid: int) -> list[int]:
 
 
 def test_a_terminated_replay_stops_its_workers(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
-    replay = subprocess.Popen(
-        [sys.executable, "-m", "gpulens", "replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--kafka",
-         kafka_settings.bootstrap_servers, "--workers", "2", "--json"],
-        cwd=REPO_ROOT, env=os.environ | {"GPULENS_DATA_DIR": str(tmp_path)},
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr").open("wb"))
+    with (tmp_path / "stderr").open("wb") as stderr:
+        replay = subprocess.Popen(
+            [sys.executable, "-m", "gpulens", "replay", str(SHARED_SCENARIOS / "idle-notebook.yaml"), "--kafka",
+             kafka_settings.bootstrap_servers, "--workers", "2", "--json"],
+            cwd=REPO_ROOT, env=os.environ | {"GPULENS_DATA_DIR": str(tmp_path)},
+            stdout=subprocess.DEVNULL, stderr=stderr)
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
