@@ -3,8 +3,8 @@
 Run by the stream benchmark as a child process (``python -m benchmarks.faust_passthrough SOURCE
 TARGET COUNT RESULT``, settings from ``GPULENS_*`` as a worker's). It builds the app a worker
 builds (:func:`stream_jobs.faust_app.make_app`: the same consumer, fetch sizes, producer settings,
-at-least-once acknowledgements, uvloop and GC thresholds) with one agent that sends every record
-of SOURCE to TARGET unchanged, as a worker sends (``DirectSender``), and no stages. Once COUNT
+at-least-once acknowledgements, uvloop and GC thresholds; its topics, ``raw_topic``) with one agent
+that sends every record of SOURCE to TARGET unchanged, as a worker sends (``DirectSender``), and no stages. Once COUNT
 records are forwarded and delivered it writes ``{"per_s": ..., "per_cpu_s": ...}`` to RESULT, timed
 from the first record; the parent then stops it.
 
@@ -24,7 +24,14 @@ from typing import Any
 import orjson
 
 from common.settings import WorkerSettings, load_settings
-from stream_jobs.faust_app import WORKER_GC_THRESHOLDS, DirectSender, RestartingWorker, make_app, use_uvloop
+from stream_jobs.faust_app import (
+    WORKER_GC_THRESHOLDS,
+    DirectSender,
+    RestartingWorker,
+    make_app,
+    raw_topic,
+    use_uvloop,
+)
 
 
 def main(argv: list[str]) -> None:
@@ -34,7 +41,7 @@ def main(argv: list[str]) -> None:
     app = make_app(load_settings(WorkerSettings))
     target_topic = DirectSender(app, target)  # as a worker sends
 
-    @app.agent(app.topic(source, key_serializer="raw", value_serializer="raw"))  # type: ignore[misc]
+    @app.agent(raw_topic(app, source))  # type: ignore[misc]
     async def forward(stream: Any) -> None:
         pending: list[Any] = []
         started = cpu_started = 0.0

@@ -18,8 +18,12 @@ _MIG_SLICES = re.compile(r"^(\d+)g\.")
 MIG_MAX_SLICES = 7
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Share:
+    """One pod's share of one device at one sample. Not frozen: a frozen dataclass sets each field
+    through ``object.__setattr__`` and takes four times as long to make, and a worker makes one per
+    GPU per sample (like :class:`stream_jobs.rules.PodGpu`); nothing changes a share once made."""
+
     pod_uid: str
     namespace: str
     pod: str

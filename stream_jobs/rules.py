@@ -41,9 +41,10 @@ from stream_jobs.timeutil import fmt_duration, iso
 # ---------------------------------------------------------------------- node rules
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PodGpu:
-    """One sample of one pod's share of one GPU on a node (context of the per-pod GPU rules)."""
+    """One sample of one pod's share of one GPU on a node (context of the per-pod GPU rules). Made for
+    every pod's GPU at every sample, so not frozen (see :class:`stream_jobs.attribution.Share`)."""
 
     node: str
     namespace: str
@@ -124,9 +125,10 @@ POD_GPU_RULES: tuple[SustainedRule[PodGpu], ...] = (IDLE_GPU, VRAM_PRESSURE)
 ``pod_uid|gpu_uuid``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class IdleNode:
-    """One sample of a node: whether it is Ready and holds no GPU pod, and what it costs."""
+    """One sample of a node: whether it is Ready and holds no GPU pod, and what it costs (made at
+    every sample: not frozen, see :class:`stream_jobs.attribution.Share`)."""
 
     node: str
     ready: bool
