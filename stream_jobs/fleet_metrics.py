@@ -219,19 +219,27 @@ class FleetSeries:
     def _window(self, w: PodWindow) -> None:
         key = (scoped_key(w.cluster, w.pod_uid), w.gpu_uuid)
         current = self._pod_gpus.get(key)
-        self._newest_end = max(self._newest_end, w.window_end.timestamp())
+        end = w.window_end.timestamp()
+        self._newest_end = max(self._newest_end, end)
         if current is not None:
             if w.window_start >= current.window.window_start:
-                self._drop(key)
-                self._put(key, w)
+                labels = _pod_gpu_labels(w)
+                if labels == current.labels:  # the same series, newer figures (every window but a pod's first)
+                    current.window, current.stale_at = w, self._stale_at(w, end)
+                else:
+                    self._drop(key)
+                    self._put(key, w, end, labels)
         elif self._admit(len(WINDOW_METRICS) + (0 if (w.cluster, w.team or "") in self._teams else 1)):
-            self._put(key, w)
+            self._put(key, w, end, _pod_gpu_labels(w))
 
-    def _put(self, key: tuple[str, str], w: PodWindow) -> None:
-        end = w.window_end.timestamp()
+    def _stale_at(self, w: PodWindow, end: float) -> float:
+        """When the series of window ``w`` (ending at ``end``) goes stale; noted in ``_next_stale``."""
         stale_at = end + STALE_WINDOWS * (end - w.window_start.timestamp())
-        self._pod_gpus[key] = _PodGpu(w, _pod_gpu_labels(w), stale_at)
         self._next_stale = min(self._next_stale, stale_at)
+        return stale_at
+
+    def _put(self, key: tuple[str, str], w: PodWindow, end: float, labels: tuple[str, ...]) -> None:
+        self._pod_gpus[key] = _PodGpu(w, labels, self._stale_at(w, end))
         self._gpus_of.setdefault(key[0], set()).add(key[1])
         self._by_name[(w.cluster, w.namespace, w.pod, w.gpu_uuid)] = key
         self._teams[(w.cluster, w.team or "")] += 1

@@ -201,6 +201,22 @@ def test_pods_whose_windows_stopped_coming_expire_in_event_time() -> None:
     assert _pods_with_series(registry) == {"stays"}
 
 
+def test_a_newer_window_updates_its_series_and_a_relabelled_one_moves_it() -> None:
+    registry, fleet = _fleet()
+    fleet.observe([_window(start_s=0, util=10.0)])
+    fleet.observe([_window(start_s=60, util=20.0), _window(start_s=0, util=99.0)])  # an older one comes late
+    assert _named(_scrape(registry), "DCGM_FI_DEV_GPU_UTIL") == {DCGM_LABELS: 20.0}
+    fleet.observe([_window(start_s=120, team="nlp")])  # the pod's team label changed
+    series = _scrape(registry)
+    assert set(_named(series, "DCGM_FI_DEV_GPU_UTIL")) == {DCGM_LABELS - {("team", "vision")} | {("team", "nlp")}}
+    assert _named(series, "gpulens_team_cost_usd_per_hour") == {_team("nlp"): 3.0}
+    # the series' stale time moved with its newest window: 3 windows on it is still there
+    fleet.observe([_window("other", start_s=s) for s in (180, 240, 300)])
+    assert _pods_with_series(registry) == {"train-0", "other"}
+    fleet.observe([_window("other", start_s=360)])
+    assert _pods_with_series(registry) == {"other"}
+
+
 def test_series_cap_drops_new_series_and_counts_them() -> None:
     per_pod = sum(1 for m in METRICS if m.source == "window")
     registry, fleet = _fleet(max_series=2 * per_pod + 1)  # two pods of one team
