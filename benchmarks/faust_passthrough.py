@@ -4,9 +4,9 @@ Run by the stream benchmark as a child process (``python -m benchmarks.faust_pas
 TARGET COUNT RESULT``, settings from ``GPULENS_*`` as a worker's). It builds the app a worker
 builds (:func:`stream_jobs.faust_app.make_app`: the same consumer, fetch sizes, producer settings,
 at-least-once acknowledgements, uvloop and GC thresholds; its topics, ``raw_topic``) with one agent
-that sends every record of SOURCE to TARGET unchanged, as a worker sends (``DirectSender``), and no stages. Once COUNT
-records are forwarded and delivered it writes ``{"per_s": ..., "per_cpu_s": ...}`` to RESULT, timed
-from the first record; the parent then stops it.
+that sends every record of SOURCE to TARGET unchanged, as a worker sends (``DirectSender``), and no
+stages. Once COUNT records are forwarded and delivered it writes ``{"per_s": ..., "per_cpu_s": ...}``
+to RESULT, timed from the first record; the parent then stops it.
 
 What a worker does per sample on top of this is the work itself: its stages, and the other records
 a sample brings along (the fleet's progress records, pod windows, marks, checkpoints).
