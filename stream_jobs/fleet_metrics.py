@@ -225,21 +225,21 @@ class FleetSeries:
             if w.window_start >= current.window.window_start:
                 labels = _pod_gpu_labels(w)
                 if labels == current.labels:  # the same series, newer figures (every window but a pod's first)
-                    current.window, current.stale_at = w, self._stale_at(w, end)
+                    current.window, current.stale_at = w, self._note_stale_at(w, end)
                 else:
                     self._drop(key)
                     self._put(key, w, end, labels)
         elif self._admit(len(WINDOW_METRICS) + (0 if (w.cluster, w.team or "") in self._teams else 1)):
             self._put(key, w, end, _pod_gpu_labels(w))
 
-    def _stale_at(self, w: PodWindow, end: float) -> float:
-        """When the series of window ``w`` (ending at ``end``) goes stale; noted in ``_next_stale``."""
+    def _note_stale_at(self, w: PodWindow, end: float) -> float:
+        """When the series of window ``w`` (ending at ``end``) goes stale, lowering ``_next_stale`` to it if earlier."""
         stale_at = end + STALE_WINDOWS * (end - w.window_start.timestamp())
         self._next_stale = min(self._next_stale, stale_at)
         return stale_at
 
     def _put(self, key: tuple[str, str], w: PodWindow, end: float, labels: tuple[str, ...]) -> None:
-        self._pod_gpus[key] = _PodGpu(w, labels, self._stale_at(w, end))
+        self._pod_gpus[key] = _PodGpu(w, labels, self._note_stale_at(w, end))
         self._gpus_of.setdefault(key[0], set()).add(key[1])
         self._by_name[(w.cluster, w.namespace, w.pod, w.gpu_uuid)] = key
         self._teams[(w.cluster, w.team or "")] += 1
