@@ -78,11 +78,15 @@ _KIND_BY_CODE = {
     pynvml.NVML_ERROR_MEMORY: "memory",
     pynvml.NVML_ERROR_UNKNOWN: "unknown",
     pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid_argument",
+    getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25): "argument_version_mismatch",
 }
 
 _NVLINK_ALL_LINKS = 0xFFFFFFFF
 """Field-value scope id meaning "summed over every link" for the NVLink throughput counters."""
 _NO_INSTANCE = 0xFFFFFFFF
+_MEMORY_V2 = "nvmlDeviceGetMemoryInfo_v2"
+_MEMORY_V2_VERSION: int = getattr(pynvml, "nvmlMemory_v2", 0x02000028)
+"""``sizeof(nvmlMemory_v2_t) | 2 << 24``, as NVML's header defines it (pynvml names it from 11.510)."""
 
 
 def translate(exc: pynvml.NVMLError) -> NvmlError:
@@ -353,6 +357,24 @@ class PynvmlBackend:
         return str(_call(pynvml.nvmlDeviceGetName, device))
 
     def memory(self, device: Device) -> MemoryInfo:
+        """Used memory as nvidia-smi shows it: without what the driver reserves for itself.
+
+        The unversioned call counts the driver's reservation as used (616 MiB on an idle H200 with
+        580.159.04, where nvidia-smi showed 0 MiB used); ``_v2`` (R510+) reports it apart. Older
+        drivers, or a device ``_v2`` does not support, get the unversioned figure.
+        """
+        if _MEMORY_V2 not in self._missing:
+            try:
+                info = _call(pynvml.nvmlDeviceGetMemoryInfo, device, _MEMORY_V2_VERSION)
+                return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
+            except NvmlFunctionNotFound:
+                self._missing.add(_MEMORY_V2)
+            except NvmlNotSupported:
+                pass
+            except NvmlError as exc:
+                if exc.kind != "argument_version_mismatch":
+                    raise
+                self._missing.add(_MEMORY_V2)
         info = _call(pynvml.nvmlDeviceGetMemoryInfo, device)
         return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
 

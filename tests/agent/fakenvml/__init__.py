@@ -19,6 +19,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("fakenvml.c")
 LIBRARY_NAME = "libnvidia-ml.so.1"
 GIB = 2**30
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -38,13 +39,13 @@ VARIANTS: dict[str, DriverVariant] = {
     v.name: v
     for v in (
         DriverVariant("r470", "470.256.02", 11040, (), "nvmlDeviceGetComputeRunningProcesses", False),
-        DriverVariant("r535", "535.54.03", 12020, ("PROC_V2", "PROC_V3", "PROC_V3_CC"),
+        DriverVariant("r535", "535.54.03", 12020, ("MEM_V2", "PROC_V2", "PROC_V3", "PROC_V3_CC"),
                       "nvmlDeviceGetComputeRunningProcesses_v3"),
-        DriverVariant("r535-late", "535.104.05", 12020, ("PROC_V2", "PROC_V3"),
+        DriverVariant("r535-late", "535.104.05", 12020, ("MEM_V2", "PROC_V2", "PROC_V3"),
                       "nvmlDeviceGetComputeRunningProcesses_v3"),
-        DriverVariant("r550", "550.127.05", 12040, ("PROC_V2", "PROC_DETAIL"),
+        DriverVariant("r550", "550.127.05", 12040, ("MEM_V2", "PROC_V2", "PROC_DETAIL"),
                       "nvmlDeviceGetRunningProcessDetailList"),
-        DriverVariant("r580", "580.65.06", 13000, ("PROC_V2", "PROC_DETAIL"),
+        DriverVariant("r580", "580.65.06", 13000, ("MEM_V2", "PROC_V2", "PROC_DETAIL"),
                       "nvmlDeviceGetRunningProcessDetailList"),
     )
 }
@@ -86,6 +87,8 @@ class Gpu:
     name: str = "NVIDIA A100-SXM4-80GB"
     mem_total: int = 80 * GIB
     mem_used: int = 10 * GIB
+    mem_reserved: int = 0
+    """What the driver keeps for itself: used to the unversioned memory call, apart to ``_v2``."""
     util_gpu: int = 50
     util_mem: int = 20
     power_mw: int = 250_000
@@ -151,8 +154,8 @@ class Node:
         for g in self.gpus:
             mig = "na" if g.mig_mode is None else str(g.mig_mode)
             lines.append(
-                f"gpu={g.uuid};name={g.name};mem_total={g.mem_total};mem_used={g.mem_used};util_gpu={g.util_gpu};"
-                f"util_mem={g.util_mem};power_mw={g.power_mw};temp_c={g.temp_c};sm_mhz={g.sm_mhz};"
+                f"gpu={g.uuid};name={g.name};mem_total={g.mem_total};mem_used={g.mem_used};"
+                f"mem_reserved={g.mem_reserved};util_gpu={g.util_gpu};util_mem={g.util_mem};power_mw={g.power_mw};temp_c={g.temp_c};sm_mhz={g.sm_mhz};"
                 f"mem_mhz={g.mem_mhz};pcie_tx_kbs={g.pcie_tx_kbs};pcie_rx_kbs={g.pcie_rx_kbs};"
                 f"nvlink_tx_kib={g.nvlink_tx_kib};nvlink_rx_kib={g.nvlink_rx_kib};mig_mode={mig};"
                 f"unsupported={','.join(g.unsupported)};lost_after={g.lost_after}"
@@ -194,10 +197,12 @@ def mig_uuid(n: int) -> str:
 def standard_node(variant: DriverVariant) -> Node:
     """Two GPUs with two processes each; on R550+ a third GPU in MIG mode with two instances.
 
+    The first GPU's driver keeps 616 MiB for itself, as an H200's did on 580.159.04.
+
     Two processes a GPU make a wrong struct stride visible (the second PID would be garbage).
     """
-    gpus = [Gpu(gpu_uuid(0)), Gpu(gpu_uuid(1), name="Tesla T4", mig_mode=None, mem_total=16 * GIB,
-                                  unsupported=("nvlink",))]
+    gpus = [Gpu(gpu_uuid(0), mem_reserved=616 * MIB),
+            Gpu(gpu_uuid(1), name="Tesla T4", mig_mode=None, mem_total=16 * GIB, unsupported=("nvlink",))]
     processes = [
         Process(1101, gpu_uuid(0), 3 * GIB, sm_pct=40),
         Process(1102, gpu_uuid(0), 5 * GIB, sm_pct=10),

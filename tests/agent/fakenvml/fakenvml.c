@@ -6,7 +6,7 @@
  * The description is read at nvmlInit from the file named by FAKE_NVML_CONFIG; one record a line,
  * fields "key=value" separated by ';' (values may contain spaces):
  *   driver=535.54.03;cuda=12020
- *   gpu=GPU-...;name=NVIDIA A100-SXM4-80GB;mem_total=..;mem_used=..;util_gpu=..;util_mem=..;
+ *   gpu=GPU-...;name=NVIDIA A100-SXM4-80GB;mem_total=..;mem_used=..;mem_reserved=..;util_gpu=..;util_mem=..;
  *       power_mw=..;temp_c=..;sm_mhz=..;mem_mhz=..;pcie_tx_kbs=..;pcie_rx_kbs=..;
  *       nvlink_tx_kib=..;nvlink_rx_kib=..;mig=0|1|na;unsupported=power,temperature,...;
  *       lost_after=N (every call answers GPU_IS_LOST once the handle was opened N times)
@@ -17,7 +17,12 @@
  *   xid=79;device=GPU-...;after=N (queued when the GPU's handle is opened the N-th time)
  *   init_error=CODE (nvmlInit fails with this NVML return code)
  *
+ * mem_used is what processes use (nvidia-smi's "Used"); mem_reserved what the driver keeps for
+ * itself (nvidia-smi's "Reserved"): the unversioned nvmlDeviceGetMemoryInfo counts both as used,
+ * as a real driver does (0.6 GiB on an idle H200 with 580.159.04), nvmlDeviceGetMemoryInfo_v2 apart.
+ *
  * Driver generations differ in the symbols they export; the build leaves some out:
+ *   -DMEM_V2       nvmlDeviceGetMemoryInfo_v2 (R510+)
  *   -DPROC_V2      nvmlDeviceGetComputeRunningProcesses_v2 (R510+)
  *   -DPROC_V3      nvmlDeviceGetComputeRunningProcesses_v3 (535), with the v2 struct ...
  *   -DPROC_V3_CC   ... or with the 32-byte struct of 535.43-535.86 (usedGpuCcProtectedMemory)
@@ -53,7 +58,7 @@ typedef struct device {
     int parent;  /* index into devices[] of the physical GPU (MIG devices) */
     unsigned gi, ci;
     int start;  /* placement start; -1 not supported, -2 no permission */
-    unsigned long long mem_total, mem_used;
+    unsigned long long mem_total, mem_used, mem_reserved;
     unsigned util_gpu, util_mem, power_mw, temp_c, sm_mhz, mem_mhz, pcie_tx, pcie_rx;
     unsigned long long nvlink_tx, nvlink_rx;
     int mig;  /* 1 enabled, 0 disabled, -1 not supported */
@@ -134,6 +139,7 @@ static int load(void) {
             if (field(line, "name", buf, sizeof buf)) snprintf(d->name, sizeof d->name, "%s", buf);
             d->mem_total = num(line, "mem_total", 0);
             d->mem_used = num(line, "mem_used", 0);
+            d->mem_reserved = num(line, "mem_reserved", 0);
             d->util_gpu = (unsigned)num(line, "util_gpu", 0);
             d->util_mem = (unsigned)num(line, "util_mem", 0);
             d->power_mw = (unsigned)num(line, "power_mw", 0);
@@ -311,10 +317,24 @@ typedef struct { unsigned long long total, free, used; } memory_t;
 EXPORT int nvmlDeviceGetMemoryInfo(void *handle, memory_t *memory) {
     DEVICE(handle, "memory");
     memory->total = d->mem_total;
-    memory->used = d->mem_used;
-    memory->free = d->mem_total - d->mem_used;
+    memory->used = d->mem_used + d->mem_reserved;
+    memory->free = d->mem_total - memory->used;
     return OK;
 }
+
+#ifdef MEM_V2
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } memory_v2_t;
+
+EXPORT int nvmlDeviceGetMemoryInfo_v2(void *handle, memory_v2_t *memory) {
+    DEVICE(handle, "memory");
+    if (memory->version != 0x02000028u) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    memory->total = d->mem_total;
+    memory->reserved = d->mem_reserved;
+    memory->used = d->mem_used;
+    memory->free = d->mem_total - d->mem_used - d->mem_reserved;
+    return OK;
+}
+#endif
 
 typedef struct { unsigned gpu, memory; } utilization_t;
 
