@@ -177,7 +177,7 @@ class KafkaFleetDriver:
 
 def child_env(settings: CommonSettings, prefix: str, data_dir: Path, extra: dict[str, str]) -> dict[str, str]:
     """Environment of a ``gpulens`` child process: this process's Kafka connection (secrets
-    included), the topic prefix and data dir, JSON logs; ``extra`` settings on top."""
+    included) and producer settings, the topic prefix and data dir, JSON logs; ``extra`` settings on top."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
     kafka = settings.kafka.model_dump(mode="json", exclude_none=True)
     for secret in ("sasl_password", "ssl_key_password"):
@@ -186,6 +186,7 @@ def child_env(settings: CommonSettings, prefix: str, data_dir: Path, extra: dict
             kafka[secret] = value.get_secret_value()
     env.update({
         "GPULENS_KAFKA": json.dumps(kafka),
+        "GPULENS_PRODUCER": json.dumps(settings.producer.model_dump(mode="json")),
         "GPULENS_TOPIC_PREFIX": prefix,
         "GPULENS_DATA_DIR": str(data_dir),
         "GPULENS_LOG_FORMAT": "json",

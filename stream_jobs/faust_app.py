@@ -459,6 +459,9 @@ def make_app(settings: WorkerSettings) -> Any:
         consumer_group_instance_id=settings.group_instance_id,
         producer_acks=-1,
         producer_linger_ms=0,
+        # as the agents' and the watcher's producers (GPULENS_PRODUCER__COMPRESSION): a worker's
+        # outputs and checkpoints are JSON, and writing them uncompressed cost it more than lz4 does
+        producer_compression_type=None if settings.producer.compression == "none" else settings.producer.compression,
         table_standby_replicas=0,
         topic_replication_factor=1,
         web_enabled=settings.web_port > 0,

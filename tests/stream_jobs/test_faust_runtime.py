@@ -2,7 +2,8 @@
 outputs land on the partitions aiokafka's default partitioner picks (a consumer of ``pod.windows``
 sees each pod's records in order, on one partition, across upgrades), and faust's check for a
 stream that stopped processing still sees when each partition's stream last took an event, and its
-topics hand the stages each record's bytes as they are, tombstones as None."""
+topics hand the stages each record's bytes as they are, tombstones as None; and it compresses
+what it writes as the agents and the watcher do (``GPULENS_PRODUCER__COMPRESSION``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP, Message
+from pytest import MonkeyPatch
 
-from common.settings import WorkerSettings, load_settings
+from common.settings import CommonSettings, WorkerSettings, load_settings
+from simulation.kafka_replay import child_env
 from stream_jobs.faust_app import KeyHashCache, LeanMonitor, StreamJobs, make_app, raw_topic
 
 
@@ -38,6 +41,22 @@ def test_the_worker_uses_both(tmp_path: Path) -> None:
     jobs = StreamJobs(load_settings(WorkerSettings, topic_prefix="runtime", data_dir=tmp_path))
     assert isinstance(jobs.app.monitor, LeanMonitor)
     assert isinstance(jobs.app.conf.producer_partitioner, KeyHashCache)
+
+
+def test_the_worker_compresses_what_it_writes_as_every_gpulens_producer_does(tmp_path: Path) -> None:
+    def aiokafka_settings(**producer: str) -> dict[str, object]:
+        settings = load_settings(WorkerSettings, topic_prefix="runtime", data_dir=tmp_path, producer=producer)
+        return dict(make_app(settings).producer._settings_default())
+
+    assert aiokafka_settings()["compression_type"] == "lz4"  # GPULENS_PRODUCER__COMPRESSION's default
+    assert aiokafka_settings(compression="zstd")["compression_type"] == "zstd"
+    assert aiokafka_settings(compression="none")["compression_type"] is None
+
+
+def test_workers_started_by_a_replay_get_its_producer_settings(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    settings = load_settings(CommonSettings, producer={"compression": "zstd", "linger_ms": 5})
+    monkeypatch.setenv("GPULENS_PRODUCER", child_env(settings, "runtime", tmp_path, {})["GPULENS_PRODUCER"])
+    assert load_settings(WorkerSettings).producer == settings.producer
 
 
 def test_the_lean_monitor_still_notes_when_a_stream_took_an_event() -> None:
