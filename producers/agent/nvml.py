@@ -367,14 +367,11 @@ class PynvmlBackend:
             try:
                 info = _call(pynvml.nvmlDeviceGetMemoryInfo, device, _MEMORY_V2_VERSION)
                 return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
-            except NvmlFunctionNotFound:
-                self._missing.add(_MEMORY_V2)
-            except NvmlNotSupported:
-                pass
             except NvmlError as exc:
-                if exc.kind != "argument_version_mismatch":
+                if isinstance(exc, NvmlFunctionNotFound) or exc.kind == "argument_version_mismatch":
+                    self._missing.add(_MEMORY_V2)  # not in this driver, or another struct: never asked again
+                elif not isinstance(exc, NvmlNotSupported):  # not on this device: asked again for the next
                     raise
-                self._missing.add(_MEMORY_V2)
         info = _call(pynvml.nvmlDeviceGetMemoryInfo, device)
         return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
 

@@ -158,6 +158,28 @@ def test_not_supported_fields_are_absent_and_the_gpu_stays_healthy(start: Start)
     assert sample.gpus[1].power_w == 250.0
 
 
+def test_used_memory_falls_back_to_the_unversioned_call_on_a_device_without_v2(start: Start) -> None:
+    reserved = 616 * MIB
+    node = Node(VARIANTS["r580"], [Gpu(gpu_uuid(0), mem_reserved=reserved, unsupported=("memory_v2",)),
+                                   Gpu(gpu_uuid(1), mem_reserved=reserved)])
+    backend = start(node)
+    sampler = sampler_over(backend)
+    for _ in range(2):  # a device without _v2 takes the unversioned figure; the others keep _v2
+        used = [g.mem_used_bytes for g in sampler.sample(T0).gpus]
+        assert used == [10 * GIB + reserved, 10 * GIB]
+    assert "nvmlDeviceGetMemoryInfo_v2" not in backend._missing
+
+
+def test_a_memory_struct_the_adapter_does_not_know_is_not_asked_for_again(start: Start) -> None:
+    reserved = 616 * MIB
+    mismatch = start(Node(VARIANTS["r580"], [Gpu(gpu_uuid(0), mem_reserved=reserved,
+                                                 unsupported=("memory_v2_version",))]))
+    errors: list[str] = []
+    sample = sampler_over(mismatch, errors).sample(T0)
+    assert sample.gpus[0].mem_used_bytes == 10 * GIB + reserved and sample.errors == [] and errors == []
+    assert "nvmlDeviceGetMemoryInfo_v2" in mismatch._missing
+
+
 def test_a_driver_without_any_process_call_still_samples(start: Start) -> None:
     node = Node(VARIANTS["r580"], [Gpu(gpu_uuid(0), unsupported=("processes",))],
                 processes=[Process(7, gpu_uuid(0), GIB)])

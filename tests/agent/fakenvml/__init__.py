@@ -103,7 +103,8 @@ class Gpu:
     """1 enabled, 0 disabled, None: the GPU cannot do MIG (NOT_SUPPORTED)."""
     unsupported: tuple[str, ...] = ()
     """Fields answering NOT_SUPPORTED: power, temperature, clock, pcie, nvlink, utilization,
-    process_utilization, events, processes, memory, name."""
+    process_utilization, events, processes, memory, name; memory_v2 (``_v2`` only), and
+    memory_v2_version (``_v2`` answers ARGUMENT_VERSION_MISMATCH)."""
     lost_after: int = 0
     """Once the GPU's handle was opened this many times, every call answers GPU_IS_LOST (0: never)."""
 

@@ -327,7 +327,9 @@ typedef struct { unsigned version; unsigned long long total, reserved, free, use
 
 EXPORT int nvmlDeviceGetMemoryInfo_v2(void *handle, memory_v2_t *memory) {
     DEVICE(handle, "memory");
-    if (memory->version != 0x02000028u) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    if (unsupported(d, "memory_v2")) return ERR_NOT_SUPPORTED;
+    if (memory->version != 0x02000028u || unsupported(d, "memory_v2_version"))
+        return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
     memory->total = d->mem_total;
     memory->reserved = d->mem_reserved;
     memory->used = d->mem_used;
