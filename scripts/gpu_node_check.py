@@ -10,7 +10,8 @@ What it sets up, so that only the kubelet is a stand-in:
 
 - a pod's cgroup, as the kubelet's systemd driver names it
   (``kubepods.slice/.../kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope``), made in
-  the machine's own cgroup hierarchy, and a PyTorch workload started inside it: bf16 matrix
+  the machine's own cgroup hierarchy under a parent of its own (removed at the end), and a
+  PyTorch workload started inside it: bf16 matrix
   products on GPU 0, reporting its steps and its allocator through ``clients/gpulens_progress.py``
   to the agent's progress socket; halfway it frees half its tensors (allocated drops, reserved
   stays), as a training job does between phases;
@@ -129,16 +130,28 @@ def main() -> int:
         return 2
     (out / "nvidia-smi.txt").write_text(_smi(["-q"], out))
     pod_uid = str(uuid.uuid4())
-    container_id = secrets.token_hex(32)
-    cgroup = _pod_cgroup(pod_uid, container_id)
+    with contextlib.ExitStack() as cleanup:
+        cgroup = _pod_cgroup(cleanup, pod_uid, secrets.token_hex(32))
+        sockets = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gpulens-check-")))
+        agent_rc, rss, agent_memory = _run(args, out, gpu0[0].strip(), cgroup, sockets)
+    summary = summarise(out, pod_uid, gpu0[0].strip(), rss, agent_rc, cgroup is not None)
+    summary["agent_memory_at_end_mib"] = agent_memory
+    with contextlib.suppress(OSError, ValueError):
+        summary["backend"] = json.loads((out / "backend.json").read_text())
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return 1 if summary["failures"] else 0
 
+
+def _run(args: argparse.Namespace, out: Path, gpu0: str, cgroup: Path | None,
+         sockets: Path) -> tuple[int | None, list[tuple[float, int]], dict[str, float]]:
+    """The fake kubelet, the agent and the workloads; the agent's exit status, RSS readings and memory at the end."""
     from producers.agent.fake_kubelet import FakePodResourcesServer
     from schemas.messages import PodRef
 
-    sockets = Path(tempfile.mkdtemp(prefix="gpulens-check-"))
     kubelet_socket = sockets / "kubelet.sock"
     progress_socket = sockets / "progress.sock"
-    assignment = {gpu0[0].strip(): [PodRef(namespace="ml", pod="train-h200", container="trainer")]}
+    assignment = {gpu0: [PodRef(namespace="ml", pod="train-h200", container="trainer")]}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "GPULENS_KUBELET_SOCKET": str(kubelet_socket), "GPULENS_PROGRESS_SOCKET": str(progress_socket),
@@ -173,13 +186,7 @@ def main() -> int:
         agent_memory = _memory_status(agent.pid)
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
-    summary = summarise(out, pod_uid, gpu0[0].strip(), rss, agent.returncode, cgroup is not None)
-    summary["agent_memory_at_end_mib"] = agent_memory
-    with contextlib.suppress(OSError, ValueError):
-        summary["backend"] = json.loads((out / "backend.json").read_text())
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
-    return 1 if summary["failures"] else 0
+    return agent.returncode, rss, agent_memory
 
 
 def _smi(args: list[str], out: Path) -> str:
@@ -191,20 +198,35 @@ def _smi(args: list[str], out: Path) -> str:
         return ""
 
 
-def _pod_cgroup(pod_uid: str, container_id: str) -> Path | None:
-    """The container's cgroup directory, made where the kernel puts this machine's processes; None if it can't be."""
+def _pod_cgroup(stack: contextlib.ExitStack, pod_uid: str, container_id: str) -> Path | None:
+    """The container's cgroup directory (None if it can't be made), removed when ``stack`` closes.
+
+    It sits under a parent of this script's own (``gpulens-check-<pid>.slice``), not in the
+    kubelet's ``kubepods.slice``: on a node the kubelet cleans up pod cgroups it does not know,
+    killing their processes. The agent matches the pod's slice wherever it sits in the path.
+    """
     slice_uid = pod_uid.replace("-", "_")
-    relative = (Path("kubepods.slice") / "kubepods-burstable.slice" / f"kubepods-burstable-pod{slice_uid}.slice"
+    top = Path(f"gpulens-check-{os.getpid()}.slice")
+    relative = (top / "kubepods.slice" / "kubepods-burstable.slice" / f"kubepods-burstable-pod{slice_uid}.slice"
                 / f"cri-containerd-{container_id}.scope")
     for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd")):
         if not (mount / "cgroup.procs").exists():
             continue
         try:
             (mount / relative).mkdir(parents=True, exist_ok=True)
-            return mount / relative
         except OSError as exc:
             print(f"cannot make {mount / relative}: {exc}", file=sys.stderr)
+            continue
+        stack.callback(_remove_cgroups, mount, relative)
+        return mount / relative
     return None
+
+
+def _remove_cgroups(mount: Path, relative: Path) -> None:
+    """Remove the directories made for the pod, deepest first (each is empty once its processes ended)."""
+    for depth in range(len(relative.parts), 0, -1):
+        with contextlib.suppress(OSError):
+            (mount / Path(*relative.parts[:depth])).rmdir()
 
 
 def _start(stack: contextlib.ExitStack, argv: list[str], env: dict[str, str], stdout: Path, stderr: Path,
@@ -212,12 +234,13 @@ def _start(stack: contextlib.ExitStack, argv: list[str], env: dict[str, str], st
     out_file = stack.enter_context(stdout.open("ab"))
     err_file = out_file if stderr == stdout else stack.enter_context(stderr.open("ab"))
 
-    def enter_cgroup() -> None:
-        if cgroup is not None:
-            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-
-    process = subprocess.Popen(argv, env=env, stdout=out_file, stderr=err_file, cwd=ROOT, preexec_fn=enter_cgroup)
+    # no preexec_fn: it makes Python fork rather than spawn, and a fork beside the fake kubelet's
+    # running gRPC threads can abort the child (gRPC's fork handlers); the workload is moved into
+    # its cgroup right after the spawn instead, long before it imports torch and opens the GPU
+    process = subprocess.Popen(argv, env=env, stdout=out_file, stderr=err_file, cwd=ROOT)
     stack.callback(_stop, process)
+    if cgroup is not None:
+        (cgroup / "cgroup.procs").write_text(str(process.pid))
     return process
 
 

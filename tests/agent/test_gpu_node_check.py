@@ -46,6 +46,9 @@ def test_the_check_runs_the_agent_and_names_what_a_machine_without_a_gpu_fails(t
     assert summary["gpu0"][0]["mem_used_gib"] == 10.0  # _v2: without the 616 MiB the driver keeps
     backend = summary["backend"]
     assert backend["calls_this_driver_lacks"] == [] and set(backend["ms_per_call"]) >= {"memory", "pcie_throughput"}
+    mounts = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
+    leftovers = [path for mount in mounts for path in mount.glob("gpulens-check-*.slice")]
+    assert leftovers == [], "the pod's cgroups are removed after the run"
     if summary["in_pod_cgroup"]:  # root on a cgroup-v2 machine: the workload ran in a pod's cgroup
         assert summary["progress_count"] >= 1
         assert {m["pod_uid"] for m in summary["progress_messages"]} == {summary["progress_messages"][0]["pod_uid"]}
