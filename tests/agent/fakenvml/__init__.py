@@ -156,7 +156,8 @@ class Node:
             mig = "na" if g.mig_mode is None else str(g.mig_mode)
             lines.append(
                 f"gpu={g.uuid};name={g.name};mem_total={g.mem_total};mem_used={g.mem_used};"
-                f"mem_reserved={g.mem_reserved};util_gpu={g.util_gpu};util_mem={g.util_mem};power_mw={g.power_mw};temp_c={g.temp_c};sm_mhz={g.sm_mhz};"
+                f"mem_reserved={g.mem_reserved};util_gpu={g.util_gpu};util_mem={g.util_mem};power_mw={g.power_mw};"
+                f"temp_c={g.temp_c};sm_mhz={g.sm_mhz};"
                 f"mem_mhz={g.mem_mhz};pcie_tx_kbs={g.pcie_tx_kbs};pcie_rx_kbs={g.pcie_rx_kbs};"
                 f"nvlink_tx_kib={g.nvlink_tx_kib};nvlink_rx_kib={g.nvlink_rx_kib};mig_mode={mig};"
                 f"unsupported={','.join(g.unsupported)};lost_after={g.lost_after}"

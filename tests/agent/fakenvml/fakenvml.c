@@ -6,8 +6,8 @@
  * The description is read at nvmlInit from the file named by FAKE_NVML_CONFIG; one record a line,
  * fields "key=value" separated by ';' (values may contain spaces):
  *   driver=535.54.03;cuda=12020
- *   gpu=GPU-...;name=NVIDIA A100-SXM4-80GB;mem_total=..;mem_used=..;mem_reserved=..;util_gpu=..;util_mem=..;
- *       power_mw=..;temp_c=..;sm_mhz=..;mem_mhz=..;pcie_tx_kbs=..;pcie_rx_kbs=..;
+ *   gpu=GPU-...;name=NVIDIA A100-SXM4-80GB;mem_total=..;mem_used=..;mem_reserved=..;
+ *       util_gpu=..;util_mem=..;power_mw=..;temp_c=..;sm_mhz=..;mem_mhz=..;pcie_tx_kbs=..;pcie_rx_kbs=..;
  *       nvlink_tx_kib=..;nvlink_rx_kib=..;mig=0|1|na;unsupported=power,temperature,...;
  *       lost_after=N (every call answers GPU_IS_LOST once the handle was opened N times)
  *   mig=MIG-...;parent=GPU-...;name=... MIG 1g.10gb;gi=1;ci=0;mem_total=..;mem_used=..;
