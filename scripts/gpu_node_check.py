@@ -124,17 +124,17 @@ def main() -> int:
         return 0
     subprocess.run([sys.executable, __file__, "--out", str(out), "--backend-costs"], check=False, timeout=300)
 
-    gpu0 = _smi(["--query-gpu=uuid", "--format=csv,noheader"], out).splitlines()
-    if not gpu0:
+    gpus = _smi(["--query-gpu=uuid", "--format=csv,noheader"], out).splitlines()
+    if not gpus:
         print("nvidia-smi lists no GPU", file=sys.stderr)
         return 2
     (out / "nvidia-smi.txt").write_text(_smi(["-q"], out))
-    pod_uid = str(uuid.uuid4())
+    gpu0, pod_uid = gpus[0].strip(), str(uuid.uuid4())
     with contextlib.ExitStack() as cleanup:
         cgroup = _pod_cgroup(cleanup, pod_uid, secrets.token_hex(32))
         sockets = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gpulens-check-")))
-        agent_rc, rss, agent_memory = _run(args, out, gpu0[0].strip(), cgroup, sockets)
-    summary = summarise(out, pod_uid, gpu0[0].strip(), rss, agent_rc, cgroup is not None)
+        agent_rc, rss_mib, agent_memory = _run(args, out, gpu0, cgroup, sockets)
+    summary = summarise(out, pod_uid, gpu0, rss_mib, agent_rc, cgroup is not None)
     summary["agent_memory_at_end_mib"] = agent_memory
     with contextlib.suppress(OSError, ValueError):
         summary["backend"] = json.loads((out / "backend.json").read_text())
@@ -144,7 +144,7 @@ def main() -> int:
 
 
 def _run(args: argparse.Namespace, out: Path, gpu0: str, cgroup: Path | None,
-         sockets: Path) -> tuple[int | None, list[tuple[float, int]], dict[str, float]]:
+         sockets: Path) -> tuple[int | None, list[float], dict[str, float]]:
     """The fake kubelet, the agent and the workloads; the agent's exit status, RSS readings and memory at the end."""
     from producers.agent.fake_kubelet import FakePodResourcesServer
     from schemas.messages import PodRef
@@ -157,7 +157,7 @@ def _run(args: argparse.Namespace, out: Path, gpu0: str, cgroup: Path | None,
         "GPULENS_KUBELET_SOCKET": str(kubelet_socket), "GPULENS_PROGRESS_SOCKET": str(progress_socket),
         "GPULENS_PROGRESS_INTERVAL_S": str(args.interval), "GPULENS_LOG_FORMAT": "json",
         "GPULENS_CHECK_CLIENTS": str(ROOT / "clients"), "GPULENS_CLUSTER": "gpu-check"}
-    rss: list[tuple[float, int]] = []
+    rss_mib: list[float] = []
     with FakePodResourcesServer(kubelet_socket, assignment), contextlib.ExitStack() as stack:
         agent = _start(stack, [sys.executable, "-m", "producers.agent", "--stdout", "--node-name", "gpu-check",
                                "--interval", str(args.interval), "--metrics-port", str(args.metrics_port)],
@@ -170,7 +170,7 @@ def _run(args: argparse.Namespace, out: Path, gpu0: str, cgroup: Path | None,
         with (out / "smi.csv").open("w") as smi:
             while workload.poll() is None:
                 now = time.time()
-                rss.append((now, _rss_bytes(agent.pid)))
+                rss_mib.append(_memory_status(agent.pid).get("VmRSS", 0.0))
                 reading = _smi(["--query-gpu=timestamp,utilization.gpu,memory.used,power.draw,temperature.gpu",
                                 "--format=csv,noheader", "-i", "0"], out)
                 apps = _smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader"], out)
@@ -186,7 +186,7 @@ def _run(args: argparse.Namespace, out: Path, gpu0: str, cgroup: Path | None,
         agent_memory = _memory_status(agent.pid)
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
-    return agent.returncode, rss, agent_memory
+    return agent.returncode, rss_mib, agent_memory
 
 
 def _smi(args: list[str], out: Path) -> str:
@@ -302,15 +302,7 @@ def backend_costs() -> dict[str, Any]:
             "calls_this_driver_lacks": missing}
 
 
-def _rss_bytes(pid: int) -> int:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def summarise(out: Path, pod_uid: str, gpu0: str, rss: list[tuple[float, int]], agent_rc: int | None,
+def summarise(out: Path, pod_uid: str, gpu0: str, rss_mib: list[float], agent_rc: int | None,
               in_pod_cgroup: bool) -> dict[str, Any]:
     """Every output line decoded by its topic's schema, and what it says of GPU 0 and the workload."""
     from schemas.codec import MessageError, decode
@@ -383,7 +375,7 @@ def summarise(out: Path, pod_uid: str, gpu0: str, rss: list[tuple[float, int]], 
         "progress_count": len(progress),
         "allocator_messages": [m.model_dump(mode="json", exclude_none=True) for m in allocator[-2:]],
         "allocator_count": len(allocator),
-        "agent_peak_rss_mib": round(max((b for _, b in rss), default=0) / 2**20, 1),
+        "agent_peak_rss_mib": max(rss_mib, default=0.0),
         "agent_log_levels": log_levels,
         "agent_exit": agent_rc,
         "in_pod_cgroup": in_pod_cgroup,

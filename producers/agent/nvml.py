@@ -68,6 +68,9 @@ _UNAVAILABLE_CODES = {
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "driver_version_mismatch",
 }
 
+_VERSION_MISMATCH = "argument_version_mismatch"
+"""A versioned call was given a struct version this driver does not take."""
+
 _KIND_BY_CODE = {
     pynvml.NVML_ERROR_TIMEOUT: "timeout",
     pynvml.NVML_ERROR_NOT_FOUND: "not_found",
@@ -78,7 +81,7 @@ _KIND_BY_CODE = {
     pynvml.NVML_ERROR_MEMORY: "memory",
     pynvml.NVML_ERROR_UNKNOWN: "unknown",
     pynvml.NVML_ERROR_INVALID_ARGUMENT: "invalid_argument",
-    getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25): "argument_version_mismatch",
+    getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25): _VERSION_MISMATCH,
 }
 
 _NVLINK_ALL_LINKS = 0xFFFFFFFF
@@ -368,7 +371,7 @@ class PynvmlBackend:
                 info = _call(pynvml.nvmlDeviceGetMemoryInfo, device, _MEMORY_V2_VERSION)
                 return MemoryInfo(total_bytes=int(info.total), used_bytes=int(info.used))
             except NvmlError as exc:
-                if isinstance(exc, NvmlFunctionNotFound) or exc.kind == "argument_version_mismatch":
+                if isinstance(exc, NvmlFunctionNotFound) or exc.kind == _VERSION_MISMATCH:
                     self._missing.add(_MEMORY_V2)  # not in this driver, or another struct: never asked again
                 elif not isinstance(exc, NvmlNotSupported):  # not on this device: asked again for the next
                     raise
