@@ -30,6 +30,7 @@ import functools
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -38,6 +39,7 @@ import faust
 import uvloop
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from faust.sensors import Monitor
+from faust.transport.conductor import Conductor
 from faust.transport.consumer import Fetcher
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
@@ -66,7 +68,7 @@ from stream_jobs.cluster_agent import ClusterAgent
 from stream_jobs.config import EngineConfig, Thresholds
 from stream_jobs.delivery import Delivery, exit_for_restart
 from stream_jobs.fleet_metrics import OutputObserver
-from stream_jobs.node_agent import NodeAgent
+from stream_jobs.node_agent import NodeAgent, node_state_partition
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
 from stream_jobs.offsets import PartitionStalled
 from stream_jobs.pipeline import INPUT_TOPICS
@@ -110,9 +112,15 @@ class DurableTable(faust.Table):  # type: ignore[misc]
     pod-window samples). A checkpoint now awaits the delivery of its state before acknowledging.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, partition_of: Callable[[bytes], int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._unconfirmed: list[Any] = []
+        self._partition_of = partition_of
+
+    def partition_for_key(self, key: Any) -> int:
+        """The changelog partition of ``key``, from the key itself: faust takes it from the event
+        being processed, which the agents' :class:`Inbox` does not make."""
+        return self._partition_of(key)
 
     def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
         fut = super().send_changelog(*args, **kwargs)
@@ -253,6 +261,113 @@ def raw_topic(app: Any, *names: str, partitions: int | None = None) -> Any:
     return app.topic(*names, partitions=partitions, schema=RawSchema(key_serializer="raw", value_serializer="raw"))
 
 
+class DirectEvent:
+    """A record as an agent takes it from its :class:`Inbox`: what the agents read of a faust
+    event (``message``: the consumer's record; ``value``: its bytes)."""
+
+    __slots__ = ("message", "value")
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+        self.value = message.value
+
+
+class Inbox:
+    """An agent's records, handed over by faust's fetch loop in the order fetched, read by the agent
+    as it would read its stream: ``noack()``, ``events()``, ``ack(event)``.
+
+    faust turns each record into an event, puts it on every subscribed channel's queue and takes
+    it off in the agent's stream, tracking and timing it on the way, then acknowledges it through
+    the stream and the message's reference count; the stream jobs use none of that (each topic has
+    one agent, which acknowledges in offset order itself, :class:`~stream_jobs.offset_guard.OffsetGuard`).
+    The records of the topics routed here (:class:`DirectConductor`) skip it: the conductor appends
+    each to this inbox, and an acknowledgement goes straight to the consumer's, which commits.
+
+    Kept from faust's path: nothing is appended while faust suspends the flow (a rebalance, the
+    tables' recovery), the inbox is emptied whenever faust empties its streams' buffers (a
+    revocation, the flow's resumption: the flow control manages it as a queue), and a full inbox
+    (``limit`` records, faust's ``stream_buffer_maxsize``) holds the fetch loop until the agent
+    has taken half of it. Each record taken is noted as the partition's stream's last event, which
+    faust's consumer reads to log a stream that stopped processing."""
+
+    def __init__(self, app: Any, limit: int | None = None) -> None:
+        self.app = app
+        self.limit = limit or int(app.conf.stream_buffer_maxsize)
+        self._items: deque[Any] = deque()
+        self._ready = asyncio.Event()
+        self._space: asyncio.Event | None = None
+        app.flow_control.manage_queue(self)
+
+    async def put(self, message: Any) -> None:
+        """The conductor's callback for a record of a routed topic."""
+        await self.app.flow_control.acquire()
+        self._items.append(message)
+        self._ready.set()
+        if len(self._items) >= self.limit:
+            self._space = space = asyncio.Event()
+            await space.wait()
+
+    def clear(self) -> None:
+        """Drop what waits (faust's flow control calls this as it empties its queues)."""
+        self._items.clear()
+        self._make_space()
+
+    def _make_space(self) -> None:
+        if self._space is not None and 2 * len(self._items) <= self.limit:
+            self._space.set()
+            self._space = None
+
+    def noack(self) -> Inbox:
+        return self
+
+    async def events(self) -> Any:
+        items, ready = self._items, self._ready
+        inbound = self.app.monitor.stream_inbound_time
+        clock = time.monotonic
+        while True:
+            while items:
+                message = items.popleft()
+                if self._space is not None:
+                    self._make_space()
+                inbound[message.tp] = clock()
+                yield DirectEvent(message)
+            ready.clear()
+            await ready.wait()
+
+    async def ack(self, event: Any) -> None:
+        self.app.consumer.ack(event.message)
+
+
+class DirectConductor(Conductor):  # type: ignore[misc]
+    """faust's conductor, except that the records of the topics in ``direct`` go to their
+    :class:`Inbox` instead of faust's channels (see there). faust still subscribes to those topics
+    for the agents declared over them, assigns their partitions, fetches and commits them."""
+
+    def __init__(self, app: Any, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.direct: dict[str, Inbox] = {}
+
+    def _build_handler(self, tp: TP, channels: Any) -> Any:
+        inbox = self.direct.get(tp.topic)
+        return inbox.put if inbox is not None else super()._build_handler(tp, channels)
+
+
+def direct_agent(app: Any, topic: Any, name: str, fun: Callable[[Inbox], Awaitable[None]]) -> Inbox:
+    """Declare an agent ``name`` over ``topic`` (a faust topic of one or several names) that reads
+    the topic's records from an :class:`Inbox` (``fun(inbox)``) rather than from faust's stream;
+    returns the inbox."""
+    inbox = Inbox(app)
+    conductor = app.topics
+    for topic_name in topic.topics:
+        conductor.direct[topic_name] = inbox
+
+    async def agent(stream: Any) -> None:
+        await fun(inbox)
+
+    app.agent(topic, name=name)(agent)
+    return inbox
+
+
 class LeanMonitor(Monitor):  # type: ignore[misc]
     """faust's monitor without its per-record bookkeeping. faust's :class:`Monitor` counts every
     message and stream event by topic, stream and task and times each one, for faust's own web
@@ -307,10 +422,10 @@ class RestartingWorker(faust.Worker):  # type: ignore[misc]
         raise SystemExit(0)  # for mypy: mode's method always exits
 
 
-def _durable_table(app: Any, name: str, partitions: int) -> DurableTable:
+def _durable_table(app: Any, name: str, partitions: int, partition_of: Callable[[bytes], int]) -> DurableTable:
     """A :class:`DurableTable` registered with ``app`` as ``app.Table`` would (bytes keys/values)."""
     table = DurableTable(app, name=name, default=None, beacon=app.tables.beacon, partitions=partitions,
-                         key_type=bytes, value_type=bytes)
+                         key_type=bytes, value_type=bytes, partition_of=partition_of)
     app.tables.add(table)
     return table
 
@@ -478,6 +593,7 @@ def make_app(settings: WorkerSettings) -> Any:
     )
     app.transport.Fetcher = ExitingFetcher
     app.transport.Consumer = DirectHandoffConsumer
+    app.transport.Conductor = DirectConductor
     return app
 
 
@@ -525,8 +641,8 @@ class StreamJobs:
         # stage: a state and the progress that says which inputs it holds are written atomically
         # (split into records under the broker's size limit, see ChunkedStore)
         limit = s.state_record_max_bytes
-        self.node_durable = _durable_table(app, NODE_TABLE, self.node_partitions)
-        self.cluster_durable = _durable_table(app, CLUSTER_TABLE, 1)
+        self.node_durable = _durable_table(app, NODE_TABLE, self.node_partitions, node_state_partition)
+        self.cluster_durable = _durable_table(app, CLUSTER_TABLE, 1, lambda key: 0)
         self.node_table = ChunkedStore(self.node_durable, limit)
         self.cluster_table = ChunkedStore(self.cluster_durable, limit)
         watched = {*self.input_names, self.control_name, self.node_name, self.cluster_name}
@@ -553,18 +669,25 @@ class StreamJobs:
         self.offsets.state_positions = {self.node_name: self.node.saved_position,
                                         self.samples_name: self.node.saved_sample_position,
                                         self.cluster_name: self.cluster.saved_position}
+        self.inboxes: dict[str, Inbox] = {}
+        """Per agent, where it reads its records (:func:`direct_agent`)."""
         if s.stage in ("node", "all"):
-            app.agent(self.inputs, name="route")(self._exit_on_error("route", self.route.run))
-            app.agent(self.node_inputs, name="node")(self._exit_on_error("node", self.node.run))
+            self._agent("route", self.inputs, self.route.run)
+            self._agent("node", self.node_inputs, self.node.run)
             app.timer(0.5)(self.route.refresh_and_release)
             if s.watermark_source == "clock":
                 app.timer(s.clock_interval_s, on_leader=True)(self.route.clock)
         if s.stage in ("cluster", "all"):
-            app.agent(self.cluster_topic, name="cluster")(self._exit_on_error("cluster", self.cluster.run))
+            self._agent("cluster", self.cluster_topic, self.cluster.run)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
         app.timer(1.0)(self._watch_partitions)
+
+    def _agent(self, name: str, topic: Any, run: Callable[[Any], Awaitable[None]]) -> None:
+        """Declare agent ``name``: ``run`` reads ``topic``'s records from its inbox and ends the
+        process if it raises."""
+        self.inboxes[name] = direct_agent(self.app, topic, name, self._exit_on_error(name, run))
 
     async def _watch_partitions(self) -> None:
         """:meth:`OffsetGuard.watch`: a partition that stays stalled ends the process (exit 70)

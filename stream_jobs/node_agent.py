@@ -60,6 +60,17 @@ from stream_jobs.watermark import (
 log = get_logger(__name__)
 
 
+def state_key(partition: int) -> str:
+    """The ``node-stages`` table key of a node-inputs partition's state."""
+    return f"p{partition}"
+
+
+def node_state_partition(key: bytes) -> int:
+    """The partition whose state a ``node-stages`` record holds (its key: :func:`state_key`, or a
+    chunk of it, ``<key>#<generation>#<i>``): its changelog partition."""
+    return int(key.split(b"#", 1)[0][1:])
+
+
 @dataclass
 class NodePartition:
     """One node-inputs partition: its gate and the stages of the nodes keyed to it."""
@@ -138,11 +149,11 @@ class NodeAgent:
 
     def saved_position(self, partition: int) -> int | None:
         """The node-inputs position the partition's saved state was written at (None: none)."""
-        return saved_position(self.table.get(f"p{partition}"))
+        return saved_position(self.table.get(state_key(partition)))
 
     def saved_sample_position(self, partition: int) -> int | None:
         """The samples position the partition's saved state was written at (None: none)."""
-        return saved_position(self.table.get(f"p{partition}"), "sample_position")
+        return saved_position(self.table.get(state_key(partition)), "sample_position")
 
     def revoke(self, partition: int) -> None:
         log.info("node partition revoked", partition=partition)
@@ -151,7 +162,7 @@ class NodeAgent:
     def _part(self, partition: int) -> NodePartition:
         part = self.parts.get(partition)
         if part is None:
-            saved = self.table.get(f"p{partition}") or {}
+            saved = self.table.get(state_key(partition)) or {}
             progress = saved.get("progress", {})
             part = NodePartition(InputGate(int(progress.get("seq", 0)), progress.get("applied")),
                                  stats=dict(saved.get("stats", {})))
@@ -337,7 +348,7 @@ class NodeAgent:
             return
         position, sample_position = part.positions(self.topic_name)
         progress = {**part.gate.progress(), "position": position, "sample_position": sample_position}
-        self.table[f"p{partition}"] = {
+        self.table[state_key(partition)] = {
             "progress": progress, "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}
         await self.durable.confirm()
