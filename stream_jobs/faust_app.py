@@ -12,8 +12,10 @@ its topics and tables, and wires three agents, each in its own module, over one 
 - **cluster** (:mod:`stream_jobs.cluster_agent`) runs the cluster stages once a mark has arrived
   from the route and every node partition, and says ``done`` after an end mark.
 
-faust's private internals (the aiokafka consumer thread, ``_committed_offset``, ``_gap``) are
-touched only by :class:`FaustConsumerPort`, here.
+The agents read their records from an :class:`Inbox` each, which faust's conductor fills
+(:class:`DirectConductor`), not from faust's streams: faust subscribes, assigns, fetches and
+commits, and none of its per-record event path runs. faust's private internals (the aiokafka
+consumer thread, ``_committed_offset``, ``_gap``, the conductor's handlers) are touched only here.
 
 Delivery is at-least-once, results exactly-once: inputs are acknowledged (so their offsets can be
 committed) only after the mark that applied them has been processed, its outputs delivered and
@@ -239,26 +241,10 @@ class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
             self._get_active_partitions().discard(tp)
 
 
-class RawSchema(faust.Schema):  # type: ignore[misc]
-    """The stream jobs' topics: keys and values are the record's bytes (every gpulens topic holds
-    JSON the stages decode and validate themselves). faust's schema runs each key and value through
-    its serializer registry (``raw``: the bytes unchanged) and wraps the errors no raw codec raises;
-    this one makes the event of the record at once: about 1.5 % of a worker's CPU (py-spy, the
-    stream benchmark). Sending through such a topic still uses the serializers (``raw``)."""
-
-    def compile(self, app: Any, *, on_key_decode_error: Any = None, on_value_decode_error: Any = None,
-                default_propagate: bool = False) -> Callable[..., Awaitable[Any]]:
-        create_event = app.create_event
-
-        async def decode(message: Any, *, propagate: bool = default_propagate) -> Any:
-            return create_event(message.key, message.value, message.headers, message)
-
-        return decode
-
-
 def raw_topic(app: Any, *names: str, partitions: int | None = None) -> Any:
-    """A faust topic (of one or several names) whose events hold the records' bytes (:class:`RawSchema`)."""
-    return app.topic(*names, partitions=partitions, schema=RawSchema(key_serializer="raw", value_serializer="raw"))
+    """A faust topic of one or several names, keys and values bytes (every gpulens topic holds JSON
+    the stages decode and validate themselves; the agents read it through an :class:`Inbox`)."""
+    return app.topic(*names, partitions=partitions, key_serializer="raw", value_serializer="raw")
 
 
 class DirectEvent:
@@ -587,9 +573,6 @@ def make_app(settings: WorkerSettings) -> Any:
         value_serializer="raw",
         Monitor=LeanMonitor,
         producer_partitioner=KeyHashCache(),
-        # a stream takes an event already in its buffer at once, as faust's pure-Python stream does,
-        # instead of awaiting the buffer for each (faust's compiled stream, unless this is on)
-        cython_optimizations=True,
     )
     app.transport.Fetcher = ExitingFetcher
     app.transport.Consumer = DirectHandoffConsumer

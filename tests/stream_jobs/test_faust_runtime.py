@@ -1,23 +1,22 @@
 """The worker's faust runtime keeps faust's behaviour where it trims faust's per-record costs: its
 outputs land on the partitions aiokafka's default partitioner picks (a consumer of ``pod.windows``
 sees each pod's records in order, on one partition, across upgrades), and faust's check for a
-stream that stopped processing still sees when each partition's stream last took an event, and its
-topics hand the stages each record's bytes as they are, tombstones as None; and it compresses
-what it writes as the agents and the watcher do (``GPULENS_PRODUCER__COMPRESSION``)."""
+stream that stopped processing still sees when each partition's stream last took an event; and it
+compresses what it writes as the agents and the watcher do (``GPULENS_PRODUCER__COMPRESSION``).
+How the agents read their records: ``test_inbox.py``."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from pathlib import Path
 
 from aiokafka.partitioner import DefaultPartitioner
-from faust.types import TP, Message
+from faust.types import TP
 from pytest import MonkeyPatch
 
 from common.settings import CommonSettings, WorkerSettings, load_settings
 from simulation.kafka_replay import child_env
-from stream_jobs.faust_app import KeyHashCache, LeanMonitor, StreamJobs, make_app, raw_topic
+from stream_jobs.faust_app import KeyHashCache, LeanMonitor, StreamJobs, make_app
 
 
 def test_outputs_go_to_the_default_partitioners_partition() -> None:
@@ -67,21 +66,3 @@ def test_the_lean_monitor_still_notes_when_a_stream_took_an_event() -> None:
     monitor.on_stream_event_in(tp, 42, stream=None, event=None)
     assert monitor.stream_inbound_time[tp] >= first
     assert monitor.events_total == 0 and monitor.messages_received_total == 0, "no per-record counting"
-
-
-def test_the_worker_topics_events_hold_each_records_bytes(tmp_path: Path) -> None:
-    app = make_app(load_settings(WorkerSettings, topic_prefix="runtime", data_dir=tmp_path))
-    topic = raw_topic(app, "runtime.k8s.pods.v1", "runtime.internal.control.v1")
-
-    def record(key: bytes | None, value: bytes | None) -> Message:
-        return Message(topic="runtime.k8s.pods.v1", partition=2, offset=41, timestamp=0.0, timestamp_type=0,
-                       headers=[("content-type", b"application/json")], key=key, value=value, checksum=None)
-
-    value = b'{"schema_version":2,"name":"train-0","labels":{"team":"\xc3\xa9"}}'
-    message = record(b"default/7b945dc9", value)
-    event = asyncio.run(topic.decode(message))
-    assert (event.key, event.value, event.message, event.headers) == (
-        b"default/7b945dc9", value, message, {"content-type": b"application/json"})
-    tombstone = asyncio.run(topic.decode(record(b"default/7b945dc9", None)))
-    assert tombstone.value is None
-    assert asyncio.run(topic.decode(record(None, b"not json"))).value == b"not json", "the stages judge it"
