@@ -493,6 +493,14 @@ class FaustConsumerPort:
     def unsettled_state(self) -> dict[str, Any]:
         return {"rebalancing": bool(self.app.rebalancing), "flow_active": bool(self.app.consumer.flow_active)}
 
+    def recovery_idle_s(self) -> float | None:
+        recovery = self.app.tables.recovery
+        started = recovery._recovery_started_at
+        if not recovery.in_recovery or started is None or not recovery.active_remaining_total():
+            return None
+        last = max(recovery._active_events_received_at.values(), default=started)
+        return time.monotonic() - last
+
     async def seek(self, tp: Any, offset: int) -> None:
         consumer = self.app.consumer
         consumer._gap.pop(tp, None)  # else faust counts the skipped offsets as acknowledged

@@ -92,6 +92,10 @@ class ConsumerPort(Protocol):
     def unsettled_state(self) -> dict[str, Any]:
         """What keeps the consumer unsettled, for the log (e.g. ``rebalancing``, ``flow_active``)."""
 
+    def recovery_idle_s(self) -> float | None:
+        """While the worker restores its tables and records remain to be read: seconds since the
+        last record of them came (since the restore began if none has); None otherwise."""
+
     async def seek(self, tp: Any, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
 
@@ -275,6 +279,11 @@ class OffsetGuard:
         if not self.port.settled():
             self._progress = {tp: now for tp in self._progress}  # waiting by design: not a stall
             self._say_unsettled(now)
+            idle_s = self.port.recovery_idle_s()
+            if idle_s is not None and idle_s >= self.give_up_s:
+                # a long restore goes on (restarting would start it over), one that reads nothing does not
+                raise PartitionStalled(f"restoring the stage tables read no record for {idle_s:.0f}s although "
+                                       f"records remain: restarting from the checkpoints")
             return
         self._unsettled_since = None
         for tp in self._paused:

@@ -8,6 +8,7 @@ How the agents read their records: ``test_inbox.py``."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 from aiokafka.partitioner import DefaultPartitioner
@@ -66,3 +67,18 @@ def test_the_lean_monitor_still_notes_when_a_stream_took_an_event() -> None:
     monitor.on_stream_event_in(tp, 42, stream=None, event=None)
     assert monitor.stream_inbound_time[tp] >= first
     assert monitor.events_total == 0 and monitor.messages_received_total == 0, "no per-record counting"
+
+
+def test_the_port_says_how_long_a_restore_has_read_nothing(tmp_path: Path) -> None:
+    """What the offset guard's give-up reads (``OffsetGuard.watch``), from faust's own recovery."""
+    jobs = StreamJobs(load_settings(WorkerSettings, topic_prefix="runtime", data_dir=tmp_path))
+    port, recovery = jobs.consumer_port, jobs.app.tables.recovery
+    assert port.recovery_idle_s() is None, "no restore"
+    changelog = TP("runtime-stream-jobs-node-stages-changelog", 2)
+    recovery.in_recovery, recovery._recovery_started_at = True, time.monotonic() - 300
+    recovery.active_highwaters[changelog], recovery.active_offsets[changelog] = 40, 12
+    assert (port.recovery_idle_s() or 0) >= 300, "nothing read since the restore began"
+    recovery._active_events_received_at[changelog] = time.monotonic() - 5
+    assert 5 <= (port.recovery_idle_s() or 0) < 60
+    recovery.active_offsets[changelog] = 40
+    assert port.recovery_idle_s() is None, "nothing remains to read"

@@ -105,7 +105,11 @@ class FaustLikeConsumer:
     def unsettled_state(self) -> dict[str, Any]:
         return {"rebalancing": self.rebalancing}
 
+    def recovery_idle_s(self) -> float | None:
+        return self.recovery_idle
+
     rebalancing = False
+    recovery_idle: float | None = None
 
     def drain_stale(self, offsets: list[int]) -> None:
         """What faust's fetch loop does with the rest of a batch fetched before a seek: the records
@@ -420,6 +424,27 @@ def test_a_consumer_that_stays_unsettled_is_said_in_the_log_and_not_cut_short(
     said = [r for r in caplog.records if r.getMessage().startswith("consumer not settled")]
     assert len(said) == 19  # every 30 s from the first unsettled round on
     assert consumer.seeks == []
+
+
+def test_a_restore_that_reads_nothing_ends_the_worker() -> None:
+    """faust restores the stage tables while the group settles; a restore whose changelog records
+    stop coming although some remain (seen once in a chaos run: five minutes, no record) ends the
+    worker so that it restarts, as a stalled partition does. A restore that reads goes on."""
+    consumer = LosingConsumer(SAMPLES, list(range(10)), committed=3, position=10)
+    consumer.rebalancing = True
+    clock = FakeClock()
+    guard = OffsetGuard(consumer, give_up_s=60.0, clock=clock)
+    guard.assign({SAMPLES})
+
+    async def rounds(idle: list[float | None]) -> None:
+        for value in idle:
+            consumer.recovery_idle = value
+            clock.now += 1
+            await guard.watch()
+
+    asyncio.run(rounds([None] * 100 + [float(s % 50) for s in range(600)]))  # reading, if slowly: on
+    with pytest.raises(PartitionStalled, match="read no record for 60s"):
+        asyncio.run(rounds([float(s) for s in range(0, 61)]))
 
 
 def test_an_idle_partition_that_is_caught_up_is_not_stalled() -> None:
