@@ -140,13 +140,24 @@ class ExitingFetcher(Fetcher):  # type: ignore[misc]
     checkpoints. faust's own handling stops the worker, and a chaos run's worker whose fetcher
     raised ``KeyError(TopicPartition(...))`` in "Drain messages" (right after a seek) began to stop
     and never exited: nothing restarted it and the replay hung. The crash faust uses to restart
-    the fetcher after a rebalance (a cancellation while rebalancing) keeps faust's path."""
+    the fetcher after a rebalance (a cancellation while rebalancing) keeps faust's path, which
+    wakes a supervisor the fetcher does not have: that error crashes it again, and ends the process.
+
+    So does a fetch loop that ends without the fetcher being stopped: faust ends it without a word
+    on a cancellation outside a rebalance, and every later ``maybe_start`` (each restore of the
+    tables) takes the fetcher for running. Nothing would be fetched again."""
 
     async def crash(self, reason: BaseException) -> None:
         if isinstance(reason, asyncio.CancelledError) and self.app.rebalancing:
             await super().crash(reason)
             return
         exit_for_restart(f"faust's fetcher crashed: {reason!r}")
+
+    def set_shutdown(self) -> None:
+        """Called as the fetch loop ends, and as the fetcher stops."""
+        super().set_shutdown()
+        if not (self.should_stop or self.app.should_stop or self.app.consumer.should_stop):
+            exit_for_restart("faust's fetch loop ended without the fetcher being stopped")
 
 
 class _Resumed:
@@ -213,8 +224,10 @@ class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
     worker's CPU went there (cProfile of the stream benchmark, 2.3 Kafka records per sample). The
     hand-over only waits when a stream's buffer is full; otherwise it completes at its first step.
     That step is run here; a hand-over that does wait goes on under mode's ``wait_first`` as
-    before, so a rebalance or stop still interrupts it. Its consumer thread fetches in larger
-    batches (:data:`FETCH_MIN_BYTES`)."""
+    before, so a rebalance or stop still interrupts it. A hand-over that waits for room in a queue
+    faust then empties (the tables' changelog queue, full while a restore reads a long changelog,
+    as a rebalance suspends the flow) goes with the queue's other records; in faust it ended the
+    fetch loop. Its consumer thread fetches in larger batches (:data:`FETCH_MIN_BYTES`)."""
 
     async def wait_first(self, *coros: Any, timeout: Any = None) -> Any:
         if timeout is not None or len(coros) != 2 or not asyncio.iscoroutine(coros[0]):
@@ -228,17 +241,19 @@ class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
             if isinstance(exc, StopIteration):
                 return WaitResults([handoff], [exc.value], False)
             raise
-        return await super().wait_first(_Resumed(handoff, pending), flow)
+        try:
+            return await super().wait_first(_Resumed(handoff, pending), flow)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the fetch loop itself is cancelled
+            # faust emptied the queue the record waited to enter (its flow control clears the
+            # queues, and a cleared queue cancels the puts that wait): the record went with the
+            # queue's others. Raised on, this ended faust's fetch loop, for good outside a rebalance.
+            return WaitResults([], [], False)
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _BatchingFetchThread(self, loop=self.loop, beacon=self.beacon)
-
-    def on_buffer_drop(self, tp: TP) -> None:
-        """faust fetches a partition again once its stream's buffer has drained to half, also one
-        that a stage paused (:meth:`FaustConsumerPort.pause`) meanwhile: that one stays paused."""
-        super().on_buffer_drop(tp)
-        if tp in self._paused_partitions:
-            self._get_active_partitions().discard(tp)
 
 
 def raw_topic(app: Any, *names: str, partitions: int | None = None) -> Any:
@@ -303,6 +318,11 @@ class Inbox:
             self._space.set()
             self._space = None
 
+    @property
+    def full(self) -> bool:
+        """True while the inbox holds the fetch loop (it waits for the agent to take half)."""
+        return self._space is not None
+
     def noack(self) -> Inbox:
         return self
 
@@ -358,14 +378,15 @@ class LeanMonitor(Monitor):  # type: ignore[misc]
     """faust's monitor without its per-record bookkeeping. faust's :class:`Monitor` counts every
     message and stream event by topic, stream and task and times each one, for faust's own web
     views, which a worker does not serve (its figures are on ``/metrics``): about 2 % of a
-    worker's cProfile (the stream benchmark). It still notes when a partition's stream last
-    took an event, which faust's consumer reads to log a stream that stopped processing."""
+    worker's cProfile (the stream benchmark). The agents' inboxes note when a partition's stream
+    last took an event (:meth:`Inbox.events`), which faust's consumer reads to log a stream that
+    stopped processing."""
 
     def on_message_in(self, tp: TP, offset: int, message: Any) -> None:
         return None
 
     def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
-        self.stream_inbound_time[tp] = time.monotonic()
+        return None
 
     def on_stream_event_out(self, tp: TP, offset: int, stream: Any, event: Any, state: Any = None) -> None:
         return None
@@ -491,7 +512,36 @@ class FaustConsumerPort:
         return not self.app.rebalancing and bool(self.app.consumer.flow_active)
 
     def unsettled_state(self) -> dict[str, Any]:
-        return {"rebalancing": bool(self.app.rebalancing), "flow_active": bool(self.app.consumer.flow_active)}
+        app, consumer = self.app, self.app.consumer
+        state: dict[str, Any] = {"rebalancing": bool(app.rebalancing), "flow_active": bool(consumer.flow_active)}
+        recovery = app.tables.recovery
+        if recovery.in_recovery:
+            # what a restore that reads nothing looks like from here (a chaos run in CI hung so once)
+            fetching, paused = consumer._get_active_partitions(), consumer._paused_partitions
+            state["restoring"] = {
+                tp_key(tp.topic, tp.partition): {
+                    "offset": recovery.active_offsets.get(tp), "highwater": recovery.active_highwaters.get(tp),
+                    "fetching": tp in fetching, "paused": tp in paused, "client": self._client_state(tp)}
+                for tp, remaining in sorted(recovery.active_remaining().items()) if remaining > 0}
+            # the fetch task marks its service shut down whenever it ends, stopped or not
+            state["fetcher"] = {"state": app._fetcher.state, "loop_ended": app._fetcher._shutdown.is_set()}
+            state["flow_control_active"] = bool(app.flow_control.is_active())
+            state["full_inboxes"] = sorted({topic for topic, inbox in app.topics.direct.items() if inbox.full})
+        return state
+
+    def _client_state(self, tp: Any) -> str:
+        """aiokafka's state of ``tp``, for the log only: it belongs to the consumer's thread."""
+        try:
+            client = self.app.consumer._thread._ensure_consumer()
+            subscription = client._subscription.subscription
+            state = subscription.assignment.state_value(tp) if subscription and subscription.assignment else None
+            if state is None:
+                return "not assigned"
+            buffered = tp in list(client._fetcher._records)
+            return (f"{state._status.name.lower()}, position {state._position}, paused {state._paused}, "
+                    f"fetched and not taken {buffered}")
+        except Exception as exc:  # a diagnostic never fails the check that logs it
+            return f"unknown ({exc!r})"
 
     def recovery_idle_s(self) -> float | None:
         recovery = self.app.tables.recovery

@@ -282,6 +282,7 @@ class OffsetGuard:
             idle_s = self.port.recovery_idle_s()
             if idle_s is not None and idle_s >= self.give_up_s:
                 # a long restore goes on (restarting would start it over), one that reads nothing does not
+                log.error("restore read nothing; giving up", idle_s=round(idle_s), **self.port.unsettled_state())
                 raise PartitionStalled(f"restoring the stage tables read no record for {idle_s:.0f}s although "
                                        f"records remain: restarting from the checkpoints")
             return

@@ -59,14 +59,15 @@ def test_workers_started_by_a_replay_get_its_producer_settings(tmp_path: Path, m
     assert load_settings(WorkerSettings).producer == settings.producer
 
 
-def test_the_lean_monitor_still_notes_when_a_stream_took_an_event() -> None:
+def test_the_lean_monitor_counts_nothing_per_record() -> None:
     monitor = LeanMonitor()
     tp = TP("gpulens.gpu.samples.v1", 3)
+    monitor.on_message_in(tp, 41, message=None)
     monitor.on_stream_event_in(tp, 41, stream=None, event=None)
-    first = monitor.stream_inbound_time[tp]
-    monitor.on_stream_event_in(tp, 42, stream=None, event=None)
-    assert monitor.stream_inbound_time[tp] >= first
-    assert monitor.events_total == 0 and monitor.messages_received_total == 0, "no per-record counting"
+    monitor.on_stream_event_out(tp, 41, stream=None, event=None)
+    monitor.on_message_out(tp, 41, message=None)
+    assert monitor.events_total == 0 and monitor.messages_received_total == 0
+    assert not monitor.stream_inbound_time, "the inboxes note a stream's work (test_inbox.py)"
 
 
 def test_the_port_says_how_long_a_restore_has_read_nothing(tmp_path: Path) -> None:
@@ -78,6 +79,11 @@ def test_the_port_says_how_long_a_restore_has_read_nothing(tmp_path: Path) -> No
     recovery.in_recovery, recovery._recovery_started_at = True, time.monotonic() - 300
     recovery.active_highwaters[changelog], recovery.active_offsets[changelog] = 40, 12
     assert (port.recovery_idle_s() or 0) >= 300, "nothing read since the restore began"
+    state = port.unsettled_state()
+    assert state["restoring"] == {"runtime-stream-jobs-node-stages-changelog:2": {
+        "offset": 12, "highwater": 40, "fetching": False, "paused": False,
+        "client": "unknown (ConsumerNotStarted('Consumer thread not yet started'))"}}, "what the log shows of it"
+    assert state["fetcher"] == {"state": "init", "loop_ended": False} and state["full_inboxes"] == []
     recovery._active_events_received_at[changelog] = time.monotonic() - 5
     assert 5 <= (port.recovery_idle_s() or 0) < 60
     recovery.active_offsets[changelog] = 40

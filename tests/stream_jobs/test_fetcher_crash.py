@@ -64,3 +64,34 @@ def test_an_error_while_the_worker_starts_ends_it_for_a_restart(tmp_path: Path) 
     assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
     exit_line = next(line for line in done.stderr.splitlines() if "exiting to restart" in line)
     assert "the broker went away while the worker joined its group" in exit_line
+
+
+_LOOP_ENDS = textwrap.dedent("""
+    import asyncio, sys
+    from common import logs
+    from common.settings import WorkerSettings, load_settings
+    from stream_jobs.faust_app import StreamJobs
+
+    async def main() -> None:
+        logs.configure(fmt="json")
+        jobs = StreamJobs(load_settings(WorkerSettings, topic_prefix="fetcher", data_dir=sys.argv[1]))
+        fetcher = jobs.app._fetcher
+        if sys.argv[2] == "stopped":
+            await fetcher.stop()
+        fetcher.set_shutdown()  # what faust's fetch task does as it ends, stopped or not
+        print("still running", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_fetch_loop_that_ends_unstopped_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
+    """faust ends its fetch loop without a word on a cancellation outside a rebalance, and takes
+    the fetcher for running afterwards: a worker that would fetch nothing again."""
+    ended = subprocess.run([sys.executable, "-c", _LOOP_ENDS, str(tmp_path), "running"], capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert ended.returncode == EXIT_STALLED, ended.stdout + ended.stderr
+    assert "fetch loop ended without the fetcher being stopped" in ended.stderr
+    stopped = subprocess.run([sys.executable, "-c", _LOOP_ENDS, str(tmp_path), "stopped"], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert (stopped.returncode, stopped.stdout) == (0, "still running\n"), "a stopped fetcher ends as before"
