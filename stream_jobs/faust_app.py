@@ -723,7 +723,7 @@ class StreamJobs:
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
         app.timer(10.0)(self._report_waiting)
-        app.timer(1.0)(self._watch_partitions)
+        self._watching: asyncio.Future[Any] | None = None
 
     def _agent(self, name: str, topic: Any, run: Callable[[Any], Awaitable[None]]) -> None:
         """Declare agent ``name``: ``run`` reads ``topic``'s records from its inbox and ends the
@@ -731,12 +731,17 @@ class StreamJobs:
         self.inboxes[name] = direct_agent(self.app, topic, name, self._exit_on_error(name, run))
 
     async def _watch_partitions(self) -> None:
-        """:meth:`OffsetGuard.watch`: a partition that stays stalled ends the process (exit 70)
-        so that it restarts from its checkpoints, rather than hang."""
-        try:
-            await self.offsets.watch()
-        except PartitionStalled as exc:
-            exit_for_restart(str(exc))
+        """:meth:`OffsetGuard.watch` every second: a partition that stays stalled, or a restore of
+        the tables that reads nothing, ends the process (exit 70) so that it restarts from its
+        checkpoints, rather than hang. Started at the first assignment, not as a faust timer:
+        faust starts its timers once the first restore has finished, and a worker whose first
+        restore read nothing waited for ever (tests/stream_jobs/test_faust_replay.py)."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.offsets.watch()
+            except PartitionStalled as exc:
+                exit_for_restart(str(exc))
 
     def _exit_on_error(self, name: str, fun: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
         """An agent that raises (e.g. a send that failed while the broker was away) ends the process
@@ -787,6 +792,8 @@ class StreamJobs:
                 self.route.revoke_control()
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        if self._watching is None:
+            self._watching = self.app.add_future(self._watch_partitions())
         self.offsets.assign(assigned)
         node = {tp.partition for tp in assigned if tp.topic == self.node_name}
         samples = {tp.partition for tp in assigned if tp.topic == self.samples_name}

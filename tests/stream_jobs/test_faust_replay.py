@@ -6,6 +6,9 @@ on."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +37,7 @@ from simulation.kafka_replay import KafkaReplay
 from simulation.replay import compare_report, run_in_process
 from simulation.scenario import PoisonSpec, load_scenario
 from simulation.simulator import FleetSimulator
+from stream_jobs.offsets import EXIT_STALLED
 from stream_jobs.pipeline import INPUT_TOPICS
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
 
@@ -95,6 +99,23 @@ def test_allocator_statistics_through_kafka_match_in_process(kafka_settings: Kaf
                           scenario.sample_interval_s) == []
 
 
+def _kill_mid_scenario(replay: KafkaReplay, kafka_settings: KafkaSettings, windows_total: int) -> None:
+    """Start the worker, send the whole scenario and SIGKILL the worker a third of the way through."""
+    replay.create_topics()
+    replay.worker.start()
+    replay.send(replay.ticks())  # a burst: the worker is busy when it dies
+    windows = POD_WINDOWS.name(replay.prefix)
+    deadline = time.monotonic() + 120
+    while len(read_to_end(kafka_settings, windows)) < windows_total // 3:
+        assert time.monotonic() < deadline, replay.worker.tail()
+        assert replay.worker.alive(), replay.worker.tail()
+        time.sleep(0.2)
+    replay.worker.kill()  # SIGKILL: no commit, no flush
+    written_before = len(read_to_end(kafka_settings, windows))
+    assert written_before < windows_total, "the worker had finished before it was killed"
+    replay.finish()
+
+
 def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSettings, topic_prefix: str,
                                                     tmp_path: Path) -> None:
     scenario = load_scenario(SHARED_SCENARIOS / "idle-notebook.yaml")
@@ -105,19 +126,7 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
     # state records of at most 4 KB: every checkpoint is split, and the restart restores chunks
     replay.worker.env["GPULENS_STATE_RECORD_MAX_BYTES"] = "4096"
     try:
-        replay.create_topics()
-        replay.worker.start()
-        replay.send(replay.ticks())  # a burst: the worker is busy when it dies
-        windows = POD_WINDOWS.name(topic_prefix)
-        deadline = time.monotonic() + 120
-        while len(read_to_end(kafka_settings, windows)) < windows_total // 3:
-            assert time.monotonic() < deadline, replay.worker.tail()
-            assert replay.worker.alive(), replay.worker.tail()
-            time.sleep(0.2)
-        replay.worker.kill()  # SIGKILL: no commit, no flush
-        written_before = len(read_to_end(kafka_settings, windows))
-        assert written_before < windows_total, "the worker had finished before it was killed"
-        replay.finish()
+        _kill_mid_scenario(replay, kafka_settings, windows_total)
         replay.worker.start()
         done = replay.wait_done(timeout_s=180)
         outputs = replay.read_outputs(done)
@@ -137,6 +146,49 @@ def test_worker_killed_mid_scenario_resumes_exactly(kafka_settings: KafkaSetting
     assert transitions == wanted and wanted
     for record in outputs.alert_records:
         assert record.key == decode(record.value, Alert).id.encode()
+
+
+_WITHHELD_CHANGELOG = textwrap.dedent("""
+    import sys
+    from faust.transport.consumer import Consumer
+    from gpulens.cli import main
+
+    resume = Consumer.resume_partitions
+
+    def resume_all_but_the_node_changelog(self, tps):
+        return resume(self, [tp for tp in tps if not tp.topic.endswith("-node-stages-changelog")])
+
+    Consumer.resume_partitions = resume_all_but_the_node_changelog  # the restore never gets them
+    main(["worker", "--stage", "all"])
+""")
+
+
+def test_a_restore_that_gets_no_changelog_record_ends_the_worker_and_a_restart_resumes_exactly(
+        kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path) -> None:
+    """A worker whose restore of the stage tables reads nothing (a CI chaos run saw one wait five
+    minutes for a changelog partition faust never fetched) exits 70, saying what it waited for;
+    restarted, it restores and the run ends as the in-process one."""
+    scenario = load_scenario(SHARED_SCENARIOS / "idle-notebook.yaml")
+    expected = run_in_process(scenario)
+    replay = KafkaReplay(scenario, _settings(kafka_settings, tmp_path), topic_prefix=topic_prefix,
+                         work_dir=tmp_path / "replay")
+    try:
+        _kill_mid_scenario(replay, kafka_settings, expected.report["stream"]["pod_windows"])
+        log = tmp_path / "withheld.log"
+        with open(log, "wb") as out:
+            stalled = subprocess.run([sys.executable, "-c", _WITHHELD_CHANGELOG], stdout=out, stderr=subprocess.STDOUT,
+                                     env=replay.worker.env | {"GPULENS_STALL_GIVE_UP_S": "3"}, timeout=120,
+                                     check=False)
+        said = log.read_text()
+        assert stalled.returncode == EXIT_STALLED, said[-3000:]
+        give_up = next(line for line in said.splitlines() if "restore read nothing; giving up" in line)
+        assert "-node-stages-changelog:" in give_up and '"fetching":false' in give_up, give_up
+        replay.worker.start()
+        done = replay.wait_done(timeout_s=180)
+        report = replay.report(replay.read_outputs(done))
+    finally:
+        replay.close()
+    assert _json(report) == _json(expected.report)
 
 
 def test_poison_on_every_input_topic_is_dead_lettered_and_the_stream_goes_on(
