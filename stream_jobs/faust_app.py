@@ -742,6 +742,8 @@ class StreamJobs:
                 await self.offsets.watch()
             except PartitionStalled as exc:
                 exit_for_restart(str(exc))
+            except Exception as exc:  # a worker no longer watched could hang unseen
+                exit_for_restart(f"the partition watch failed: {exc!r}")
 
     def _exit_on_error(self, name: str, fun: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
         """An agent that raises (e.g. a send that failed while the broker was away) ends the process

@@ -95,3 +95,32 @@ def test_a_fetch_loop_that_ends_unstopped_ends_the_worker_for_a_restart(tmp_path
     stopped = subprocess.run([sys.executable, "-c", _LOOP_ENDS, str(tmp_path), "stopped"], capture_output=True,
                              text=True, timeout=60, check=False)
     assert (stopped.returncode, stopped.stdout) == (0, "still running\n"), "a stopped fetcher ends as before"
+
+
+_WATCH_FAILS = textwrap.dedent("""
+    import asyncio, sys
+    from common import logs
+    from common.settings import WorkerSettings, load_settings
+    from stream_jobs.faust_app import StreamJobs
+
+    async def main() -> None:
+        logs.configure(fmt="json")
+        jobs = StreamJobs(load_settings(WorkerSettings, topic_prefix="watch", data_dir=sys.argv[1]))
+
+        async def broken() -> None:
+            raise RuntimeError("a bug in the watch")
+
+        jobs.offsets.watch = broken
+        await jobs._watch_partitions()
+        print("still running", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_partition_watch_that_fails_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
+    """Unwatched, a stalled partition or a restore that reads nothing would hang the worker unseen."""
+    done = subprocess.run([sys.executable, "-c", _WATCH_FAILS, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
+    assert "the partition watch failed: RuntimeError('a bug in the watch')" in done.stderr
