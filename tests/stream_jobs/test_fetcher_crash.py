@@ -29,13 +29,14 @@ _CRASH = textwrap.dedent("""
 """)
 
 
-def _crash(tmp_path: Path, reason: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _CRASH, str(tmp_path), reason], capture_output=True, text=True,
-                          timeout=60, check=False)
+def _python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run by this interpreter in a process of its own (what ends it ends only that)."""
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60,
+                          check=False)
 
 
 def test_a_crashed_fetcher_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
-    done = _crash(tmp_path, "TopicPartition(topic='x.internal.node-inputs.v1', partition=3)")
+    done = _python(_CRASH, str(tmp_path), "TopicPartition(topic='x.internal.node-inputs.v1', partition=3)")
     assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
     assert done.stdout.splitlines() == ["ExitingFetcher"], "the process ended inside the crash"
     assert "stream jobs exiting to restart from their checkpoints" in done.stderr
@@ -59,8 +60,7 @@ _START_UP_FAILS = textwrap.dedent("""
 
 
 def test_an_error_while_the_worker_starts_ends_it_for_a_restart(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", _START_UP_FAILS, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = _python(_START_UP_FAILS, str(tmp_path))
     assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
     exit_line = next(line for line in done.stderr.splitlines() if "exiting to restart" in line)
     assert "the broker went away while the worker joined its group" in exit_line
@@ -88,12 +88,10 @@ _LOOP_ENDS = textwrap.dedent("""
 def test_a_fetch_loop_that_ends_unstopped_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
     """faust ends its fetch loop without a word on a cancellation outside a rebalance, and takes
     the fetcher for running afterwards: a worker that would fetch nothing again."""
-    ended = subprocess.run([sys.executable, "-c", _LOOP_ENDS, str(tmp_path), "running"], capture_output=True,
-                           text=True, timeout=60, check=False)
+    ended = _python(_LOOP_ENDS, str(tmp_path), "running")
     assert ended.returncode == EXIT_STALLED, ended.stdout + ended.stderr
     assert "fetch loop ended without the fetcher being stopped" in ended.stderr
-    stopped = subprocess.run([sys.executable, "-c", _LOOP_ENDS, str(tmp_path), "stopped"], capture_output=True,
-                             text=True, timeout=60, check=False)
+    stopped = _python(_LOOP_ENDS, str(tmp_path), "stopped")
     assert (stopped.returncode, stopped.stdout) == (0, "still running\n"), "a stopped fetcher ends as before"
 
 
@@ -120,7 +118,6 @@ _WATCH_FAILS = textwrap.dedent("""
 
 def test_a_partition_watch_that_fails_ends_the_worker_for_a_restart(tmp_path: Path) -> None:
     """Unwatched, a stalled partition or a restore that reads nothing would hang the worker unseen."""
-    done = subprocess.run([sys.executable, "-c", _WATCH_FAILS, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = _python(_WATCH_FAILS, str(tmp_path))
     assert done.returncode == EXIT_STALLED, done.stdout + done.stderr
     assert "the partition watch failed: RuntimeError('a bug in the watch')" in done.stderr

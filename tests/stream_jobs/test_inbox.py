@@ -146,38 +146,40 @@ def test_a_checkpoint_goes_to_its_partitions_changelog(tmp_path: Path) -> None:
     assert jobs.cluster_durable.partition_for_key(b"cluster") == 0
 
 
+def _waiting_for_room(jobs: StreamJobs) -> asyncio.Future[Any]:
+    """The fetch loop's hand-over of a changelog record, waiting for room in the tables' full
+    changelog queue (faust's own); on the app's loop."""
+    app, consumer = jobs.app, jobs.app.consumer
+    queue = app.tables.changelog_queue
+    app.flow_control.resume()
+    while not queue.full():
+        queue.force_put_nowait("a changelog event")
+    return asyncio.ensure_future(consumer.wait_first(queue.put("one more"), consumer.suspend_flow.wait()))
+
+
 def test_a_record_waiting_for_a_queue_faust_empties_does_not_end_the_fetch_loop(tmp_path: Path) -> None:
     """The tables' changelog queue (faust's own) fills while a restore reads a long changelog; a
     rebalance then empties it, which cancels the put the fetch loop waits in. In faust that
     cancellation ended the fetch loop: the worker fetched nothing again (a restore that never ends)."""
     jobs = _jobs(tmp_path)
-    app, consumer = jobs.app, jobs.app.consumer
-    queue = app.tables.changelog_queue
+    app = jobs.app
 
     async def scenario() -> tuple[bool, int]:
-        app.flow_control.resume()
-        while not queue.full():
-            queue.force_put_nowait("a changelog event")
-        handoff = asyncio.ensure_future(consumer.wait_first(queue.put("one more"), consumer.suspend_flow.wait()))
+        handoff = _waiting_for_room(jobs)
         await asyncio.sleep(0.01)
         waiting = not handoff.done()
         app.flow_control.clear()
         await handoff  # returns: the record went with the queue
-        return waiting, queue.qsize()
+        return waiting, app.tables.changelog_queue.qsize()
 
     assert _run(app, scenario()) == (True, 0)
 
 
 def test_the_fetch_loop_cancelled_from_outside_still_ends(tmp_path: Path) -> None:
     jobs = _jobs(tmp_path)
-    app, consumer = jobs.app, jobs.app.consumer
-    queue = app.tables.changelog_queue
 
     async def scenario() -> bool:
-        app.flow_control.resume()
-        while not queue.full():
-            queue.force_put_nowait("a changelog event")
-        loop_task = asyncio.ensure_future(consumer.wait_first(queue.put("one more"), consumer.suspend_flow.wait()))
+        loop_task = _waiting_for_room(jobs)
         await asyncio.sleep(0.01)
         loop_task.cancel()
         try:
@@ -186,4 +188,4 @@ def test_the_fetch_loop_cancelled_from_outside_still_ends(tmp_path: Path) -> Non
             return True
         return False
 
-    assert _run(app, scenario()), "a stop cancels the fetch loop as before"
+    assert _run(jobs.app, scenario()), "a stop cancels the fetch loop as before"
