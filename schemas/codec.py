@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
 from schemas.messages import SCHEMA_VERSION, Message
+from schemas.outputs import DeadLetterReason
 
 M = TypeVar("M", bound=Message)
 
@@ -31,11 +32,13 @@ without parsing the value (tombstones carry none: they have no content)."""
 
 
 class MessageError(ValueError):
-    """A message that cannot be accepted; ``field_path`` names where, ``reason`` says why."""
+    """A message that cannot be accepted; ``field_path`` names where, ``reason`` says why, ``code``
+    is the dead letter's reason code."""
 
-    def __init__(self, reason: str, field_path: str = "") -> None:
+    def __init__(self, reason: str, field_path: str = "", code: DeadLetterReason = DeadLetterReason.INVALID) -> None:
         self.reason = reason
         self.field_path = field_path
+        self.code = code
         super().__init__(f"{field_path}: {reason}" if field_path else reason)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from datetime import datetime
 
-from schemas.outputs import DeadLetter
+from schemas.outputs import DeadLetter, DeadLetterReason
 
 MAX_PAYLOAD_BYTES = 65536
 """A dead letter keeps at most this much of the record (a dead letter must fit in a Kafka message)."""
@@ -24,8 +24,9 @@ Headers = list[tuple[str, str | bytes | None]]
 
 
 def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, partition: int | None = None,
-                offset: int | None = None) -> DeadLetter:
-    """The dead letter of the record at ``topic``/``partition``/``offset`` rejected for ``error``."""
+                offset: int | None = None, reason: DeadLetterReason = DeadLetterReason.INVALID) -> DeadLetter:
+    """The dead letter of the record at ``topic``/``partition``/``offset`` rejected for ``reason``
+    (the code), with ``error`` (the detail)."""
     text: str | None = None
     b64: str | None = None
     if value is not None:
@@ -33,13 +34,14 @@ def dead_letter(error: str, topic: str, value: bytes | None, at: datetime, parti
             text = value.decode("utf-8")[:MAX_PAYLOAD_BYTES]
         except UnicodeDecodeError:
             b64 = base64.b64encode(value[:MAX_PAYLOAD_BYTES]).decode()
-    return DeadLetter(error=error[:MAX_ERROR_CHARS], source_topic=topic, source_partition=partition,
+    return DeadLetter(reason=reason, error=error[:MAX_ERROR_CHARS], source_topic=topic, source_partition=partition,
                       source_offset=offset, at=at, payload_text=text, payload_b64=b64)
 
 
 def dead_letter_headers(letter: DeadLetter) -> Headers:
     """The Kafka headers of ``letter``: the reason and the source position."""
     return [
+        ("reason", letter.reason.value),
         ("error", letter.error),
         ("source_topic", letter.source_topic),
         ("source_partition", str(letter.source_partition)),

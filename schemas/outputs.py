@@ -9,6 +9,7 @@ conventions (units in names, UTC, ``None`` for unknown) are those of :mod:`schem
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
@@ -300,9 +301,36 @@ class Alert(Message):
 # --------------------------------------------------------------------------- deadletter.v1
 
 
+class DeadLetterReason(StrEnum):
+    """Why a record was rejected: a fixed list an operator can alert and act on (``error`` beside it
+    gives the detail). docs/schemas.md lists what each means and what to change."""
+
+    INVALID = "invalid"
+    """Not JSON, not an object, a wrong type or a failed check of the contract."""
+    TOO_LARGE = "too_large"
+    """Over a size cap: the message, a string or a list."""
+    OUT_OF_RANGE = "out_of_range"
+    """A number outside its bounds (64-bit integers, finite floats, a column's range)."""
+    INCONSISTENT = "inconsistent"
+    """Fields that contradict each other: a sample's key and node, duplicate GPUs in one sample."""
+    TOO_OLD = "too_old"
+    """Older than the event-time bounds of the stream or the store's TTL."""
+    TOO_FAR_AHEAD = "too_far_ahead"
+    """Further ahead of the clock than the allowed skew."""
+    UNKNOWN_CLUSTER = "unknown_cluster"
+    """A cluster outside the workers' allow-list (``GPULENS_ACCEPT_CLUSTERS``)."""
+    UNAPPLIABLE = "unappliable"
+    """A valid record a stage failed to apply (a gpulens fault, kept here so the stream goes on)."""
+    REJECTED_BY_STORE = "rejected_by_store"
+    """ClickHouse refused the row."""
+    UNDELIVERABLE = "undeliverable"
+    """No destination accepted an alert (the forwarder)."""
+
+
 class DeadLetter(Message):
     """A rejected input record; the same facts also travel as Kafka headers."""
 
+    reason: DeadLetterReason = DeadLetterReason.INVALID
     error: str
     source_topic: str
     source_partition: int | None = None
