@@ -217,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
-    except UserError as exc:
-        click.echo(f"gpulens: {exc}", err=True)
+    except UserError as exc:  # its text may quote cluster data (a cluster name, a value): no control characters
+        from common.text import printable
+
+        click.echo(f"gpulens: {printable(str(exc), multiline=True)}", err=True)
         return 2
     except OSError as exc:
         # a path from the configuration (data dir, cache dir, a file flag) that cannot be used

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from common.kafka import make_consumer, read_to_end, topic_names
 from common.settings import KafkaSettings
+from common.text import printable
 from schemas import codec
 from schemas.messages import DEFAULT_CLUSTER, K8sEvent, Message, PodState
 from schemas.outputs import Alert, ClusterCapacity, PodWindow
@@ -151,6 +152,12 @@ class FleetView:
 _STATE_STYLE = {"busy": "green", "idle allocated": "yellow", "unallocated": "blue", "stranded": "red"}
 
 
+def plain(value: object) -> Text:
+    """Cluster text (names, teams, reasons, summaries) as a rich cell: never read as markup
+    (``[/x]``, ``[link=...]``) or emoji codes, control characters shown escaped (:func:`printable`)."""
+    return Text(printable(str(value)))
+
+
 def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     cap = view.capacity
     header = Text(f"{title} — ", style="bold")
@@ -158,8 +165,8 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
         header.append("waiting for the first capacity window…", style="dim")
         return Panel(header)
     if len(view.clusters_seen) > 1:
-        header.append(f"cluster {view.cluster} (of {', '.join(sorted(view.clusters_seen))}: --cluster)   ",
-                      style="bold yellow")
+        others = ", ".join(sorted(view.clusters_seen))
+        header.append(printable(f"cluster {view.cluster} (of {others}: --cluster)   "), style="bold yellow")
     header.append(f"window ending {cap.window_end:%Y-%m-%d %H:%M:%S}Z   {cap.gpus_total} GPUs   "
                   f"{cap.pending_pods} pending pods wanting {cap.pending_gpu_demand} GPUs   "
                   f"largest free block {cap.largest_free_block}")
@@ -176,14 +183,14 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     for column in ("team", "GPUs held", "busy %"):
         teams.add_column(column, justify="left" if column == "team" else "right")
     for team, gpus, busy in view.usage_by_team()[:8]:
-        teams.add_row(team, str(gpus), f"{100 * busy:.0f}")
+        teams.add_row(plain(team), str(gpus), f"{100 * busy:.0f}")
 
     idle = Table(title="Idlest pods (idle GPU-minutes)", expand=True)
     for column in ("pod", "team", "GPUs", "idle min", "util %"):
         idle.add_column(column, justify="left" if column in ("pod", "team") else "right")
     for usage in view.idlest_pods():
         util = "" if usage.last_util_pct is None else f"{usage.last_util_pct:.0f}"
-        idle.add_row(f"{usage.namespace}/{usage.pod}", usage.team, str(len(usage.gpus)),
+        idle.add_row(plain(f"{usage.namespace}/{usage.pod}"), plain(usage.team), str(len(usage.gpus)),
                      f"{usage.idle_s / 60:.0f}", util)
 
     pending = Table(title="Pending GPU pods", expand=True)
@@ -191,7 +198,7 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     pending.add_column("GPUs", justify="right")
     pending.add_column("reason", ratio=3)
     for pod, reason in view.pending_pods()[:8]:
-        pending.add_row(f"{pod.namespace}/{pod.name}", str(sum(pod.gpu_requests.values())), reason)
+        pending.add_row(plain(f"{pod.namespace}/{pod.name}"), str(sum(pod.gpu_requests.values())), plain(reason))
 
     alerts = Table(title=f"Active alerts ({len(view.alerts)})", expand=True)
     alerts.add_column("since")
@@ -199,7 +206,7 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     alerts.add_column("severity")
     alerts.add_column("summary", ratio=3)
     for alert in view.active_alerts()[-10:]:
-        alerts.add_row(f"{alert.started_at:%H:%M:%S}", alert.type, alert.severity, alert.summary)
+        alerts.add_row(f"{alert.started_at:%H:%M:%S}", plain(alert.type), alert.severity, plain(alert.summary))
 
     return Group(Panel(header), states, teams, idle, pending, alerts)
 
@@ -211,7 +218,7 @@ def read_view_once(kafka: KafkaSettings, prefix: str, timeout_s: float = 60.0,
     view = FleetView(cluster=cluster)
     for spec in sorted(VIEW_TOPICS, key=lambda s: s is K8S_PODS):
         for record in read_to_end(kafka, spec.name(prefix), timeout_s):
-            key = record.key.decode() if record.key is not None else None
+            key = record.key.decode(errors="replace") if record.key is not None else None
             try:
                 view.apply(None if record.value is None else codec.decode(record.value, spec.message), key)
             except codec.MessageError:
@@ -240,7 +247,7 @@ def drain_topics(
                     continue
                 spec = specs[record.topic() or ""]
                 raw_key = record.key()
-                key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+                key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else raw_key
                 value = record.value()
                 try:
                     view.apply(None if value is None else codec.decode(value, spec.message), key)

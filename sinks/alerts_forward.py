@@ -12,14 +12,18 @@ PagerDuty) or a chat webhook; gpulens publishes alerts on Kafka. This consumer b
   ``gpu_uuid`` / ``gang`` / ``workload`` (a queued Kueue workload) when the subject has one, so
   two alerts on two GPUs of one pod stay two alerts); annotations ``summary``, ``description`` and
   ``runbook_url`` (docs/alerts.md's section of the type). A generic webhook gets the gpulens alert
-  with those labels and annotations, or a Slack-compatible body.
+  with those labels and annotations, or a Slack-compatible body. In the Slack body every string from
+  the alert (type, summary, subject) is escaped by Slack's rules (:func:`slack_escape`), so no
+  ``<!channel>`` command or ``<url|text>`` link can come from cluster data; the runbook link is the
+  only markup. The JSON body and Alertmanager's labels and annotations carry the data as it is.
 - **At least once.** Records are consumed in batches; the offsets of a batch are committed only
   after every record of it was delivered to every destination (or dead-lettered, and the dead
   letter acknowledged by Kafka). A failed delivery is retried with jittered exponential backoff
   (:class:`common.backoff.Backoff`); after ``max_attempts`` failures to one destination, or at once
   when the destination rejects the request as malformed (HTTP 4xx other than 408 / 429), the
-  record goes to ``deadletter.v1`` (:func:`schemas.dead_letters.dead_letter`) with the destination and the
-  reason. A crash between delivery and commit delivers the batch again: Alertmanager identifies an
+  record goes to ``deadletter.v1`` (:func:`schemas.dead_letters.dead_letter`) with the code
+  ``undeliverable`` (``invalid`` for a record that is no alert) and the destination and error as
+  detail. A crash between delivery and commit delivers the batch again: Alertmanager identifies an
   alert by its labels, so a repeated transition changes nothing it shows or notifies.
 """
 
@@ -42,11 +46,12 @@ from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
-from schemas.codec import MessageError, decode
+from schemas.codec import MessageError, decode, encode
+from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
 from schemas.messages import DEFAULT_CLUSTER, PodState, scoped_key
-from schemas.outputs import KNOWN_ALERT_TYPES, Alert
+from schemas.outputs import KNOWN_ALERT_TYPES, Alert, DeadLetterReason
 from schemas.topics import ALERTS, DEADLETTER, K8S_PODS
-from sinks.batches import ConsumedRecord, encoded_dead_letter
+from sinks.batches import ConsumedRecord
 
 log = get_logger(__name__)
 
@@ -117,6 +122,12 @@ def alertmanager_alert(alert: Alert, *, cluster: str, runbook_base_url: str, fir
     }
 
 
+def slack_escape(text: str) -> str:
+    """``text`` as literal Slack text: ``&``, ``<`` and ``>`` as entities (Slack's escaping rules), so
+    data can never open a link (``<https://x|click>``), a mention or a command (``<!channel>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
                  body_format: Literal["json", "slack"], team: str | None = None) -> dict[str, Any]:
     labels = alert_labels(alert, cluster, team)
@@ -125,15 +136,16 @@ def webhook_body(alert: Alert, *, cluster: str, runbook_base_url: str,
         return alert.model_dump(mode="json") | {"labels": labels, "annotations": annotations}
     state = "FIRING" if alert.state == "firing" else "RESOLVED"
     icon = SLACK_ICONS[alert.severity] if alert.state == "firing" else ":white_check_mark:"
-    text = f"{icon} [{state}] {alert.type} ({alert.severity}): {alert.summary}"
-    where = ", ".join(f"{k}={labels[k]}" for k in ("cluster", "namespace", "pod", "gang", "workload", "node")
-                      if k in labels)
+    # every piece of data is escaped; the icon, the layout and the runbook link are the only markup
+    text = f"{icon} [{state}] {slack_escape(alert.type)} ({alert.severity}): {slack_escape(alert.summary)}"
+    where = ", ".join(f"{k}={slack_escape(labels[k])}"
+                      for k in ("cluster", "namespace", "pod", "gang", "workload", "node") if k in labels)
+    runbook = slack_escape(annotations["runbook_url"]).replace("|", "%7C")
     return {
         "text": text,
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": text}},
-            {"type": "context", "elements": [
-                {"type": "mrkdwn", "text": f"{where} | <{annotations['runbook_url']}|runbook>"}]},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{where} | <{runbook}|runbook>"}]},
         ],
     }
 
@@ -281,18 +293,23 @@ class AlertForwarder:
     def deliver(self, record: ConsumedRecord) -> list[str]:
         """Deliver one record to every destination; returns the reasons to dead-letter it (none
         when it was delivered everywhere). Raises :class:`ForwarderStopped` on stop."""
+        return [detail for _code, detail in self.deliver_coded(record)]
+
+    def deliver_coded(self, record: ConsumedRecord) -> list[tuple[DeadLetterReason, str]]:
+        """:meth:`deliver` with each dead letter's code: ``undeliverable`` for a destination that
+        never accepted the alert, ``invalid`` for a record that is no alert."""
         if record.value is None:
             return []  # not a transition (a tombstone): nothing to deliver
         try:
             alert = decode(record.value, Alert)
         except MessageError as exc:
             self.metrics.dead_letters.labels("none").inc()
-            return [f"undecodable alert: {exc}"]
+            return [(exc.code, f"undecodable alert: {exc}")]
         reasons = []
         for destination in self.destinations:
             reason = self._deliver_to(destination, alert, record)
             if reason is not None:
-                reasons.append(reason)
+                reasons.append((DeadLetterReason.UNDELIVERABLE, reason))
                 self.metrics.dead_letters.labels(destination.kind).inc()
         return reasons
 
@@ -393,18 +410,26 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
     return forwarder.totals
 
 
+def encoded_dead_letter(record: ConsumedRecord, code: DeadLetterReason, detail: str) -> tuple[bytes, Headers]:
+    """``record``'s dead letter with ``code`` and ``detail``, encoded, with its headers."""
+    letter = dead_letter(detail, record.topic, record.value, datetime.now(UTC), record.partition, record.offset,
+                         reason=code)
+    return encode(letter), dead_letter_headers(letter)
+
+
 def _bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
 def _forward_batch(forwarder: AlertForwarder, records: list[ConsumedRecord], producer: BoundedProducer,
                    dlq_topic: str) -> None:
-    letters: list[tuple[ConsumedRecord, bytes, list[tuple[str, str | bytes | None]]]] = []
+    letters: list[tuple[ConsumedRecord, bytes, Headers]] = []
     for record in records:
-        for reason in forwarder.deliver(record):
-            value, headers = encoded_dead_letter(record, reason)
+        for code, reason in forwarder.deliver_coded(record):
+            value, headers = encoded_dead_letter(record, code, reason)
             letters.append((record, value, headers))
-            log.error("alert dead-lettered", partition=record.partition, offset=record.offset, reason=reason[:300])
+            log.error("alert dead-lettered", partition=record.partition, offset=record.offset, code=code.value,
+                      reason=reason[:300])
     while letters:  # the dead letters must be in Kafka before the batch is committed
         failed_before = producer.stats.failed
         for record, value, headers in letters:

@@ -13,6 +13,7 @@ import click
 import orjson
 
 from common.errors import UserError
+from common.text import printable
 from gpulens.commands.analysis import clickhouse_option, format_table, human, open_analysis_reader
 from gpulens.commands.base import settings_from_flags, with_common_options
 
@@ -47,7 +48,7 @@ def render_text(advice: dict[str, Any]) -> str:
     from reports.advise import pack_text
 
     if advice["headline"] is None:
-        return str(advice["headline_text"])
+        return printable(str(advice["headline_text"]), multiline=True)
     period, totals = advice["period"], advice["totals"]
     lines = [advice["headline_text"],
              pack_text(advice["headline"]),
@@ -65,7 +66,7 @@ def render_text(advice: dict[str, Any]) -> str:
             lines.append("(none)")
             continue
         lines.append(format_table(list(columns), [[human(c, row.get(c)) for c in columns] for row in rows]))
-    return "\n".join(lines)
+    return printable("\n".join(lines), multiline=True)
 
 
 @click.command("advise")

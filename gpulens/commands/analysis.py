@@ -16,6 +16,7 @@ import click
 import orjson
 
 from common.errors import UserError
+from common.text import printable
 from gpulens.commands.base import settings_from_flags, with_common_options
 from reports.analyses import ANALYSES
 
@@ -55,7 +56,10 @@ def _cell(value: Any) -> str:
 
 
 def format_table(columns: list[str], rows: list[list[Any]], max_width: int = 60) -> str:
-    cells = [[_cell(v)[:max_width] for v in row] for row in rows]
+    """The text table of ``sql``, ``report`` and ``advise``: each cell on one line, its control
+    characters (a hostile pod name's escape sequences, its newlines) shown escaped."""
+    columns = [printable(c) for c in columns]
+    cells = [[printable(_cell(v))[:max_width] for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(),
              "  ".join("-" * w for w in widths)]

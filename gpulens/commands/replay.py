@@ -23,11 +23,19 @@ def _dump(report: dict[str, Any]) -> str:
 
 
 def _print_summary(report: dict[str, Any]) -> None:
+    """The readable summary; every string from the scenario or the fleet (names, teams, summaries) is
+    a plain rich Text (never markup) with its control characters shown escaped."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from common.text import printable
+
+    def plain(value: Any) -> Text:
+        return Text("" if value is None else printable(str(value)))
 
     console = Console(width=None if Console().is_terminal else 160)
-    console.print(f"[bold]scenario[/bold] {report['scenario']}")
+    console.print(Text.assemble(("scenario", "bold"), " ", plain(report["scenario"])))
     alerts = Table(title="alerts", show_lines=False)
     for column in ("at", "state", "type", "subject", "summary"):
         alerts.add_column(column, overflow="fold")
@@ -36,7 +44,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         subject = "/".join(p for p in (s.get("namespace"), s.get("name")) if p)
         if s.get("gpu_uuid"):
             subject += f" [{s['gpu_uuid'][:12]}]"
-        alerts.add_row(a["at"], a["state"], a["type"], subject, a["summary"])
+        alerts.add_row(plain(a["at"]), plain(a["state"]), plain(a["type"]), plain(subject), plain(a["summary"]))
     console.print(alerts if report["alerts"] else "no alerts")
     pods = Table(title="pods")
     for column in ("pod", "team", "gpus", "node", "pending_s", "running_s", "gpu_h", "idle_gpu_h", "avg_util%",
@@ -44,12 +52,13 @@ def _print_summary(report: dict[str, Any]) -> None:
         pods.add_column(column, justify="right" if column not in ("pod", "team", "node", "end") else "left")
     for p in report["pods"]:
         if not p.get("seen", True):
-            pods.add_row(f"{p['namespace']}/{p['name']}", *["-"] * 9, "not seen")
+            pods.add_row(plain(f"{p['namespace']}/{p['name']}"), *["-"] * 9, "not seen")
             continue
         avg = p["avg_sm_util_pct"]
-        pods.add_row(f"{p['namespace']}/{p['name']}", str(p["team"]), str(p["gpus"]), str(p["node"] or "-"),
+        pods.add_row(plain(f"{p['namespace']}/{p['name']}"), plain(str(p["team"])), str(p["gpus"]),
+                     plain(p["node"] or "-"),
                      str(p["pending_s"]), str(p["running_s"]), f"{p['gpu_hours']:.4f}", f"{p['idle_gpu_hours']:.4f}",
-                     "-" if avg is None else f"{avg:.1f}", f"{p['cost_usd']:.2f}", p["end_reason"])
+                     "-" if avg is None else f"{avg:.1f}", f"{p['cost_usd']:.2f}", plain(p["end_reason"]))
     console.print(pods)
     c = report["cluster"]
     console.print(
@@ -58,7 +67,7 @@ def _print_summary(report: dict[str, Any]) -> None:
         f"max stranded GPUs {c['max_stranded_gpus']}")
     stream = report.get("stream", {})
     if stream:
-        console.print("stream: " + ", ".join(f"{k}={v}" for k, v in stream.items()))
+        console.print(plain("stream: " + ", ".join(f"{k}={v}" for k, v in stream.items())))
 
 
 @click.command("replay")
@@ -150,8 +159,10 @@ def _check_expected(report: dict[str, Any], path: Path, sample_interval_s: float
     except (OSError, orjson.JSONDecodeError) as exc:
         raise UserError(f"{path}: cannot read expected results: {exc}") from None
     problems = compare_report(report, expected, sample_interval_s)
-    for line in problems:
-        click.echo(f"MISMATCH {line}", err=True)
+    from common.text import printable
+
+    for line in problems:  # a line names pods and teams of the scenario: cluster text
+        click.echo(f"MISMATCH {printable(line)}", err=True)
     if problems:
         raise click.ClickException(f"{len(problems)} difference(s) from {path}")
     click.echo(f"matches {path}", err=True)

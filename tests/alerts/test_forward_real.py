@@ -197,6 +197,7 @@ def test_a_webhook_that_always_fails_gets_dead_letters_after_n_attempts(
     for letter, alert in zip(sorted(letters, key=lambda x: x.source_offset or 0), sent, strict=True):
         assert letter.source_topic == topics
         assert "webhook delivery failed 3 times" in letter.error and "HTTP 503" in letter.error
+        assert letter.reason == "undeliverable", "the code of an alert no destination accepted"
         assert letter.payload_text is not None and decode(letter.payload_text.encode(), Alert).id == alert.id
     attempts = [b["id"] for b in failing.bodies()]
     assert sorted(attempts) == sorted([a.id for a in sent] * 3), "exactly N attempts per transition"
