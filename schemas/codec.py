@@ -7,7 +7,7 @@ decode so one giant record cannot exhaust a consumer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar
 
@@ -15,7 +15,7 @@ import orjson
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from schemas.messages import SCHEMA_VERSION, Message
+from schemas.messages import DEFAULT_CLUSTER, INCONSISTENT, SCHEMA_VERSION, GpuSample, Message, scoped_key
 from schemas.outputs import DeadLetterReason
 
 M = TypeVar("M", bound=Message)
@@ -50,7 +50,8 @@ def encode(message: Message) -> bytes:
     data = orjson.dumps({"schema_version": message.schema_version, "cluster": message.cluster}
                         | message.model_dump(mode="json", exclude_defaults=True))
     if len(data) > MAX_MESSAGE_BYTES:
-        raise MessageError(f"encoded size {len(data)} bytes exceeds limit {MAX_MESSAGE_BYTES}")
+        raise MessageError(f"encoded size {len(data)} bytes exceeds limit {MAX_MESSAGE_BYTES}",
+                           code=DeadLetterReason.TOO_LARGE)
     return data
 
 
@@ -59,11 +60,14 @@ def _parse(payload: bytes | str | None) -> dict[str, Any]:
         raise MessageError("empty value (tombstone) where a message was expected")
     raw = payload.encode() if isinstance(payload, str) else payload
     if len(raw) > MAX_MESSAGE_BYTES:
-        raise MessageError(f"message of {len(raw)} bytes exceeds limit {MAX_MESSAGE_BYTES}")
+        raise MessageError(f"message of {len(raw)} bytes exceeds limit {MAX_MESSAGE_BYTES}",
+                           code=DeadLetterReason.TOO_LARGE)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MessageError(f"not valid JSON: {exc}") from None
+        # a number beyond float64 (1e400): valid JSON that no float field can hold
+        code = DeadLetterReason.OUT_OF_RANGE if str(exc).startswith(ORJSON_INFINITY) else DeadLetterReason.INVALID
+        raise MessageError(f"not valid JSON: {exc}", code=code) from None
     if not isinstance(data, dict):
         raise MessageError(f"expected a JSON object, got {type(data).__name__}")
     return data
@@ -145,11 +149,79 @@ def validate(data: dict[str, object], message_type: type[M]) -> M:
         raise _message_error(exc) from None
 
 
+ERROR_CODES: dict[str, DeadLetterReason] = {
+    "string_too_long": DeadLetterReason.TOO_LARGE,
+    "too_long": DeadLetterReason.TOO_LARGE,
+    "bytes_too_long": DeadLetterReason.TOO_LARGE,
+    "greater_than": DeadLetterReason.OUT_OF_RANGE,
+    "greater_than_equal": DeadLetterReason.OUT_OF_RANGE,
+    "less_than": DeadLetterReason.OUT_OF_RANGE,
+    "less_than_equal": DeadLetterReason.OUT_OF_RANGE,
+    "finite_number": DeadLetterReason.OUT_OF_RANGE,
+    "int_parsing_size": DeadLetterReason.OUT_OF_RANGE,
+    INCONSISTENT: DeadLetterReason.INCONSISTENT,
+}
+"""The dead letter's reason code of a pydantic error type (any other type: ``invalid``)."""
+
+ORJSON_INFINITY = "number is infinity"
+"""How orjson's error for a number beyond float64 begins (``1e400``)."""
+
+
+def error_code(error_type: str) -> DeadLetterReason:
+    """The reason code of a validation error of type ``error_type`` (pydantic's ``type``)."""
+    return ERROR_CODES.get(error_type, DeadLetterReason.INVALID)
+
+
 def _message_error(exc: ValidationError) -> MessageError:
     first = exc.errors()[0]
     path = ".".join(str(part) for part in first["loc"])
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return MessageError(f"{first['msg']}{more}", path)
+    return MessageError(f"{first['msg']}{more}", path, error_code(first["type"]))
+
+
+KEY_FIELDS: dict[type[Message], str] = {GpuSample: "node"}
+"""Input types whose Kafka key is a field of the message, scoped by its cluster
+(:func:`schemas.messages.scoped_key`): a sample is keyed by its node."""
+
+
+def key_error(key: bytes | str | None, message_type: type[Message], data: Message | Mapping[str, Any]) -> str | None:
+    """Why a record keyed ``key`` cannot carry ``data`` (a decoded ``message_type``: the model or
+    its plain data), or None: a keyless record, a type with no key field, or the key it should have."""
+    field = KEY_FIELDS.get(message_type)
+    if key is None or field is None:
+        return None
+    values: Mapping[str, Any] = data if isinstance(data, Mapping) else data.__dict__
+    cluster = values.get("cluster", DEFAULT_CLUSTER)
+    expected = scoped_key(cluster, str(values[field]))
+    text = key if isinstance(key, str) else key.decode("utf-8", errors="replace")
+    if text == expected:
+        return None
+    return f"record key {text[:MAX_KEY_CHARS_SHOWN]!r} is not the key of its {field} {expected[:MAX_KEY_CHARS_SHOWN]!r}"
+
+
+MAX_KEY_CHARS_SHOWN = 300
+"""A key is shown in an error up to this many characters."""
+
+
+def check_key(key: bytes | str | None, message: Message | Mapping[str, Any],
+              message_type: type[Message] | None = None) -> None:
+    """Raise :class:`MessageError` (``inconsistent``, naming the key field) when ``key`` is not the
+    key of ``message`` (:func:`key_error`); ``message_type`` is needed for plain data."""
+    kind = message_type if message_type is not None else type(message)
+    if not (isinstance(kind, type) and issubclass(kind, Message)):
+        raise TypeError("check_key needs the message type of plain data")
+    error = key_error(key, kind, message)
+    if error is not None:
+        raise MessageError(error, KEY_FIELDS[kind], DeadLetterReason.INCONSISTENT)
+
+
+def decode_keyed(payload: bytes | str | None, key: bytes | str | None, message_type: type[M]) -> M:
+    """:func:`decode`, and the record's ``key`` checked against the message (:func:`check_key`): a
+    sample keyed by one node that names another is refused (``inconsistent``). A keyless record is
+    accepted as :func:`decode` accepts it."""
+    message = decode(payload, message_type)
+    check_key(key, message)
+    return message
 
 
 @cache
