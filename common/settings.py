@@ -185,6 +185,9 @@ class CommonSettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Port of the Prometheus ``/metrics`` endpoint; 0 disables it."""
+    metrics_addr: IPvAnyAddress = IPv4Address("127.0.0.1")
+    """Address the ``/metrics`` endpoint listens on: loopback unless chosen (the Kubernetes
+    manifests and the compose file set ``0.0.0.0`` so that Prometheus can scrape the pod)."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     local_kafka: LocalKafkaSettings = Field(default_factory=LocalKafkaSettings)
@@ -259,9 +262,9 @@ class AgentSettings(ProducerIdentity):
     progress_interval_s: float = Field(default=10.0, ge=1.0, le=3600.0)
     """Seconds between two ``workload.progress.v1`` messages of one pod (its totals so far)."""
     progress_max_datagram_bytes: int = Field(default=1024, ge=64, le=65507)
-    """Larger progress datagrams are rejected (counted, logged once per sender)."""
+    """Larger progress datagrams are rejected (counted; summarised in the log once per minute)."""
     progress_rate_per_s: float = Field(default=20.0, gt=0, le=10_000)
-    """Progress datagrams accepted per second per sender (PID or source address), bursts of twice that."""
+    """Progress datagrams accepted per second per pod (all its PIDs and addresses together), bursts of twice that."""
 
     @field_validator("progress_socket")
     @classmethod
@@ -353,6 +356,42 @@ class WorkerSettings(CommonSettings):
     """Most fleet series (per-pod ``DCGM_FI_*`` / ``gpulens_pod_*``, cluster and team gauges) one
     worker's ``/metrics`` exports; series beyond it are dropped and counted
     (``gpulens_fleet_series_dropped_total``). 0 = no fleet series."""
+    accept_clusters: str | None = None
+    """``GPULENS_ACCEPT_CLUSTERS``: the only clusters whose records the workers take, a comma list
+    (``prod-eu-1,prod-us-2``) or a JSON list of DNS labels; a record of another cluster is a dead
+    letter (``unknown_cluster``). Unset or empty: every cluster. Kept as the comma list."""
+    deadletter_rate_per_s: float = Field(default=100.0, gt=0)
+    """Dead letters one worker writes a second at most (a token bucket, with ``deadletter_burst``);
+    beyond it a rejected record is counted in ``gpulens_stream_deadletters_suppressed_total`` and
+    summarised in the log instead of written."""
+    deadletter_burst: int = Field(default=1000, ge=1)
+    """Dead letters a worker may write at once before ``deadletter_rate_per_s`` applies."""
+
+    @field_validator("accept_clusters", mode="before")
+    @classmethod
+    def _cluster_list(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().startswith("["):
+            import json
+
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("expected a comma list or a JSON list of cluster names") from None
+        names = [str(name).strip() for name in value] if isinstance(value, list | tuple) else \
+            [name.strip() for name in str(value).split(",")]
+        names = [name for name in names if name]
+        for name in names:
+            try:
+                _cluster_name(name)
+            except ValueError as exc:
+                raise ValueError(f"{name!r}: {exc}") from None
+        return ",".join(sorted(set(names))) or None
+
+    def accepted_clusters(self) -> frozenset[str] | None:
+        """:attr:`accept_clusters` as a set (None: every cluster)."""
+        return None if self.accept_clusters is None else frozenset(self.accept_clusters.split(","))
 
 
 class SinkSettings(CommonSettings):
@@ -366,6 +405,10 @@ class SinkSettings(CommonSettings):
     rollup_ttl_days: int = Field(default=730, ge=1)
     state_ttl_days: int = Field(default=400, ge=1)
     """TTL of pods, nodes, events, progress, windows, capacity, lifecycle and alerts."""
+    max_future_skew_s: float = Field(default=600.0, gt=0)
+    """Records with a time more than this ahead of the sink's clock go to the dead-letter topic
+    (``too_far_ahead``) instead of being stored; the stream's own bound (``max_skew_s``) by default.
+    A simulated fleet played faster than the wall clock runs ahead of it by design: raise it there."""
     stall_s: float = Field(default=5.0, gt=0)
     """A consumed partition whose next record has not come for this long although the log holds
     it is sought back to it (faust can drop fetched records after a rebalance)."""

@@ -155,10 +155,10 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
             fresh, fed = sink.records[fed:], len(sink.records)
             for record in fresh:
                 value = encode(record.message) if record.message is not None else None
-                pipeline.feed(record.topic, value, at=tick.ts)
+                pipeline.feed(record.topic, value, at=tick.ts, key=record.key)
             for raw in tick.records:
                 if raw.topic not in K8S_TOPICS:
-                    pipeline.feed(raw.topic, raw.value, at=tick.ts)
+                    pipeline.feed(raw.topic, raw.value, at=tick.ts, key=raw.key)
             pipeline.advance(epoch(tick.ts) - lateness_s)
     finally:
         service.shutdown(stop, timeout_s=10)

@@ -33,9 +33,11 @@ from stream_jobs.timeutil import epoch
 DEFAULT_LATENESS_S = 30.0
 
 
-def engine_config(scenario: Scenario) -> EngineConfig:
+def engine_config(scenario: Scenario, accept_clusters: frozenset[str] | None = None) -> EngineConfig:
+    """``accept_clusters``: the workers' ``GPULENS_ACCEPT_CLUSTERS`` (None: every cluster)."""
     return EngineConfig(window_s=scenario.window_s, sample_interval_s=scenario.sample_interval_s,
-                        prices_usd_per_gpu_hour=dict(scenario.prices), thresholds=scenario.thresholds)
+                        prices_usd_per_gpu_hour=dict(scenario.prices), thresholds=scenario.thresholds,
+                        accept_clusters=accept_clusters)
 
 
 @dataclass
@@ -46,10 +48,11 @@ class ReplayResult:
 
 
 def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S,
-                   ticks: Iterable[Tick] | None = None) -> ReplayResult:
-    """``ticks``: what to feed instead of the simulator's own ticks (tests add hostile records)."""
+                   ticks: Iterable[Tick] | None = None, accept_clusters: frozenset[str] | None = None) -> ReplayResult:
+    """``ticks``: what to feed instead of the simulator's own ticks (tests add hostile records);
+    ``accept_clusters``: as the workers' ``GPULENS_ACCEPT_CLUSTERS``."""
     simulator = FleetSimulator(scenario)
-    pipeline = LocalPipeline(engine_config(scenario))
+    pipeline = LocalPipeline(engine_config(scenario, accept_clusters))
     for tick in simulator.run() if ticks is None else ticks:
         feed_tick(pipeline, tick)
         pipeline.advance(epoch(tick.ts) - lateness_s)
@@ -61,7 +64,7 @@ def run_in_process(scenario: Scenario, lateness_s: float = DEFAULT_LATENESS_S,
 
 def feed_tick(pipeline: LocalPipeline, tick: Tick) -> None:
     for record in tick.records:
-        pipeline.feed(record.topic, record.value, at=tick.ts)
+        pipeline.feed(record.topic, record.value, at=tick.ts, key=record.key)
 
 
 # --------------------------------------------------------------------------- the report

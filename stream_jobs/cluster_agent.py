@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.logs import get_logger
-from schemas.codec import validate
+from schemas.codec import MessageError, validate
 from schemas.messages import Message
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
@@ -82,16 +82,24 @@ class ClusterAgent:
             self.done = meta.get("done")
         return self.gate, self.stages
 
-    async def _offer(self, gate: ClusterGate[Any], event: Any) -> bool:
-        data = decode_envelope(event.value)
-        kind = data["k"]
-        if kind in ("r", "b"):
-            return offer_forwarded(gate, data, event)
-        if kind == "o":
-            return gate.offer_output(data, event)
-        if kind == "nm":
-            return gate.offer_node_mark(data, event)
-        mark = Mark.from_dict(data)
+    async def _offer(self, gate: ClusterGate[Any], event: Any) -> bool | None:
+        """Park the event's record(s) or mark; False: a duplicate; None: not a stream-jobs record
+        (dead-lettered)."""
+        try:
+            data = decode_envelope(event.value)
+            kind = data["k"]
+            if kind in ("r", "b"):
+                return offer_forwarded(gate, data, event)
+            if kind == "o":
+                if not isinstance(data.get("outs", []), list):
+                    raise ValueError("an output envelope without its list of outputs")
+                return gate.offer_output(data, event)
+            if kind == "nm":
+                return gate.offer_node_mark(data, event)
+            mark = Mark.from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not what the workers write
+            await self.delivery.internal_letter(event, repr(exc))
+            return None
         accepted = gate.offer_mark(mark, event)
         if not accepted and mark.end and self.done is not None:
             # the end was processed before a restart: say done again (the driver waits)
@@ -107,8 +115,10 @@ class ClusterAgent:
             metrics.record_in(self.topic_name)
             gate, stage = self._restore()
             self.next_offset = event.message.offset + 1
-            if not await self._offer(gate, event):
-                metrics.duplicates.labels("cluster").inc()
+            offered = await self._offer(gate, event)
+            if not offered:
+                if offered is not None:
+                    metrics.duplicates.labels("cluster").inc()
                 self.unacked.append(event)  # with the next checkpoint (see NodePartition.unacked)
                 continue
             while self.gate is gate and (ready := gate.next_complete()) is not None:
@@ -126,12 +136,18 @@ class ClusterAgent:
         for parked in direct:
             message = await self.delivery.released_input(parked, mark)
             if message is not None:
-                stage.submit(message)
+                stage.submit(message, [str(parked.data["t"]), int(parked.data["p"]), int(parked.data["o"])])
         for parked in outs:
-            for kind, value in envelope_outputs(parked.data):
-                stage.submit(validate(value, _INTERNAL_TYPES[kind]))
+            try:
+                internal = [validate(value, _INTERNAL_TYPES[kind]) for kind, value in envelope_outputs(parked.data)]
+            except (MessageError, ValueError, KeyError, TypeError) as exc:  # not what a node stage writes
+                await self.delivery.internal_letter(parked.token, repr(exc))
+                continue
+            for message in internal:
+                stage.submit(message)
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         outputs = stage.flush(mark.ts) if mark.end else stage.advance(wm)
+        await self.delivery.rejected(stage.take_rejected())
         if self.observer is not None:
             self.observer.observe(outputs)
         for m in outputs:

@@ -20,6 +20,7 @@ from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
 from stream_jobs.scoping import stamped
+from stream_jobs.stage import Rejected
 from stream_jobs.state import ClusterPod
 
 
@@ -37,8 +38,12 @@ class ClusterStages:
             stage = self.stages[cluster] = ClusterStage(self.config)
         return stage
 
-    def submit(self, message: Message) -> None:
-        self.stage(message.cluster).submit(message)
+    def submit(self, message: Message, source: Any = None) -> None:
+        self.stage(message.cluster).submit(message, source)
+
+    def take_rejected(self) -> list[Rejected]:
+        """The inputs the stages did not apply since the last call (:meth:`Stage.take_rejected`)."""
+        return [r for name in sorted(self.stages) for r in self.stages[name].take_rejected()]
 
     def advance(self, watermark: float) -> list[Message]:
         return [m for name in sorted(self.stages) for m in stamped(name, self.stages[name].advance(watermark))]

@@ -96,6 +96,9 @@ class EngineConfig:
     """An input whose event time is further ahead of the stream's clock is dead-lettered."""
     horizon_s: float = 86400.0
     """An input whose event time is further behind the stream's clock is dead-lettered."""
+    accept_clusters: frozenset[str] | None = None
+    """The clusters whose inputs the stream takes (``GPULENS_ACCEPT_CLUSTERS``); another cluster's
+    record is dead-lettered (``unknown_cluster``). None: every cluster."""
 
     _prices_by_key: dict[str, float] = field(init=False, repr=False, compare=False)
     _price_of: dict[str, float] = field(init=False, repr=False, compare=False)
@@ -128,7 +131,7 @@ class EngineConfig:
             "thresholds": self.thresholds.to_dict(),
             "max_skew_s": self.max_skew_s,
             "horizon_s": self.horizon_s,
-        }
+        } | ({} if self.accept_clusters is None else {"accept_clusters": sorted(self.accept_clusters)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EngineConfig:
@@ -139,4 +142,5 @@ class EngineConfig:
             thresholds=Thresholds().with_overrides(data.get("thresholds", {})),
             max_skew_s=float(data.get("max_skew_s", 600.0)),
             horizon_s=float(data.get("horizon_s", 86400.0)),
+            accept_clusters=None if data.get("accept_clusters") is None else frozenset(data["accept_clusters"]),
         )

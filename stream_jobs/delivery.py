@@ -16,19 +16,21 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import orjson
 
 from common.logs import get_logger
 from schemas.codec import WIRE_HEADERS, MessageError, encode, validate
+from schemas.dead_letters import dead_letter_headers
 from schemas.messages import Message, scoped_key
-from schemas.outputs import Alert, PodLifecycle, PodWindow
+from schemas.outputs import Alert, DeadLetterReason, PodLifecycle, PodWindow
 from stream_jobs.config import EngineConfig
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
 from stream_jobs.offsets import EXIT_STALLED
-from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, decode_record, event_time_error
+from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, decode_record, event_time_error, wire_error
+from stream_jobs.stage import Rejected
 from stream_jobs.timeutil import from_epoch
 from stream_jobs.watermark import InputGate, Mark, Parked, envelope_records
 
@@ -103,6 +105,47 @@ def offer_forwarded(gate: InputGate[Any], data: dict[str, Any], event: Any) -> b
     return shared.left > 0
 
 
+@dataclass
+class LetterBudget:
+    """A token bucket over the dead letters one worker writes: ``rate`` a second, ``burst`` at once.
+    A flood of poison (a compromised writer) then cannot turn into a flood of dead letters; what is
+    cut is counted (``stream_deadletters_suppressed_total``) and said in one log line per
+    ``say_every_s``."""
+
+    rate: float = 100.0
+    burst: float = 1000.0
+    say_every_s: float = 10.0
+    clock: Any = time.monotonic
+    tokens: float = field(init=False)
+    stamp: float = field(init=False)
+    suppressed: dict[tuple[str, str], int] = field(default_factory=dict)
+    said_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stamp = self.said_at = self.clock()
+        self.tokens = self.burst
+
+    def take(self) -> bool:
+        """Whether one more letter may be written now."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def summary(self, force: bool = False) -> dict[str, int] | None:
+        """What was suppressed since the last summary, once ``say_every_s`` has passed (``force``: now)."""
+        now = self.clock()
+        if not self.suppressed or (not force and now - self.said_at < self.say_every_s):
+            return None
+        out = {f"{topic}/{reason}": count for (topic, reason), count in sorted(self.suppressed.items())}
+        self.suppressed = {}
+        self.said_at = now
+        return out
+
+
 class Confirmable(Protocol):
     """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
 
@@ -121,6 +164,8 @@ class Delivery:
     """Public output topic by message class."""
     compacted: set[str]
     """Input topics that are compacted (their offsets may have holes)."""
+    budget: LetterBudget = field(default_factory=LetterBudget)
+    """How many dead letters this worker writes a second (:class:`LetterBudget`)."""
 
     async def admit(self, event: Any) -> bool:
         """Whether to process a consumed event (:class:`OffsetGuard`)."""
@@ -161,36 +206,87 @@ class Delivery:
                                headers=list(WIRE_HEADERS))
 
     async def dead_letter(self, topic: str, partition: int, offset: int, key: bytes | None,
-                          value: bytes | None, error: str) -> None:
-        letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset)
-        headers = [*WIRE_HEADERS, ("error", error.encode()), ("source_topic", topic.encode()),
-                   ("source_partition", str(partition).encode()), ("source_offset", str(offset).encode())]
+                          value: bytes | None, error: str,
+                          reason: DeadLetterReason = DeadLetterReason.INVALID) -> None:
+        """Write the dead letter of a record the stream cannot use (within :attr:`budget`; beyond it
+        the letter is counted and summarised in the log, not written) and go on."""
+        reason = DeadLetterReason(reason)
+        if not self.budget.take():
+            self.metrics.deadletters_suppressed.labels(topic, reason.value).inc()
+            self.budget.suppressed[(topic, reason.value)] = self.budget.suppressed.get((topic, reason.value), 0) + 1
+            self._say_suppressed()
+            return
+        letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset, reason)
+        headers = [*WIRE_HEADERS, *((name, text if isinstance(text, bytes) else (text or "").encode())
+                                    for name, text in dead_letter_headers(letter))]
         fut = await self.deadletter_topic.send(key=key, value=encode(letter), headers=headers)
         await fut  # rare: make it durable before the stream moves on
-        self.metrics.deadletters.labels(topic).inc()
+        self.metrics.deadletters.labels(topic, reason.value).inc()
         self.metrics.record_out(self.deadletter_topic.get_topic_name())
-        log.warning("dead letter", topic=topic, partition=partition, offset=offset, error=error)
+        log.warning("dead letter", topic=topic, partition=partition, offset=offset, reason=reason.value,
+                    error=letter.error[:500])
+        self._say_suppressed()
+
+    def _say_suppressed(self) -> None:
+        summary = self.budget.summary()
+        if summary is not None:
+            log.warning("dead letters suppressed (over deadletter_rate_per_s; counted, not written)",
+                        suppressed=summary, rate_per_s=self.budget.rate, burst=self.budget.burst)
+
+    async def internal_letter(self, event: Any, error: str) -> None:
+        """Dead-letter a record of an internal topic (node-inputs, cluster-inputs) the stage cannot
+        read: none the workers write, so a writer with access to the topic (or a bug) put it there."""
+        message = event.message
+        await self.dead_letter(message.topic, message.partition, message.offset, message.key, event.value,
+                               f"not a stream-jobs record: {error}")
+
+    async def rejected(self, rejected: Iterable[Rejected]) -> None:
+        """Dead-letter the inputs a stage did not apply (:class:`~stream_jobs.stage.Rejected`); one
+        with no source (an internal input) was logged by the stage."""
+        for r in rejected:
+            if r.source is not None:
+                topic, partition, offset = r.source[0], r.source[1], r.source[2]
+                await self.dead_letter(str(topic), int(partition), int(offset), None, r.value, r.error, r.reason)
 
     async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
-        """An input record a mark released, or None when it is dead-lettered: invalid (a record
-        the stage read itself, :func:`direct_record`; forwarded ones were validated by the route)
-        or with its event time out of the bounds of the mark's clock (by both stages when it went
-        to both, with the same source headers; ``replay --kafka`` counts letters once per source)."""
+        """An input record a mark released, or None when it is dead-lettered: invalid (a record the
+        stage read itself, :func:`direct_record`, decoded as the route decodes; a forwarded one
+        validated again from its copy, which the route made sure reads the same) or with its event
+        time out of the bounds of the mark's clock (by both stages when it went to both, with the
+        same source headers; ``replay --kafka`` counts letters once per source)."""
         data = parked.data
         topic, partition, offset = str(data["t"]), int(data["p"]), int(data["o"])
-        raw: bytes | None
-        if "raw" in data:
-            raw = data["raw"]
-            try:
-                message = decode_record(str(data["s"]), raw)
-            except MessageError as exc:
-                await self.dead_letter(topic, partition, offset, data["key"], raw, str(exc))
-                return None
-        else:
-            message = validate(data["v"], _INPUT_BY_SUFFIX[data["s"]].message)
-            raw = None
+        raw: bytes | None = None
+        try:
+            if "raw" in data:
+                raw = data["raw"]
+                message = decode_record(str(data["s"]), raw, data.get("key"), self.config.accept_clusters)
+            else:
+                spec = _INPUT_BY_SUFFIX.get(str(data["s"]))
+                if spec is None:
+                    raise MessageError(f"not an input topic of the stream jobs: {data['s']}")
+                message = validate(data["v"], spec.message)
+                raw = orjson.dumps(data["v"])
+                problem = wire_error(spec.suffix, raw, message)
+                if problem is not None:
+                    raise problem
+                if self.config.accept_clusters is not None and message.cluster not in self.config.accept_clusters:
+                    raise MessageError(f"cluster {message.cluster!r} is not one this worker accepts", "cluster",
+                                       DeadLetterReason.UNKNOWN_CLUSTER)
+        except MessageError as exc:
+            value = data.get("raw") if "raw" in data else _copy_bytes(data.get("v"))
+            await self.dead_letter(topic, partition, offset, data.get("key"), value, str(exc), exc.code)
+            return None
         error = event_time_error(message, mark.ts, self.config)
         if error is None:
             return message
-        await self.dead_letter(topic, partition, offset, None, orjson.dumps(data["v"]) if raw is None else raw, error)
+        await self.dead_letter(topic, partition, offset, None, raw, str(error), error.code)
         return None
+
+
+def _copy_bytes(value: Any) -> bytes | None:
+    """A forwarded record's copy as JSON again, for its dead letter (never raises)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return repr(value).encode()

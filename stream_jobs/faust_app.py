@@ -68,7 +68,7 @@ from schemas.topics import (
 )
 from stream_jobs.cluster_agent import ClusterAgent
 from stream_jobs.config import EngineConfig, Thresholds
-from stream_jobs.delivery import Delivery, exit_for_restart
+from stream_jobs.delivery import Delivery, LetterBudget, exit_for_restart
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.node_agent import NodeAgent, node_state_partition
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
@@ -91,7 +91,8 @@ def engine_config(settings: WorkerSettings) -> EngineConfig:
     return EngineConfig(window_s=settings.window_s, sample_interval_s=settings.sample_interval_s,
                         prices_usd_per_gpu_hour=dict(settings.prices_usd_per_gpu_hour),
                         thresholds=Thresholds().with_overrides(settings.thresholds),
-                        max_skew_s=settings.max_skew_s, horizon_s=settings.horizon_s)
+                        max_skew_s=settings.max_skew_s, horizon_s=settings.horizon_s,
+                        accept_clusters=settings.accepted_clusters())
 
 
 def app_id(settings: WorkerSettings) -> str:
@@ -694,7 +695,8 @@ class StreamJobs:
             config=self.config, metrics=self.metrics, offsets=self.offsets,
             deadletter_topic=DirectSender(app, DEADLETTER.name(prefix)),
             out_topics={cls: DirectSender(app, spec.name(prefix)) for cls, spec in _PUBLIC_OUT.items()},
-            compacted={spec.name(prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"})
+            compacted={spec.name(prefix) for spec in INPUT_TOPICS if spec.cleanup_policy == "compact"},
+            budget=LetterBudget(rate=s.deadletter_rate_per_s, burst=float(s.deadletter_burst)))
         self.route = RouteAgent(self.delivery, RouteTopics(
             input_names=routed, control_name=self.control_name, node_topic=DirectSender(app, self.node_name),
             cluster_topic=DirectSender(app, self.cluster_name), control_topic=DirectSender(app, self.control_name),

@@ -201,19 +201,24 @@ class NodeAgent:
                     await self._flow(partition, part)
                 continue
             part.next_offset = message.offset + 1
-            data = decode_envelope(event.value)
-            if data["k"] == STATE_MARK_KIND:
-                state = Mark.from_dict(data)
-                cluster = state.cluster or DEFAULT_CLUSTER
-                part.state_ts[cluster] = max(part.state_ts.get(cluster, state.ts), state.ts)
+            try:
+                data = decode_envelope(event.value)
+                if data["k"] == STATE_MARK_KIND:
+                    state = Mark.from_dict(data)
+                    cluster = state.cluster or DEFAULT_CLUSTER
+                    part.state_ts[cluster] = max(part.state_ts.get(cluster, state.ts), state.ts)
+                    part.unacked.append(event)
+                    continue
+                if data["k"] in ("r", "b"):
+                    if not offer_forwarded(part.gate, data, event):
+                        metrics.duplicates.labels("node").inc()
+                        part.unacked.append(event)
+                    continue
+                mark = Mark.from_dict(data)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not what the workers write
+                await delivery.internal_letter(event, repr(exc))
                 part.unacked.append(event)
                 continue
-            if data["k"] in ("r", "b"):
-                if not offer_forwarded(part.gate, data, event):
-                    metrics.duplicates.labels("node").inc()
-                    part.unacked.append(event)
-                continue
-            mark = Mark.from_dict(data)
             if not part.gate.is_new(mark.seq) or any(mark.seq == other.seq for other, _event in part.waiting):
                 metrics.duplicates.labels("node").inc()
                 part.unacked.append(event)
@@ -276,7 +281,7 @@ class NodeAgent:
                 continue
             stage = part.stage(key, node, message.cluster, self.config)
             late = stage.counters["late_samples"]
-            stage.submit(message)
+            stage.submit(message, [str(parked.data["t"]), int(parked.data["p"]), int(parked.data["o"])])
             if stage.counters["late_samples"] > late:
                 metrics.late_samples.inc()
             elif isinstance(message, GpuSample):
@@ -294,6 +299,7 @@ class NodeAgent:
                                                             part.state_ts.get(stage.cluster))))
             else:
                 outputs.extend(stage.advance(wm))
+            await self.delivery.rejected(stage.take_rejected())
         if self.observer is not None:
             self.observer.observe(outputs)
         public: list[Any] = []

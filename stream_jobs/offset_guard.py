@@ -32,7 +32,11 @@ class WorkerMetrics:
         r = self.registry
         self.records_in = r.counter("stream_records_in_total", "records consumed", ("topic",))
         self.records_out = r.counter("stream_records_out_total", "records produced", ("topic",))
-        self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic",))
+        self.deadletters = r.counter("stream_deadletters_total", "input records dead-lettered", ("topic", "reason"))
+        self.deadletters_suppressed = r.counter(
+            "stream_deadletters_suppressed_total",
+            "records rejected beyond the dead-letter rate (deadletter_rate_per_s): counted, not written",
+            ("topic", "reason"))
         self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
         self.skips = r.counter("stream_consumer_skips_total", "forward jumps of the consumer, read again")
         self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",

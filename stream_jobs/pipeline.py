@@ -11,11 +11,15 @@ workload progress and Kueue workload states to the cluster stage. Node-stage out
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from schemas.codec import MessageError, decode
+import orjson
+
+from schemas.codec import ORJSON_INT_RANGE, MessageError, check_key, decode
 from schemas.dead_letters import dead_letter
 from schemas.messages import (
     GpuSample,
@@ -27,7 +31,7 @@ from schemas.messages import (
     WorkloadProgress,
     WorkloadState,
 )
-from schemas.outputs import DeadLetter
+from schemas.outputs import DeadLetter, DeadLetterReason
 from schemas.topics import (
     GPU_SAMPLES,
     K8S_EVENTS,
@@ -43,6 +47,7 @@ from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.scoping import node_key
+from stream_jobs.stage import Rejected
 from stream_jobs.timeutil import epoch, iso
 
 INPUT_TOPICS: tuple[TopicSpec, ...] = (K8S_NODES, K8S_PODS, K8S_EVENTS, WORKLOAD_PROGRESS, GPU_SAMPLES, K8S_WORKLOADS,
@@ -55,18 +60,89 @@ class TombstoneSkipped(Exception):
     """A compacted topic's delete marker: not an error, nothing to do (the state said ``deleted``)."""
 
 
-def decode_record(suffix: str, value: bytes | None) -> Message:
-    """Decode one input record; raises :class:`MessageError` (dead-letter it) or :class:`TombstoneSkipped`."""
+def decode_record(suffix: str, value: bytes | None, key: bytes | str | None = None,
+                  accept_clusters: frozenset[str] | None = None) -> Message:
+    """Decode one input record; raises :class:`MessageError` (dead-letter it, with its ``code``) or
+    :class:`TombstoneSkipped`.
+
+    Beyond the contract (``schemas.codec.decode``) a record must be one every part of the stream
+    reads the same way (:func:`wire_error`), a sample's ``key`` (when given) must be its node's key,
+    and its cluster must be in ``accept_clusters`` (None: any)."""
     spec = _BY_SUFFIX.get(suffix)
     if spec is None:
         raise MessageError(f"not an input topic of the stream jobs: {suffix}")
     if value is None and suffix in COMPACTED_SUFFIXES:
         raise TombstoneSkipped(suffix)
-    return decode(value, spec.message)
+    message = decode(value, spec.message)
+    assert value is not None  # decode refuses a tombstone where a message is expected
+    problem = wire_error(suffix, value, message)
+    if problem is not None:
+        raise problem
+    if accept_clusters is not None and message.cluster not in accept_clusters:
+        raise MessageError(f"cluster {message.cluster!r} is not one this worker accepts (GPULENS_ACCEPT_CLUSTERS: "
+                           f"{', '.join(sorted(accept_clusters))})", "cluster", DeadLetterReason.UNKNOWN_CLUSTER)
+    check_key(key, message)  # a sample keyed by one node that claims another: inconsistent
+    return message
 
 
-def event_time_error(message: Message, clock: float, config: EngineConfig) -> str | None:
-    """Why an input's event time is out of bounds of the stream's clock (None: it is not).
+_SUSPECT = re.compile(rb"[:\[,]\s*-?(?:\d{19}|\d+(?:\.\d*)?[eE]|[NI])")
+"""A JSON number (or token) that may read differently in another JSON reader: 19 digits or more
+(beyond 64 bits, or near), an exponent (``1e400`` is infinite, ``1e20`` an integer beyond 64 bits
+in an integer field), ``NaN`` / ``Infinity``. Records without one (nearly all) skip the walk below."""
+
+
+def wire_error(suffix: str, value: bytes, message: Message) -> MessageError | None:
+    """Why a decoded record cannot go on through the stream exactly as decoded (None: it can).
+
+    The stages keep and forward what they read as JSON through orjson (the route's copies to the
+    stages, checkpoints): every integer must lie within what orjson reads as an integer and every
+    float must be finite, and a record the route forwards must be one orjson reads at all (pydantic's
+    parser reads ``NaN``, ``1e400``, integers beyond 64 bits; orjson refuses or rounds them). Holds
+    whatever bounds the contract itself declares."""
+    if not _SUSPECT.search(value):
+        return None
+    if suffix != GPU_SAMPLES.suffix:  # forwarded by the route: re-read with orjson by the stages
+        try:
+            orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            text = str(exc)
+            numeric = "infinity" in text or b"NaN" in value or b"Infinity" in value
+            if numeric:
+                return MessageError(f"a number JSON readers disagree on: {text}", code=DeadLetterReason.OUT_OF_RANGE)
+            return MessageError(f"not valid JSON: {text}")
+    path = _out_of_range(message.model_dump(), "")
+    if path is None:
+        return None
+    where, number = path
+    return MessageError(f"{number!r} is not a finite number within 64 bits", where, DeadLetterReason.OUT_OF_RANGE)
+
+
+def _out_of_range(value: Any, path: str) -> tuple[str, Any] | None:
+    """The first (path, number) in ``value`` that is an integer beyond orjson's range or a float
+    that is not finite."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        low, high = ORJSON_INT_RANGE
+        return None if low <= value <= high else (path, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for name, item in items:
+        found = _out_of_range(item, f"{path}.{name}" if path else str(name))
+        if found is not None:
+            return found
+    return None
+
+
+def event_time_error(message: Message, clock: float, config: EngineConfig) -> MessageError | None:
+    """Why an input's event time is out of bounds of the stream's clock (None: it is not); its
+    ``code`` is ``too_far_ahead`` or ``too_old``.
 
     ``clock``: the worker's wall clock in live mode, the driver's mark in control mode (replay,
     demo: the tick's time in-process). A record far ahead would wait in a reorder buffer for ever;
@@ -74,11 +150,11 @@ def event_time_error(message: Message, clock: float, config: EngineConfig) -> st
     reason."""
     ts = epoch(message.ts)  # type: ignore[attr-defined]
     if ts > clock + config.max_skew_s:
-        return (f"event time {iso(ts)} is more than {config.max_skew_s:g} s ahead of the stream's clock "
-                f"{iso(clock)} (max_skew_s)")
+        return MessageError(f"event time {iso(ts)} is more than {config.max_skew_s:g} s ahead of the stream's clock "
+                            f"{iso(clock)} (max_skew_s)", code=DeadLetterReason.TOO_FAR_AHEAD)
     if ts < clock - config.horizon_s:
-        return (f"event time {iso(ts)} is more than {config.horizon_s:g} s behind the stream's clock "
-                f"{iso(clock)} (horizon_s)")
+        return MessageError(f"event time {iso(ts)} is more than {config.horizon_s:g} s behind the stream's clock "
+                            f"{iso(clock)} (horizon_s)", code=DeadLetterReason.TOO_OLD)
     return None
 
 
@@ -116,6 +192,9 @@ class LocalPipeline:
         self.outputs: list[Message] = []
         self.deadletters: list[DeadLetter] = []
         self.counters: dict[str, int] = {"records": 0, "tombstones": 0, "deadletters": 0}
+        self._rejected_seen: set[tuple[Any, ...]] = set()
+        self._at = datetime.fromtimestamp(0, UTC)
+        """The time of the last record fed (a dead letter's ``at``)."""
 
     def node_stage(self, key: str, message: GpuSample | PodState | NodeState | WorkloadAllocator) -> NodeStage:
         """The stage of ``message``'s node (``key``: its node key), started by its first input."""
@@ -126,34 +205,37 @@ class LocalPipeline:
         return stage
 
     def feed(self, suffix: str, value: bytes | None, at: datetime, partition: int | None = None,
-             offset: int | None = None) -> None:
+             offset: int | None = None, key: bytes | str | None = None) -> None:
         self.counters["records"] += 1
         try:
-            message = decode_record(suffix, value)
+            message = decode_record(suffix, value, key, self.config.accept_clusters)
         except TombstoneSkipped:
             self.counters["tombstones"] += 1
             return
         except MessageError as exc:
-            self._dead_letter(str(exc), suffix, value, at, partition, offset)
+            self._dead_letter(str(exc), f"{self.topic_prefix}.{suffix}", value, at, partition, offset, exc.code)
             return
         error = event_time_error(message, epoch(at), self.config)
         if error is not None:
-            self._dead_letter(error, suffix, value, at, partition, offset)
+            self._dead_letter(str(error), f"{self.topic_prefix}.{suffix}", value, at, partition, offset, error.code)
             return
-        self.submit(message)
+        self._at = at
+        self.submit(message, [f"{self.topic_prefix}.{suffix}", partition, offset, self.counters["records"]])
 
-    def _dead_letter(self, error: str, suffix: str, value: bytes | None, at: datetime, partition: int | None,
-                     offset: int | None) -> None:
+    def _dead_letter(self, error: str, topic: str, value: bytes | None, at: datetime, partition: int | None,
+                     offset: int | None, reason: DeadLetterReason = DeadLetterReason.INVALID) -> None:
         self.counters["deadletters"] += 1
-        self.deadletters.append(dead_letter(error, f"{self.topic_prefix}.{suffix}", value, at, partition, offset))
+        self.deadletters.append(dead_letter(error, topic, value, at, partition, offset, reason))
 
-    def submit(self, message: Message) -> None:
+    def submit(self, message: Message, source: Any = None) -> None:
+        """``source``: where ``message`` came from (named by its dead letter should a stage fail to
+        apply it): ``[topic, partition, offset, n]``, ``n`` the record's number in this pipeline."""
         for stage, key in route(message):
             if stage == "node":
                 assert key is not None and isinstance(message, GpuSample | PodState | NodeState | WorkloadAllocator)
-                self.node_stage(key, message).submit(message)
+                self.node_stage(key, message).submit(message, source)
             else:
-                self.cluster.submit(message)
+                self.cluster.submit(message, source)
 
     def _collect(self, produced: Iterable[Message]) -> None:
         for message in produced:
@@ -162,15 +244,34 @@ class LocalPipeline:
             else:
                 self.outputs.append(message)
 
+    def _collect_rejected(self, rejected: Iterable[Rejected]) -> None:
+        """Dead-letter the inputs a stage did not apply, once per record (a pod state goes to two
+        stages; through Kafka both letters name one source and count once)."""
+        for r in rejected:
+            if r.source is None:  # an internal input (a node stage's summary): logged by the stage
+                continue
+            identity = tuple(r.source)
+            if identity in self._rejected_seen:
+                continue
+            self._rejected_seen.add(identity)
+            topic, partition, offset = r.source[0], r.source[1], r.source[2]
+            self._dead_letter(r.error, str(topic), r.value, self._at, partition, offset, r.reason)
+
     def advance(self, watermark: float) -> None:
         for name in sorted(self.nodes):
-            self._collect(self.nodes[name].advance(watermark))
+            stage = self.nodes[name]
+            self._collect(stage.advance(watermark))
+            self._collect_rejected(stage.take_rejected())
         self._collect(self.cluster.advance(watermark))
+        self._collect_rejected(self.cluster.take_rejected())
 
     def flush(self, end: float) -> None:
         for name in sorted(self.nodes):
-            self._collect(self.nodes[name].flush(end))
+            stage = self.nodes[name]
+            self._collect(stage.flush(end))
+            self._collect_rejected(stage.take_rejected())
         self._collect(self.cluster.flush(end))
+        self._collect_rejected(self.cluster.take_rejected())
 
     def stats(self) -> dict[str, Any]:
         late = sum(stage.counters["late_samples"] for stage in self.nodes.values())
@@ -193,4 +294,6 @@ class LocalPipeline:
         pipeline.nodes = {name: NodeStage.from_dict(state, config) for name, state in data["nodes"].items()}
         pipeline.cluster = ClusterStages.from_dict(data["cluster"], config)
         pipeline.counters = dict(data["counters"])
+        for stage in [*pipeline.nodes.values(), *pipeline.cluster.stages.values()]:  # not restorable: letters
+            pipeline._collect_rejected(stage.take_rejected())
         return pipeline

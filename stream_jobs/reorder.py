@@ -14,54 +14,71 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from stream_jobs.timeutil import epoch
 
 
 class ReorderBuffer:
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, str, Any]] = []
+        self._heap: list[tuple[float, int, int, str, Any, Any]] = []
         self._seq = 0
         self._dumped: dict[int, Any] = {}
         """Items as checkpoints write them, by sequence number: an item waits through several
         checkpoints and is dumped once."""
+        self.unrestorable: list[tuple[Any, Any, str]] = []
+        """Items of a restored checkpoint that no longer validate (payload, source, error): dropped
+        from the buffer, for the stage to dead-letter (a checkpoint written before a bound existed)."""
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, ts: float, rank: int, kind: str, item: Any) -> None:
-        heapq.heappush(self._heap, (ts, rank, self._seq, kind, item))
+    def push(self, ts: float, rank: int, kind: str, item: Any, source: Any = None) -> None:
+        """``source``: where the item came from (plain data, kept with it in checkpoints), or None."""
+        heapq.heappush(self._heap, (ts, rank, self._seq, kind, item, source))
         self._seq += 1
 
-    def pop_until(self, watermark: float) -> list[tuple[float, str, Any]]:
-        """Every buffered item with ``ts <= watermark``, in event-time order."""
+    def pop_until(self, watermark: float) -> list[tuple[float, str, Any, Any]]:
+        """Every buffered item with ``ts <= watermark``, in event-time order: (ts, kind, item, source)."""
         out = []
         while self._heap and self._heap[0][0] <= watermark:
-            ts, _rank, seq, kind, item = heapq.heappop(self._heap)
+            ts, _rank, seq, kind, item, source = heapq.heappop(self._heap)
             self._dumped.pop(seq, None)
-            out.append((ts, kind, item))
+            out.append((ts, kind, item, source))
         return out
 
     def to_dict(self) -> dict[str, Any]:
         dumped = self._dumped
-        for _ts, _rank, seq, _kind, item in self._heap:
+        for _ts, _rank, seq, _kind, item, _source in self._heap:
             if seq not in dumped:
                 dumped[seq] = item.model_dump(mode="json")
         return {
             "seq": self._seq,
-            "items": [[ts, rank, seq, kind, dumped[seq]] for ts, rank, seq, kind, _item in sorted(self._heap)],
+            "items": [[ts, rank, seq, kind, dumped[seq], *([] if source is None else [source])]
+                      for ts, rank, seq, kind, _item, source in sorted(self._heap, key=_order)],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], types: dict[str, type[BaseModel]]) -> ReorderBuffer:
         buf = cls()
         buf._seq = int(data.get("seq", 0))
-        for ts, rank, seq, kind, payload in data.get("items", []):
-            buf._heap.append((float(ts), int(rank), int(seq), str(kind), types[kind].model_validate(payload)))
+        for ts, rank, seq, kind, payload, *rest in data.get("items", []):
+            source = rest[0] if rest else None
+            try:
+                item = types[kind].model_validate(payload)
+            except ValidationError as exc:  # a record the stage took before a bound existed
+                buf.unrestorable.append((payload, source, f"restored from a checkpoint: {exc.errors()[0]['msg']} "
+                                                          f"({'.'.join(map(str, exc.errors()[0]['loc']))})"))
+                continue
+            buf._heap.append((float(ts), int(rank), int(seq), str(kind), item, source))
             buf._dumped[int(seq)] = payload
         heapq.heapify(buf._heap)
         return buf
+
+
+def _order(entry: tuple[float, int, int, str, Any, Any]) -> tuple[float, int, int]:
+    """Heap order (``seq`` is unique: the item and its source are never compared)."""
+    return entry[0], entry[1], entry[2]
 
 
 def ts_of(message: Any) -> float:

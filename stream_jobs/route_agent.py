@@ -260,11 +260,11 @@ class RouteAgent:
         or a dead letter, which is delivered already)."""
         suffix = self.topics.input_names[topic]
         try:
-            targets = route(decode_record(suffix, value))
+            targets = route(decode_record(suffix, value, key, self.delivery.config.accept_clusters))
         except TombstoneSkipped:
             return
         except MessageError as exc:
-            await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc))
+            await self.delivery.dead_letter(topic, partition, offset, key, value, str(exc), exc.code)
             return
         envelope = record_envelope(topic, suffix, partition, offset, value or b"")
         for stage, node in targets:

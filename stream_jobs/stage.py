@@ -9,16 +9,44 @@ instants and when the watermark moves differs, and those are the hooks below.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import orjson
+
+from common.logs import get_logger
+from schemas.codec import encode
 from schemas.messages import Message
+from schemas.outputs import DeadLetterReason
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import kept
 from stream_jobs.reorder import ReorderBuffer
 from stream_jobs.timeutil import epoch
 
+log = get_logger(__name__)
+
 Kinds = dict[str, tuple[int, type[Message]]]
 """Input kind -> (rank among inputs of one timestamp, message class)."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An input a stage could not apply (its code failed on it: ``unappliable``) or could not restore
+    from a checkpoint (``invalid``): the stream goes on without it, and the driver dead-letters it."""
+
+    source: Any
+    """Where it came from, as given to :meth:`Stage.submit` (None: an internal input)."""
+    error: str
+    reason: DeadLetterReason
+    value: bytes | None
+
+
+def message_bytes(message: Message) -> bytes:
+    """The record as JSON for a dead letter, whatever it holds (never raises)."""
+    try:
+        return encode(message)
+    except Exception:
+        return orjson.dumps(str(message))
 
 
 class Stage:
@@ -34,24 +62,35 @@ class Stage:
         """Event time (epoch seconds) up to which every input was applied."""
         self.buffer = ReorderBuffer()
         self._out: list[Message] = []
+        self.rejected: list[Rejected] = []
+        """Inputs not applied (:class:`Rejected`), until the driver takes them (:meth:`take_rejected`)."""
 
     # ------------------------------------------------------------------ driving
 
-    def submit(self, message: Message) -> None:
-        """Take one input: buffered until the watermark passes it, or handed to :meth:`_late`."""
+    def submit(self, message: Message, source: Any = None) -> None:
+        """Take one input: buffered until the watermark passes it, or handed to :meth:`_late`.
+        ``source``: where it came from (plain data: ``[topic, partition, offset]``), named in its dead
+        letter if the stage fails to apply it."""
         message = kept(message)
         kind = self._kind_of(message)
         ts = epoch(message.ts)  # type: ignore[attr-defined]
         if self.wm is not None and ts <= self.wm:
-            self._late(kind, ts, message)
+            try:
+                self._late(kind, ts, message)
+            except Exception as exc:
+                self._reject(message, source, exc)
             return
-        self.buffer.push(ts, self.KINDS[kind][0], kind, message)
+        self.buffer.push(ts, self.KINDS[kind][0], kind, message, source)
 
     def advance(self, watermark: float) -> list[Message]:
-        """Apply every buffered input with ``ts <= watermark`` and return what that produced."""
-        for ts, kind, message in self.buffer.pop_until(watermark):
+        """Apply every buffered input with ``ts <= watermark`` and return what that produced. An
+        input whose application raises is taken out (:attr:`rejected`) and the rest go on."""
+        for ts, kind, message, source in self.buffer.pop_until(watermark):
             self._before(ts)
-            self._apply(kind, ts, message)
+            try:
+                self._apply(kind, ts, message)
+            except Exception as exc:
+                self._reject(message, source, exc)
         self._caught_up(watermark)
         if self.wm is None or watermark > self.wm:
             self.wm = watermark
@@ -68,6 +107,16 @@ class Stage:
     def drain(self) -> list[Message]:
         out, self._out = self._out, []
         return out
+
+    def take_rejected(self) -> list[Rejected]:
+        """The inputs not applied since the last call."""
+        out, self.rejected = self.rejected, []
+        return out
+
+    def _reject(self, message: Message, source: Any, exc: Exception) -> None:
+        error = f"the {self.NAME} failed to apply it: {type(exc).__name__}: {exc}"
+        log.error("input not applied", stage=self.NAME, source=source, error=error, exc_info=True)
+        self.rejected.append(Rejected(source, error, DeadLetterReason.UNAPPLIABLE, message_bytes(message)))
 
     # ------------------------------------------------------------------ hooks
 
@@ -107,3 +156,7 @@ class Stage:
     def _restore_driving(self, data: dict[str, Any]) -> None:
         self.wm = data["wm"]
         self.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in self.KINDS.items()})
+        for payload, source, error in self.buffer.unrestorable:
+            log.error("buffered input not restored", stage=self.NAME, source=source, error=error)
+            self.rejected.append(Rejected(source, error, DeadLetterReason.INVALID, orjson.dumps(payload)))
+        self.buffer.unrestorable = []

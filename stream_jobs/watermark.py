@@ -128,8 +128,20 @@ def records_envelopes(records: list[bytes], limit: int = ENVELOPE_BYTES) -> list
 
 
 def envelope_records(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The forwarded records an envelope holds: several (``b``) or one (``r``)."""
-    return list(data["rs"]) if data["k"] == "b" else [data]
+    """The forwarded records an envelope holds: several (``b``) or one (``r``). Raises
+    :class:`ValueError` when one is not a forwarded record (the route writes none such)."""
+    records = data.get("rs") if data["k"] == "b" else [data]
+    if not isinstance(records, list):
+        raise ValueError("an envelope of records without its list of records")
+    for record in records:
+        if not (isinstance(record, dict) and isinstance(record.get("t"), str) and isinstance(record.get("s"), str)
+                and _is_int(record.get("p")) and _is_int(record.get("o")) and isinstance(record.get("v"), dict)):
+            raise ValueError("a forwarded record without its topic, partition, offset and value")
+    return list(records)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def output_envelopes(partition: int, seq: int, outputs: list[tuple[str, bytes]],
