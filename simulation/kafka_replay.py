@@ -642,15 +642,18 @@ def _canonical_order(message: Message) -> tuple[Any, ...]:
 def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DEFAULT_LATENESS_S,
                       topic_prefix: str | None = None, chaos_seed: int | None = None, kills: int = 8,
                       say: Callable[[str], None] = lambda line: None, workers: int = 1, outage_s: float = 0.0,
-                      broker: BrokerControl | None = None) -> dict[str, Any]:
+                      broker: BrokerControl | None = None, accept_clusters: frozenset[str] | None = None) -> dict[str, Any]:
     """``gpulens replay --kafka BOOTSTRAP [--workers N] [--chaos]``: the report of ``scenario``
     through Kafka and ``workers`` worker processes of one group (with ``chaos_seed``: ``kills``
     SIGKILLs and restarts, one worker added and one removed, and with ``outage_s`` a broker
-    stop/start through ``broker``, on a seeded schedule)."""
+    stop/start through ``broker``, on a seeded schedule); ``accept_clusters``: the workers'
+    ``GPULENS_ACCEPT_CLUSTERS``."""
     settings = load_settings(CommonSettings)
     kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     settings = settings.model_copy(update={"kafka": kafka})
     worker_settings = {} if chaos_seed is None else {"GPULENS_READ_AHEAD_BYTES": str(CHAOS_READ_AHEAD_BYTES)}
+    if accept_clusters is not None:
+        worker_settings["GPULENS_ACCEPT_CLUSTERS"] = ",".join(sorted(accept_clusters))
     replay = KafkaReplay(scenario, settings, lateness_s=lateness_s, topic_prefix=topic_prefix, workers=workers,
                          worker_settings=worker_settings)
     chaos = None

@@ -115,6 +115,9 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
         raise UserError("--workers needs --kafka BOOTSTRAP (the in-process replay has no worker processes)")
     if outage_s and not chaos:
         raise UserError("--outage is a step of --chaos; add --chaos")
+    from common.settings import WorkerSettings, load_settings
+
+    accept_clusters = load_settings(WorkerSettings).accepted_clusters()
     if bootstrap:
         import random
 
@@ -126,11 +129,12 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
         try:
             report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix,
                                        chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
-                                       broker=broker, say=lambda line: click.echo(line, err=True))
+                                       broker=broker, say=lambda line: click.echo(line, err=True),
+                                       accept_clusters=accept_clusters)
         except BrokerUnavailable as exc:
             raise broker_unavailable(exc, env_hint=False) from None
     else:
-        report = run_in_process(parsed, lateness_s=lateness).report
+        report = run_in_process(parsed, lateness_s=lateness, accept_clusters=accept_clusters).report
     if as_json:
         click.echo(_dump(report))
     else:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from schemas.codec import encode
+from schemas.messages import MAX_GANG_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS, MAX_QUALIFIED_NAME_CHARS, MAX_TAG_CHARS
 from schemas.topics import GPU_SAMPLES, K8S_PODS
 from simulation.fleet_state import SimulatedRecord
 from simulation.replay import engine_config, feed_tick
@@ -86,15 +87,17 @@ def test_documents_written_before_chunking_existed_are_read() -> None:
 
 def test_stages_keep_no_labels_and_cut_long_names() -> None:
     stage = ClusterStage(EngineConfig())
-    huge = "v" * 10_000
+    labels = {f"{'k' * (MAX_QUALIFIED_NAME_CHARS - 3)}{j:03d}": "v" * MAX_LABEL_VALUE_CHARS for j in range(MAX_LABELS)}
+    gang = "g" * MAX_GANG_CHARS
     stage.submit(node(t=0))
     for i in range(50):
-        stage.submit(pod(f"p{i}", t=i, labels={f"k{j}": huge for j in range(3)}, team=huge))
+        stage.submit(pod(f"p{i}", t=i, labels=labels, team="t" * MAX_TAG_CHARS, gang_id=gang))
     state = orjson.dumps(stage.to_dict())
-    assert len(state) < 100_000, "50 pods with 30 KB of labels each"
+    assert len(state) < 100_000, "50 pods with 97 KB of labels each (the contract's largest)"
     stage.advance(epoch(at(100)))
     kept = stage.pods["uid-p1"]
-    assert kept.team == huge[:MAX_NAME_CHARS]
+    assert kept.team == "t" * MAX_TAG_CHARS
+    assert kept.gang == gang[:MAX_NAME_CHARS]
 
 
 def _dated(ts: datetime) -> list[SimulatedRecord]:
