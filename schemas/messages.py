@@ -638,8 +638,8 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("MAX_PROGRESS_TOTAL", "max", MAX_PROGRESS_TOTAL, (
         "WorkloadProgress.steps_total", "WorkloadProgress.tokens_total", "WorkloadProgress.samples_total"),
         "a float counts by ones up to 2^53", _OUT_OF_RANGE),
-    Bound("MAX_USD", "max", MAX_USD, ("UsdAmount (not yet applied: outputs' cost_usd)",),
-          "a trillion dollars", _OUT_OF_RANGE),
+    Bound("MAX_USD", "max", MAX_USD, ("PodWindow.cost_usd", "PodLifecycle.cost_usd"),
+          "a trillion dollars (the stream jobs' costs saturate there)", _OUT_OF_RANGE),
     Bound("MAX_DNS_LABEL_CHARS", "chars", MAX_DNS_LABEL_CHARS, (
         "*.cluster", "PodRef.namespace", "PodRef.container", "GpuProcess.pod_namespace",
         "GpuProcess.container_name", "ContainerState.name", "PodState.namespace", "K8sEvent.involved_namespace",

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
-from schemas.messages import Message, NonNegFloat, NonNegInt, Part, Percent, UtcDatetime
+from schemas.messages import Message, NonNegFloat, NonNegInt, Part, Percent, UsdAmount, UtcDatetime
 
 # --------------------------------------------------------------------------- pod.windows.v1
 
@@ -45,7 +45,7 @@ class PodWindow(Message):
     energy_j: NonNegFloat | None = None
     share_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
     share_estimated: bool = False
-    cost_usd: NonNegFloat = 0.0
+    cost_usd: UsdAmount = 0.0
     steps: NonNegFloat | None = None
     tokens: NonNegFloat | None = None
     gpu_index: NonNegInt | None = None
@@ -231,7 +231,7 @@ class PodLifecycle(Message):
     idle_gpu_hours: NonNegFloat
     peak_mem_bytes: NonNegInt | None = None
     avg_sm_util_pct: Percent | None = None
-    cost_usd: NonNegFloat = 0.0
+    cost_usd: UsdAmount = 0.0
     end_reason: EndReason
     steps: NonNegFloat | None = None
     cost_per_step_usd: NonNegFloat | None = None

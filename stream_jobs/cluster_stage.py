@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from schemas.messages import K8sEvent, Message, NodeState, PodState, WorkloadProgress, WorkloadState
+from schemas.messages import MAX_USD, K8sEvent, Message, NodeState, PodState, WorkloadProgress, WorkloadState
 from schemas.outputs import PodLifecycle
 from stream_jobs import rules
 from stream_jobs.config import EngineConfig
@@ -295,7 +295,7 @@ class ClusterStage(Stage):
             pending_reasons=list(pod.reasons), pending_s=pending_s, running_s=running_s, gpu_hours=gpu_hours,
             idle_gpu_hours=usage.get("idle_s", 0.0) / 3600.0, peak_mem_bytes=usage.get("peak_mem_bytes"),
             avg_sm_util_pct=min(100.0, usage["util_s"] / usage["data_s"]) if usage.get("data_s") else None,
-            cost_usd=cost, end_reason=reason,  # type: ignore[arg-type]
+            cost_usd=min(cost, MAX_USD), end_reason=reason,  # type: ignore[arg-type]
             steps=steps, cost_per_step_usd=cost / steps if steps else None,
             max_reserved_unused_bytes=usage.get("max_reserved_unused_bytes"), alloc_retries=usage.get("alloc_retries"),
             alloc_ooms=usage.get("alloc_ooms"),

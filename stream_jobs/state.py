@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.messages import MAX_USD
 from schemas.outputs import ClusterCapacity, PodWindow
 from stream_jobs.internal import PodUsage
 from stream_jobs.timeutil import from_epoch, iso, stable_id
@@ -116,7 +117,8 @@ class PodGpuWindow:
             max_sm_util_pct=self.util_max_pct,
             avg_mem_used_bytes=self.mem_byte_s / self.mem_data_s if self.mem_data_s > 0 else None,
             max_mem_used_bytes=self.mem_max_bytes, energy_j=self.energy_j,
-            share_fraction=min(1.0, max(0.0, share)), share_estimated=self.share_estimated, cost_usd=self.cost_usd,
+            share_fraction=min(1.0, max(0.0, share)), share_estimated=self.share_estimated,
+            cost_usd=min(self.cost_usd, MAX_USD),
             gpu_index=self.gpu_index, container=self.container, mem_total_bytes=self.mem_total_bytes,
             avg_power_w=self.power_w_s / self.power_data_s if self.power_data_s else None,
         )
