@@ -20,8 +20,12 @@ same paths and attribution and become ``workload.allocator.v1``.
 Lines are increments (``key=+N``, keys ``steps``, ``tokens``, ``samples``); the agent keeps one
 running total per pod and emits the totals every ``interval_s`` for the pods that reported since
 (key = pod uid), which is what ``workload_progress`` and cost per step downstream expect.
-Everything a sender controls is bounded: datagram size, lines per second per sender, pods
-tracked; a bad line is counted by reason and logged once per sender, and never stops the agent.
+Everything a sender controls is bounded: datagram size, datagrams per second per pod (all the
+pod's processes and addresses share one budget; a sender no pod owns is rejected before its
+line is read, and keeps no state), pods tracked; numbers are ASCII digits only. A rejected
+datagram is counted by reason (exactly, in the metrics) and summarised in one log line per
+interval (counts by reason, one example each), so no number of senders can flood the log;
+nothing a sender does stops the agent.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import ipaddress
 import math
 import os
+import re
 import selectors
 import socket
 import stat
@@ -38,7 +43,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, Protocol
@@ -49,7 +54,7 @@ from common.metrics import MetricsRegistry
 from producers.agent.allocator import AllocatorLedger, MalformedAllocatorLine, is_allocator_line, parse_allocator_line
 from producers.agent.cgroup import ProcessResolver
 from producers.agent.line_fields import key_value_fields
-from schemas.messages import AllocatorDevice, WorkloadAllocator, WorkloadProgress
+from schemas.messages import MAX_PROGRESS_TOTAL, AllocatorDevice, WorkloadAllocator, WorkloadProgress
 
 log = get_logger(__name__)
 
@@ -58,6 +63,10 @@ KEYS = ("steps", "tokens", "samples")
 MAX_INCREMENT = 1e12
 """Largest increment of one key in one line (a typo or an attack, not a training step)."""
 _UCRED = struct.Struct("iII")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+"""An increment after its ``+``: ASCII digits, an optional fraction and exponent (what the client's
+``%.17g`` writes). Not Python's ``float()`` grammar, which also takes other scripts' digits
+(Arabic-Indic, fullwidth), underscores (``1_000``), ``inf`` and ``nan``."""
 
 
 class MalformedLine(PermanentError, ValueError):
@@ -86,10 +95,9 @@ def parse_progress_line(line: str) -> ProgressDelta:
     for key, text in key_value_fields(fields, KEYS, MalformedLine, form="key=+N"):
         if not text.startswith("+"):
             raise MalformedLine("bad_number", f"{key}={text[:40]!r}: increments are written +N")
-        try:
-            value = float(text[1:])
-        except ValueError:
-            raise MalformedLine("bad_number", f"{key}={text[:40]!r}") from None
+        if not _NUMBER.fullmatch(text, 1):
+            raise MalformedLine("bad_number", f"{key}={text[:40]!r}: ASCII digits [.digits][e[+-]digits]")
+        value = float(text[1:])
         if not math.isfinite(value) or value < 0 or value > MAX_INCREMENT:
             raise MalformedLine("bad_number", f"{key}={text[:40]!r}: not within 0..{MAX_INCREMENT:g}")
         values[key] = value
@@ -117,7 +125,8 @@ class ProgressLedger:
             value = getattr(delta, key)
             if value is not None:
                 name = f"{key}_total"
-                setattr(totals, name, (getattr(totals, name) or 0.0) + value)
+                # a total saturates at the contract's bound (2^53) instead of making an invalid message
+                setattr(totals, name, min((getattr(totals, name) or 0.0) + value, MAX_PROGRESS_TOTAL))
         totals.dirty = True
         self._pods[pod_uid] = totals
         while len(self._pods) > self.max_pods:
@@ -281,16 +290,12 @@ class ProgressLimits:
 
     max_datagram_bytes: int = 1024
     rate_per_s: float = 20.0
-    """Datagrams per second per sender (PID or address), with bursts of twice as many."""
+    """Datagrams per second per pod (all its PIDs and addresses together), with bursts of twice as many."""
     max_senders: int = 4096
-    """Senders whose rate and first warning are remembered (least recent forgotten first)."""
+    """Rate budgets remembered, one per pod that sent (least recent forgotten first)."""
     max_pods: int = 1024
-
-
-@dataclass
-class _Sender:
-    bucket: TokenBucket
-    warned: set[str] = field(default_factory=set)
+    log_interval_s: float = 60.0
+    """Rejections are logged as one summary line per interval (the first at once)."""
 
 
 PodNames = Callable[[str], tuple[str, str] | None]
@@ -318,26 +323,52 @@ class ProgressCollector:
         self.allocator = AllocatorLedger(self.limits.max_pods)
         self.node = node
         """This agent's node, on the ``workload.allocator.v1`` messages."""
-        self._senders: OrderedDict[tuple[str, str], _Sender] = OrderedDict()
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        """Rate budgets by pod uid (both paths together), at most ``limits.max_senders``."""
+        self._rejected: dict[str, int] = {}
+        """Rejections since the last summary by ``path/reason`` (fixed words: a bounded dict)."""
+        self._examples: dict[str, str] = {}
+        """The first rejection of each ``path/reason`` since the last summary (sender and detail)."""
+        self._logged_at_s: float | None = None
         self._lock = threading.Lock()
 
-    def _sender(self, key: tuple[str, str], now_s: float) -> _Sender:
-        sender = self._senders.pop(key, None) or _Sender(
-            TokenBucket(self.limits.rate_per_s, 2 * self.limits.rate_per_s, now_s))
-        self._senders[key] = sender
-        while len(self._senders) > self.limits.max_senders:
-            self._senders.popitem(last=False)
-        return sender
+    @property
+    def rate_budgets(self) -> int:
+        """How many rate budgets are held (one per pod that sent recently; never one per sender)."""
+        return len(self._buckets)
 
-    def _reject(self, path: PathName, sender_id: str, sender: _Sender, outcome: str, reason: str,
-                detail: str) -> None:
+    def _bucket(self, key: str, now_s: float) -> TokenBucket:
+        bucket = self._buckets.pop(key, None) or TokenBucket(self.limits.rate_per_s, 2 * self.limits.rate_per_s,
+                                                              now_s)
+        self._buckets[key] = bucket
+        while len(self._buckets) > self.limits.max_senders:
+            self._buckets.popitem(last=False)
+        return bucket
+
+    def _reject(self, path: PathName, sender_id: str, outcome: str, reason: str, detail: str, now_s: float) -> None:
         self.metrics.lines.labels(path, outcome).inc()
         if outcome == "malformed":
             self.metrics.malformed.labels(path, reason).inc()
-        if reason not in sender.warned:
-            sender.warned.add(reason)
-            log.warning("progress line rejected", path=path, sender=sender_id, outcome=outcome, reason=reason,
-                        detail=detail)
+        name = f"{path}/{reason}"
+        self._rejected[name] = self._rejected.get(name, 0) + 1
+        self._examples.setdefault(name, f"{sender_id}: {detail}")
+        self._log_rejections(now_s, force=False)
+
+    def _log_rejections(self, now_s: float, *, force: bool) -> None:
+        if not self._rejected or (not force and self._logged_at_s is not None
+                                  and now_s - self._logged_at_s < self.limits.log_interval_s):
+            return
+        since = None if self._logged_at_s is None else round(now_s - self._logged_at_s, 3)
+        log.warning("progress lines rejected", rejected=sum(self._rejected.values()), by_reason=dict(self._rejected),
+                    examples=dict(self._examples), since_s=since)
+        self._rejected.clear()
+        self._examples.clear()
+        self._logged_at_s = now_s
+
+    def log_rejections(self, *, force: bool = False) -> None:
+        """Log the rejections counted since the last summary when the interval is up (or ``force``)."""
+        with self._lock:
+            self._log_rejections(self.clock(), force=force)
 
     def from_unix(self, data: bytes, pid: int | None) -> str | None:
         """A datagram from the unix socket; ``pid`` from ``SCM_CREDENTIALS`` (None: none attached)."""
@@ -357,19 +388,25 @@ class ProgressCollector:
         """Accept or reject one datagram; returns the pod uid it was credited to."""
         now_s = self.clock()
         with self._lock:
-            sender = self._sender((path, sender_id), now_s)
             if len(data) > self.limits.max_datagram_bytes:
-                self._reject(path, sender_id, sender, "too_large", "too_large",
-                             f"{len(data)} bytes > {self.limits.max_datagram_bytes}")
+                self._reject(path, sender_id, "too_large", "too_large",
+                             f"{len(data)} bytes > {self.limits.max_datagram_bytes}", now_s)
                 return None
-            if not sender.bucket.take(now_s):
-                self._reject(path, sender_id, sender, "rate_limited", "rate_limited",
-                             f"more than {self.limits.rate_per_s:g} datagrams/s")
+            pod_uid = attribute()
+            if pod_uid is None:  # neither parsed nor remembered: a stranger costs one lookup
+                self._reject(path, sender_id, "unattributed", "unattributed",
+                             "sender is not a process of a pod on this node", now_s)
+                return None
+            # the budget is the pod's, whichever of its processes (or addresses) sends and on
+            # either path: forking more senders buys no more
+            if not self._bucket(pod_uid, now_s).take(now_s):
+                self._reject(path, sender_id, "rate_limited", "rate_limited",
+                             f"more than {self.limits.rate_per_s:g} datagrams/s", now_s)
                 return None
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError:
-                self._reject(path, sender_id, sender, "malformed", "not_utf8", "not UTF-8 text")
+                self._reject(path, sender_id, "malformed", "not_utf8", "not UTF-8 text", now_s)
                 return None
             deltas: list[ProgressDelta] = []
             devices: list[AllocatorDevice] = []
@@ -380,13 +417,8 @@ class ProgressCollector:
                     else:
                         deltas.append(parse_progress_line(line))
                 except (MalformedLine, MalformedAllocatorLine) as exc:
-                    self._reject(path, sender_id, sender, "malformed", exc.reason, str(exc))
+                    self._reject(path, sender_id, "malformed", exc.reason, str(exc), now_s)
                     return None
-            pod_uid = attribute()
-            if pod_uid is None:
-                self._reject(path, sender_id, sender, "unattributed", "unattributed",
-                             "sender is not a process of a pod on this node")
-                return None
             for delta in deltas:
                 self.ledger.add(pod_uid, delta)
             for device in devices:
@@ -519,6 +551,7 @@ class ProgressListener:
         sent = sum(outcomes)
         self.collector.metrics.messages.inc(sent)
         self.collector.metrics.dropped.inc(len(outcomes) - sent)
+        self.collector.log_rejections()
         return sent
 
     def _read_unix(self, sock: socket.socket) -> None:
@@ -580,6 +613,7 @@ class ProgressListener:
                 with contextlib.suppress(OSError):
                     read(sock)
         self._safe_flush()
+        self.collector.log_rejections(force=True)
         if self.unix_sock is not None:
             self.unix_sock.close()
             if self.socket_path is not None:

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from producers.watcher.bounds import Trim
 from producers.watcher.translate import json_dict, parse_time
-from schemas.messages import K8sEvent
+from schemas.messages import (
+    MAX_DNS_LABEL_CHARS,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_SHORT_TEXT_CHARS,
+    K8sEvent,
+)
 
 _PREEMPTED = {"Preempted", "Preempting", "PreemptionByScheduler", "PreemptionByKubeScheduler"}
 _EVICTED = {"Evicted", "Evicting", "TaintManagerEviction", "EvictionThresholdMet", "Killing-Evicted"}
@@ -31,8 +38,11 @@ def event_category(reason: str, message: str) -> str:
     return "other"
 
 
-def event_to_message(event: dict[str, Any]) -> K8sEvent | None:
-    """A ``core/v1`` Event or an ``events.k8s.io/v1`` Event as a :class:`K8sEvent`."""
+def event_to_message(event: dict[str, Any], trim: Trim | None = None) -> K8sEvent | None:
+    """A ``core/v1`` Event or an ``events.k8s.io/v1`` Event as a :class:`K8sEvent`: within the
+    contract's bounds (a tenant may post an Event with a megabyte of text about its own pod: the
+    text is cut and the message ``truncated``, noted in ``trim`` when given)."""
+    trim = trim if trim is not None else Trim()
     meta = json_dict(event.get("metadata"))
     new_shape = "regarding" in event or str(event.get("apiVersion", "")).startswith("events.k8s.io/")
     involved = json_dict(event.get("regarding") if new_shape else event.get("involvedObject"))
@@ -57,19 +67,21 @@ def event_to_message(event: dict[str, Any]) -> K8sEvent | None:
     if not source:
         legacy = json_dict(event.get("deprecatedSource") if new_shape else event.get("source"))
         source = legacy.get("component") or None
+    count = count if isinstance(count, int) and not isinstance(count, bool) else 1
     return K8sEvent(
-        uid=str(uid),
+        uid=str(trim.text(uid, MAX_ID_CHARS)),
         ts=ts,
         category=cast(Any, event_category(str(reason), message)),
-        reason=str(reason),
-        message=message,
-        type=str(event.get("type") or "Normal"),
-        count=max(int(count), 1),
-        involved_kind=str(involved["kind"]),
-        involved_uid=involved.get("uid") or None,
-        involved_namespace=involved.get("namespace") or None,
-        involved_name=str(involved["name"]),
-        source=str(source) if source else None,
+        reason=str(trim.text(reason)),
+        message=str(trim.text(message)),
+        type=str(trim.text(event.get("type") or "Normal", MAX_SHORT_TEXT_CHARS)),
+        count=min(max(count, 1), 2**31 - 1),
+        involved_kind=str(trim.text(involved["kind"], MAX_SHORT_TEXT_CHARS)),
+        involved_uid=trim.text(involved.get("uid") or None, MAX_ID_CHARS),
+        involved_namespace=trim.text(involved.get("namespace") or None, MAX_DNS_LABEL_CHARS),
+        involved_name=str(trim.text(involved["name"], MAX_NAME_CHARS)),
+        source=trim.text(source, MAX_SHORT_TEXT_CHARS) if source else None,
+        truncated=bool(trim),
     )
 
 

@@ -14,6 +14,10 @@ Wiring and policy live here; protocol details are in ``informer`` and translatio
   is watched exactly as before), every Workload asking for a GPU is reported on ``k8s.workloads.v1``
   with its demand, queue and phase, so jobs that wait suspended with no pods are still seen;
 - nothing is produced unless the message differs from the last one for its key (``ChangeFilter``);
+- no object hides by its size: what a message carries is cut to the contract's bounds
+  (``producers.watcher.bounds``: labels to a budget, the keys gpulens reads first; text, lists,
+  quantities), flagged ``truncated``, counted (``watcher_trimmed_total{topic,what}``) and logged
+  once per object, and a last guard shrinks a message whose encoding is still over budget;
 - a pod or node that is gone produces its final state (``deleted: true``) and then a tombstone,
   exactly once, whether the API told us (DELETED) or a re-list after 410 Gone showed it vanished;
 - about once a second (and only once what it emitted is delivered) a **state mark** on the
@@ -41,6 +45,7 @@ from common.kafka import BoundedProducer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import WatcherSettings
+from producers.watcher.bounds import Trim, over_budget, shrink
 from producers.watcher.events import event_key, event_to_message
 from producers.watcher.informer import (
     Clock,
@@ -54,10 +59,12 @@ from producers.watcher.informer import (
     uid_key,
 )
 from producers.watcher.translate import (
+    NODE_LABEL_PREFIXES,
     ChangeFilter,
     TranslateConfig,
     deleted_node,
     deleted_state,
+    label_keys_read,
     node_to_state,
     object_time,
     pod_progress,
@@ -207,6 +214,9 @@ class WatcherMetrics:
         self.messages = r.counter("watcher_messages_total", "Records produced", ("topic", "kind"))
         self.progress_malformed = r.counter("watcher_progress_malformed_total",
                                             "Malformed gpulens.io/* progress annotation values seen", ("reason",))
+        self.trimmed = r.counter("watcher_trimmed_total",
+                                 "Messages published cut to the contract's bounds (truncated), by topic and what "
+                                 "was cut (labels, text, items, quantity, size)", ("topic", "what"))
 
     def event(self, resource: str, kind: str) -> None:
         self.events.labels(resource, kind).inc()
@@ -227,6 +237,10 @@ class WatcherMetrics:
 
     def malformed_progress(self, reason: str) -> None:
         self.progress_malformed.labels(reason).inc()
+
+    def trim(self, topic: TopicSpec, what: set[str]) -> None:
+        for word in sorted(what):
+            self.trimmed.labels(topic.suffix, word).inc()
 
     def produced(self, topic: TopicSpec, tombstone: bool) -> None:
         self.messages.labels(topic.suffix, "tombstone" if tombstone else "state").inc()
@@ -281,18 +295,44 @@ class Pipeline:
         """Last totals emitted per pod uid from its annotations (emit only on change)."""
         self.progress_warned: dict[str, frozenset[tuple[str, str]]] = {}
         """Malformed annotations last logged per pod uid (log once per pod, not per update)."""
+        self.trim_warned: dict[tuple[str, str], frozenset[str]] = {}
+        """What was last logged as cut per (topic, key): log once per object and set of cuts."""
         self.pod_stores: list[Callable[[], list[RawObject]]] = []
         self.pod_handler = _PodHandler(self)
         self.node_handler = _NodeHandler(self)
         self.event_handler = _EventHandler(self)
         self.workload_handler = _WorkloadHandler(self)
 
-    def emit(self, topic: TopicSpec, key: str, message: Message | None) -> None:
+    def emit(self, topic: TopicSpec, key: str, message: Message | None, trim: Trim | None = None) -> None:
         cluster = self.config.cluster
         if message is not None and cluster != DEFAULT_CLUSTER:
             message = message.model_copy(update={"cluster": cluster})
+        if message is not None and over_budget(message):  # the budgets of the fields combined: rare
+            keep = label_keys_read(self.config.translate) if topic is not K8S_NODES else ()
+            message = shrink(message, keep, NODE_LABEL_PREFIXES if topic is K8S_NODES else ())
+            trim = trim if trim is not None else Trim()
+            trim.note("size")
+        if message is None:
+            self.trim_warned.pop((topic.suffix, key), None)
+        elif trim:
+            self._trimmed(topic, key, message, trim)
         self.sink.emit(topic, scoped_key(cluster, key), message)
         self.metrics.produced(topic, message is None)
+
+    def _trimmed(self, topic: TopicSpec, key: str, message: Message, trim: Trim) -> None:
+        self.metrics.trim(topic, trim.what)
+        what = frozenset(trim.what)
+        if self.trim_warned.get((topic.suffix, key)) == what:
+            return
+        if len(self.trim_warned) >= 100_000:  # bounded however many objects are cut
+            self.trim_warned.clear()
+        self.trim_warned[(topic.suffix, key)] = what
+        log.warning("published trimmed to the message bounds", topic=topic.suffix, key=key,
+                    name=getattr(message, "name", None) or getattr(message, "node", None),
+                    namespace=getattr(message, "namespace", None), cut=sorted(what))
+
+    def forget_trim(self, topic: TopicSpec, key: str) -> None:
+        self.trim_warned.pop((topic.suffix, key), None)
 
 
 class _PodHandler:
@@ -351,14 +391,15 @@ class _PodHandler:
         with p.lock:
             uid = uid_key(obj)
             self.progress(uid, obj)
-            state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes)
+            trim = Trim()
+            state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes, trim)
             if state is None:
                 if uid in p.pods:  # no longer relevant (its node lost its GPUs): drop it downstream
                     p.emit(K8S_PODS, uid, None)
                     p.pods.forget(uid)
                 return
             if p.pods.changed(uid, state):
-                p.emit(K8S_PODS, uid, state)
+                p.emit(K8S_PODS, uid, state, trim)
 
     def delete(self, obj: RawObject, observed: str) -> None:
         p = self.p
@@ -369,9 +410,11 @@ class _PodHandler:
             if uid not in p.pods:
                 return  # never reported: nothing to delete downstream
             now = p.clock.now()
-            state = pod_to_state(obj, now, p.config.translate, p.gpu_nodes | {str(obj.get("spec", {}).get("nodeName"))})
+            trim = Trim()
+            state = pod_to_state(obj, now, p.config.translate, p.gpu_nodes | {str(obj.get("spec", {}).get("nodeName"))},
+                                 trim)
             if state is not None:
-                p.emit(K8S_PODS, uid, deleted_state(state, now))
+                p.emit(K8S_PODS, uid, deleted_state(state, now), trim)
             p.emit(K8S_PODS, uid, None)
             p.pods.forget(uid)
             log.debug("pod gone", uid=uid, name=obj.get("metadata", {}).get("name"), observed=observed)
@@ -385,7 +428,8 @@ class _NodeHandler:
         p = self.p
         with p.lock:
             name = name_key(obj)
-            state = node_to_state(obj, p.clock.now(), p.config.translate)
+            trim = Trim()
+            state = node_to_state(obj, p.clock.now(), p.config.translate, trim)
             if state is None:
                 if name in p.nodes:
                     p.gpu_nodes.discard(name)
@@ -395,7 +439,7 @@ class _NodeHandler:
             newly_gpu = name not in p.gpu_nodes
             p.gpu_nodes.add(name)
             if p.nodes.changed(name, state):
-                p.emit(K8S_NODES, name, state)
+                p.emit(K8S_NODES, name, state, trim)
             if newly_gpu:
                 # pods already on this node that requested no GPU become relevant now
                 for store in p.pod_stores:
@@ -411,9 +455,10 @@ class _NodeHandler:
             if name not in p.nodes:
                 return
             now = p.clock.now()
-            state = node_to_state(obj, now, p.config.translate)
+            trim = Trim()
+            state = node_to_state(obj, now, p.config.translate, trim)
             if state is not None:
-                p.emit(K8S_NODES, name, deleted_node(state, now))
+                p.emit(K8S_NODES, name, deleted_node(state, now), trim)
             p.emit(K8S_NODES, name, None)
             p.nodes.forget(name)
 
@@ -424,7 +469,8 @@ class _EventHandler:
 
     def upsert(self, obj: RawObject) -> None:
         p = self.p
-        message = event_to_message(obj)
+        trim = Trim()
+        message = event_to_message(obj, trim)
         if message is None:
             return
         if message.category == "other" and message.type != "Warning":
@@ -437,11 +483,14 @@ class _EventHandler:
             else:
                 relevant = False
             if relevant and p.events.changed(message.uid, message):
-                p.emit(K8S_EVENTS, event_key(message), message)
+                p.emit(K8S_EVENTS, event_key(message), message, trim)
 
     def delete(self, obj: RawObject, observed: str) -> None:
         with self.p.lock:
             self.p.events.forget(uid_key(obj))  # events expire; the events topic keeps its history
+            message = event_to_message(obj)
+            if message is not None:
+                self.p.forget_trim(K8S_EVENTS, event_key(message))
 
 
 class _WorkloadHandler:
@@ -452,14 +501,15 @@ class _WorkloadHandler:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
-            state = workload_to_state(obj, p.clock.now(), p.config.translate)
+            trim = Trim()
+            state = workload_to_state(obj, p.clock.now(), p.config.translate, trim)
             if state is None:
                 if uid in p.workloads:  # its pod sets no longer ask for a GPU
                     p.emit(K8S_WORKLOADS, uid, None)
                     p.workloads.forget(uid)
                 return
             if p.workloads.changed(uid, state):
-                p.emit(K8S_WORKLOADS, uid, state)
+                p.emit(K8S_WORKLOADS, uid, state, trim)
 
     def delete(self, obj: RawObject, observed: str) -> None:
         p = self.p
@@ -468,9 +518,10 @@ class _WorkloadHandler:
             if uid not in p.workloads:
                 return
             now = p.clock.now()
-            state = workload_to_state(obj, now, p.config.translate)
+            trim = Trim()
+            state = workload_to_state(obj, now, p.config.translate, trim)
             if state is not None:
-                p.emit(K8S_WORKLOADS, uid, deleted_workload(state, now))
+                p.emit(K8S_WORKLOADS, uid, deleted_workload(state, now), trim)
             p.emit(K8S_WORKLOADS, uid, None)
             p.workloads.forget(uid)
 

@@ -16,6 +16,10 @@ Choices worth knowing:
   reads from cgroups.
 - ``gang_id`` is ``<namespace>/<group name>``: gang names are namespace-scoped; the configured
   keys first, then the recognisers of ``producers.watcher.gangs`` (label sets, owner kinds).
+- Everything published is cut to the contract's bounds (``producers.watcher.bounds``): labels to
+  a budget (the keys gpulens reads first), text to its field's length, lists to their item cap,
+  GPU quantities clamped (``100E`` GPUs becomes ``MAX_GPU_COUNT``); such a message has
+  ``truncated`` set, and the optional ``trim`` argument says what was cut. Never dropped.
 """
 
 from __future__ import annotations
@@ -28,9 +32,21 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, cast
 
-from producers.watcher.gangs import gang_id
+from producers.watcher.bounds import MAX_GPU_QUANTITY, MAX_QUANTITY, Trim
+from producers.watcher.gangs import RECOGNISERS, LabelGang, gang_id
 from producers.watcher.vram import vram_request_bytes
 from schemas.messages import (
+    MAX_DNS_LABEL_CHARS,
+    MAX_GANG_CHARS,
+    MAX_GPU_MEMORY_BYTES,
+    MAX_ID_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_NAME_CHARS,
+    MAX_PROGRESS_TOTAL,
+    MAX_QUALIFIED_NAME_CHARS,
+    MAX_RESOURCES,
+    MAX_SHORT_TEXT_CHARS,
+    MAX_TAG_CHARS,
     ContainerState,
     Message,
     NodeState,
@@ -103,16 +119,19 @@ _SUFFIXES = {
     "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
 }
-_QUANTITY = re.compile(r"^(?P<num>[+-]?\d+(?:\.\d+)?)(?P<suffix>[a-zA-Z]{0,2})$")
+_QUANTITY = re.compile(r"(?P<num>[+-]?[0-9]+(?:\.[0-9]+)?)(?P<suffix>[a-zA-Z]{0,2})")
 
 
 def parse_quantity(value: Any) -> int:
-    """A Kubernetes quantity as a whole number (GPU counts are integers); 0 when unparseable."""
+    """A Kubernetes quantity as a whole number (GPU counts are integers); 0 when unparseable;
+    at most :data:`~producers.watcher.bounds.MAX_QUANTITY` (int64: ``100E`` is 10^20, above it).
+    Callers clamp further to their field's bound (:func:`gpu_quantity`)."""
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
-        return max(value, 0)
-    match = _QUANTITY.match(str(value).strip())
+        return min(max(value, 0), MAX_QUANTITY)
+    text = str(value).strip()
+    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
     if not match:
         return 0
     suffix = match.group("suffix")
@@ -121,10 +140,25 @@ def parse_quantity(value: Any) -> int:
     except InvalidOperation:
         return 0
     if suffix == "m":
-        return max(int(number / 1000), 0)
+        return min(max(int(number / 1000), 0), MAX_QUANTITY)
     if suffix not in _SUFFIXES:
         return 0
-    return max(int(number * _SUFFIXES[suffix]), 0)
+    return min(max(int(number * _SUFFIXES[suffix]), 0), MAX_QUANTITY)
+
+
+def gpu_quantity(value: Any, trim: Trim | None = None) -> int:
+    """A GPU resource's count: :func:`parse_quantity` clamped to ``MAX_GPU_COUNT`` (noted in ``trim``)."""
+    return (trim if trim is not None else Trim()).quantity(parse_quantity(value), MAX_GPU_QUANTITY)
+
+
+def gpu_resources(amounts: Mapping[str, int], trim: Trim, zeros: bool = False) -> dict[str, int]:
+    """A GPU resource map within the contract: names of Kubernetes' length, counts clamped, at most
+    ``MAX_RESOURCES`` of them (in name order), zeros left out unless ``zeros`` (a node's capacity)."""
+    names = sorted(name for name, amount in amounts.items() if amount > 0 or zeros)
+    if any(len(name) > MAX_QUALIFIED_NAME_CHARS for name in names):
+        trim.note("text")
+        names = [name for name in names if len(name) <= MAX_QUALIFIED_NAME_CHARS]
+    return {name: trim.quantity(amounts[name]) for name in trim.items(names, MAX_RESOURCES)}
 
 
 def is_gpu_resource(name: str, config: TranslateConfig | None = None) -> bool:
@@ -133,6 +167,19 @@ def is_gpu_resource(name: str, config: TranslateConfig | None = None) -> bool:
     if name == NVIDIA_GPU or name.startswith(("nvidia.com/mig-", "nvidia.com/gpu.")):
         return True
     return config is not None and name in config.extra_gpu_resources
+
+
+def label_keys_read(config: TranslateConfig) -> tuple[str, ...]:
+    """The label keys gpulens reads from a pod or workload, kept first when labels are trimmed."""
+    recognised = [key for r in RECOGNISERS if isinstance(r, LabelGang) for key in r.keys]
+    return tuple(dict.fromkeys((*config.team_keys, *config.project_keys, *config.gang_keys, *recognised,
+                                "pod-template-hash", "jobset.sigs.k8s.io/jobset-name", "kueue.x-k8s.io/queue-name",
+                                "app.kubernetes.io/name", "app")))
+
+
+NODE_LABEL_PREFIXES = ("nvidia.com/", "cloud.google.com/gke-accelerator", "k8s.amazonaws.com/accelerator",
+                       "node.kubernetes.io/instance-type", "kubernetes.io/hostname", "topology.kubernetes.io/")
+"""Node labels kept first when a node's labels are trimmed (GPU facts, instance type, zone)."""
 
 
 def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
@@ -150,7 +197,7 @@ def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
 # --------------------------------------------------------------------------- pods
 
 
-def _container_gpus(container: JsonDict, config: TranslateConfig) -> dict[str, int]:
+def _container_gpus(container: JsonDict, config: TranslateConfig, trim: Trim) -> dict[str, int]:
     resources = json_dict(container.get("resources"))
     requests = json_dict(resources.get("requests"))
     limits = json_dict(resources.get("limits"))
@@ -158,24 +205,26 @@ def _container_gpus(container: JsonDict, config: TranslateConfig) -> dict[str, i
     for name in set(requests) | set(limits):
         if not is_gpu_resource(name, config):
             continue
-        amount = parse_quantity(requests[name] if name in requests else limits[name])
+        amount = gpu_quantity(requests[name] if name in requests else limits[name], trim)
         if amount > 0:
             found[name] = amount
     return found
 
 
-def gpu_requests(pod: dict[str, Any], config: TranslateConfig) -> dict[str, int]:
-    """GPU resources the pod asks for, by resource name, as the scheduler accounts them."""
+def gpu_requests(pod: dict[str, Any], config: TranslateConfig, trim: Trim | None = None) -> dict[str, int]:
+    """GPU resources the pod asks for, by resource name, as the scheduler accounts them (within the
+    contract's bounds: see :func:`gpu_resources`)."""
+    trim = trim if trim is not None else Trim()
     spec = json_dict(pod.get("spec"))
     total: dict[str, int] = {}
     for container in _list(spec.get("containers")):
-        for name, amount in _container_gpus(json_dict(container), config).items():
+        for name, amount in _container_gpus(json_dict(container), config, trim).items():
             total[name] = total.get(name, 0) + amount
     init_peak: dict[str, int] = {}
     sidecars: dict[str, int] = {}
     for container in _list(spec.get("initContainers")):
         init = json_dict(container)
-        gpus = _container_gpus(init, config)
+        gpus = _container_gpus(init, config, trim)
         # restartable init containers (sidecars) keep running beside the app containers
         if init.get("restartPolicy") == "Always":
             for name, amount in gpus.items():
@@ -187,7 +236,7 @@ def gpu_requests(pod: dict[str, Any], config: TranslateConfig) -> dict[str, int]
                 init_peak[name] = max(init_peak.get(name, 0), amount + sidecars.get(name, 0))
     for name, amount in init_peak.items():
         total[name] = max(total.get(name, 0), amount)
-    return {name: total[name] for name in sorted(total) if total[name] > 0}
+    return gpu_resources(total, trim)
 
 
 def strip_runtime(container_id: Any) -> str | None:
@@ -198,8 +247,9 @@ def strip_runtime(container_id: Any) -> str | None:
     return text.split("://", 1)[1] if "://" in text else text
 
 
-def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
+def owner_chain(pod: dict[str, Any], trim: Trim | None = None) -> list[OwnerRef]:
     """Owners from the pod outward, inferred without API calls (see module docstring)."""
+    trim = trim if trim is not None else Trim()
     meta = json_dict(pod.get("metadata"))
     labels = json_dict(meta.get("labels"))
     refs = [json_dict(ref) for ref in _list(meta.get("ownerReferences"))]
@@ -209,8 +259,7 @@ def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
         kind, name = ref.get("kind"), ref.get("name")
         if not kind or not name:
             continue
-        chain.append(OwnerRef(kind=str(kind), name=str(name), uid=ref.get("uid"),
-                              api_version=ref.get("apiVersion")))
+        chain.append(owner_ref(ref, trim))
     if not chain:
         return chain
     top = chain[0]
@@ -226,10 +275,18 @@ def owner_chain(pod: dict[str, Any]) -> list[OwnerRef]:
             chain.insert(1, OwnerRef(kind="JobSet", name=str(jobset), api_version="jobset.x-k8s.io/v1alpha2"))
         elif match:
             chain.insert(1, OwnerRef(kind="CronJob", name=match.group("cron"), api_version="batch/v1"))
-    return chain
+    return trim.items(chain)
 
 
-def _container_state(status: JsonDict, spec_images: Mapping[str, str]) -> ContainerState:
+def owner_ref(ref: JsonDict, trim: Trim) -> OwnerRef:
+    """One ownerReference within the contract's bounds (texts cut, noted in ``trim``)."""
+    return OwnerRef(kind=str(trim.text(ref.get("kind"), MAX_SHORT_TEXT_CHARS)),
+                    name=str(trim.text(ref.get("name"), MAX_NAME_CHARS)),
+                    uid=trim.text(ref.get("uid"), MAX_ID_CHARS),
+                    api_version=trim.text(ref.get("apiVersion"), MAX_QUALIFIED_NAME_CHARS))
+
+
+def _container_state(status: JsonDict, spec_images: Mapping[str, str], trim: Trim) -> ContainerState:
     name = str(status.get("name", ""))
     state = json_dict(status.get("state"))
     last = json_dict(json_dict(status.get("lastState")).get("terminated"))
@@ -243,15 +300,16 @@ def _container_state(status: JsonDict, spec_images: Mapping[str, str]) -> Contai
     terminated = json_dict(state.get("terminated"))
     ended = terminated or last
     return ContainerState(
-        name=name,
-        container_id=strip_runtime(status.get("containerID") or terminated.get("containerID")),
-        image=spec_images.get(name) or status.get("image"),
+        name=str(trim.text(name, MAX_DNS_LABEL_CHARS)),
+        container_id=trim.text(strip_runtime(status.get("containerID") or terminated.get("containerID")),
+                               MAX_SHORT_TEXT_CHARS),
+        image=trim.text(spec_images.get(name) or status.get("image")),
         ready=bool(status.get("ready", False)),
         state=cast(Any, kind),
-        state_reason=reason,
-        restart_count=max(int(status.get("restartCount") or 0), 0),
-        last_termination_reason=ended.get("reason"),
-        last_exit_code=ended.get("exitCode"),
+        state_reason=trim.text(reason),
+        restart_count=max(trim.int32(status.get("restartCount")) or 0, 0),
+        last_termination_reason=trim.text(ended.get("reason")),
+        last_exit_code=trim.int32(ended.get("exitCode")),
         last_finished_at=parse_time(ended.get("finishedAt")),
     )
 
@@ -272,8 +330,11 @@ def pod_to_state(
     ts: datetime,
     config: TranslateConfig,
     gpu_nodes: Collection[str] = (),
+    trim: Trim | None = None,
 ) -> PodState | None:
-    """The pod's message, or None when it neither requests a GPU nor runs on a GPU node."""
+    """The pod's message, or None when it neither requests a GPU nor runs on a GPU node. Within the
+    contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
+    trim = trim if trim is not None else Trim()
     meta = json_dict(pod.get("metadata"))
     spec = json_dict(pod.get("spec"))
     status = json_dict(pod.get("status"))
@@ -281,10 +342,10 @@ def pod_to_state(
     if not uid or not meta.get("name"):
         return None
     node = spec.get("nodeName") or None
-    requests = gpu_requests(pod, config)
+    requests = gpu_requests(pod, config, trim)
     if not requests and (node is None or node not in gpu_nodes):
         return None
-    namespace = str(meta.get("namespace") or "default")
+    namespace = str(trim.text(meta.get("namespace") or "default", MAX_DNS_LABEL_CHARS))
 
     conditions = []
     scheduled_at: datetime | None = None
@@ -292,8 +353,9 @@ def pod_to_state(
     for raw in _list(status.get("conditions")):
         cond = json_dict(raw)
         at = parse_time(cond.get("lastTransitionTime"))
-        conditions.append(PodCondition(type=str(cond.get("type", "")), status=str(cond.get("status", "")),
-                                       reason=cond.get("reason"), message=cond.get("message"),
+        conditions.append(PodCondition(type=str(trim.text(cond.get("type", ""), MAX_QUALIFIED_NAME_CHARS)),
+                                       status=str(trim.text(cond.get("status", ""), MAX_SHORT_TEXT_CHARS)),
+                                       reason=trim.text(cond.get("reason")), message=trim.text(cond.get("message")),
                                        last_transition_at=at))
         if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
             scheduled_at = at
@@ -305,9 +367,10 @@ def pod_to_state(
                    if json_dict(c).get("image")}
     raw_statuses = [json_dict(s) for s in _list(status.get("initContainerStatuses"))
                     + _list(status.get("containerStatuses"))]
-    containers = [_container_state(s, spec_images) for s in raw_statuses]
+    containers = [_container_state(s, spec_images, trim) for s in trim.items(raw_statuses)]
     if not raw_statuses:  # not started yet: still name the images the pod will run
-        containers = [ContainerState(name=name, image=image) for name, image in spec_images.items()]
+        containers = [ContainerState(name=str(trim.text(name, MAX_DNS_LABEL_CHARS)), image=trim.text(image))
+                      for name, image in trim.items(list(spec_images.items()))]
 
     starts = [t for s in raw_statuses for t in _start_times(s)]
     phase_text = str(status.get("phase") or "Pending")
@@ -332,32 +395,33 @@ def pod_to_state(
         finished_at = max(ends) if ends else (latest_transition or ts)
 
     return PodState(
-        uid=str(uid),
+        uid=str(trim.text(uid, MAX_ID_CHARS)),
         namespace=namespace,
-        name=str(meta["name"]),
+        name=str(trim.text(meta["name"], MAX_NAME_CHARS)),
         ts=ts,
-        node=node,
+        node=trim.text(node, MAX_NAME_CHARS),
         phase=phase,
-        conditions=conditions,
+        conditions=trim.items(conditions),
         gpu_requests=requests,
-        vram_request_bytes=vram_request_bytes(pod),
-        owners=owner_chain(pod),
-        team=first_value(meta, config.team_keys) or namespace,
-        project=first_value(meta, config.project_keys) or namespace,
-        gang_id=_gang(meta, namespace, config),
-        labels={str(k): str(v) for k, v in json_dict(meta.get("labels")).items()},
+        vram_request_bytes=vram_request_bytes(pod, trim),
+        owners=owner_chain(pod, trim),
+        team=trim.text(first_value(meta, config.team_keys) or namespace, MAX_TAG_CHARS),
+        project=trim.text(first_value(meta, config.project_keys) or namespace, MAX_TAG_CHARS),
+        gang_id=trim.text(_gang(meta, namespace, config), MAX_GANG_CHARS),
+        labels=trim.labels(json_dict(meta.get("labels")), label_keys_read(config)),
         containers=containers,
-        restarts=sum(c.restart_count for c in containers),
-        last_termination_reason=last_reason,
+        restarts=min(sum(c.restart_count for c in containers), 2**31 - 1),
+        last_termination_reason=trim.text(last_reason),
         last_exit_code=last_code,
-        status_reason=str(status_reason) if status_reason else None,
+        status_reason=trim.text(status_reason) if status_reason else None,
         deleted=False,
         created_at=parse_time(meta.get("creationTimestamp")) or ts,
         scheduled_at=scheduled_at,
         started_at=min(starts) if starts else None,
         finished_at=finished_at,
         deleted_at=parse_time(meta.get("deletionTimestamp")),
-        priority_class=spec.get("priorityClassName"),
+        priority_class=trim.text(spec.get("priorityClassName"), MAX_NAME_CHARS),
+        truncated=bool(trim),
     )
 
 
@@ -373,11 +437,17 @@ def deleted_state(state: PodState, ts: datetime) -> PodState:
 # --------------------------------------------------------------------------- nodes
 
 
-def _int_label(labels: JsonDict, key: str) -> int | None:
-    try:
-        return int(str(labels[key]))
-    except (KeyError, ValueError):
+def _int_label(labels: JsonDict, key: str, limit: int, trim: Trim) -> int | None:
+    """A label's non-negative ASCII integer at most ``limit``; None when absent or not one (an out
+    of range value is noted in ``trim``)."""
+    text = str(labels.get(key, "")).strip()
+    if not text.isascii() or not text.isdigit():
         return None
+    value = int(text)
+    if value > limit:
+        trim.note("quantity")
+        return None
+    return value
 
 
 def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
@@ -388,19 +458,22 @@ def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
     return ".".join(present) if present else None
 
 
-def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | None = None) -> NodeState | None:
-    """The node's message, or None for a node with neither GPU resources nor GPU labels."""
+def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | None = None,
+                  trim: Trim | None = None) -> NodeState | None:
+    """The node's message, or None for a node with neither GPU resources nor GPU labels. Within the
+    contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
+    trim = trim if trim is not None else Trim()
     meta = json_dict(node.get("metadata"))
     spec = json_dict(node.get("spec"))
     status = json_dict(node.get("status"))
     name = meta.get("name")
     if not name:
         return None
-    labels = {str(k): str(v) for k, v in json_dict(meta.get("labels")).items()}
-    capacity = {k: parse_quantity(v) for k, v in json_dict(status.get("capacity")).items()
-                if is_gpu_resource(k, config)}
-    allocatable = {k: parse_quantity(v) for k, v in json_dict(status.get("allocatable")).items()
-                   if is_gpu_resource(k, config)}
+    labels = {str(k): str(v) for k, v in json_dict(meta.get("labels")).items()}  # all, to read from
+    capacity = {str(k): gpu_quantity(v, trim) for k, v in json_dict(status.get("capacity")).items()
+                if is_gpu_resource(str(k), config)}
+    allocatable = {str(k): gpu_quantity(v, trim) for k, v in json_dict(status.get("allocatable")).items()
+                   if is_gpu_resource(str(k), config)}
     gpu_labelled = any(labels.get(key) not in (None, "", "false") for key in _GPU_NODE_LABELS)
     if not any(capacity.values()) and not gpu_labelled:
         return None
@@ -409,29 +482,33 @@ def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | 
         cond = json_dict(raw)
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
-    memory_mib = _int_label(labels, "nvidia.com/gpu.memory")
+    memory_mib = _int_label(labels, "nvidia.com/gpu.memory", MAX_GPU_MEMORY_BYTES // 2**20, trim)
     return NodeState(
-        node=str(name),
+        node=str(trim.text(name, MAX_NAME_CHARS)),
         ts=ts,
-        uid=meta.get("uid"),
-        gpu_capacity=dict(sorted(capacity.items())),
-        gpu_allocatable=dict(sorted(allocatable.items())),
-        gpu_product=labels.get("nvidia.com/gpu.product") or labels.get("cloud.google.com/gke-accelerator")
-        or labels.get("k8s.amazonaws.com/accelerator"),
-        gpu_memory_bytes=memory_mib * 1024 * 1024 if memory_mib is not None and memory_mib >= 0 else None,
-        gpu_count_label=_int_label(labels, "nvidia.com/gpu.count"),
-        driver_version=_version(labels, "nvidia.com/cuda.driver-version.full",
-                                ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
-                                 "nvidia.com/cuda.driver.rev")),
-        cuda_driver_version=_version(labels, "nvidia.com/cuda.runtime-version.full",
-                                     ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
-        mig_strategy=labels.get("nvidia.com/mig.strategy"),
+        uid=trim.text(meta.get("uid"), MAX_ID_CHARS),
+        gpu_capacity=gpu_resources(capacity, trim, zeros=True),
+        gpu_allocatable=gpu_resources(allocatable, trim, zeros=True),
+        gpu_product=trim.text(labels.get("nvidia.com/gpu.product") or labels.get("cloud.google.com/gke-accelerator")
+                              or labels.get("k8s.amazonaws.com/accelerator"), MAX_SHORT_TEXT_CHARS),
+        gpu_memory_bytes=memory_mib * 1024 * 1024 if memory_mib is not None else None,
+        gpu_count_label=_int_label(labels, "nvidia.com/gpu.count", MAX_GPU_QUANTITY, trim),
+        driver_version=trim.text(_version(labels, "nvidia.com/cuda.driver-version.full",
+                                          ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+                                           "nvidia.com/cuda.driver.rev")), MAX_SHORT_TEXT_CHARS),
+        cuda_driver_version=trim.text(_version(labels, "nvidia.com/cuda.runtime-version.full",
+                                               ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")),
+                                      MAX_SHORT_TEXT_CHARS),
+        mig_strategy=trim.text(labels.get("nvidia.com/mig.strategy"), MAX_SHORT_TEXT_CHARS),
         ready=ready,
         unschedulable=bool(spec.get("unschedulable", False)),
-        taints=[Taint(key=str(json_dict(t).get("key", "")), value=json_dict(t).get("value"),
-                      effect=str(json_dict(t).get("effect", ""))) for t in _list(spec.get("taints"))],
-        labels=labels,
+        taints=[Taint(key=str(trim.text(json_dict(t).get("key", ""), MAX_QUALIFIED_NAME_CHARS)),
+                      value=trim.text(json_dict(t).get("value"), MAX_LABEL_VALUE_CHARS),
+                      effect=str(trim.text(json_dict(t).get("effect", ""), MAX_SHORT_TEXT_CHARS)))
+                for t in trim.items(_list(spec.get("taints")))],
+        labels=trim.labels(labels, keep_prefixes=NODE_LABEL_PREFIXES),
         deleted=False,
+        truncated=bool(trim),
     )
 
 
@@ -518,14 +595,17 @@ def pod_progress(pod: dict[str, Any], ts: datetime) -> tuple[WorkloadProgress | 
         text = str(raw).strip()
         if not text.isascii() or not text.isdigit():
             bad[name] = "not_integer"
-        elif len(text) > MAX_PROGRESS_DIGITS:
+        elif len(text) > MAX_PROGRESS_DIGITS or int(text) > MAX_PROGRESS_TOTAL:
             bad[name] = "too_large"
         else:
             totals[f"{key}_total"] = float(int(text))
     uid = meta.get("uid")
     if not totals or not uid:
         return None, bad
-    message = WorkloadProgress(pod_uid=str(uid), namespace=str(meta.get("namespace") or ""),
-                               pod=str(meta.get("name") or ""), ts=ts, steps_total=totals.get("steps_total"),
-                               tokens_total=totals.get("tokens_total"), samples_total=totals.get("samples_total"))
+    trim = Trim()  # the API server's names fit; a simulated server's might not
+    message = WorkloadProgress(pod_uid=str(trim.text(uid, MAX_ID_CHARS)),
+                               namespace=str(trim.text(meta.get("namespace") or "", MAX_DNS_LABEL_CHARS)),
+                               pod=str(trim.text(meta.get("name") or "", MAX_NAME_CHARS)), ts=ts,
+                               steps_total=totals.get("steps_total"), tokens_total=totals.get("tokens_total"),
+                               samples_total=totals.get("samples_total"))
     return message, bad

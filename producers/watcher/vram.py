@@ -8,12 +8,18 @@ need comes from, in this order:
 - the annotation ``gpulens.io/vram-request``: a Kubernetes quantity (``20Gi``, ``16G``) or a bare
   number of bytes, per GPU.
 
-None when neither is there or the value is unreadable (the pod then has no known need).
+None when neither is there or the value is unreadable (the pod then has no known need); at most
+``MAX_GPU_MEMORY_BYTES`` (a larger value is clamped to it and noted in the caller's ``Trim``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from schemas.messages import MAX_GPU_MEMORY_BYTES
+
+if TYPE_CHECKING:
+    from producers.watcher.bounds import Trim
 
 HAMI_GPUMEM = "nvidia.com/gpumem"
 VRAM_ANNOTATION = "gpulens.io/vram-request"
@@ -24,7 +30,16 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def vram_request_bytes(pod: dict[str, Any]) -> int | None:
+def vram_request_bytes(pod: dict[str, Any], trim: Trim | None = None) -> int | None:
+    total = _vram_request_bytes(pod)
+    if total is not None and total > MAX_GPU_MEMORY_BYTES:
+        if trim is not None:
+            trim.note("quantity")
+        return MAX_GPU_MEMORY_BYTES
+    return total
+
+
+def _vram_request_bytes(pod: dict[str, Any]) -> int | None:
     from producers.watcher.translate import parse_quantity
 
     spec = _dict(pod.get("spec"))

@@ -24,9 +24,28 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from producers.watcher.bounds import MAX_GPU_QUANTITY, Trim
 from producers.watcher.gangs import gang_id
-from producers.watcher.translate import TranslateConfig, first_value, gpu_requests, parse_time
-from schemas.messages import OwnerRef, PodSetDemand, WorkloadPhase, WorkloadState
+from producers.watcher.translate import (
+    TranslateConfig,
+    first_value,
+    gpu_requests,
+    gpu_resources,
+    owner_ref,
+    parse_time,
+)
+from schemas.messages import (
+    MAX_DNS_LABEL_CHARS,
+    MAX_DURATION_S,
+    MAX_GANG_CHARS,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+    MAX_POD_COUNT,
+    MAX_TAG_CHARS,
+    PodSetDemand,
+    WorkloadPhase,
+    WorkloadState,
+)
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta1"
@@ -74,31 +93,36 @@ def _phase(spec: dict[str, Any], status: dict[str, Any]) -> WorkloadPhase:
     return "queued"
 
 
-def _pending_reason(status: dict[str, Any]) -> str | None:
+def _pending_reason(status: dict[str, Any], trim: Trim) -> str | None:
     for kind in ("QuotaReserved", "Evicted", "Requeued"):
         cond = _condition(status, kind)
         if cond is not None and cond.get("status") == "False" and cond.get("message"):
-            return str(cond["message"])
+            return trim.text(cond["message"])
     return None
 
 
-def pod_sets(spec: dict[str, Any], config: TranslateConfig) -> list[PodSetDemand]:
+def pod_sets(spec: dict[str, Any], config: TranslateConfig, trim: Trim | None = None) -> list[PodSetDemand]:
+    trim = trim if trim is not None else Trim()
     sets = []
-    for raw in _list(spec.get("podSets")):
+    for raw in trim.items(_list(spec.get("podSets"))):
         pod_set = _dict(raw)
         template = dict(_dict(pod_set.get("template")))
         count = pod_set.get("count")
+        count = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 1
         sets.append(PodSetDemand(
-            name=str(pod_set.get("name") or "main"),
-            count=count if isinstance(count, int) and count >= 0 else 1,
-            gpu_requests_per_pod=gpu_requests(template, config),
+            name=str(trim.text(pod_set.get("name") or "main", MAX_DNS_LABEL_CHARS)),
+            count=trim.quantity(count, MAX_POD_COUNT),
+            gpu_requests_per_pod=gpu_requests(template, config, trim),
         ))
     return sets
 
 
-def workload_to_state(obj: dict[str, Any], ts: datetime, config: TranslateConfig | None = None) -> WorkloadState | None:
-    """The message for one Workload, or None when it asks for no GPU (or lacks identity)."""
+def workload_to_state(obj: dict[str, Any], ts: datetime, config: TranslateConfig | None = None,
+                      trim: Trim | None = None) -> WorkloadState | None:
+    """The message for one Workload, or None when it asks for no GPU (or lacks identity). Within
+    the contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
     config = config or TranslateConfig()
+    trim = trim if trim is not None else Trim()
     meta = _dict(obj.get("metadata"))
     spec = dict(_dict(obj.get("spec")))
     status = dict(_dict(obj.get("status")))
@@ -106,38 +130,40 @@ def workload_to_state(obj: dict[str, Any], ts: datetime, config: TranslateConfig
     created = parse_time(meta.get("creationTimestamp"))
     if not uid or not name or not namespace or created is None:
         return None
-    sets = pod_sets(spec, config)
+    sets = pod_sets(spec, config, trim)
     total: dict[str, int] = {}
     for pod_set in sets:
         for resource, amount in pod_set.gpu_requests_per_pod.items():
             total[resource] = total.get(resource, 0) + amount * pod_set.count
-    total = {resource: total[resource] for resource in sorted(total) if total[resource] > 0}
+    total = gpu_resources({resource: min(amount, MAX_GPU_QUANTITY + 1) for resource, amount in total.items()}, trim)
     if not total:
         return None
     phase = _phase(spec, status)
     admitted_at = _true_at(status, "Admitted") if phase in ("admitted", "finished") else None
-    owners = [OwnerRef(kind=str(ref.get("kind")), name=str(ref.get("name")), uid=ref.get("uid"),
-                       api_version=ref.get("apiVersion"))
-              for ref in (_dict(r) for r in _list(meta.get("ownerReferences"))) if ref.get("kind") and ref.get("name")]
+    owners = trim.items([owner_ref(ref, trim) for ref in (_dict(r) for r in _list(meta.get("ownerReferences")))
+                         if ref.get("kind") and ref.get("name")])
     admission = _dict(status.get("admission"))
-    priority = spec.get("priority")
+    namespace = str(trim.text(namespace, MAX_DNS_LABEL_CHARS))
+    name = str(trim.text(name, MAX_NAME_CHARS))
     return WorkloadState(
-        uid=str(uid), namespace=str(namespace), name=str(name), ts=ts, phase=phase,
-        queue_name=spec.get("queueName") or _dict(meta.get("labels")).get(QUEUE_LABEL),
-        cluster_queue=admission.get("clusterQueue"),
-        priority_class=spec.get("priorityClassName"),
-        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else None,
+        uid=str(trim.text(uid, MAX_ID_CHARS)), namespace=namespace, name=name, ts=ts, phase=phase,
+        queue_name=trim.text(spec.get("queueName") or _dict(meta.get("labels")).get(QUEUE_LABEL), MAX_NAME_CHARS),
+        cluster_queue=trim.text(admission.get("clusterQueue"), MAX_NAME_CHARS),
+        priority_class=trim.text(spec.get("priorityClassName"), MAX_NAME_CHARS),
+        priority=trim.int32(spec.get("priority")),
         pod_sets=sets, gpu_requests=total, gpus=sum(total.values()), owners=owners,
-        team=first_value(meta, config.team_keys) or str(namespace),
-        project=first_value(meta, config.project_keys) or str(namespace),
-        gang_id=gang_id(meta, str(namespace), config.gang_keys) or f"{namespace}/{name}",
-        pending_reason=_pending_reason(status) if phase in ("queued", "quota_reserved") else None,
+        team=trim.text(first_value(meta, config.team_keys) or namespace, MAX_TAG_CHARS),
+        project=trim.text(first_value(meta, config.project_keys) or namespace, MAX_TAG_CHARS),
+        gang_id=trim.text(gang_id(meta, namespace, config.gang_keys) or f"{namespace}/{name}", MAX_GANG_CHARS),
+        pending_reason=_pending_reason(status, trim) if phase in ("queued", "quota_reserved") else None,
         created_at=created,
         quota_reserved_at=_true_at(status, "QuotaReserved"),
         admitted_at=admitted_at,
         finished_at=_true_at(status, "Finished"),
-        wait_s=max((admitted_at - created).total_seconds(), 0.0) if admitted_at is not None else None,
+        wait_s=(min(max((admitted_at - created).total_seconds(), 0.0), MAX_DURATION_S)
+                if admitted_at is not None else None),
         deleted_at=parse_time(meta.get("deletionTimestamp")),
+        truncated=bool(trim),
     )
 
 

@@ -400,7 +400,7 @@ def test_pod_addresses_come_from_each_pods_network_namespace(tmp_path: Path) -> 
 # --------------------------------------------------------------------------- bad input, bounded
 
 
-def test_bad_input_is_counted_logged_once_per_sender_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_input_is_counted_summarised_in_the_log_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     registry = MetricsRegistry()
     collector = ProgressCollector(
@@ -425,8 +425,13 @@ def test_bad_input_is_counted_logged_once_per_sender_and_bounded(caplog: pytest.
     assert counter(registry, "agent_progress_malformed_total", path="unix", reason="not_utf8") == 1
     assert counter(registry, "agent_progress_lines_total", path="unix", outcome="too_large") == 1
     assert counter(registry, "agent_progress_lines_total", path="unix", outcome="rate_limited") == 14 + 15
-    rejected = [r for r in caplog.records if r.getMessage() == "progress line rejected"]
-    assert len(rejected) == 4  # bad_number and not_utf8 for pid 10, too_large for 20, rate_limited for 10
+    rejected = [r for r in caplog.records if r.getMessage() == "progress lines rejected"]
+    assert len(rejected) == 1  # the first rejection at once; the rest wait for the next interval's summary
+    with caplog.at_level(logging.WARNING):
+        collector.log_rejections(force=True)
+    summary = [r for r in caplog.records if r.getMessage() == "progress lines rejected"][-1]
+    by_reason = summary.__dict__["gpulens_fields"]["by_reason"]
+    assert by_reason == {"unix/bad_number": 2, "unix/not_utf8": 1, "unix/too_large": 1, "unix/rate_limited": 29}
 
 
 # --------------------------------------------------------------------------- the DaemonSet's command
