@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from common.backoff import Backoff
 from common.errors import RetriableError, UserError
@@ -40,6 +49,7 @@ __all__ = [
     "broker_reachable",
     "commit_offsets",
     "consumer_lag",
+    "create_acls",
     "ensure_topics",
     "group_lag",
     "make_consumer",
@@ -357,6 +367,26 @@ def delete_prefixed(kafka: KafkaSettings, prefixes: Sequence[str], timeout_s: fl
 
 class AdminRequestFailed(RuntimeError):
     """An administrative request (deleting topics) the cluster refused or did not answer."""
+
+
+def create_acls(kafka: KafkaSettings, rows: Iterable[tuple[str, str, str, str, str]],
+                timeout_s: float = 30.0) -> int:
+    """Create "allow" ACL bindings, one per ``(resource, name, pattern, principal, operation)``
+    row (``topic``/``group``, ``literal``/``prefixed``, ``User:...``, ``READ``, ``WRITE``, ...;
+    any host), as the principal of ``kafka`` (an admin); returns how many. Raises
+    :class:`AdminRequestFailed` when the cluster refuses one (idempotent otherwise)."""
+    bindings = [AclBinding(ResourceType[resource.upper()], name, ResourcePatternType[pattern.upper()],
+                           principal, "*", AclOperation[operation.upper()], AclPermissionType.ALLOW)
+                for resource, name, pattern, principal, operation in rows]
+    if not bindings:
+        return 0
+    admin = AdminClient(_client_conf(kafka))  # held until every future is done
+    try:
+        for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+            future.result()
+    except KafkaException as exc:
+        raise AdminRequestFailed(str(exc)) from None
+    return len(bindings)
 
 
 def topic_partitions(kafka: KafkaSettings, topic: str, timeout_s: float = 10.0) -> Sequence[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -125,9 +126,10 @@ class MetricsRegistry:
         """Serve the families ``collect()`` yields at each scrape (series that come and go)."""
         self.registry.register(_FunctionCollector(collect))
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Start the ``/metrics`` endpoint on a daemon thread; returns the bound port."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str | IPv4Address | IPv6Address = "127.0.0.1") -> int:
+        """Start the ``/metrics`` endpoint on a daemon thread; returns the bound port. ``addr``:
+        the service's ``metrics_addr`` setting (``GPULENS_METRICS_ADDR``), loopback unless chosen."""
+        server, _thread = start_http_server(port, addr=str(addr), registry=self.registry)
         return int(server.server_port)
 
     def render(self) -> str:

@@ -4,6 +4,11 @@
 reload4j logging binding) into a cache directory, formats KRaft storage once, starts a combined
 broker+controller in its own process session, and waits until it answers. The pid file makes
 ``up`` idempotent and lets ``down`` stop it cleanly from another shell.
+
+With :class:`LocalSasl` the same broker authenticates every client with SASL/SCRAM-SHA-256 (the
+credentials are formatted into the KRaft storage, ``kafka-storage format --add-scram``) and
+authorizes it with the StandardAuthorizer: no ACL, no access, except for the admin super user.
+That is how the per-component principals and their ACLs (:mod:`gpulens.kafka_acls`) are tested.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from common.errors import UserError
 from common.kafka import broker_reachable
@@ -55,6 +62,28 @@ log4j.logger.org.apache.kafka=INFO
 
 
 @dataclass(frozen=True)
+class LocalSasl:
+    """SASL/SCRAM and ACLs on the local broker: ``users`` are (name, password) pairs of SCRAM-SHA-256
+    principals, formatted into the storage; ``admin`` (one of them) is the only super user. The
+    controller listener (loopback) authenticates the admin with SASL/PLAIN."""
+
+    users: tuple[tuple[str, str], ...]
+    admin: str = "admin"
+    mechanism: str = "SCRAM-SHA-256"
+
+    def __post_init__(self) -> None:
+        names = [name for name, _password in self.users]
+        if self.admin not in names:
+            raise ValueError(f"the admin {self.admin!r} must be one of the users")
+        for name, password in self.users:
+            if not name or not password or any(c in name + password for c in '",[]=\\ '):
+                raise ValueError(f"user {name!r}: names and passwords without spaces, quotes, commas, = or brackets")
+
+    def password(self, user: str) -> str:
+        return dict(self.users)[user]
+
+
+@dataclass(frozen=True)
 class LocalKafka:
     """Paths and ports of one local broker. ``home`` holds data, config, logs and the pid file."""
 
@@ -64,6 +93,8 @@ class LocalKafka:
     port: int = 9092
     controller_port: int = 9093
     heap_mb: int = 512
+    sasl: LocalSasl | None = None
+    """SASL/SCRAM with the StandardAuthorizer (ACLs); ``None``: PLAINTEXT, no authorization."""
 
     @classmethod
     def from_settings(cls, settings: CommonSettings) -> LocalKafka:
@@ -92,6 +123,16 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def client(self, user: str | None = None) -> KafkaSettings:
+        """The connection settings of a client of this broker: as ``user`` (default: the admin)
+        when it runs with SASL, PLAINTEXT otherwise."""
+        if self.sasl is None:
+            return KafkaSettings(bootstrap_servers=self.bootstrap)
+        name = user or self.sasl.admin
+        return KafkaSettings(bootstrap_servers=self.bootstrap, security_protocol="SASL_PLAINTEXT",
+                             sasl_mechanism=self.sasl.mechanism,  # type: ignore[arg-type]
+                             sasl_username=name, sasl_password=SecretStr(self.sasl.password(name)))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -227,6 +268,41 @@ class LocalKafka:
                 "GPULENS_KAFKA__BOOTSTRAP_SERVERS=host:port, or run `docker compose up kafka`."
             )
 
+    def _listener_config(self) -> list[str]:
+        if self.sasl is None:
+            return [
+                f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            ]
+        sasl = self.sasl
+        admin, password = sasl.admin, sasl.password(sasl.admin)
+        scram = sasl.mechanism.lower()
+        return [
+            f"listeners=SASL_PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=SASL_PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            # clients and the broker itself: SCRAM, credentials in the cluster metadata
+            f"sasl.enabled.mechanisms={sasl.mechanism}",
+            f"sasl.mechanism.inter.broker.protocol={sasl.mechanism}",
+            f"listener.name.sasl_plaintext.{scram}.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{admin}" password="{password}";',
+            # the controller listener: PLAIN with the admin alone (SCRAM needs the metadata it serves)
+            "sasl.mechanism.controller.protocol=PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config="
+            f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{admin}" '
+            f'password="{password}" user_{admin}="{password}";',
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            f"super.users=User:{admin}",
+            "allow.everyone.if.no.acl.found=false",
+        ]
+
     def _write_config(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "server.properties").write_text(
@@ -234,11 +310,7 @@ class LocalKafka:
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-                f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                *self._listener_config(),
                 f"log.dirs={self.home / 'data'}",
                 "num.partitions=3",
                 "offsets.topic.replication.factor=1",
@@ -258,9 +330,13 @@ class LocalKafka:
         if (self.home / "data" / "meta.properties").exists():
             return
         cluster_id = _cluster_id()
+        scram: list[str] = []
+        if self.sasl is not None:
+            for name, password in self.sasl.users:
+                scram += ["--add-scram", f"{self.sasl.mechanism}=[name={name},password={password}]"]
         result = subprocess.run(
             self._java_command("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                               "-c", str(self.home / "server.properties")),
+                               "-c", str(self.home / "server.properties"), *scram),
             capture_output=True, text=True, check=False, env=self._java_env(),
         )
         if result.returncode != 0:
@@ -281,7 +357,7 @@ class LocalKafka:
         return env
 
     def _ready(self) -> bool:
-        return broker_reachable(KafkaSettings(bootstrap_servers=self.bootstrap), timeout_s=2.0)
+        return broker_reachable(self.client(), timeout_s=2.0)
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -642,7 +642,8 @@ def _canonical_order(message: Message) -> tuple[Any, ...]:
 def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DEFAULT_LATENESS_S,
                       topic_prefix: str | None = None, chaos_seed: int | None = None, kills: int = 8,
                       say: Callable[[str], None] = lambda line: None, workers: int = 1, outage_s: float = 0.0,
-                      broker: BrokerControl | None = None, accept_clusters: frozenset[str] | None = None) -> dict[str, Any]:
+                      broker: BrokerControl | None = None,
+                      accept_clusters: frozenset[str] | None = None) -> dict[str, Any]:
     """``gpulens replay --kafka BOOTSTRAP [--workers N] [--chaos]``: the report of ``scenario``
     through Kafka and ``workers`` worker processes of one group (with ``chaos_seed``: ``kills``
     SIGKILLs and restarts, one worker added and one removed, and with ``outage_s`` a broker

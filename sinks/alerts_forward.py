@@ -357,7 +357,7 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
             signal.signal(signum, lambda *_: stop.set())
     metrics = metrics or ForwardMetrics(MetricsRegistry())
     if settings.metrics_port:
-        port = metrics.registry.serve(settings.metrics_port)
+        port = metrics.registry.serve(settings.metrics_port, settings.metrics_addr)
         log.info("metrics endpoint", port=port, path="/metrics")
     teams = PodTeams(TopicFollower(settings.kafka, K8S_PODS.name(settings.topic_prefix)))
     forwarder = AlertForwarder(settings, metrics, post=post, stop=stop, teams=teams)

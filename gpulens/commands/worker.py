@@ -67,7 +67,7 @@ def worker(**flags: Any) -> None:
     metrics = WorkerMetrics()
     fleet = FleetSeries(metrics.registry, settings.fleet_metrics_max_series)
     if settings.metrics_port:
-        port = metrics.registry.serve(settings.metrics_port)
+        port = metrics.registry.serve(settings.metrics_port, settings.metrics_addr)
         log.info("metrics served", port=port)
     run_worker(settings, metrics, fleet)
 

@@ -113,7 +113,7 @@ def run_agent(
 def _serve_metrics(settings: AgentSettings) -> AgentMetrics:
     metrics = AgentMetrics(MetricsRegistry())
     if settings.metrics_port:
-        port = metrics.registry.serve(settings.metrics_port)
+        port = metrics.registry.serve(settings.metrics_port, settings.metrics_addr)
         log.info("metrics endpoint", port=port, path="/metrics")
     return metrics
 

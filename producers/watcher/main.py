@@ -78,7 +78,7 @@ def run_watcher(settings: WatcherSettings, *, to_stdout: bool = False, stop: thr
 
     service = WatcherService(kube_sources(api, config.namespaces, config.events_api), sink, config)
     if settings.metrics_port:
-        port = service.metrics.registry.serve(settings.metrics_port)
+        port = service.metrics.registry.serve(settings.metrics_port, settings.metrics_addr)
         log.info("metrics", port=port)
 
     def _stop(signum: int, _frame: Any) -> None:

@@ -2,6 +2,8 @@
 receives are real settings, ports agree with the defaults (Kafka 9092, ClickHouse 8123, one
 metrics port), Kafka runs in KRaft mode at the version the local broker uses, the services start
 in the right order, and Grafana's provisioned data source points at the compose ClickHouse.
+Least privilege by default: every published port listens on loopback only, Grafana reads
+ClickHouse as a read-only user (never the sink's) and allows no anonymous access unless asked.
 
 No machine here runs a Docker engine, so this is the check that the file would work.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,13 +53,22 @@ def _listeners(value: str) -> dict[str, tuple[str, int]]:
     return found
 
 
-def _published(service: dict[str, Any]) -> dict[int, int]:
-    """container port -> host port."""
+def _bindings(service: dict[str, Any]) -> dict[int, tuple[str, int]]:
+    """container port -> (host address, host port); the address is "" where the entry names none
+    (Docker then publishes on every interface)."""
     ports = {}
     for item in service.get("ports", []):
-        host, _, container = str(item).rpartition(":")
-        ports[int(container)] = int(host)
+        assert isinstance(item, str), f"use the short syntax [ADDRESS:]HOST:CONTAINER, got {item!r}"
+        parts = item.split(":")
+        assert len(parts) in (2, 3), f"expected [ADDRESS:]HOST:CONTAINER, got {item!r}"
+        address = parts[0] if len(parts) == 3 else ""
+        ports[int(parts[-1])] = (address, int(parts[-2]))
     return ports
+
+
+def _published(service: dict[str, Any]) -> dict[int, int]:
+    """container port -> host port."""
+    return {container: host for container, (_address, host) in _bindings(service).items()}
 
 
 def test_every_component_is_there(spec: dict[str, Any]) -> None:
@@ -201,10 +213,10 @@ def test_grafana_is_provisioned_with_the_clickhouse_source_and_dashboards(spec: 
     data = datasource["jsonData"]
     assert data["host"] == "clickhouse"
     assert data["port"] == 8123 and data["protocol"] == "http"
-    assert data["username"] == ch_env["CLICKHOUSE_USER"]
     assert data["defaultDatabase"] == ch_env["CLICKHOUSE_DB"]
+    # the user and its password: test_grafana_reads_clickhouse_as_a_read_only_user_not_the_sinks
     password = datasource["secureJsonData"]["password"]
-    assert password.startswith("$") and env[password.lstrip("$").strip("{}")] == ch_env["CLICKHOUSE_PASSWORD"]
+    assert password.startswith("$") and env[password.lstrip("$").strip("{}")]
 
     (provider,) = load_yaml_docs(provisioning / "dashboards" / "gpulens.yaml")[0]["providers"]
     dashboards_path = provider["options"]["path"]
@@ -231,3 +243,96 @@ def test_workers_and_sink_price_gpus_alike(spec: dict[str, Any]) -> None:
         (container,) = by_name(docs, "Deployment", name)["spec"]["template"]["spec"]["containers"]
         sources = [source["configMapRef"]["name"] for source in container["envFrom"]]
         assert "gpulens-prices" in sources, f"{name} must read the shared price table"
+
+
+# --------------------------------------------------------------------------- least privilege
+
+
+CLICKHOUSE_USERS_D = "/etc/clickhouse-server/users.d/"
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """container path -> host source of each bind mount."""
+    found = {}
+    for volume in service.get("volumes", []):
+        source, _, rest = str(volume).partition(":")
+        found[rest.split(":")[0]] = source
+    return found
+
+
+def test_every_published_port_listens_on_loopback_only(spec: dict[str, Any]) -> None:
+    published = 0
+    for name, service in spec["services"].items():
+        for container, (address, _host) in _bindings(service).items():
+            published += 1
+            assert address == "127.0.0.1", (
+                f"{name} publishes {container} on {address or 'every interface'}; use 127.0.0.1:HOST:CONTAINER")
+    assert published >= 3, "Kafka, ClickHouse and Grafana are reachable from the host"
+
+
+def test_metrics_listen_where_a_compose_prometheus_could_scrape(spec: dict[str, Any]) -> None:
+    """Inside the compose network (never published): the address is set explicitly, since the
+    setting's default is loopback."""
+    from common.settings import CommonSettings
+
+    assert str(CommonSettings.model_fields["metrics_addr"].default) == "127.0.0.1"
+    for name, service in gpulens_services(spec).items():
+        assert compose_env(service)["GPULENS_METRICS_ADDR"] == "0.0.0.0", name
+        assert 9464 not in _published(service), f"{name} publishes its /metrics"
+
+
+def _grafana_user(spec: dict[str, Any]) -> tuple[ET.Element, ET.Element]:
+    """The read-only user's <user> element and its <profile> element from the users.d file the
+    compose ClickHouse mounts, for the user the provisioned data source logs in as."""
+    clickhouse = spec["services"]["clickhouse"]
+    files = {target: REPO_ROOT / source for target, source in _mounts(clickhouse).items()
+             if target.startswith(CLICKHOUSE_USERS_D)}
+    assert files, "the compose ClickHouse mounts no users.d file (the read-only user)"
+    (datasource,) = load_yaml_docs(GRAFANA_DIR / "provisioning" / "datasources" / "clickhouse.yaml")[0]["datasources"]
+    username = datasource["jsonData"]["username"]
+    for path in files.values():
+        root = ET.parse(path).getroot()
+        user = root.find(f"users/{username}")
+        if user is not None:
+            profile_name = user.findtext("profile")
+            profile = root.find(f"profiles/{profile_name}")
+            assert profile is not None, f"{path.name}: profile {profile_name!r} of {username} is not defined there"
+            return user, profile
+    raise AssertionError(f"no users.d file mounted into ClickHouse defines the data source's user {username!r}")
+
+
+def test_grafana_reads_clickhouse_as_a_read_only_user_not_the_sinks(spec: dict[str, Any]) -> None:
+    ch_env = compose_env(spec["services"]["clickhouse"])
+    grafana_env = compose_env(spec["services"]["grafana"])
+    (datasource,) = load_yaml_docs(GRAFANA_DIR / "provisioning" / "datasources" / "clickhouse.yaml")[0]["datasources"]
+    sink_url = urlsplit(compose_env(spec["services"]["sink"])["GPULENS_CLICKHOUSE__URL"])
+    username = datasource["jsonData"]["username"]
+    assert username != ch_env["CLICKHOUSE_USER"] and username != sink_url.username, "Grafana uses the sink's user"
+    assert "CLICKHOUSE_PASSWORD" not in grafana_env, "Grafana holds the sink's password"
+
+    user, profile = _grafana_user(spec)
+    assert profile.findtext("readonly") == "1", "the read-only user's profile must set readonly = 1"
+    for limit in ("max_execution_time", "max_memory_usage", "max_result_rows"):
+        assert profile.findtext(limit), f"the read-only profile sets no {limit}"
+    # Grafana's driver sends max_execution_time with every query: changeable, but capped
+    constraint = profile.find("constraints/max_execution_time")
+    assert constraint is not None and constraint.find("changeable_in_readonly") is not None
+    assert constraint.findtext("max") == profile.findtext("max_execution_time")
+    assert user.findtext("access_management") in (None, "0")
+    grants = [query.text or "" for query in user.findall("grants/query")]
+    assert grants == [f"GRANT SELECT, SHOW ON {ch_env['CLICKHOUSE_DB']}.*"], grants
+
+    # the password: the same variable in ClickHouse's environment and Grafana's data source
+    password = user.find("password")
+    assert password is not None and password.get("from_env")
+    variable = password.get("from_env")
+    assert variable in ch_env and variable in grafana_env and ch_env[variable] == grafana_env[variable]
+    assert datasource["secureJsonData"]["password"].lstrip("$").strip("{}") == variable
+
+
+def test_grafana_has_no_anonymous_access_unless_asked(spec: dict[str, Any]) -> None:
+    grafana = spec["services"]["grafana"]
+    raw = grafana["environment"]["GF_AUTH_ANONYMOUS_ENABLED"]
+    assert str(raw).startswith("${") and "GRAFANA_ANONYMOUS_ENABLED" in str(raw), "a user setting, not a constant"
+    assert compose_env(grafana)["GF_AUTH_ANONYMOUS_ENABLED"] == "false", "anonymous access is off by default"
+    assert compose_env(grafana).get("GF_AUTH_ANONYMOUS_ORG_ROLE", "Viewer") == "Viewer", "never more than Viewer"

@@ -108,7 +108,7 @@ def test_pod_security_is_restricted_except_in_the_agents_own_namespace(docs: lis
         assert by_name(docs, "ConfigMap", name, AGENT_NAMESPACE)["data"] == \
             by_name(docs, "ConfigMap", name, NAMESPACE)["data"], f"the two {name} copies differ"
     agent_secrets = {t["metadata"]["name"] for t in secret_templates() if t["metadata"]["namespace"] == AGENT_NAMESPACE}
-    assert {"gpulens-kafka", "gpulens-kafka-tls"} <= agent_secrets
+    assert {"gpulens-kafka-agent", "gpulens-kafka-tls"} <= agent_secrets
     for policy in ("gpulens-default-deny", "gpulens-allow-dns"):
         assert {p["metadata"]["namespace"] for p in of_kind(docs, "NetworkPolicy")
                 if p["metadata"]["name"] == policy} == {NAMESPACE, AGENT_NAMESPACE}
@@ -448,14 +448,17 @@ def _json_patch_add(doc: dict[str, Any], operations: list[dict[str, Any]]) -> di
 
     doc = copy.deepcopy(doc)
     for operation in operations:
-        assert operation["op"] == "add"
+        assert operation["op"] in ("add", "replace")
         *parents, last = operation["path"].strip("/").split("/")
         node: Any = doc
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
         if last == "-":
+            assert operation["op"] == "add"
             node.append(operation["value"])
         else:
+            if operation["op"] == "replace":
+                assert last in node, f"replace of a missing {operation['path']}"
             node[last] = operation["value"]
     return doc
 
@@ -470,6 +473,21 @@ def _apply_component(docs: list[dict[str, Any]], name: str) -> dict[str, dict[st
         target = patch["target"]
         doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
         patched[target["kind"]] = _json_patch_add(doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
+    return patched
+
+
+def _patched_by_name(docs: list[dict[str, Any]], name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Like :func:`_apply_component`, keyed by (kind, name) for components that patch several
+    objects of one kind."""
+    component_dir = K8S_DIR / "components" / name
+    component = yaml.safe_load((component_dir / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    patched: dict[tuple[str, str], dict[str, Any]] = {}
+    for patch in component["patches"]:
+        target = patch["target"]
+        doc = by_name(docs, target["kind"], target["name"], target.get("namespace"))
+        patched[(target["kind"], target["name"])] = _json_patch_add(
+            doc, yaml.safe_load((component_dir / patch["path"]).read_text()))
     return patched
 
 
@@ -511,3 +529,80 @@ def test_the_progress_udp_component_opens_the_port_on_the_nodes_ip(
     assert (udp["containerPort"], udp["hostPort"], udp["protocol"]) == (port, port, "UDP")
     opened = [(p["protocol"], p["port"]) for rule in patched["NetworkPolicy"]["spec"]["ingress"] for p in rule["ports"]]
     assert ("UDP", port) in opened
+
+
+# --------------------------------------------------------------------------- least privilege: network, metrics, Kafka
+
+
+def test_the_in_cluster_egress_component_narrows_kafka_and_clickhouse_to_their_pods(
+    docs: list[dict[str, Any]]
+) -> None:
+    """components/egress-in-cluster: every component policy's Kafka (and the sink's ClickHouse)
+    egress goes to a namespace and pod selector, not to any address; the ports stay those of the
+    port-only fallback in networkpolicy.yaml, which stays as it is."""
+    patched = _patched_by_name(docs, "egress-in-cluster")
+    component_policies = [p for p in of_kind(docs, "NetworkPolicy") if p["spec"]["podSelector"].get("matchLabels")]
+    assert {("NetworkPolicy", p["metadata"]["name"]) for p in component_policies} == set(patched), (
+        "the component must narrow every component policy")
+    kafka_ports = {9092, 9093, 9094}
+    clickhouse_ports = {8123, 8443, 9000, 9440}
+    for (_kind, name), policy in patched.items():
+        original = by_name(docs, "NetworkPolicy", name, policy["metadata"]["namespace"])
+        before = {p["port"] for rule in original["spec"]["egress"] for p in rule["ports"]}
+        after = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        assert after == before, f"{name}: the component changes ports ({sorted(before)} -> {sorted(after)})"
+        for rule in policy["spec"]["egress"]:
+            ports = {p["port"] for p in rule["ports"]}
+            if ports & (kafka_ports | clickhouse_ports):
+                assert ports <= kafka_ports or ports <= clickhouse_ports, f"{name}: Kafka/ClickHouse ports mixed"
+                peers = rule.get("to") or []
+                assert peers, f"{name}: egress to {sorted(ports)} open to any destination"
+                for peer in peers:
+                    assert "ipBlock" not in peer
+                    assert peer["namespaceSelector"]["matchLabels"] and peer["podSelector"]["matchLabels"], name
+            else:
+                # what cannot be selected by pod: the API server, external HTTPS webhooks
+                assert ports <= {443, 6443} or rule.get("to"), f"{name}: port-only egress to {sorted(ports)}"
+    # the fallback keeps working without the component: still port-only in networkpolicy.yaml
+    assert all(not rule.get("to") for p in component_policies for rule in p["spec"]["egress"])
+
+
+def test_metrics_listen_on_the_pod_address_in_the_cluster(docs: list[dict[str, Any]]) -> None:
+    """The setting defaults to loopback; the manifests open it to the pod's addresses for Prometheus."""
+    from common.settings import CommonSettings
+
+    assert str(CommonSettings.model_fields["metrics_addr"].default) == "127.0.0.1"
+    for namespace in (NAMESPACE, AGENT_NAMESPACE):
+        data = by_name(docs, "ConfigMap", "gpulens-common", namespace)["data"]
+        assert data["GPULENS_METRICS_ADDR"] == "0.0.0.0"
+    for workload in workloads(docs):
+        if workload["kind"] == "Job":
+            continue
+        for container in containers(_pod_spec(workload)):
+            env = _container_env(docs, container, workload["metadata"]["namespace"])
+            assert env.get("GPULENS_METRICS_ADDR") == "0.0.0.0", f"{_name(workload)}: Prometheus cannot scrape it"
+
+
+def test_each_component_has_its_own_kafka_principal(docs: list[dict[str, Any]]) -> None:
+    """One Secret, so one principal, per component: the node agent's credentials (on every GPU
+    node) are not the watcher's or the workers' (docs/operations.md, "Kafka principals and ACLs")."""
+    from gpulens.kafka_acls import COMPONENTS
+
+    by_command = {"agent": "agent", "watch": "watcher", "worker": "worker", "sink": "sink", "topics": "topics",
+                  "alerts": "alerts-forward"}
+    templates = {(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in secret_templates()}
+    used: dict[str, set[str]] = {}
+    for workload in workloads(docs):
+        for container in containers(_pod_spec(workload)):
+            component = by_command[component_args(container)[0]]
+            refs = {item["name"]: item["valueFrom"]["secretKeyRef"]["name"] for item in container.get("env", [])
+                    if "secretKeyRef" in item.get("valueFrom", {})
+                    and item["name"].startswith("GPULENS_KAFKA__SASL_")}
+            assert set(refs) == {"GPULENS_KAFKA__SASL_USERNAME", "GPULENS_KAFKA__SASL_PASSWORD"}, _name(workload)
+            (secret,) = set(refs.values())
+            assert secret == f"gpulens-kafka-{component}", f"{_name(workload)} reads {secret}"
+            template = templates[(workload["metadata"]["namespace"], secret)]
+            assert f"gpulens-{component}" in template["stringData"]["sasl-username"]
+            used.setdefault(secret, set()).add(workload["metadata"]["namespace"])
+    assert set(used) == {f"gpulens-kafka-{c}" for c in COMPONENTS}
+    assert not any(name == "gpulens-kafka" for _ns, name in templates), "a Kafka Secret shared by every component"
