@@ -166,10 +166,12 @@ def _run_demo(run: DemoRun, local: LocalKafka, started_broker: bool, kafka: Kafk
         console.print(f"topics created under the prefix {run.prefix}")
         run.children.append(replay.worker)
         replay.worker.start()
-        # the sink gets the same price table as the workers: it fills gpu_prices for the list-price views
+        # the sink gets the same price table as the workers: it fills gpu_prices for the list-price views;
+        # the simulated clock runs ahead of the wall clock by up to the scenario's length
         sink_env = child_env(settings, run.prefix, settings.data_dir, {
             "GPULENS_GROUP_ID": run.sink_group,
             "GPULENS_PRICES_USD_PER_GPU_HOUR": json.dumps(dict(run.scenario.prices)),
+            "GPULENS_MAX_FUTURE_SKEW_S": repr(run.scenario.duration_s + 600.0),
         })
         sink = _spawn(run, ("sink",), sink_env)
         assert replay.worker.process is not None and sink.process is not None

@@ -17,14 +17,36 @@ from common.metrics import MetricsRegistry
 from schemas.codec import MessageError, decode, decode_canonical_sparse, decode_plain, decode_plain_canonical, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
 from schemas.messages import GpuSample, Message
+from schemas.outputs import DeadLetterReason
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
 from sinks import sample_json
 from sinks.clickhouse import StoreRejected
-from sinks.ddl import TtlDays
+from sinks.ddl import DATETIME_MAX, TtlDays
 from sinks.migrations import TTL_TABLES
-from sinks.rows import PLAIN_TYPES, Decoded, Plain, TableColumns, Tombstone, rows_for, tables_for
+from sinks.rows import PLAIN_TYPES, Decoded, Plain, Row, TableColumns, Tombstone, rows_for, tables_for
 
 log = get_logger(__name__)
+
+
+class Refusal(str):
+    """Why a record goes to the dead-letter topic: the detail (the string itself) and its code."""
+
+    code: DeadLetterReason
+
+    def __new__(cls, detail: str, code: DeadLetterReason = DeadLetterReason.INVALID) -> Refusal:
+        refusal = super().__new__(cls, detail)
+        refusal.code = code
+        return refusal
+
+
+def unappliable(what: str, exc: BaseException) -> Refusal:
+    """The refusal of a record that made the sink's own code fail (a gpulens fault, not the
+    record's): the stream goes on without it."""
+    return Refusal(f"{what} failed: {type(exc).__name__}: {exc}", DeadLetterReason.UNAPPLIABLE)
+
+
+Rejected = list[tuple["ConsumedRecord", Refusal]]
+"""Records that go to the dead-letter topic, with why."""
 
 
 class Store(Protocol):
@@ -69,6 +91,8 @@ class Plan:
     first_offset: int
     last_offset: int
     group: str = ""
+    clock: datetime | None = field(default=None, compare=False)
+    """The sink's clock the range's time bounds were judged at (its journal row's ``planned_at``)."""
 
 
 def batch_token(topic: str, spans: Iterable[Span]) -> str:
@@ -101,6 +125,10 @@ class Batch:
     last_offset: int
     replayed: bool = False
     joined: tuple[Span, ...] = ()
+    clock: datetime | None = None
+    """The sink's clock its records' time bounds are judged at: set when it is first prepared and
+    journalled with it (``planned_at``), so that a retry and a replay after a crash keep and drop
+    the same records, and every table's block under the batch's token holds the same rows."""
 
     @property
     def spans(self) -> tuple[Span, ...]:
@@ -142,8 +170,8 @@ class PreparedBatch:
     batch: Batch
     decoded: list[tuple[ConsumedRecord, Decoded]]
     tables: dict[str, TableColumns]
-    rejected: list[tuple[ConsumedRecord, str]]
-    """Records that cannot be stored (undecodable, past their TTL), with the reason."""
+    rejected: Rejected
+    """Records that cannot be stored (undecodable, out of the time bounds), with the reason."""
     engine: list[EngineSample] = field(default_factory=list)
     """GPU samples the engine turns into rows (:mod:`sinks.sample_json`); not in ``tables``."""
 
@@ -184,9 +212,70 @@ class SinkMetrics:
 TTL_MARGIN = timedelta(minutes=1)
 """Rows this close to their TTL are dead-lettered too: the engine would drop them within moments."""
 
+DEFAULT_MAX_FUTURE_SKEW_S = 600.0
+"""How far ahead of the sink's clock a record's times may be (``SinkSettings.max_future_skew_s``)."""
 
-def _past_ttl(value: datetime, days: int, now: datetime) -> bool:
-    return value + timedelta(days=days) <= now + TTL_MARGIN
+ROLLED_UP = {"pod_windows": "rollup"}
+"""Tables whose rows also feed tables with another TTL (the rollups count from ``window_start``)."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _days_before(moment: datetime, days: int) -> datetime:
+    """``moment`` less ``days`` days, or the epoch when that is before it (no overflow)."""
+    if days >= (moment - _EPOCH).days:
+        return _EPOCH
+    return moment - timedelta(days=days)
+
+
+@dataclass(frozen=True)
+class TimeBounds:
+    """What one batch may hold, at the sink's clock ``now``: per table, the oldest time its TTL
+    keeps (``oldest``: a row at or before it is ``too_old``) and the latest time any of its
+    columns may hold (``latest``: ``too_far_ahead``), the smaller of the clock plus the allowed
+    skew and the last time whose TTL ends before :data:`DATETIME_MAX`. Computed by subtraction from
+    fixed ends, so no date arithmetic here overflows or wraps, whatever a record says."""
+
+    now: datetime
+    skew_s: float
+    oldest: dict[str, datetime]
+    """table -> a row whose TTL column is at or before this is past its TTL"""
+    latest: dict[str, datetime]
+    """table -> no time column may be after this"""
+    ahead: datetime
+    """the clock plus the skew (tables without a TTL: ``latest`` falls back to it)"""
+
+    def latest_for(self, table: str) -> datetime:
+        return self.latest.get(table, self.ahead)
+
+    def too_far_ahead(self, table: str, column: str, value: datetime, ttl_days: int | None) -> Refusal:
+        if value > self.ahead:
+            return Refusal(f"{table}.{column} = {value.isoformat()} is more than {self.skew_s:g} s ahead of the "
+                           f"sink's clock {self.now.isoformat()} (GPULENS_MAX_FUTURE_SKEW_S)",
+                           DeadLetterReason.TOO_FAR_AHEAD)
+        return Refusal(f"{table}.{column} = {value.isoformat()} is too far ahead for the table's {ttl_days}-day "
+                       f"TTL: it would end after {DATETIME_MAX.isoformat()}, the last second ClickHouse's DateTime "
+                       "holds, wrap and drop the row", DeadLetterReason.TOO_FAR_AHEAD)
+
+
+def _latest(column: list[Any]) -> datetime | None:
+    """The latest time of a column, None when it holds none (one C-level ``max`` in the usual case)."""
+    first = next((v for v in column if v is not None), None)
+    if not isinstance(first, datetime):
+        return None
+    try:
+        latest = max(column)
+    except TypeError:  # a Nullable column holding NULLs
+        latest = max(v for v in column if v is not None)
+    return latest if isinstance(latest, datetime) else None
+
+
+def _oldest(column: list[Any]) -> datetime | None:
+    try:
+        oldest = min(column)
+    except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
+        oldest = min((v for v in column if isinstance(v, datetime)), default=None)
+    return oldest if isinstance(oldest, datetime) else None
 
 
 class GcPause:
@@ -251,9 +340,30 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _to_millis(moment: datetime) -> datetime:
+    """``moment`` in the journal's precision (``planned_at`` is a ``DateTime64(3)``)."""
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def _clock(value: Any) -> datetime | None:
+    """A journalled ``planned_at`` (an ISO 8601 string from the store, or a datetime) as a clock."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, str) and value:
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return None
+
+
 def _ts(record: ConsumedRecord) -> datetime:
     if record.timestamp_ms and record.timestamp_ms > 0:
-        return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
+        try:
+            return datetime.fromtimestamp(record.timestamp_ms / 1000, UTC)
+        except (OverflowError, ValueError, OSError):  # a producer's timestamp past year 9999: too far ahead
+            return datetime.max.replace(tzinfo=UTC)
     return _now()
 
 
@@ -261,57 +371,95 @@ class BatchWriter:
     """Turns one batch into inserts (the deterministic, Kafka-free half of the sink)."""
 
     def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str, ttl: TtlDays | None = None,
-                 now: Callable[[], datetime] | None = None) -> None:
+                 now: Callable[[], datetime] | None = None,
+                 max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S) -> None:
         self.store = store
         self.metrics = metrics
         self.prefix = topic_prefix
         self.now = now or _now
+        self.max_future_skew_s = max_future_skew_s
         ttl = ttl or TtlDays()
         self.ttl_by_table: dict[str, tuple[str, int]] = {
             table: (expr.removeprefix("toDateTime(").removesuffix(")"), getattr(ttl, kind))
             for table, (expr, kind) in TTL_TABLES.items()
         }
         """table -> (column its TTL counts from, days)"""
+        self.latest_by_table: dict[str, tuple[datetime, int]] = {}
+        """table -> (the last time whose TTL ends before DATETIME_MAX, the days counted: the
+        longest TTL the table's rows are kept under, the rollups' too for ``pod_windows``)"""
+        for table, (_column, days) in self.ttl_by_table.items():
+            if table in ROLLED_UP:
+                days = max(days, getattr(ttl, ROLLED_UP[table]))
+            self.latest_by_table[table] = (_days_before(DATETIME_MAX - TTL_MARGIN, days), days)
 
-    def _any_expired(self, tables: dict[str, TableColumns], now: datetime) -> bool:
-        """Whether any row of the batch is old enough for its table's TTL (one ``min`` per column)."""
+    def bounds(self, now: datetime) -> TimeBounds:
+        """The time bounds of a batch prepared at ``now`` (see :class:`TimeBounds`)."""
+        room_s = (DATETIME_MAX - now).total_seconds()
+        ahead = now + timedelta(seconds=self.max_future_skew_s) if self.max_future_skew_s < room_s else DATETIME_MAX
+        return TimeBounds(
+            now, self.max_future_skew_s,
+            oldest={table: _days_before(now + TTL_MARGIN, days) for table, (_, days) in self.ttl_by_table.items()},
+            latest={table: min(ahead, latest) for table, (latest, _) in self.latest_by_table.items()},
+            ahead=ahead,
+        )
+
+    def _any_out_of_bounds(self, tables: dict[str, TableColumns], bounds: TimeBounds) -> bool:
+        """Whether any row of the batch is out of its table's time bounds (one ``min`` or ``max``
+        per time column)."""
         for table, columns in tables.items():
             rule = self.ttl_by_table.get(table)
-            if rule is None:
-                continue
-            column, days = rule
-            values = columns.column(column)
-            try:
-                oldest = min(values)
-            except (TypeError, ValueError):  # a Nullable column holding NULLs (or no rows)
-                oldest = min((v for v in values if isinstance(v, datetime)), default=None)
-            if isinstance(oldest, datetime) and _past_ttl(oldest, days, now):
-                return True
+            if rule is not None and columns.n_rows:
+                oldest = _oldest(columns.column(rule[0]))
+                if oldest is not None and oldest <= bounds.oldest[table]:
+                    return True
+            latest_allowed = bounds.latest_for(table)
+            for values in columns.data:
+                latest = _latest(values)
+                if latest is not None and latest > latest_allowed:
+                    return True
         return False
 
-    def expired(self, rows: list[tuple[str, dict[str, Any]]], now: datetime) -> str | None:
-        """Why the table TTL would drop one of these rows on insert (None when all are kept)."""
+    def _any_expired(self, tables: dict[str, TableColumns], now: datetime) -> bool:
+        """:meth:`_any_out_of_bounds` at the clock ``now``."""
+        return self._any_out_of_bounds(tables, self.bounds(now))
+
+    def out_of_bounds(self, rows: list[tuple[str, Row]], bounds: TimeBounds) -> Refusal | None:
+        """Why one record's rows cannot be stored for their times (None when they can): a time
+        too far ahead of the sink's clock (or too late for its table's TTL to be counted), or a
+        row the table's TTL would drop on insert."""
         for table, row in rows:
+            latest_allowed = bounds.latest_for(table)
+            for column, value in row.items():
+                if isinstance(value, datetime) and value > latest_allowed:
+                    days = self.latest_by_table.get(table, (None, None))[1]
+                    return bounds.too_far_ahead(table, column, value, days)
             rule = self.ttl_by_table.get(table)
             if rule is None:
                 continue
             column, days = rule
             value = row.get(column)
-            if isinstance(value, datetime) and _past_ttl(value, days, now):
-                return (f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
-                        "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)")
+            if isinstance(value, datetime) and value <= bounds.oldest[table]:
+                return Refusal(f"{table}.{column} = {value.isoformat()} is older than the table's {days}-day TTL: "
+                               "ClickHouse would drop it on insert (raise the sink's *_TTL_DAYS to keep such data)",
+                               DeadLetterReason.TOO_OLD)
         return None
 
     # ---------------------------------------------------------------- decode
 
-    def decode(self, record: ConsumedRecord) -> tuple[Decoded | None, str | None]:
-        """The message of one record, or the reason it goes to the dead-letter topic."""
+    def decode(self, record: ConsumedRecord) -> tuple[Decoded | None, Refusal | None]:
+        """The message of one record, or the reason it goes to the dead-letter topic (never raises)."""
+        try:
+            return self._decode(record)
+        except Exception as exc:
+            return None, unappliable(f"decoding a {record.topic} record", exc)
+
+    def _decode(self, record: ConsumedRecord) -> tuple[Decoded | None, Refusal | None]:
         spec = spec_for_name(record.topic)
         if record.value is None:
             if spec in (K8S_PODS, K8S_NODES):
                 key = (record.key or b"").decode(errors="replace")
                 return Tombstone.of_record_key(spec.suffix, key, _ts(record)), None
-            return None, "empty value (tombstone) on a topic that has no tombstones"
+            return None, Refusal("empty value (tombstone) on a topic that has no tombstones")
         try:
             if spec.message is GpuSample:
                 # most samples go to the engine, which needs only a few of their fields from here
@@ -323,7 +471,7 @@ class BatchWriter:
                 return Plain(spec.message, decode_plain(record.value, spec.message)), None
             return decode(record.value, spec.message), None
         except MessageError as exc:
-            return None, f"invalid {spec.suffix} message: {exc}"
+            return None, Refusal(f"invalid {spec.suffix} message: {exc}", exc.code)
 
     # ---------------------------------------------------------------- write
 
@@ -338,7 +486,7 @@ class BatchWriter:
                 "partition": [span.partition for span in spans],
                 "first_offset": [span.first_offset for span in spans],
                 "last_offset": [span.last_offset for span in spans],
-                "planned_at": [_now()] * len(spans),
+                "planned_at": [batch.clock or _now()] * len(spans),
                 "batch_group": [group] * len(spans),
             },
             dedup_token=f"plan:{batch.token}",
@@ -351,19 +499,19 @@ class BatchWriter:
         if not starts:
             return {}
         result = self.store.query(
-            "SELECT topic, partition, first_offset, last_offset, batch_group FROM sink_batches "
+            "SELECT topic, partition, first_offset, last_offset, batch_group, min(planned_at) FROM sink_batches "
             "WHERE has({keys:Array(Tuple(String, UInt16))}, (topic, partition)) AND last_offset >= {offset:UInt64} "
             "GROUP BY topic, partition, first_offset, last_offset, batch_group ORDER BY last_offset, batch_group",
             {"keys": sorted(starts), "offset": min(starts.values())},
         )
         plans: dict[tuple[str, int], list[Plan]] = {key: [] for key in starts}
-        for topic, partition, first, last, group in result.rows:
+        for topic, partition, first, last, group, *planned in result.rows:
             key = (str(topic), int(partition))
             if key in plans and int(last) >= starts[key]:
-                plans[key].append(Plan(int(first), int(last), str(group)))
+                plans[key].append(Plan(int(first), int(last), str(group), _clock(planned[0] if planned else None)))
         return plans
 
-    def write(self, batch: Batch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+    def write(self, batch: Batch) -> tuple[FlushOutcome, Rejected]:
         """Insert a batch; returns what was written and the records for the dead-letter topic.
 
         Raises :class:`StoreUnavailable` when ClickHouse cannot be reached: nothing may be committed.
@@ -374,7 +522,7 @@ class BatchWriter:
     def prepare(self, batch: Batch) -> PreparedBatch:
         """Decode and pivot a batch, leaving out what cannot be stored (no ClickHouse call: the sink
         prepares the next batch while the previous one is being inserted)."""
-        rejected: list[tuple[ConsumedRecord, str]] = []
+        rejected: Rejected = []
         decoded: list[tuple[ConsumedRecord, Decoded]] = []
         for record in batch.records:
             message, reason = self.decode(record)
@@ -382,49 +530,90 @@ class BatchWriter:
                 rejected.append((record, reason))
             elif message is not None:
                 decoded.append((record, message))
-        now = self.now()
-        engine, decoded = self._engine_lines(decoded, now)
-        tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
-        if self._any_expired(tables, now):
+        if batch.clock is None:
+            batch.clock = _to_millis(self.now())
+        bounds = self.bounds(batch.clock)
+        engine, decoded = self._engine_lines(decoded, bounds, rejected)
+        tables, decoded = self._tables(decoded, rejected)
+        if self._any_out_of_bounds(tables, bounds):
             # rare: find the records concerned and leave them out of this batch's blocks
-            fresh: list[tuple[ConsumedRecord, Decoded]] = []
+            kept: list[tuple[ConsumedRecord, Decoded]] = []
             for record, message in decoded:
-                reason = self.expired(rows_for(message, record.partition, record.offset), now)
+                try:
+                    reason = self.out_of_bounds(rows_for(message, record.partition, record.offset), bounds)
+                except Exception as exc:
+                    reason = unappliable("building its rows", exc)
                 if reason is not None:
                     rejected.append((record, reason))
                 else:
-                    fresh.append((record, message))
-            decoded = fresh
-            tables = tables_for([(message, record.partition, record.offset) for record, message in decoded])
+                    kept.append((record, message))
+            tables, decoded = self._tables(kept, rejected)
         return PreparedBatch(batch, decoded, tables, rejected, engine)
 
-    def _engine_lines(self, decoded: list[tuple[ConsumedRecord, Decoded]], now: datetime
+    def _tables(self, decoded: list[tuple[ConsumedRecord, Decoded]], rejected: Rejected
+                ) -> tuple[dict[str, TableColumns], list[tuple[ConsumedRecord, Decoded]]]:
+        """The batch's rows as table columns, and the records they come from: a record whose rows
+        cannot be built (a gpulens fault) is dead-lettered alone and the others are kept."""
+        try:
+            return tables_for([(message, record.partition, record.offset) for record, message in decoded]), decoded
+        except Exception as exc:
+            log.error("the rows of a batch could not be built; building them record by record", error=repr(exc))
+        kept: list[tuple[ConsumedRecord, Decoded]] = []
+        for record, message in decoded:
+            try:
+                tables_for([(message, record.partition, record.offset)])
+            except Exception as exc:
+                rejected.append((record, unappliable("building its rows", exc)))
+            else:
+                kept.append((record, message))
+        return tables_for([(message, record.partition, record.offset) for record, message in kept]), kept
+
+    def _engine_lines(self, decoded: list[tuple[ConsumedRecord, Decoded]], bounds: TimeBounds, rejected: Rejected
                       ) -> tuple[list[EngineSample], list[tuple[ConsumedRecord, Decoded]]]:
         """The canonical GPU samples the engine can unpack (with their lines), and the other records.
 
-        All samples take the row path when one of them is past the samples' TTL (rare: that path
-        finds and dead-letters it)."""
+        All samples take the row path when one of them is out of the samples' time bounds (rare:
+        that path finds and dead-letters it)."""
         engine: list[EngineSample] = []
         rest: list[tuple[ConsumedRecord, Decoded]] = []
         oldest: datetime | None = None
+        latest: datetime | None = None
         for record, message in decoded:
-            if isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes):
-                line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
-                if line is not None:
-                    engine.append(EngineSample(record, line, *sample_json.row_counts(message.data)))
-                    ts = message.data["ts"]
-                    oldest = ts if oldest is None or ts < oldest else oldest
-                    continue
-                message = completed(record, message)
+            try:
+                if isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes):
+                    line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
+                    if line is not None:
+                        counts = sample_json.row_counts(message.data)
+                        ts = message.data["ts"]
+                        oldest = ts if oldest is None or ts < oldest else oldest
+                        latest = ts if latest is None or ts > latest else latest
+                        engine.append(EngineSample(record, line, *counts))
+                        continue
+                    message = completed(record, message)
+            except Exception as exc:
+                rejected.append((record, unappliable("preparing a sample", exc)))
+                continue
             rest.append((record, message))
-        if oldest is not None:
-            _, days = self.ttl_by_table["gpu_samples"]
-            if _past_ttl(oldest, days, now):
-                return [], [(record, completed(record, message) if isinstance(message, Plain) else message)
-                            for record, message in decoded]
+        if oldest is not None and latest is not None and (
+                oldest <= bounds.oldest["gpu_samples"]
+                or latest > min(bounds.latest_for("gpu_samples"), bounds.latest_for("gpu_processes"))):
+            # the row path for all of them, in the batch's order
+            kept = {id(record): (record, message) for record, message in rest}
+            unpacked = {id(sample.record) for sample in engine}
+            everything: list[tuple[ConsumedRecord, Decoded]] = []
+            for record, message in decoded:
+                if id(record) in kept:
+                    everything.append(kept[id(record)])
+                elif id(record) in unpacked:
+                    try:
+                        everything.append((record, completed(record, message) if isinstance(message, Plain)
+                                           else message))
+                    except Exception as exc:
+                        rejected.append((record, unappliable("reading a sample in full", exc)))
+            return [], everything
         return engine, rest
 
-    def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+    def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, Rejected]:
         """Journal and insert a prepared batch (see :meth:`write`); call it once per preparation, as
         it filters the batch's windows in place."""
         batch, decoded, tables = prepared.batch, prepared.decoded, prepared.tables
@@ -444,7 +633,12 @@ class BatchWriter:
             log.warning("batch rejected, writing its remaining tables record by record", batch=batch.token,
                         error=str(exc), tables_written=sorted(written))
             kept = {table: tables[table] for table in tables if table not in written}
-            per_record = [(record, rows_for(message, record.partition, record.offset)) for record, message in decoded]
+            per_record: list[tuple[ConsumedRecord, list[tuple[str, Row]]]] = []
+            for record, message in decoded:
+                try:
+                    per_record.append((record, rows_for(message, record.partition, record.offset)))
+                except Exception as exc:  # its rows were built for the batch: not stored, so none to delete
+                    rejected.append((record, unappliable("building its rows", exc)))
             rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
         outcome.dead_letters = len(rejected)
         return outcome, rejected
@@ -525,14 +719,14 @@ class BatchWriter:
         per_record: list[tuple[ConsumedRecord, list[tuple[str, dict[str, Any]]]]],
         remaining: dict[str, TableColumns],
         outcome: FlushOutcome,
-    ) -> list[tuple[ConsumedRecord, str]]:
+    ) -> Rejected:
         """Write the tables not yet written, one record at a time; return the records ClickHouse refused.
 
         Only rows the batch still carries (``remaining``: windows filtered as stored are not re-added)
         are written, each block under a token of its own record, so a retry of this batch stores
         nothing twice either.
         """
-        rejected: list[tuple[ConsumedRecord, str]] = []
+        rejected: Rejected = []
         left = {table: _row_keys(columns) for table, columns in remaining.items()}
         for record, rows in per_record:
             token = batch.record_token(record)
@@ -548,7 +742,7 @@ class BatchWriter:
                 for table in sorted({table for table, _ in rows} - {table for table, _ in mine} | set(stored)):
                     self.store.command(f"DELETE FROM {table} WHERE kafka_partition = {int(record.partition)} "
                                        f"AND kafka_offset = {int(record.offset)}")
-                rejected.append((record, f"rejected by ClickHouse: {exc}"))
+                rejected.append((record, Refusal(f"rejected by ClickHouse: {exc}", DeadLetterReason.REJECTED_BY_STORE)))
         return rejected
 
 
@@ -561,6 +755,9 @@ def _row_keys(columns: TableColumns) -> set[tuple[int, int]]:
 
 
 def encoded_dead_letter(record: ConsumedRecord, reason: str) -> tuple[bytes, Headers]:
-    """``record``'s dead letter for ``reason``, encoded, with its headers."""
-    letter = dead_letter(reason, record.topic, record.value, _now(), record.partition, record.offset)
+    """``record``'s dead letter for ``reason`` (its code when it is a :class:`Refusal`), encoded,
+    with its headers."""
+    code = reason.code if isinstance(reason, Refusal) else DeadLetterReason.INVALID
+    letter = dead_letter(str(reason), record.topic, record.value, _now(), record.partition, record.offset,
+                         reason=code)
     return encode(letter), dead_letter_headers(letter)

@@ -12,6 +12,7 @@ from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from types import FrameType
 
+from common.errors import UserError
 from common.kafka import ensure_topics
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
@@ -42,9 +43,13 @@ def load_prices(store: ClickHouseStore, prices: dict[str, float]) -> int:
 
 def prepare_store(settings: SinkSettings) -> ClickHouseStore:
     """Open the target, apply missing migrations and load the price table."""
+    ttl = TtlDays.from_settings(settings)
+    unkeepable = ttl.beyond_datetime()
+    if unkeepable is not None:  # the engine would drop every row on insert (its TTL would wrap)
+        raise UserError(unkeepable)
     url = settings.clickhouse_url()
     store = open_store(url)
-    applied = migrate(store, TtlDays.from_settings(settings))
+    applied = migrate(store, ttl)
     store.forget_schema()
     priced = load_prices(store, settings.prices_usd_per_gpu_hour)
     log.info("clickhouse ready", target=describe_target(url), server_version=store.server_version,
@@ -61,7 +66,7 @@ def running_services(settings: SinkSettings, store: ClickHouseStore, registry: M
                              ReadLimits.from_settings(settings.clickhouse))
         server.start()
     if settings.metrics_port:
-        port = registry.serve(settings.metrics_port)
+        port = registry.serve(settings.metrics_port, settings.metrics_addr)
         log.info("metrics serving", port=port)
     try:
         yield

@@ -29,12 +29,13 @@ Records a producer sent twice (same deterministic id, different offsets) collaps
 whose inserts feed the rollup views, ids already stored by earlier batches are also filtered out
 before the insert, deterministically.
 
-Nothing vanishes silently: rows that cannot be decoded, that the table's TTL would drop on insert,
-or that ClickHouse rejects go to the dead-letter topic with the reason and their source position;
-they never stop the stream. When ClickHouse rejects one table's block, the tables already written
-for the batch are kept as they are and only the remaining tables are written record by record, so
-the rejected record is dead-lettered alone (rows of it another table already took are deleted again)
-and no row is stored twice.
+Nothing vanishes silently: records that cannot be decoded (or whose rows the sink fails to build),
+rows the table's TTL would drop on insert, rows dated more than ``max_future_skew_s`` ahead of the
+sink's clock, and rows ClickHouse rejects go to the dead-letter topic with a reason code, the detail
+and their source position; they never stop the stream. When ClickHouse rejects one table's block,
+the tables already written for the batch are kept as they are and only the remaining tables are
+written record by record, so the rejected record is dead-lettered alone (rows of it another table
+already took are deleted again) and no row is stored twice.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ from sinks.batches import (
     FlushOutcome,
     Plan,
     PreparedBatch,
+    Refusal,
+    Rejected,
     SinkMetrics,
     Store,
     encoded_dead_letter,
@@ -109,7 +112,7 @@ class InFlight:
     """A batch handed to the store thread, not yet committed."""
 
     batch: Batch
-    result: Future[tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]]
+    result: Future[tuple[FlushOutcome, Rejected]]
     started: float
 
 
@@ -155,7 +158,8 @@ class ClickHouseSink:
         self.store = store
         self.registry = registry or MetricsRegistry()
         self.metrics = SinkMetrics(self.registry)
-        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings))
+        self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings),
+                                  max_future_skew_s=settings.max_future_skew_s)
         self.clock = clock
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
         self.grouped_topics = {GPU_SAMPLES.name(settings.topic_prefix)}
@@ -335,7 +339,8 @@ class ClickHouseSink:
         be read (gone from the log) is the range replayed alone; if the group had been stored its
         rows are then there twice, one row per fact under ``FINAL`` (counted and logged)."""
         if not plan.group:
-            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True)
+            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True,
+                         clock=plan.clock)
         joined = tuple(span for span in spans_of(plan.group) if span.partition != partition)
         for attempt in range(1, GROUP_REPLAY_ATTEMPTS + 1):
             try:
@@ -350,10 +355,11 @@ class ClickHouseSink:
             self.metrics.errors.labels(kind="group_replayed_alone").inc()
             log.error("replaying a member of a group alone: its rows may be stored twice (one row per fact "
                       "under FINAL)", group=plan.group, partition=partition)
-            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True)
+            return Batch(topic, partition, records, plan.first_offset, plan.last_offset, replayed=True,
+                         clock=plan.clock)
         read = [ConsumedRecord(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp_ms) for r in others]
         return Batch(topic, partition, records + read, plan.first_offset, plan.last_offset, replayed=True,
-                     joined=joined)
+                     joined=joined, clock=plan.clock)
 
     def _grouped(self, due: list[list[Batch]]) -> Iterator[Batch]:
         """The due batches, those of a grouped topic's partitions joined into groups of at most
@@ -479,7 +485,7 @@ class ClickHouseSink:
             raise
 
     def _store(self, handed_over: list[PreparedBatch], before: Future[Any] | None
-               ) -> tuple[FlushOutcome, list[tuple[ConsumedRecord, str]]]:
+               ) -> tuple[FlushOutcome, Rejected]:
         """Insert a prepared batch (in the store thread, which runs them in order); ``before`` is
         the batch handed over just before it, done by now: if its insert failed, this one is not
         inserted either, as it would be stored before it (both are written again, in order, when
@@ -547,14 +553,14 @@ class ClickHouseSink:
         log.debug("batch written", batch=batch.token, rows=outcome.rows_by_table, dead_letters=len(rejected))
         return True
 
-    def _send_dead_letter(self, record: ConsumedRecord, reason: str) -> None:
+    def _send_dead_letter(self, record: ConsumedRecord, reason: Refusal) -> None:
         assert self._producer is not None
         value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):
             self._producer.poll(0.5)
         self.metrics.dead_letters.labels(topic=record.topic).inc()
         log.warning("record dead-lettered", topic=record.topic, partition=record.partition,
-                    offset=record.offset, reason=reason[:300])
+                    offset=record.offset, code=getattr(reason, "code", "invalid"), reason=reason[:300])
 
     def _deliver_dead_letters(self) -> None:
         assert self._producer is not None
