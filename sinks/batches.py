@@ -200,7 +200,7 @@ class SinkMetrics:
         )
         self.errors = registry.counter("sink_errors_total", "Errors by kind", ("kind",))
         self.dead_letters = registry.counter(
-            "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic",)
+            "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic", "reason")
         )
         self.duplicates = registry.counter(
             "sink_duplicates_skipped_total", "Records whose id was already stored", ("table",)

@@ -558,9 +558,9 @@ class ClickHouseSink:
         value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):
             self._producer.poll(0.5)
-        self.metrics.dead_letters.labels(topic=record.topic).inc()
+        self.metrics.dead_letters.labels(topic=record.topic, reason=reason.code.value).inc()
         log.warning("record dead-lettered", topic=record.topic, partition=record.partition,
-                    offset=record.offset, code=getattr(reason, "code", "invalid"), reason=reason[:300])
+                    offset=record.offset, code=reason.code.value, reason=reason[:300])
 
     def _deliver_dead_letters(self) -> None:
         assert self._producer is not None
