@@ -1,4 +1,4 @@
-.PHONY: install test bench chaos kafka-up kafka-down topics demo lint
+.PHONY: install test bench chaos kafka-up kafka-down topics demo lint fuzz
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -33,3 +33,8 @@ bench: $(PY)
 
 demo: $(PY)
 	$(VENV)/bin/gpulens demo
+
+# the hostile-input property test, long: GPULENS_FUZZ_EXAMPLES (default 20000) in process, 20 seeded
+# sets through the local broker (`make kafka-up` first)
+fuzz: $(PY)
+	GPULENS_FUZZ=1 $(PY) -m pytest -p no:randomly -q tests/poison $(ARGS)

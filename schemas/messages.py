@@ -121,6 +121,9 @@ MAX_POD_COUNT = 2**20
 MAX_GPU_MEMORY_BYTES = 2**44
 """A GPU's memory as a node label or a pod's request declares it (16 TiB: 50 times the largest GPU
 of 2026), so sums over every pod of a cluster stay within 64 bits."""
+MAX_SAMPLE_INTERVAL_S = 3600.0
+"""A sample's interval: the most the agent's ``GPULENS_SAMPLE_INTERVAL_S`` allows (a sample covers
+``[ts, ts + interval)``, so the stream jobs' work per sample stays bounded)."""
 MAX_DURATION_S = 1e10
 """A duration in seconds (317 years)."""
 MAX_PROGRESS_TOTAL = 2.0**53
@@ -329,7 +332,7 @@ class GpuSample(Message):
     ts: UtcDatetime
     agent_boot_id: Identifier
     seq: Uint64
-    sample_interval_s: Annotated[float, Field(gt=0, le=FLOAT32_MAX, allow_inf_nan=False)]
+    sample_interval_s: Annotated[float, Field(gt=0, le=MAX_SAMPLE_INTERVAL_S, allow_inf_nan=False)]
     driver_version: ShortText | None = None
     cuda_driver_version: ShortText | None = None
     gpus: DistinctGpus = Field(default_factory=list, max_length=MAX_GPUS_PER_SAMPLE)
@@ -614,9 +617,11 @@ BOUNDS: tuple[Bound, ...] = (
         "Kubernetes int32; ClickHouse Int32 / UInt32 (also at least INT32_MIN where signed)", _OUT_OF_RANGE),
     Bound("FLOAT32_MAX", "max", FLOAT32_MAX, (
         "GpuReading.power_w", "GpuReading.temperature_c", "GpuReading.pcie_tx_bytes_per_s",
-        "GpuReading.pcie_rx_bytes_per_s", "GpuReading.nvlink_tx_bytes_per_s", "GpuReading.nvlink_rx_bytes_per_s",
-        "GpuSample.sample_interval_s"), "ClickHouse Float32: a larger float64 would become infinite there "
+        "GpuReading.pcie_rx_bytes_per_s", "GpuReading.nvlink_tx_bytes_per_s", "GpuReading.nvlink_rx_bytes_per_s"),
+        "ClickHouse Float32: a larger float64 would become infinite there "
         "(temperature_c also at least -FLOAT32_MAX)", _OUT_OF_RANGE),
+    Bound("MAX_SAMPLE_INTERVAL_S", "max", MAX_SAMPLE_INTERVAL_S, ("GpuSample.sample_interval_s",),
+          "the agent's longest interval; a sample's work in the stream jobs grows with it", _OUT_OF_RANGE),
     Bound("percent", "max", 100, ("GpuReading.*_pct", "GpuProcess.sm_util_pct"), "a percentage: 0-100", _OUT_OF_RANGE),
     Bound("MAX_GPU_COUNT", "max", MAX_GPU_COUNT, (
         "PodState.gpu_requests{value}", "NodeState.gpu_capacity{value}", "NodeState.gpu_allocatable{value}",
