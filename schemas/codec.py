@@ -186,7 +186,9 @@ KEY_FIELDS: dict[type[Message], str] = {GpuSample: "node"}
 
 def key_error(key: bytes | str | None, message_type: type[Message], data: Message | Mapping[str, Any]) -> str | None:
     """Why a record keyed ``key`` cannot carry ``data`` (a decoded ``message_type``: the model or
-    its plain data), or None: a keyless record, a type with no key field, or the key it should have."""
+    its plain data), or None: a keyless record, a type with no key field, or the key it should have
+    (the scoped ``<cluster>/<node>``, or the bare field value, which names the same node of the
+    record's cluster and is what agents before clusters wrote)."""
     field = KEY_FIELDS.get(message_type)
     if key is None or field is None:
         return None
@@ -194,7 +196,7 @@ def key_error(key: bytes | str | None, message_type: type[Message], data: Messag
     cluster = values.get("cluster", DEFAULT_CLUSTER)
     expected = scoped_key(cluster, str(values[field]))
     text = key if isinstance(key, str) else key.decode("utf-8", errors="replace")
-    if text == expected:
+    if text in (expected, str(values[field])):
         return None
     return f"record key {text[:MAX_KEY_CHARS_SHOWN]!r} is not the key of its {field} {expected[:MAX_KEY_CHARS_SHOWN]!r}"
 

@@ -710,7 +710,8 @@ BOUNDS: tuple[Bound, ...] = (
           "no GPU UUID twice, no index twice among physical GPUs (a MIG device has its parent's index)",
           "inconsistent"),
     Bound("sample key", "key", None, ("GpuSample.node",),
-          "a keyed sample's key is scoped_key(cluster, node) (schemas.codec.check_key); a keyless one is accepted",
+          "a keyed sample's key is scoped_key(cluster, node) or the bare node name (schemas.codec.check_key); "
+          "a keyless one is accepted",
           "inconsistent"),
 )
 """Every bound of the input contracts, with the dead letter's reason code (docs/schemas.md's table

@@ -63,13 +63,16 @@ def test_a_sample_keyed_by_one_node_that_claims_another_is_inconsistent() -> Non
         codec.decode_keyed(payload, b"gpu-a", GpuSample)
     assert (excinfo.value.code, excinfo.value.field_path) == (DeadLetterReason.INCONSISTENT, "node")
     assert "gpu-a" in excinfo.value.reason and "gpu-b" in excinfo.value.reason
-    # its own key, no key (a keyless record), and a cluster-scoped key are accepted
+    # its own key, no key (a keyless record), a cluster-scoped key and the bare node name (what
+    # agents before clusters wrote: the same node of the record's cluster) are accepted
     assert codec.decode_keyed(payload, b"gpu-b", GpuSample).node == "gpu-b"
     assert codec.decode_keyed(payload, None, GpuSample).node == "gpu-b"
     scoped = codec.encode(gpu_sample(node="gpu-b").model_copy(update={"cluster": "eu-1"}))
     assert codec.decode_keyed(scoped, b"eu-1/gpu-b", GpuSample).cluster == "eu-1"
-    with pytest.raises(codec.MessageError):
-        codec.decode_keyed(scoped, b"gpu-b", GpuSample)  # the key of the node in the default cluster
+    assert codec.decode_keyed(scoped, b"gpu-b", GpuSample).cluster == "eu-1"
+    for other in (b"eu-1/gpu-a", b"eu-2/gpu-b", b"gpu-a"):
+        with pytest.raises(codec.MessageError):
+            codec.decode_keyed(scoped, other, GpuSample)
     # the plain data the sink decodes is checked the same way
     plain = codec.decode_plain(payload, GpuSample)
     with pytest.raises(codec.MessageError) as excinfo:

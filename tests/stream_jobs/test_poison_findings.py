@@ -87,7 +87,8 @@ def test_a_sample_keyed_by_another_node_is_inconsistent(tmp_path: Path) -> None:
     at = datetime(2026, 1, 5, 9, 4, tzinfo=UTC)
     pipeline.feed("gpu.samples.v1", sample_of("gpu-b", at), at, key="gpu-b")
     pipeline.feed("gpu.samples.v1", sample_of("gpu-b", at, "east"), at, key=b"east/gpu-b")
-    pipeline.feed("gpu.samples.v1", sample_of("gpu-b", at, "east"), at, key=b"gpu-b")
+    pipeline.feed("gpu.samples.v1", sample_of("gpu-b", at, "east"), at, key=b"gpu-b")  # the bare node name
+    pipeline.feed("gpu.samples.v1", sample_of("gpu-b", at, "east"), at, key=b"west/gpu-b")
     assert [letter.reason for letter in pipeline.deadletters] == ["inconsistent"]
 
 
