@@ -188,6 +188,12 @@ class CommonSettings(BaseSettings):
     metrics_addr: IPvAnyAddress = IPv4Address("127.0.0.1")
     """Address the ``/metrics`` endpoint listens on: loopback unless chosen (the Kubernetes
     manifests and the compose file set ``0.0.0.0`` so that Prometheus can scrape the pod)."""
+    deadletter_rate_per_s: float = Field(default=100.0, gt=0)
+    """Dead letters one process (a stream worker, a sink) writes a second at most (a token bucket,
+    with ``deadletter_burst``); beyond it a rejected record is counted in
+    ``gpulens_{stream,sink}_deadletters_suppressed_total`` and summarised in the log instead of written."""
+    deadletter_burst: int = Field(default=1000, ge=1)
+    """Dead letters a process may write at once before ``deadletter_rate_per_s`` applies."""
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     local_kafka: LocalKafkaSettings = Field(default_factory=LocalKafkaSettings)
@@ -360,12 +366,6 @@ class WorkerSettings(CommonSettings):
     """``GPULENS_ACCEPT_CLUSTERS``: the only clusters whose records the workers take, a comma list
     (``prod-eu-1,prod-us-2``) or a JSON list of DNS labels; a record of another cluster is a dead
     letter (``unknown_cluster``). Unset or empty: every cluster. Kept as the comma list."""
-    deadletter_rate_per_s: float = Field(default=100.0, gt=0)
-    """Dead letters one worker writes a second at most (a token bucket, with ``deadletter_burst``);
-    beyond it a rejected record is counted in ``gpulens_stream_deadletters_suppressed_total`` and
-    summarised in the log instead of written."""
-    deadletter_burst: int = Field(default=1000, ge=1)
-    """Dead letters a worker may write at once before ``deadletter_rate_per_s`` applies."""
 
     @field_validator("accept_clusters", mode="before")
     @classmethod

@@ -202,6 +202,11 @@ class SinkMetrics:
         self.dead_letters = registry.counter(
             "sink_dead_letters_total", "Records sent to the dead-letter topic", ("topic", "reason")
         )
+        self.dead_letters_suppressed = registry.counter(
+            "sink_deadletters_suppressed_total",
+            "Records refused beyond the dead-letter rate (deadletter_rate_per_s): counted, not written",
+            ("topic", "reason"),
+        )
         self.duplicates = registry.counter(
             "sink_duplicates_skipped_total", "Records whose id was already stored", ("table",)
         )

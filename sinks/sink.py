@@ -59,6 +59,7 @@ from common.kafka import (
     read_ranges,
     seek_to,
 )
+from common.letter_budget import LetterBudget
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
@@ -166,6 +167,7 @@ class ClickHouseSink:
         """Topics whose due batches of several partitions are stored as one group: the one whose
         volume makes the engine's fixed cost per insert count (it is unpacked by the engine's views)."""
         self.dlq_topic = DEADLETTER.name(settings.topic_prefix)
+        self.letter_budget = LetterBudget(rate=settings.deadletter_rate_per_s, burst=float(settings.deadletter_burst))
         self.buffers: dict[tuple[str, int], PartitionBuffer] = {}
         self._quiet_since = clock()
         self._assigned = False
@@ -288,6 +290,7 @@ class ClickHouseSink:
                         error=str(exc))
         finally:
             self.close()
+        self.letter_budget.say(force=True)
         log.info("sink stopped", rows=self.totals.rows_by_table, dead_letters=self.totals.dead_letters)
         return self.totals
 
@@ -554,13 +557,20 @@ class ClickHouseSink:
         return True
 
     def _send_dead_letter(self, record: ConsumedRecord, reason: Refusal) -> None:
+        """Write ``record``'s dead letter, within :attr:`letter_budget` (beyond it: counted and
+        summarised in the log, not written; the record is skipped all the same)."""
         assert self._producer is not None
+        if not self.letter_budget.allow(record.topic, reason.code.value):
+            self.metrics.dead_letters_suppressed.labels(topic=record.topic, reason=reason.code.value).inc()
+            self.letter_budget.say()
+            return
         value, headers = encoded_dead_letter(record, reason)
         while not self._producer.produce(self.dlq_topic, record.key, value, headers):
             self._producer.poll(0.5)
         self.metrics.dead_letters.labels(topic=record.topic, reason=reason.code.value).inc()
         log.warning("record dead-lettered", topic=record.topic, partition=record.partition,
                     offset=record.offset, code=reason.code.value, reason=reason[:300])
+        self.letter_budget.say()
 
     def _deliver_dead_letters(self) -> None:
         assert self._producer is not None

@@ -21,6 +21,7 @@ from typing import Any, NoReturn, Protocol
 
 import orjson
 
+from common.letter_budget import LetterBudget
 from common.logs import get_logger
 from schemas.codec import WIRE_HEADERS, MessageError, encode, validate
 from schemas.dead_letters import dead_letter_headers
@@ -105,47 +106,6 @@ def offer_forwarded(gate: InputGate[Any], data: dict[str, Any], event: Any) -> b
     return shared.left > 0
 
 
-@dataclass
-class LetterBudget:
-    """A token bucket over the dead letters one worker writes: ``rate`` a second, ``burst`` at once.
-    A flood of poison (a compromised writer) then cannot turn into a flood of dead letters; what is
-    cut is counted (``stream_deadletters_suppressed_total``) and said in one log line per
-    ``say_every_s``."""
-
-    rate: float = 100.0
-    burst: float = 1000.0
-    say_every_s: float = 10.0
-    clock: Any = time.monotonic
-    tokens: float = field(init=False)
-    stamp: float = field(init=False)
-    suppressed: dict[tuple[str, str], int] = field(default_factory=dict)
-    said_at: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.stamp = self.said_at = self.clock()
-        self.tokens = self.burst
-
-    def take(self) -> bool:
-        """Whether one more letter may be written now."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
-
-    def summary(self, force: bool = False) -> dict[str, int] | None:
-        """What was suppressed since the last summary, once ``say_every_s`` has passed (``force``: now)."""
-        now = self.clock()
-        if not self.suppressed or (not force and now - self.said_at < self.say_every_s):
-            return None
-        out = {f"{topic}/{reason}": count for (topic, reason), count in sorted(self.suppressed.items())}
-        self.suppressed = {}
-        self.said_at = now
-        return out
-
-
 class Confirmable(Protocol):
     """A table whose changelog writes can be awaited (``faust_app.DurableTable``)."""
 
@@ -211,10 +171,9 @@ class Delivery:
         """Write the dead letter of a record the stream cannot use (within :attr:`budget`; beyond it
         the letter is counted and summarised in the log, not written) and go on."""
         reason = DeadLetterReason(reason)
-        if not self.budget.take():
+        if not self.budget.allow(topic, reason.value):
             self.metrics.deadletters_suppressed.labels(topic, reason.value).inc()
-            self.budget.suppressed[(topic, reason.value)] = self.budget.suppressed.get((topic, reason.value), 0) + 1
-            self._say_suppressed()
+            self.budget.say()
             return
         letter = dead_letter(error, topic, value, from_epoch(time.time()), partition, offset, reason)
         headers = [*WIRE_HEADERS, *((name, text if isinstance(text, bytes) else (text or "").encode())
@@ -225,13 +184,7 @@ class Delivery:
         self.metrics.record_out(self.deadletter_topic.get_topic_name())
         log.warning("dead letter", topic=topic, partition=partition, offset=offset, reason=reason.value,
                     error=letter.error[:500])
-        self._say_suppressed()
-
-    def _say_suppressed(self) -> None:
-        summary = self.budget.summary()
-        if summary is not None:
-            log.warning("dead letters suppressed (over deadletter_rate_per_s; counted, not written)",
-                        suppressed=summary, rate_per_s=self.budget.rate, burst=self.budget.burst)
+        self.budget.say()
 
     async def internal_letter(self, event: Any, error: str) -> None:
         """Dead-letter a record of an internal topic (node-inputs, cluster-inputs) the stage cannot

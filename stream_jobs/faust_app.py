@@ -49,6 +49,7 @@ from faust.types import TP
 from mode.services import WaitResults
 from mode.worker import EX_FAILURE
 
+from common.letter_budget import LetterBudget
 from common.logs import get_logger
 from common.settings import WorkerSettings
 from schemas.messages import Message
@@ -68,7 +69,7 @@ from schemas.topics import (
 )
 from stream_jobs.cluster_agent import ClusterAgent
 from stream_jobs.config import EngineConfig, Thresholds
-from stream_jobs.delivery import Delivery, LetterBudget, exit_for_restart
+from stream_jobs.delivery import Delivery, exit_for_restart
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.node_agent import NodeAgent, node_state_partition
 from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics

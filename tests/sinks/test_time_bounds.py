@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from confluent_kafka import Producer
 
 from common.errors import UserError
 from common.kafka import make_consumer
+from common.logs import _FIELDS
 from common.metrics import MetricsRegistry
 from common.settings import KafkaSettings, SinkSettings
 from gpulens.cli import main
@@ -291,3 +293,24 @@ def test_a_retried_or_replayed_batch_judges_times_at_its_first_clock(tmp_path: P
         assert writer.prepare(retried).rejected == []
     finally:
         store.close()
+
+
+def test_a_flood_of_poison_writes_at_most_the_letter_budget_and_counts_the_rest(
+    kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A compromised writer's 50 garbage records: the sink writes the burst's 5 dead letters, says
+    the other 45 in one summary line (by topic and code), skips all 50 and stores what follows."""
+    good = _capacity("cap-after-flood", datetime.now(UTC) - timedelta(minutes=1))
+    produce(kafka_settings, topic_prefix, [*[(CLUSTER_CAPACITY, "cluster", b"{garbage %d" % i) for i in range(50)],
+                                           (CLUSTER_CAPACITY, "cluster", good)])
+    settings = make_sink_settings(kafka_settings, topic_prefix, tmp_path).model_copy(
+        update={"deadletter_burst": 5, "deadletter_rate_per_s": 0.001})
+    with caplog.at_level(logging.WARNING, logger="common.letter_budget"):
+        totals = run_sink(settings, exit_when_idle_s=1.0)
+    assert totals.dead_letters == 50
+    letters = _dead_letters(settings, 5)
+    assert len(letters) == 5 and {_code(letter) for letter in letters} == {"invalid"}
+    said = [getattr(record, _FIELDS)["suppressed"] for record in caplog.records
+            if record.getMessage().startswith("dead letters suppressed")]
+    assert sum(counts[f"{CLUSTER_CAPACITY.name(topic_prefix)}/invalid"] for counts in said) == 45
+    assert _stored_windows(settings) == {"cap-after-flood"}

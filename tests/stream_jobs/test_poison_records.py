@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
+from common.letter_budget import LetterBudget
 from common.settings import WorkerSettings, load_settings
 from schemas.codec import decode
 from schemas.messages import GpuSample, PodState, WorkloadProgress
@@ -24,7 +25,7 @@ from simulation.replay import run_in_process
 from simulation.scenario import PoisonSpec
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Delivery, LetterBudget
+from stream_jobs.delivery import Delivery
 from stream_jobs.node_agent import NodeAgent
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.pipeline import wire_error
