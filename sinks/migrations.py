@@ -328,21 +328,23 @@ MIGRATIONS: tuple[Migration, ...] = (
               lambda ttl: ["ALTER TABLE sink_batches ADD COLUMN IF NOT EXISTS batch_group String DEFAULT ''"]),
 )
 
-# table -> (TTL column expression, which TTL) for re-applying configured TTLs
+# table -> (TTL column expression, which TTL) for re-applying configured TTLs: the DateTime64
+# columns themselves, whose sums with an interval do not wrap (a table created with
+# ``toDateTime(column)``, whose sums wrap past 2106 to the 1970s, is brought to this form at start)
 TTL_TABLES: dict[str, tuple[str, str]] = {
-    "gpu_samples": ("toDateTime(ts)", "raw"),
-    "gpu_processes": ("toDateTime(ts)", "raw"),
-    "gpu_xids": ("toDateTime(at)", "state"),
-    "pod_states": ("toDateTime(created_at)", "state"),
-    "state_tombstones": ("toDateTime(at)", "state"),
-    "k8s_events": ("toDateTime(ts)", "state"),
-    "workload_progress": ("toDateTime(ts)", "state"),
-    "pod_windows": ("toDateTime(window_start)", "state"),
-    "cluster_capacity": ("toDateTime(window_start)", "state"),
-    "mig_gpu_windows": ("toDateTime(window_start)", "state"),
-    "shared_gpu_windows": ("toDateTime(window_start)", "state"),
-    "pod_lifecycle": ("toDateTime(created_at)", "state"),
-    "alerts": ("toDateTime(started_at)", "state"),
+    "gpu_samples": ("ts", "raw"),
+    "gpu_processes": ("ts", "raw"),
+    "gpu_xids": ("at", "state"),
+    "pod_states": ("created_at", "state"),
+    "state_tombstones": ("at", "state"),
+    "k8s_events": ("ts", "state"),
+    "workload_progress": ("ts", "state"),
+    "pod_windows": ("window_start", "state"),
+    "cluster_capacity": ("window_start", "state"),
+    "mig_gpu_windows": ("window_start", "state"),
+    "shared_gpu_windows": ("window_start", "state"),
+    "pod_lifecycle": ("created_at", "state"),
+    "alerts": ("started_at", "state"),
     "rollup_hourly": ("hour", "rollup"),
     "rollup_daily": ("day", "rollup"),
 }
@@ -389,7 +391,7 @@ def apply_ttls(store: ClickHouseStore, ttl: TtlDays) -> list[str]:
     changed = []
     for table, (expr, kind) in TTL_TABLES.items():
         days = getattr(ttl, kind)
-        if table in engines and f"toIntervalDay({days})" not in engines[table]:
+        if table in engines and f"TTL {expr} + toIntervalDay({days})" not in engines[table]:
             store.command(
                 f"ALTER TABLE {table} MODIFY TTL {expr} + INTERVAL {days} DAY "
                 "SETTINGS materialize_ttl_after_modify = 0"

@@ -43,7 +43,8 @@ from simulation.simulator import FleetSimulator
 from sinks import rows
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
-from sinks.migrations import migrate
+from sinks.ddl import TtlDays
+from sinks.migrations import TTL_TABLES, migrate
 from sinks.service import run_sink
 from tests.advise.test_advise import differences
 from tests.sinks import factories as f
@@ -314,3 +315,23 @@ def test_a_flood_of_poison_writes_at_most_the_letter_budget_and_counts_the_rest(
             if record.getMessage().startswith("dead letters suppressed")]
     assert sum(counts[f"{CLUSTER_CAPACITY.name(topic_prefix)}/invalid"] for counts in said) == 45
     assert _stored_windows(settings) == {"cap-after-flood"}
+
+
+def test_the_tables_ttls_are_counted_in_their_datetime64_columns_and_do_not_wrap(tmp_path: Path) -> None:
+    """A store's TTLs are sums on the tables' DateTime64 columns (the first migrations wrote
+    ``toDateTime(column)``, whose sum with 3650 days wraps past 2106 to the 1970s): a row whose TTL
+    ends after 2106 is kept by a merge, one past its TTL dropped."""
+    store = open_store(f"chdb://{tmp_path / 'store'}")
+    try:
+        migrate(store, TtlDays(raw=3650, state=3650, rollup=3650))
+        engines = {str(r[0]): str(r[1]) for r in store.query(
+            "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").rows}
+        for table, (column, _kind) in TTL_TABLES.items():
+            assert f"TTL {column} + toIntervalDay(3650)" in engines[table], engines[table]
+        store.command("INSERT INTO cluster_capacity (window_id, window_start, window_end) VALUES "
+                      "('w-2100', '2100-01-01 00:00:00', '2100-01-01 00:01:00'), "
+                      "('w-2000', '2000-01-01 00:00:00', '2000-01-01 00:01:00')")
+        store.command("OPTIMIZE TABLE cluster_capacity FINAL")
+        assert [str(r[0]) for r in store.query("SELECT window_id FROM cluster_capacity").rows] == ["w-2100"]
+    finally:
+        store.close()
