@@ -5,14 +5,29 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
-from common.kafka import BoundedProducer, ensure_topics
+from common.kafka import BoundedProducer, ensure_topics, make_consumer
 from common.settings import ClickHouseSettings, KafkaSettings, SinkSettings
 from schemas.codec import encode
 from schemas.messages import Message
-from schemas.topics import ALL_TOPICS, TopicSpec
+from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
+from schemas.topics import (
+    ALERTS,
+    ALL_TOPICS,
+    CLUSTER_CAPACITY,
+    DEADLETTER,
+    POD_LIFECYCLE,
+    POD_WINDOWS,
+    TopicSpec,
+    by_suffix,
+)
+from simulation.replay import run_in_process
+from simulation.scenario import load_scenario
+from simulation.simulator import FleetSimulator
 from sinks.clickhouse import ClickHouseStore, open_store
 
 Item = tuple[TopicSpec, str, Message | bytes | None]
@@ -35,6 +50,45 @@ def make_sink_settings(kafka: KafkaSettings, prefix: str, data_dir: Path, **extr
     }
     base.update(extra)
     return SinkSettings(**base)  # type: ignore[arg-type]
+
+
+def replayed_items(path: Path) -> tuple[dict[str, Any], list[Item]]:
+    """A scenario file's in-process report, and every record it plays (inputs as the simulator wrote
+    them, the stream jobs' outputs) as items for :func:`produce`."""
+    scenario = load_scenario(path)
+    result = run_in_process(scenario)
+    items: list[Item] = [(by_suffix(r.topic), r.key or "", r.value)
+                         for tick in FleetSimulator(scenario).run() for r in tick.records]
+    for message in result.outputs:
+        if isinstance(message, PodWindow):
+            items.append((POD_WINDOWS, message.pod_uid, message))
+        elif isinstance(message, ClusterCapacity):
+            items.append((CLUSTER_CAPACITY, "cluster", message))
+        elif isinstance(message, PodLifecycle):
+            items.append((POD_LIFECYCLE, message.pod_uid, message))
+        elif isinstance(message, Alert):
+            items.append((ALERTS, message.id, message))
+    return result.report, items
+
+
+def dead_letters(settings: SinkSettings, expected: int) -> list[dict[str, Any]]:
+    """The dead letters on the sink's topic, value and headers (at least ``expected`` of them, or
+    what came in 30 s)."""
+    consumer = make_consumer(settings.kafka, f"{settings.group_id}-dlq-reader")
+    consumer.subscribe([DEADLETTER.name(settings.topic_prefix)])
+    found: list[dict[str, Any]] = []
+    try:
+        for _ in range(60):
+            for msg in consumer.consume(num_messages=100, timeout=0.5):
+                if msg.error() is None:
+                    raw_headers: Any = msg.headers() or []
+                    headers = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw_headers}
+                    found.append({"value": orjson.loads(msg.value() or b"null"), "headers": headers})
+            if len(found) >= expected:
+                break
+    finally:
+        consumer.close()
+    return found
 
 
 def produce(kafka: KafkaSettings, prefix: str, items: Iterable[Item]) -> int:

@@ -11,15 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import orjson
 import pytest
 
-from common.kafka import make_consumer
 from common.settings import SinkSettings
 from schemas.topics import (
     ALERTS,
     CLUSTER_CAPACITY,
-    DEADLETTER,
     GPU_SAMPLES,
     K8S_EVENTS,
     K8S_NODES,
@@ -33,7 +30,7 @@ from sinks.migrations import MIGRATIONS
 from sinks.service import prepare_store, run_sink
 from sinks.sink import ClickHouseSink
 from tests.sinks import factories as f
-from tests.sinks.conftest import Item
+from tests.sinks.conftest import Item, dead_letters
 
 pytestmark = pytest.mark.kafka
 
@@ -90,24 +87,6 @@ def _assert_expected_rows(store: ClickHouseStore) -> None:
     assert store.query("SELECT count() FROM v_pods").rows == [[1]], "a deleted pod (tombstone) leaves v_pods"
 
 
-def _dead_letters(settings: SinkSettings, expected: int) -> list[dict[str, Any]]:
-    consumer = make_consumer(settings.kafka, f"{settings.group_id}-dlq-reader")
-    consumer.subscribe([DEADLETTER.name(settings.topic_prefix)])
-    found: list[dict[str, Any]] = []
-    try:
-        for _ in range(60):
-            for msg in consumer.consume(num_messages=100, timeout=0.5):
-                if msg.error() is None:
-                    raw_headers: Any = msg.headers() or []
-                    headers = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw_headers}
-                    found.append({"value": orjson.loads(msg.value() or b"null"), "headers": headers})
-            if len(found) >= expected:
-                break
-    finally:
-        consumer.close()
-    return found
-
-
 def test_n_known_messages_give_exactly_the_expected_rows(
     sink_settings: SinkSettings, producer: Callable[[Iterable[Item]], int]
 ) -> None:
@@ -122,7 +101,7 @@ def test_n_known_messages_give_exactly_the_expected_rows(
     finally:
         store.close()
 
-    letters = _dead_letters(sink_settings, 3)
+    letters = dead_letters(sink_settings, 3)
     reasons = sorted(letter["headers"]["error"] for letter in letters)
     assert len(letters) == 3
     assert any("not valid JSON" in r for r in reasons)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -18,14 +17,10 @@ import pytest
 from common.settings import KafkaSettings
 from gpulens.cli import main
 from reports.analyses import ANALYSES
-from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
-from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
-from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
-from simulation.simulator import FleetSimulator
 from sinks.service import run_sink
 from tests.conftest import REPO_ROOT, SHARED_SCENARIOS
-from tests.sinks.conftest import Item, make_sink_settings
+from tests.sinks.conftest import Item, make_sink_settings, replayed_items
 
 pytestmark = pytest.mark.kafka
 
@@ -34,29 +29,12 @@ SCENARIOS = [SHARED_SCENARIOS / "idle-notebook.yaml", SHARED_SCENARIOS / "fragme
              HERE / "scenarios" / "sink-costs.yaml"]
 
 
-def _replayed_items(path: Path) -> tuple[dict[str, Any], list[Item]]:
-    scenario = load_scenario(path)
-    result = run_in_process(scenario)
-    items: list[Item] = [(by_suffix(r.topic), r.key or "", r.value)
-                         for tick in FleetSimulator(scenario).run() for r in tick.records]
-    for message in result.outputs:
-        if isinstance(message, PodWindow):
-            items.append((POD_WINDOWS, message.pod_uid, message))
-        elif isinstance(message, ClusterCapacity):
-            items.append((CLUSTER_CAPACITY, "cluster", message))
-        elif isinstance(message, PodLifecycle):
-            items.append((POD_LIFECYCLE, message.pod_uid, message))
-        elif isinstance(message, Alert):
-            items.append((ALERTS, message.id, message))
-    return result.report, items
-
-
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_report_agrees_with_the_replay_report(
     path: Path, kafka_settings: KafkaSettings, topic_prefix: str, tmp_path: Path,
     producer: Callable[[Iterable[Item]], int], capsys: pytest.CaptureFixture[str],
 ) -> None:
-    replay, items = _replayed_items(path)
+    replay, items = replayed_items(path)
     producer(items)
     scenario = load_scenario(path)
     settings = make_sink_settings(kafka_settings, topic_prefix, tmp_path, batch_max_rows=2000,

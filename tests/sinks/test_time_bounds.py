@@ -19,27 +19,19 @@ import pytest
 from confluent_kafka import Producer
 
 from common.errors import UserError
-from common.kafka import make_consumer
 from common.logs import _FIELDS
 from common.metrics import MetricsRegistry
 from common.settings import KafkaSettings, SinkSettings
 from gpulens.cli import main
 from schemas.codec import encode
 from schemas.messages import Message
-from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
+from schemas.outputs import ClusterCapacity
 from schemas.topics import (
-    ALERTS,
     CLUSTER_CAPACITY,
-    DEADLETTER,
     GPU_SAMPLES,
     K8S_PODS,
-    POD_LIFECYCLE,
-    POD_WINDOWS,
-    by_suffix,
 )
-from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
-from simulation.simulator import FleetSimulator
 from sinks import rows
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
@@ -48,7 +40,7 @@ from sinks.migrations import TTL_TABLES, migrate
 from sinks.service import run_sink
 from tests.advise.test_advise import differences
 from tests.sinks import factories as f
-from tests.sinks.conftest import Item, make_sink_settings, produce
+from tests.sinks.conftest import Item, dead_letters, make_sink_settings, produce, replayed_items
 
 pytestmark = pytest.mark.kafka
 
@@ -61,42 +53,6 @@ DATETIME_MAX = datetime(2106, 2, 7, 6, 28, 15, tzinfo=UTC)
 def _capacity(window_id: str, start: datetime) -> ClusterCapacity:
     return f.capacity(0).model_copy(update={"window_id": window_id, "window_start": start,
                                             "window_end": start + timedelta(minutes=1)})
-
-
-def _replayed_items(path: Path) -> list[Item]:
-    scenario = load_scenario(path)
-    result = run_in_process(scenario)
-    items: list[Item] = [(by_suffix(r.topic), r.key or "", r.value)
-                         for tick in FleetSimulator(scenario).run() for r in tick.records]
-    for message in result.outputs:
-        if isinstance(message, PodWindow):
-            items.append((POD_WINDOWS, message.pod_uid, message))
-        elif isinstance(message, ClusterCapacity):
-            items.append((CLUSTER_CAPACITY, "cluster", message))
-        elif isinstance(message, PodLifecycle):
-            items.append((POD_LIFECYCLE, message.pod_uid, message))
-        elif isinstance(message, Alert):
-            items.append((ALERTS, message.id, message))
-    return items
-
-
-def _dead_letters(settings: SinkSettings, expected: int) -> list[dict[str, Any]]:
-    """The dead letters on the sink's topic (at least ``expected`` of them, or what came in 30 s)."""
-    consumer = make_consumer(settings.kafka, f"{settings.group_id}-dlq-reader")
-    consumer.subscribe([DEADLETTER.name(settings.topic_prefix)])
-    found: list[dict[str, Any]] = []
-    try:
-        for _ in range(60):
-            for msg in consumer.consume(num_messages=100, timeout=0.5):
-                if msg.error() is None:
-                    raw_headers: Any = msg.headers() or []
-                    headers = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in raw_headers}
-                    found.append({"value": orjson.loads(msg.value() or b"null"), "headers": headers})
-            if len(found) >= expected:
-                break
-    finally:
-        consumer.close()
-    return found
 
 
 def _code(letter: dict[str, Any]) -> str:
@@ -137,14 +93,14 @@ def test_a_capacity_row_dated_2100_is_a_dead_letter_and_leaves_the_advisors_peri
     scenario = load_scenario(ADVISE / "advise-fleet.yaml")
     far = _capacity("cap-far-2100", YEAR_2100)
     old = _capacity("cap-too-old", datetime.now(UTC) - timedelta(days=500))  # the state TTL is 400 days
-    producer([*_replayed_items(ADVISE / "advise-fleet.yaml"),
+    producer([*replayed_items(ADVISE / "advise-fleet.yaml")[1],
               (CLUSTER_CAPACITY, "cluster", far), (CLUSTER_CAPACITY, "cluster", old)])
     settings = make_sink_settings(kafka_settings, topic_prefix, tmp_path, batch_max_rows=2000,
                                   batch_max_age_s=0.3, raw_sample_ttl_days=3650,
                                   prices_usd_per_gpu_hour=dict(scenario.prices))
     totals = run_sink(settings, exit_when_idle_s=1.0)
 
-    assert _codes_by_marker(_dead_letters(settings, 2), ["cap-far-2100", "cap-too-old"]) == {
+    assert _codes_by_marker(dead_letters(settings, 2), ["cap-far-2100", "cap-too-old"]) == {
         "cap-far-2100": "too_far_ahead", "cap-too-old": "too_old"}
     assert totals.dead_letters == 2
     assert not {"cap-far-2100", "cap-too-old"} & _stored_windows(settings)
@@ -187,7 +143,7 @@ def test_a_long_ttl_never_wraps_a_row_away_and_keeps_what_it_covers(
                                   state_ttl_days=days, rollup_ttl_days=days, max_future_skew_s=100 * 365 * 86400.0)
     totals = run_sink(settings, exit_when_idle_s=1.0)
 
-    letters = _dead_letters(settings, 3)
+    letters = dead_letters(settings, 3)
     assert _codes_by_marker(letters, rows_by_id) == {
         "cap-far-2100": "too_far_ahead", "cap-past-limit": "too_far_ahead", "cap-older-than-ttl": "too_old",
         "cap-near-limit": None, "cap-kept-1000d": None, "cap-now": None}
@@ -244,7 +200,7 @@ def test_no_record_stops_the_sink(
     settings = make_sink_settings(kafka_settings, topic_prefix, tmp_path)
     totals = run_sink(settings, exit_when_idle_s=1.0)  # returns: no record ended it
 
-    letters = _dead_letters(settings, 4)
+    letters = dead_letters(settings, 4)
     by_topic = {(letter["value"]["source_topic"], _code(letter)) for letter in letters}
     assert by_topic == {(GPU_SAMPLES.name(topic_prefix), "too_far_ahead"),
                         (K8S_PODS.name(topic_prefix), "too_far_ahead"),
@@ -309,7 +265,7 @@ def test_a_flood_of_poison_writes_at_most_the_letter_budget_and_counts_the_rest(
     with caplog.at_level(logging.WARNING, logger="common.letter_budget"):
         totals = run_sink(settings, exit_when_idle_s=1.0)
     assert totals.dead_letters == 50
-    letters = _dead_letters(settings, 5)
+    letters = dead_letters(settings, 5)
     assert len(letters) == 5 and {_code(letter) for letter in letters} == {"invalid"}
     said = [getattr(record, _FIELDS)["suppressed"] for record in caplog.records
             if record.getMessage().startswith("dead letters suppressed")]
