@@ -47,14 +47,19 @@ __all__ = [
     "TopicFollower",
     "TopicReport",
     "broker_reachable",
+    "cluster_metadata",
     "commit_offsets",
+    "committed_lag",
     "consumer_lag",
     "create_acls",
     "ensure_topics",
     "group_lag",
+    "group_members",
+    "header_counts_since",
     "make_consumer",
     "read_ranges",
     "read_to_end",
+    "topic_configs",
 ]
 
 
@@ -232,20 +237,97 @@ def consumer_lag(consumer: Consumer) -> dict[tuple[str, int], int]:
     return lags
 
 
-def group_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str], timeout_s: float = 10.0) -> int:
-    """Records in ``topics`` the consumer group has not committed yet (a group with no commit lags by all)."""
+def _committed(kafka: KafkaSettings, group_id: str, topics: Iterable[str],
+               timeout_s: float) -> list[tuple[int, int, int]]:
+    """(committed offset or -1, low, high watermark) of every partition of ``topics`` for ``group_id``."""
     reader = Consumer(_client_conf(kafka) | {"group.id": group_id, "enable.auto.commit": False})
     try:
         metadata = reader.list_topics(timeout=timeout_s)
         partitions = [TopicPartition(topic, p) for topic in topics if topic in metadata.topics
                       for p in metadata.topics[topic].partitions]
-        lag = 0
-        for tp in reader.committed(partitions, timeout=timeout_s):
+        out = []
+        for tp in reader.committed(partitions, timeout=timeout_s) if partitions else []:
             low, high = reader.get_watermark_offsets(tp, timeout=timeout_s)
-            lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
-        return lag
+            out.append((tp.offset, low, high))
+        return out
     finally:
         reader.close()
+
+
+def group_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str], timeout_s: float = 10.0) -> int:
+    """Records in ``topics`` the consumer group has not committed yet (a group with no commit lags by all)."""
+    return sum(max(0, high - (offset if offset >= 0 else low))
+               for offset, low, high in _committed(kafka, group_id, topics, timeout_s))
+
+
+def committed_lag(kafka: KafkaSettings, group_id: str, topics: Iterable[str],
+                  timeout_s: float = 10.0) -> tuple[int, int]:
+    """(records behind, partitions with a committed offset) of ``group_id`` over ``topics``: the
+    lag of what the group has started on, as an operator reads it."""
+    committed = [(offset, high) for offset, _low, high in _committed(kafka, group_id, topics, timeout_s)
+                 if offset >= 0]
+    return sum(max(0, high - offset) for offset, high in committed), len(committed)
+
+
+def group_members(kafka: KafkaSettings, group_id: str, timeout_s: float = 10.0) -> tuple[str, int]:
+    """(state in lower case, number of members) of the consumer group ``group_id``."""
+    admin = AdminClient(_client_conf(kafka))  # referenced until the answer: a collected client never answers
+    description = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)[group_id].result()
+    return str(getattr(description.state, "name", description.state)).lower(), len(description.members or [])
+
+
+def cluster_metadata(kafka: KafkaSettings, timeout_s: float = 10.0) -> Any:
+    """The cluster's metadata (brokers, topics and their partitions); raises :class:`KafkaException`
+    when no broker answers."""
+    return AdminClient(_client_conf(kafka)).list_topics(timeout=timeout_s)
+
+
+def topic_configs(kafka: KafkaSettings, names: Sequence[str], timeout_s: float = 10.0) -> dict[str, dict[str, str]]:
+    """Every config of the topics ``names`` (``cleanup.policy``, ``min.insync.replicas``, ...)."""
+    if not names:
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
+    admin = AdminClient(_client_conf(kafka))  # referenced until the answers: a collected client never answers
+    futures = admin.describe_configs(resources, request_timeout=timeout_s)
+    return {resource.name: {key: str(entry.value) for key, entry in future.result().items()}
+            for resource, future in futures.items()}
+
+
+def header_counts_since(kafka: KafkaSettings, topic: str, since_ms: int, header: str,
+                        timeout_s: float = 10.0) -> dict[str, int]:
+    """How many records of ``topic`` written since ``since_ms`` (epoch milliseconds) carry each value
+    of the header ``header`` (``""`` for none): read from the offsets for that time to the end."""
+    consumer = make_consumer(kafka, f"gpulens-count-{topic}")
+    counts: dict[str, int] = {}
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        partitions = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
+        starts = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions],
+                                            timeout=timeout_s) if partitions else []
+        ends: dict[int, int] = {}
+        assign = []
+        for tp in starts:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            if 0 <= tp.offset < high:
+                ends[tp.partition] = high
+                assign.append(TopicPartition(topic, tp.partition, tp.offset))
+        if not assign:
+            return counts
+        consumer.assign(assign)
+        deadline = time.monotonic() + 3 * timeout_s
+        while ends and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error():
+                    continue
+                value = dict(msg.headers() or []).get(header)
+                key = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+                counts[key] = counts.get(key, 0) + 1
+                partition = int(msg.partition() or 0)
+                if int(msg.offset() or 0) + 1 >= ends.get(partition, 0):
+                    ends.pop(partition, None)
+        return counts
+    finally:
+        consumer.close()
 
 
 def broker_reachable(kafka: KafkaSettings, timeout_s: float = 5.0) -> bool:

@@ -26,6 +26,7 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
                "Reclaimable GPUs: idle pods, oversized pods, packing, fragmentation, empty nodes, with the money."),
     "demo": ("demo", "Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."),
     "top": ("demo", "Live terminal view of the fleet, read from the pipeline's topics."),
+    "check": ("check", "Check an installation: Kafka, groups, dead letters, ClickHouse, freshness, Kubernetes."),
 }
 """Command name -> (module under ``gpulens.commands``, the command's one-line help)."""
 

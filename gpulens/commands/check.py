@@ -1,0 +1,130 @@
+"""``gpulens check``: what is wrong with an installation, one line per check with its state and
+the fix (the checks: :data:`gpulens.check.core.CHECKS`; the thresholds: docs/operations.md,
+"Checking an installation"). Exit 0 when nothing fails (warnings too, unless ``--strict``), 1 when
+a check fails, 2 for a usage error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from common.errors import UserError
+from common.text import printable
+from gpulens.commands.analysis import clickhouse_option
+from gpulens.commands.base import settings_from_flags, with_common_options
+
+_MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+class ChecksFailed(click.ClickException):
+    """Exit 1 after the results were printed (nothing more to say)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__("checks failed")
+        self.exit_code = status
+
+    def show(self, file: Any = None) -> None:
+        pass
+
+
+def _seconds(value: str | None, flag: str) -> float | None:
+    from simulation.scenario import parse_duration
+
+    return None if value is None else parse_duration(value, flag, allow_zero=False)
+
+
+@click.command("check")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object: every result and the exit status")
+@click.option("--cluster", default=None, help="only this cluster's freshness (default: every cluster stored)")
+@click.option("--strict", is_flag=True, help="exit 1 on warnings too")
+@click.option("--only", default=None, help="comma list of checks to run (default: all; see docs/operations.md)")
+@click.option("--max-lag", type=click.IntRange(min=0), default=None,
+              help="records a worker or sink group may be behind before warn [10000]")
+@click.option("--freshness", default=None, help="a GPU node without a sample for this long fails [5m]")
+@click.option("--watcher-quiet", default=None, help="the watcher's newest state older than this warns [1h]")
+@click.option("--deadletters-warn", type=click.IntRange(min=0), default=None,
+              help="dead letters in the last hour above this warn [0]")
+@click.option("--deadletters-fail", type=click.IntRange(min=0), default=None,
+              help="dead letters in the last hour above this fail [1000]")
+@click.option("--worker-group", default=None, help="the workers' consumer group [GPULENS_APP_ID or PREFIX-stream-jobs]")
+@click.option("--sink-group", default=None, help="the sink's consumer group [GPULENS_GROUP_ID or gpulens-sink]")
+@click.option("--kubeconfig", type=click.Path(path_type=Path), default=None,
+              help="kubeconfig for the API checks [in-cluster, then $KUBECONFIG, ~/.kube/config]")
+@click.option("--context", "kube_context", default=None, help="kubeconfig context")
+@click.option("--agent-namespace", default="gpulens-agent", show_default=True)
+@click.option("--agent-daemonset", default="gpulens-agent", show_default=True)
+@click.option("--watcher-namespace", default="gpulens", show_default=True)
+@click.option("--watcher-service-account", default="gpulens-watcher", show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="seconds each request may take")
+@clickhouse_option
+@with_common_options
+def check(as_json: bool, cluster: str | None, strict: bool, only: str | None, max_lag: int | None,
+          freshness: str | None, watcher_quiet: str | None, deadletters_warn: int | None,
+          deadletters_fail: int | None, worker_group: str | None, sink_group: str | None,
+          kubeconfig: Path | None, kube_context: str | None, agent_namespace: str, agent_daemonset: str,
+          watcher_namespace: str, watcher_service_account: str, timeout_s: float, clickhouse_url: str | None,
+          **flags: Any) -> None:
+    """Check an installation: Kafka, groups, dead letters, ClickHouse, freshness, Kubernetes."""
+    import dataclasses
+
+    from common.settings import CommonSettings, SinkSettings, WorkerSettings, load_settings
+    from gpulens.check.core import CHECKS, Context, Thresholds, exit_status, run_checks
+
+    names = {c.name for c in CHECKS()}
+    selected = None
+    if only is not None:
+        selected = {n.strip() for n in only.split(",") if n.strip()}
+        if not selected or selected - names:
+            raise UserError(f"--only: unknown check(s) {sorted(selected - names)}; known: {', '.join(sorted(names))}")
+    if cluster is not None:
+        import re
+
+        from schemas.messages import CLUSTER_NAME_PATTERN
+
+        if not re.fullmatch(CLUSTER_NAME_PATTERN, cluster):
+            raise UserError(f"--cluster {cluster!r}: expected a DNS label (e.g. prod-eu-1)")
+    if clickhouse_url is not None:
+        flags["clickhouse"] = {"url": clickhouse_url}
+    settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
+    overrides = {"topic_prefix": settings.topic_prefix}
+    worker = load_settings(WorkerSettings, **overrides)
+    sink = load_settings(SinkSettings, **overrides)
+    defaults = Thresholds()
+    thresholds = dataclasses.replace(
+        defaults,
+        max_lag=defaults.max_lag if max_lag is None else max_lag,
+        freshness_s=_seconds(freshness, "--freshness") or defaults.freshness_s,
+        watcher_quiet_s=_seconds(watcher_quiet, "--watcher-quiet") or defaults.watcher_quiet_s,
+        deadletters_warn_per_h=defaults.deadletters_warn_per_h if deadletters_warn is None else deadletters_warn,
+        deadletters_fail_per_h=defaults.deadletters_fail_per_h if deadletters_fail is None else deadletters_fail,
+    )
+    ctx = Context(settings=settings, thresholds=thresholds, cluster=cluster,
+                  worker_group=worker_group or worker.app_id or f"{settings.topic_prefix}-stream-jobs",
+                  sink_group=sink_group or sink.group_id, kubeconfig=kubeconfig, kube_context=kube_context,
+                  agent_namespace=agent_namespace, agent_daemonset=agent_daemonset,
+                  watcher_namespace=watcher_namespace, watcher_service_account=watcher_service_account,
+                  timeout_s=timeout_s)
+    results = run_checks(ctx, selected)
+    status = exit_status(results, strict)
+    if as_json:
+        click.echo(orjson.dumps({"status": status, "strict": strict,
+                                 "counts": {s: sum(r.state == s for r in results) for s in ("ok", "warn", "fail")},
+                                 "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for r in results:
+            line = f"{_MARKS[r.state.value]}  {r.name}: {r.detail}"
+            if r.state != "ok" and r.fix:
+                line += f"\n      fix: {r.fix}"
+            click.echo(printable(line, multiline=True))
+        fails = sum(r.state == "fail" for r in results)
+        warns = sum(r.state == "warn" for r in results)
+        click.echo(f"{len(results)} checks: {fails} failed, {warns} warned" + (" (--strict)" if strict else ""))
+    if status:
+        raise ChecksFailed(status)
+
+
+COMMANDS = [check]
