@@ -13,6 +13,8 @@ minutes-long thresholds show up within the first two minutes.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -273,14 +275,50 @@ def _summary(run: DemoRun, caught_up: bool) -> None:
     console.print(f"alerts fired by type: {fired or 'none'}")
     console.print("\nWhere to look next (the history is in the embedded ClickHouse under "
                   f"{run.settings.data_dir}):")
-    console.print("  gpulens report                      # canned analyses: consumers, idle, pending, cost")
-    console.print("  gpulens report --html report.html   # the same as a self-contained HTML report with plots")
-    console.print('  gpulens sql "SELECT team, round(sum(idle_s)/3600, 2) AS idle_gpu_hours '
-                  'FROM pod_windows FINAL GROUP BY team ORDER BY idle_gpu_hours DESC"')
-    console.print(f"  gpulens top --topic-prefix {run.prefix} --once   # the live view's figures, as JSON")
-    console.print(f"  gpulens advise {DEMO_ADVISE_FLAGS}   # reclaimable GPUs, the pods behind them")
+    for line in where_to_look(run.prefix):
+        console.print(line, markup=False, highlight=False)
     console.print(f"  logs of this run: {run.run_dir}")
     console.print(f"\nReclaimable capacity: {_advice_headline(run.settings)}")
+
+
+def gpulens_command(which: Callable[[str], str | None] = shutil.which, executable: str = sys.executable,
+                    cwd: Path | None = None) -> tuple[str, str | None]:
+    """How the user types ``gpulens`` in their shell, and a line on activating the environment when
+    that is not the bare name: ``gpulens`` when the name on PATH is this installation; otherwise this
+    environment's entry point (``.venv/bin/gpulens`` relative to the working directory when under it,
+    ``bash scripts/demo.sh`` runs from the repository root) or, without one, ``python -m gpulens``."""
+    here = Path(executable).parent  # the environment's bin/ (not resolved: a venv's python is a symlink)
+    entry = here / "gpulens"
+    on_path = which("gpulens")
+    if on_path is not None and (not entry.exists() or Path(on_path).resolve() == entry.resolve()):
+        return "gpulens", None
+    if not entry.exists():
+        return f"{executable} -m gpulens", None
+    cwd = cwd or Path.cwd()
+    try:
+        shown = str(entry.relative_to(cwd))
+    except ValueError:
+        shown = str(entry)
+    activate = here / "activate"
+    note = (f"(or run `source {activate.relative_to(cwd) if activate.is_relative_to(cwd) else activate}` "
+            "first, then type `gpulens ...`)") if activate.exists() else None
+    return shown, note
+
+
+def where_to_look(prefix: str, command: tuple[str, str | None] | None = None) -> list[str]:
+    """The demo's closing hints, with ``gpulens`` as the user can type it (:func:`gpulens_command`)."""
+    gpulens, note = command or gpulens_command()
+    lines = [
+        f"  {gpulens} report                      # canned analyses: consumers, idle, pending, cost",
+        f"  {gpulens} report --html report.html   # the same as a self-contained HTML report with plots",
+        f'  {gpulens} sql "SELECT team, round(sum(idle_s)/3600, 2) AS idle_gpu_hours '
+        'FROM pod_windows FINAL GROUP BY team ORDER BY idle_gpu_hours DESC"',
+        f"  {gpulens} top --topic-prefix {prefix} --once   # the live view's figures, as JSON",
+        f"  {gpulens} advise {DEMO_ADVISE_FLAGS}   # reclaimable GPUs, the pods behind them",
+    ]
+    if note:
+        lines.append(f"  {note}")
+    return lines
 
 
 DEMO_ADVISE = AdviseThresholds(min_evidence_s=300, idle_stretch_s=300, bucket_s=300)

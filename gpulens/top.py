@@ -25,8 +25,8 @@ from common.settings import KafkaSettings
 from common.text import printable
 from schemas import codec
 from schemas.messages import DEFAULT_CLUSTER, K8sEvent, Message, PodState
-from schemas.outputs import Alert, ClusterCapacity, PodWindow
-from schemas.topics import ALERTS, CLUSTER_CAPACITY, K8S_EVENTS, K8S_PODS, POD_WINDOWS, TopicSpec
+from schemas.outputs import Alert, ClusterCapacity, DeadLetter, PodWindow
+from schemas.topics import ALERTS, CLUSTER_CAPACITY, DEADLETTER, K8S_EVENTS, K8S_PODS, POD_WINDOWS, TopicSpec
 
 VIEW_TOPICS: tuple[TopicSpec, ...] = (CLUSTER_CAPACITY, POD_WINDOWS, K8S_PODS, K8S_EVENTS, ALERTS)
 
@@ -60,8 +60,14 @@ class FleetView:
     """The cluster shown (``--cluster``); unset: the first one seen. Node names and pod uids repeat
     across clusters, so the others are listed in :attr:`clusters_seen` and never mixed in."""
     clusters_seen: set[str] = field(default_factory=set)
+    deadletters: Counter[str] = field(default_factory=Counter)
+    """Records the pipeline refused (the dead-letter topic), by reason code, of every cluster: a
+    refused record cannot always name its cluster. The live view says them so no loss is silent."""
 
     def apply(self, message: Message | None, key: str | None = None) -> None:
+        if isinstance(message, DeadLetter):
+            self.deadletters[str(message.reason)] += 1
+            return
         self.messages_seen += 1
         if message is None:  # pod tombstone, keyed <cluster>/<uid> (the bare uid in the default cluster)
             if key is not None:
@@ -158,11 +164,23 @@ def plain(value: object) -> Text:
     return Text(printable(str(value)))
 
 
+def deadletter_line(view: FleetView) -> Text | None:
+    """"dead letters: N (reason n, ...)" when the pipeline refused records (None when it refused none)."""
+    if not view.deadletters:
+        return None
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(view.deadletters.items(), key=lambda r: (-r[1], r[0])))
+    return Text(f"\ndead letters: {sum(view.deadletters.values())} records refused ({reasons}); not in these "
+                "figures: see the deadletter topic, docs/operations.md for each reason", style="bold red")
+
+
 def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     cap = view.capacity
     header = Text(f"{title} — ", style="bold")
+    refused = deadletter_line(view)
     if cap is None:
         header.append("waiting for the first capacity window…", style="dim")
+        if refused is not None:
+            header.append_text(refused)
         return Panel(header)
     if len(view.clusters_seen) > 1:
         others = ", ".join(sorted(view.clusters_seen))
@@ -170,6 +188,8 @@ def render(view: FleetView, title: str = "gpulens top") -> RenderableType:
     header.append(f"window ending {cap.window_end:%Y-%m-%d %H:%M:%S}Z   {cap.gpus_total} GPUs   "
                   f"{cap.pending_pods} pending pods wanting {cap.pending_gpu_demand} GPUs   "
                   f"largest free block {cap.largest_free_block}")
+    if refused is not None:
+        header.append_text(refused)
 
     states = Table(title="GPUs by state", expand=True)
     states.add_column("state")
@@ -236,8 +256,8 @@ def drain_topics(
     kafka: KafkaSettings, prefix: str, view: FleetView, should_stop: Callable[[], bool],
     on_batch: Callable[[], None] | None = None, poll_s: float = 0.5,
 ) -> None:
-    """Read the view's topics from the beginning into ``view`` until ``should_stop()``."""
-    specs = {spec.name(prefix): spec for spec in VIEW_TOPICS}
+    """Read the view's topics and the dead letters from the beginning into ``view`` until ``should_stop()``."""
+    specs = {spec.name(prefix): spec for spec in (*VIEW_TOPICS, DEADLETTER)}
     consumer = make_consumer(kafka, group_id=f"gpulens-top-{uuid.uuid4().hex[:8]}")
     consumer.subscribe(list(specs))
     try:

@@ -99,11 +99,12 @@ def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseT
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
     rows = query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples WHERE {IN_CLUSTER}
-           GROUP BY gpu_uuid)
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, ts) AS gpu_index
+           FROM gpu_samples WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
        any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
        max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
+       maxIf(toNullable(g.gpu_index), g.gpu_uuid != '') AS gpu_index,
        sum(w.held_gpu_s) AS held_s, sum(w.cost_usd) AS cost_usd, any(w.usd_per_gpu_hour) AS usd_per_gpu_hour,
        countIf(w.pod_active) AS active_windows, sumIf(w.allocated_s, w.pod_active) AS active_s,
        quantileExactIf({level!r})(w.max_sm_util_pct, w.pod_active AND w.max_sm_util_pct IS NOT NULL) AS pct_sm,
@@ -134,6 +135,8 @@ FROM pod_states WHERE {IN_CLUSTER} GROUP BY uid""")}
                 gang=meta.get("gang") or "", gpus=0, share=float(r["share"] or 1.0),
                 gpu_memory_bytes=float(mem) if mem else None, usd_per_gpu_hour=float(r["usd_per_gpu_hour"] or 0.0))
         ev.gpus += 1
+        ev.gpu_uuids.append(r["gpu_uuid"])
+        ev.gpu_indexes.append(None if r["gpu_index"] is None else int(r["gpu_index"]))
         ev.active_s = max(ev.active_s, float(r["active_s"] or 0.0))
         ev.active_windows = max(ev.active_windows, int(r["active_windows"]))
         ev.sm_pct.append(None if not r["sm_windows"] else float(r["pct_sm"]))
@@ -144,6 +147,13 @@ FROM pod_states WHERE {IN_CLUSTER} GROUP BY uid""")}
         if r["busy_windows"]:
             last = iso_utc(_ts(r["last_busy"]))
             ev.last_busy = max(ev.last_busy or last, last)
+    for ev in pods.values():  # the per-GPU lists by GPU index (the order nvidia-smi shows), then UUID
+        order = sorted(range(ev.gpus), key=lambda k: (ev.gpu_indexes[k] is None, ev.gpu_indexes[k] or 0,
+                                                      ev.gpu_uuids[k]))
+        ev.gpu_uuids = [ev.gpu_uuids[k] for k in order]
+        ev.gpu_indexes = [ev.gpu_indexes[k] for k in order]
+        ev.sm_pct = [ev.sm_pct[k] for k in order]
+        ev.peak_mem_bytes = [ev.peak_mem_bytes[k] for k in order]
     return pods
 
 
@@ -179,7 +189,7 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
     right_rows, pack_rows, pod_hours = pack_pods(pods, per_pod, reclaimed, sized, cfg)
     capacity = _capacity(reader, start)
     scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
-    queue_rows = _queue(reader, start, end, team)
+    queue_rows = _queue(reader, start, team)
 
     # hours the data covers (capacity windows); the whole period only when there are none
     span_h = (capacity["span_s"] or (end - start).total_seconds()) / 3600
@@ -302,18 +312,19 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     return out
 
 
-def _queue(reader: SqlReader, start: datetime, end: datetime, team: str | None) -> list[dict[str, Any]]:
+def _queue(reader: SqlReader, start: datetime, team: str | None) -> list[dict[str, Any]]:
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
-WITH toDateTime64({{end:String}}, 3, 'UTC') AS data_end,
-l AS (SELECT * FROM pod_lifecycle FINAL WHERE {IN_CLUSTER} AND gpus > 0 AND pending_s > 0),
+WITH
+l AS (SELECT *, addMilliseconds(created_at, toInt64(floor(pending_s * 1000))) AS wait_end
+      FROM pod_lifecycle FINAL WHERE {IN_CLUSTER} AND gpus > 0 AND pending_s > 0),
 c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block
       FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC'))
 SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, any(l.team) AS team,
        any(l.gpus) AS gpus, any(l.created_at) AS created_at, any(l.scheduled_at) AS scheduled_at,
        any(l.pending_s) AS pending_s,
        sumIf(dateDiff('millisecond', greatest(c.window_start, l.created_at),
-                      least(c.window_end, coalesce(l.scheduled_at, l.finished_at, data_end))) / 1000,
+                      least(c.window_end, l.wait_end)) / 1000,
              c.free >= l.gpus AND c.largest_free_block < l.gpus) AS fragmented_pending_s,
        minIf(greatest(c.window_start, l.created_at), c.free >= l.gpus AND c.largest_free_block < l.gpus)
            AS first_fragmented_at,
@@ -321,11 +332,11 @@ SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, 
        argMinIf(c.largest_free_block, c.window_start, c.free >= l.gpus AND c.largest_free_block < l.gpus)
            AS largest_free_block
 FROM l CROSS JOIN c
-WHERE c.window_end > l.created_at AND c.window_start < coalesce(l.scheduled_at, l.finished_at, data_end)
+WHERE c.window_end > l.created_at AND c.window_start < l.wait_end
       {team_filter}
 GROUP BY pod_uid
 HAVING fragmented_pending_s > 0
-ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": _sql_ts(start), "end": _sql_ts(end),
+ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": _sql_ts(start),
                                                         **({"team": team} if team is not None else {})})
     return [{
         "namespace": r["namespace"], "pod": r["pod"], "team": _label(r["team"]), "gpus": int(r["gpus"]),
@@ -347,6 +358,25 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, list):
         return [_rounded(v) for v in value]
     return value
+
+
+def per_gpu_text(gpus: list[dict[str, Any]]) -> str:
+    """A right-size row's per-GPU SM percentiles for people, by GPU index, runs of consecutive indexes
+    with the same figure joined: ``GPU 0-1: 90 %, GPU 2-7: 0 %`` (``-``: no SM reading; a GPU no
+    sample named an index is shown by its UUID)."""
+    runs: list[tuple[str, int | None, int | None, str]] = []  # (label, first, last, figure)
+    for g in gpus:
+        index, pct = g["gpu_index"], g["percentile_sm_pct"]
+        figure = "-" if pct is None else f"{pct:g} %"
+        if index is not None and runs and runs[-1][2] is not None and runs[-1][2] + 1 == index \
+                and runs[-1][3] == figure:
+            runs[-1] = (runs[-1][0], runs[-1][1], index, figure)
+        else:
+            runs.append((g["gpu_uuid"] if index is None else "GPU", index, index, figure))
+    return ", ".join(
+        f"{label}: {figure}" if first is None
+        else f"{label} {first}: {figure}" if first == last else f"{label} {first}-{last}: {figure}"
+        for label, first, last, figure in runs)
 
 
 def advice_rows(advice: dict[str, Any]) -> list[dict[str, Any]]:
@@ -371,10 +401,11 @@ def advice_rows(advice: dict[str, Any]) -> list[dict[str, Any]]:
                                f"({r['first_seen']} .. {r['last_seen']}), pool {r['pool']}",
                      "gpu_hours": r["gpu_hours"], "cost_usd": r["cost_usd"]})
     for r in advice["right_size"]:
-        sm = ", ".join("-" if v is None else f"{v:g} %" for v in r["percentile_sm_pct_per_gpu"])
+        peak_vram = max(g["peak_vram_bytes"] for g in r["peak_vram_bytes_per_gpu"])
         rows.append({"category": "right_size", "subject": f"{r['namespace']}/{r['pod']}", "team": r["team"],
-                     "detail": f"{r['recommendation']} (p{r['percentile']:g} SM per GPU {sm}; peak VRAM "
-                               f"{max(r['peak_vram_bytes_per_gpu']) / GIB:.1f} GiB; {r['evidence_hours']:.1f} h of "
+                     "detail": f"{r['recommendation']} (p{r['percentile']:g} SM "
+                               f"{per_gpu_text(r['percentile_sm_pct_per_gpu'])}; peak VRAM "
+                               f"{peak_vram / GIB:.1f} GiB; {r['evidence_hours']:.1f} h of "
                                f"evidence, {r['confidence']} confidence; freed in {r['freed_in']})",
                      "gpu_hours": r["freed_gpu_hours"], "cost_usd": r["freed_cost_usd"]})
     for r in advice["pack"]:

@@ -83,6 +83,10 @@ class PodEvidence:
     usd_per_gpu_hour: float
     active_s: float = 0.0
     active_windows: int = 0
+    gpu_uuids: list[str] = field(default_factory=list)
+    """The pod's GPUs (device UUIDs), in the order of the per-GPU lists below: by GPU index, then UUID."""
+    gpu_indexes: list[int | None] = field(default_factory=list)
+    """Per GPU: its index on the node (NVML's), None when no sample of it names one."""
     sm_pct: list[float | None] = field(default_factory=list)
     """Per GPU: the percentile of the per-window SM peaks over the pod's active windows (None: no reading)."""
     peak_sm_pct: float | None = None
@@ -241,8 +245,13 @@ def pack_pods(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[st
             "gpu_model": ev.gpu_model, "gpus": ev.gpus, "recommendation": rs.recommendation, "kind": rs.kind,
             "unit_gpus": rs.demand.whole_gpus or rs.demand.fraction,
             "evidence_hours": ev.active_s / 3600, "evidence_windows": ev.active_windows,
-            "percentile": cfg.percentile, "percentile_sm_pct_per_gpu": ev.sm_pct, "peak_sm_pct": ev.peak_sm_pct,
-            "peak_vram_bytes_per_gpu": ev.peak_mem_bytes, "percentile_vram_bytes": ev.pct_mem_bytes,
+            "percentile": cfg.percentile,
+            "percentile_sm_pct_per_gpu": [{"gpu_index": i, "gpu_uuid": u, "percentile_sm_pct": sm}
+                                          for i, u, sm in zip(ev.gpu_indexes, ev.gpu_uuids, ev.sm_pct, strict=True)],
+            "peak_sm_pct": ev.peak_sm_pct,
+            "peak_vram_bytes_per_gpu": [{"gpu_index": i, "gpu_uuid": u, "peak_vram_bytes": mem} for i, u, mem
+                                        in zip(ev.gpu_indexes, ev.gpu_uuids, ev.peak_mem_bytes, strict=True)],
+            "percentile_vram_bytes": ev.pct_mem_bytes,
             "gpu_memory_bytes": ev.gpu_memory_bytes, "confidence": rs.confidence,
             "freed_gpu_hours": freed, "freed_cost_usd": freed * ev.usd_per_gpu_hour,
             "freed_in": "right_size" if rs.demand.whole_gpus else "pack",

@@ -449,17 +449,20 @@ class KafkaReplay:
                          f"(the logs of every worker are kept in {self.work_dir})")
 
     def run(self, timeout_s: float = 300.0, chaos: ChaosPlan | None = None,
-            say: Callable[[str], None] = lambda line: None, broker: BrokerControl | None = None) -> dict[str, Any]:
+            say: Callable[[str], None] = lambda line: None, broker: BrokerControl | None = None,
+            store: Callable[[str], None] | None = None) -> dict[str, Any]:
         """The whole replay; with ``chaos``, its actions (SIGKILL and restart a worker, add and
         remove one, stop the broker: ``broker``) happen on its schedule, each reported through
         ``say``; a worker that exits on its own is then restarted too. A run that fails keeps its
         work directory (every worker's log) and its error names it. Terminated (SIGTERM), it stops
-        its workers as when it is interrupted."""
+        its workers as when it is interrupted. ``store``: called with the topic prefix once the
+        outputs are read, before the topics are removed (``replay --kafka --store`` drains them into
+        the history with the sink)."""
         with terminate_as_interrupt():
-            return self._run(timeout_s, chaos, say, broker)
+            return self._run(timeout_s, chaos, say, broker, store)
 
     def _run(self, timeout_s: float, chaos: ChaosPlan | None, say: Callable[[str], None],
-             broker: BrokerControl | None) -> dict[str, Any]:
+             broker: BrokerControl | None, store: Callable[[str], None] | None = None) -> dict[str, Any]:
         succeeded = False
         try:
             self.create_topics()
@@ -477,6 +480,8 @@ class KafkaReplay:
                     f"{self.unplanned_restarts} unplanned restarts, {outputs.duplicates} duplicate outputs dropped, "
                     f"{self.read_ahead_pauses()} read-ahead pauses")
             report = self.report(outputs)
+            if store is not None:
+                store(self.prefix)
             succeeded = True
             return report
         finally:
@@ -643,12 +648,13 @@ def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DE
                       topic_prefix: str | None = None, chaos_seed: int | None = None, kills: int = 8,
                       say: Callable[[str], None] = lambda line: None, workers: int = 1, outage_s: float = 0.0,
                       broker: BrokerControl | None = None,
-                      accept_clusters: frozenset[str] | None = None) -> dict[str, Any]:
+                      accept_clusters: frozenset[str] | None = None,
+                      store: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``gpulens replay --kafka BOOTSTRAP [--workers N] [--chaos]``: the report of ``scenario``
     through Kafka and ``workers`` worker processes of one group (with ``chaos_seed``: ``kills``
     SIGKILLs and restarts, one worker added and one removed, and with ``outage_s`` a broker
     stop/start through ``broker``, on a seeded schedule); ``accept_clusters``: the workers'
-    ``GPULENS_ACCEPT_CLUSTERS``."""
+    ``GPULENS_ACCEPT_CLUSTERS``; ``store``: see :meth:`KafkaReplay.run`."""
     settings = load_settings(CommonSettings)
     kafka = settings.kafka.model_copy(update={"bootstrap_servers": bootstrap})
     settings = settings.model_copy(update={"kafka": kafka})
@@ -664,4 +670,4 @@ def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DE
         say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs, {workers} workers"
             f"{f', a {outage_s:.0f}s broker outage' if outage_s else ''}, read-ahead "
             f"{CHAOS_READ_AHEAD_BYTES // 1024} KiB per node partition: {chaos.describe()}")
-    return replay.run(chaos=chaos, say=say, broker=broker)
+    return replay.run(chaos=chaos, say=say, broker=broker, store=store)

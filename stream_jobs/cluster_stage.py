@@ -75,7 +75,13 @@ def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
 def _places(free: dict[str, dict[str, int]], sets: Sequence[tuple[int, dict[str, int]]]) -> bool:
     """Whether every pod of ``sets`` (``[count, request per pod]``) finds a node: largest pods first,
     first fit over nodes by name (a node takes as many pods of a set as fit before the next)."""
+    return _placement(free, sets) is not None
+
+
+def _placement(free: dict[str, dict[str, int]], sets: Sequence[tuple[int, dict[str, int]]]) -> int | None:
+    """How many nodes :func:`_places`'s placement of ``sets`` uses, None when it does not place every pod."""
     left = {name: dict(f) for name, f in free.items()}
+    used: set[str] = set()
     for count, request in sorted(sets, key=lambda s: (-sum(s[1].values()), sorted(s[1].items()))):
         remaining = count
         for name in sorted(left):
@@ -86,9 +92,11 @@ def _places(free: dict[str, dict[str, int]], sets: Sequence[tuple[int, dict[str,
             for res, n in request.items():
                 left[name][res] = left[name].get(res, 0) - n * placed
             remaining -= placed
+            if placed:
+                used.add(name)
         if remaining:
-            return False
-    return True
+            return None
+    return len(used)
 
 
 class ClusterStage(Stage):
@@ -400,10 +408,11 @@ class ClusterStage(Stage):
         for pod in records:
             request = pod.requests
             cluster_free = {res: sum(f.get(res, 0) for f in free.values()) for res in request}
+            nodes = (_placement(free, pod.sets) if isinstance(pod, Workload)
+                     else 1 if any(_fits(f, request) for f in free.values()) else None)
             context = rules.Waiting(
-                record=pod, unfragmented=_fits(cluster_free, request),
-                fits_somewhere=_places(free, pod.sets) if isinstance(pod, Workload)
-                else any(_fits(f, request) for f in free.values()),
+                record=pod, unfragmented=_fits(cluster_free, request), fits_somewhere=nodes is not None,
+                fits_on_nodes=nodes or 0,
                 largest=max((sum(f.get(res, 0) for res in request) for f in free.values()), default=0),
                 free_sum=sum(cluster_free.values()),
                 free_by_node={n: sum(f.get(r, 0) for r in request) for n, f in free.items()},

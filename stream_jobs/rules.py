@@ -179,6 +179,9 @@ class Waiting:
     """The cluster's free GPUs add up to its request."""
     fits_somewhere: bool
     """It can be placed on the schedulable nodes as they are."""
+    fits_on_nodes: int
+    """How many nodes that placement uses (a pod: 1; a workload: its pods placed largest first, first
+    fit over the nodes by name); 0 when it does not fit."""
     largest: int
     free_sum: int
     free_by_node: Mapping[str, int]
@@ -240,9 +243,18 @@ FRAGMENTATION: SustainedRule[Waiting] = SustainedRule(
     condition=lambda c: c.unfragmented and not c.fits_somewhere,
     subject=_waiting_subject,
     describe=_fragmentation_describe,
-    resolution=lambda c, _alert, _t: Resolution("fits on a node" if c.fits_somewhere else "not enough free GPUs"),
+    resolution=lambda c, _alert, _t: Resolution(_fits_text(c)),
 )
-"""A waiting pod or workload no node fits although the free GPUs add up, for ``fragmentation_after``."""
+"""A waiting pod or workload no node fits although the free GPUs add up, for ``fragmentation_after``.
+It resolves while still waiting when it fits as the nodes are (on a node, or a workload's pods across
+N nodes) or when the free GPUs no longer add up; when it stops waiting, the sweep says why (scheduled
+on a node, admitted, ended)."""
+
+
+def _fits_text(c: Waiting) -> str:
+    if not c.fits_somewhere:
+        return "not enough free GPUs"
+    return "fits on a node" if c.fits_on_nodes <= 1 else f"fits across {c.fits_on_nodes} nodes"
 
 WAITING_RULES: tuple[SustainedRule[Waiting], ...] = (PENDING_GPU, FRAGMENTATION)
 """Evaluated in this order for every pending pod, then every queued workload, at every instant."""

@@ -14,7 +14,7 @@ import orjson
 
 from common.errors import UserError
 from common.text import printable
-from gpulens.commands.analysis import clickhouse_option, format_table, human, open_analysis_reader
+from gpulens.commands.analysis import clickhouse_option, echo_notes, format_table, human, open_analysis_reader
 from gpulens.commands.base import settings_from_flags, with_common_options
 
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -24,8 +24,8 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("scale_to_zero", "Scale to zero: nodes never allocated",
      ("node", "pool", "gpu_model", "gpus", "first_seen", "last_seen", "gpu_hours", "cost_usd")),
     ("right_size", "Right-size: pods whose demand fits a smaller unit",
-     ("namespace", "pod", "owner", "team", "gpus", "recommendation", "evidence_hours", "peak_sm_pct",
-      "confidence", "freed_gpu_hours", "freed_in", "freed_cost_usd")),
+     ("namespace", "pod", "owner", "team", "gpus", "recommendation", "evidence_hours", "percentile_sm_pct_per_gpu",
+      "peak_sm_pct", "confidence", "freed_gpu_hours", "freed_in", "freed_cost_usd")),
     ("pack", "Pack: GPUs needed per node pool at percentile demand",
      ("pool", "pods", "held_gpu_hours", "right_size_gpu_hours", "needed_gpu_hours", "freed_gpu_hours",
       "freed_cost_usd", "packed_pods")),
@@ -45,7 +45,7 @@ def duration_s(value: str | None, flag: str) -> float | None:
 
 def render_text(advice: dict[str, Any]) -> str:
     """The advisor's findings for people: headline, pack line, reconciliation, then each list."""
-    from reports.advise import pack_text
+    from reports.advise import pack_text, per_gpu_text
 
     if advice["headline"] is None:
         return printable(str(advice["headline_text"]), multiline=True)
@@ -65,7 +65,8 @@ def render_text(advice: dict[str, Any]) -> str:
         if not rows:
             lines.append("(none)")
             continue
-        lines.append(format_table(list(columns), [[human(c, row.get(c)) for c in columns] for row in rows]))
+        lines.append(format_table(list(columns), [[per_gpu_text(row[c]) if c == "percentile_sm_pct_per_gpu"
+                                                   else human(c, row.get(c)) for c in columns] for row in rows]))
     return printable("\n".join(lines), multiline=True)
 
 
@@ -95,6 +96,7 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     from common.settings import AdvisorSettings
     from reports.advise import advise as run_advice
     from reports.analyses import ClusterError, scoped
+    from reports.notes import reader_notes
     from sinks.clickhouse import StoreError
 
     overrides = {"since_s": ("--since", duration_s(since, "--since")),
@@ -113,14 +115,17 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
         advice = run_advice(scoped(reader, cluster), thresholds, team)
+        notes = reader_notes(scoped(reader, cluster)) if advice["headline"] is not None else []
     except (StoreError, ClusterError) as exc:
         raise UserError(str(exc)) from None
     finally:
         reader.close()
     if as_json:
         click.echo(orjson.dumps(advice, option=orjson.OPT_INDENT_2).decode())
+        echo_notes(notes, err=True)
         return
     click.echo(render_text(advice))
+    echo_notes(notes, err=False)
 
 
 COMMANDS = [advise]

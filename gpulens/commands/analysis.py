@@ -154,8 +154,9 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
            clickhouse_url: str | None, **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
-    from reports.analyses import TITLES, ClusterError, run_report
+    from reports.analyses import TITLES, ClusterError, run_report, scoped
     from reports.html.page import write_html_report
+    from reports.notes import reader_notes
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
@@ -167,6 +168,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
             click.echo(f"HTML report written to {write_html_report(reader, html_path, thresholds, cluster)}")
             return
         data = run_report(reader, list(sections) or None, thresholds, cluster)
+        notes = reader_notes(scoped(reader, cluster))
     except OSError as exc:
         raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
     except (StoreError, ClusterError) as exc:
@@ -175,6 +177,7 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
         reader.close()
     if as_json:
         click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+        echo_notes(notes, err=True)
         return
     for name, rows in data.items():
         click.echo(f"\n== {TITLES.get(name, name)}")
@@ -183,6 +186,15 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
             continue
         columns = list(rows[0])
         click.echo(format_table(columns, [[human(c, row.get(c)) for c in columns] for row in rows]))
+    echo_notes(notes, err=False)
+
+
+def echo_notes(notes: list[str], err: bool) -> None:
+    """The notes of :mod:`reports.notes` after the figures (on stderr beside JSON, which stays as is)."""
+    if notes and not err:
+        click.echo("")
+    for note in notes:
+        click.echo(printable(note), err=err)
 
 
 def human(column: str, value: Any) -> Any:

@@ -4,7 +4,9 @@ In-process by default (no broker): the simulator's records go through the same d
 and stages as the faust workers. ``--kafka BOOTSTRAP`` plays them through real topics and a
 ``gpulens worker`` child process instead (:mod:`simulation.kafka_replay`); both give the same report.
 ``--json`` prints the report (deterministic: the same file gives byte-identical output);
-otherwise a readable summary.
+otherwise a readable summary. ``--store`` also writes the replay into the history
+(``GPULENS_CLICKHOUSE__URL``) through the sink's write path, for ``report``, ``advise``, ``sql`` and
+Grafana (:mod:`simulation.store`: the TTLs and time bounds that keep a past-dated scenario).
 """
 
 from __future__ import annotations
@@ -90,9 +92,12 @@ def _print_summary(report: dict[str, Any]) -> None:
               help="with --kafka: worker processes in the group")
 @click.option("--outage", "outage_s", type=click.FloatRange(min=0), default=0.0,
               help="with --chaos: stop the local broker (`gpulens kafka up`) once for this many seconds")
+@click.option("--store", "store", is_flag=True,
+              help="also store the replay in the history (GPULENS_CLICKHOUSE__URL, default embedded) through the "
+              "sink, with the scenario's prices and TTLs that keep its dates; then try report, advise, sql")
 def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootstrap: str | None,
            lateness_s: float | None, topic_prefix: str | None, expected_path: Path | None, chaos: bool,
-           seed: int | None, kills: int, workers: int, outage_s: float) -> None:
+           seed: int | None, kills: int, workers: int, outage_s: float, store: bool) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
     from simulation.random_scenario import random_scenario
     from simulation.replay import DEFAULT_LATENESS_S, run_in_process
@@ -118,6 +123,7 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
     from common.settings import WorkerSettings, load_settings
 
     accept_clusters = load_settings(WorkerSettings).accepted_clusters()
+    stored: list[Any] = []
     if bootstrap:
         import random
 
@@ -130,17 +136,52 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
             report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix,
                                        chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
                                        broker=broker, say=lambda line: click.echo(line, err=True),
-                                       accept_clusters=accept_clusters)
+                                       accept_clusters=accept_clusters,
+                                       store=_kafka_store(parsed, bootstrap, stored) if store else None)
         except BrokerUnavailable as exc:
             raise broker_unavailable(exc, env_hint=False) from None
     else:
-        report = run_in_process(parsed, lateness_s=lateness, accept_clusters=accept_clusters).report
+        result = run_in_process(parsed, lateness_s=lateness, accept_clusters=accept_clusters)
+        report = result.report
+        if store:
+            from simulation.store import store_in_process
+
+            stored.append(_storing(lambda: store_in_process(parsed, result)))
     if as_json:
         click.echo(_dump(report))
     else:
         _print_summary(report)
+    if stored:
+        from simulation.store import describe_outcome
+
+        for line in describe_outcome(parsed, stored[0]):
+            click.echo(line, err=True)
     if expected_path is not None:
         _check_expected(report, expected_path, parsed.sample_interval_s)
+
+
+def _storing(action: Any) -> Any:
+    """``action()``, with the store's errors (locked, unreachable, a TTL it cannot keep) as one line."""
+    from sinks.clickhouse import StoreError, StoreLocked
+
+    try:
+        return action()
+    except StoreLocked as exc:
+        raise UserError(f"--store: {exc}; a running `gpulens sink` (or demo) holds the embedded store: stop it, "
+                        "or point GPULENS_CLICKHOUSE__URL elsewhere") from None
+    except StoreError as exc:
+        raise UserError(f"--store: {exc}") from None
+
+
+def _kafka_store(parsed: Any, bootstrap: str, stored: list[Any]) -> Any:
+    """The step of ``--kafka --store``: the sink drains the replay's topics into the store."""
+    from simulation.store import store_from_kafka
+
+    def step(prefix: str) -> None:
+        click.echo(f"storing: the sink drains the topics of prefix {prefix} into the history", err=True)
+        stored.append(_storing(lambda: store_from_kafka(parsed, bootstrap, prefix)))
+
+    return step
 
 
 def _local_broker(bootstrap: str) -> Any:

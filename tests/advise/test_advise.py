@@ -19,6 +19,7 @@ import pytest
 
 from common.settings import AdviseThresholds
 from gpulens.cli import main
+from reports.advise import per_gpu_text
 from reports.packing import MigProfile, PodEvidence, first_fit_decreasing, mig_table, right_size
 from sinks.clickhouse import open_store
 from sinks.migrations import migrate
@@ -175,6 +176,9 @@ def test_text_output_leads_with_the_headline_and_names_the_pods(stored: Callable
     assert lines[1].startswith("you held 12.0 GPUs, 3.3 would have served the same work: 8.7 GPUs (72 %)")
     for name in ("notebook-bob", "train-big", "infer-1", "gpu-c", "2 GPUs instead of 8", "MIG 1g.10gb"):
         assert name in out
+    # right-size rows name each GPU by index with its percentile: train-big computes on GPUs 0 and 1
+    train = next(line for line in lines if "train-big" in line and "instead of 8" in line)
+    assert "GPU 0-1: 90 %, GPU 2-7: 0 %" in train
 
 
 @pytest.mark.parametrize(("args", "env", "names"), [
@@ -199,6 +203,16 @@ def test_an_empty_store_says_so(tmp_path: Path) -> None:
         store.close()
     status, out, _ = run_cli(tmp_path)
     assert status == 0 and out.strip() == "no data in the store: nothing to advise"
+
+
+def test_per_gpu_text_joins_runs_of_the_same_figure() -> None:
+    def gpu(index: int | None, pct: float | None, uuid: str = "GPU-x") -> dict[str, Any]:
+        return {"gpu_index": index, "gpu_uuid": uuid, "percentile_sm_pct": pct}
+
+    assert per_gpu_text([gpu(0, 90), gpu(1, 90), gpu(2, 0), gpu(3, 0)]) == "GPU 0-1: 90 %, GPU 2-3: 0 %"
+    assert per_gpu_text([gpu(0, 10)]) == "GPU 0: 10 %"
+    assert per_gpu_text([gpu(0, 0), gpu(2, 0), gpu(3, None)]) == "GPU 0: 0 %, GPU 2: 0 %, GPU 3: -"
+    assert per_gpu_text([gpu(None, 5, "GPU-abc")]) == "GPU-abc: 5 %"
 
 
 def test_mig_table_names_profiles_per_model() -> None:
@@ -229,6 +243,8 @@ def test_reports_show_the_advisor_with_the_pods_behind_it(stored: Callable[[str]
     rows = orjson.loads(out.getvalue().split("\nHTML report written")[0])["reclaimable_capacity"]
     assert rows[0]["category"] == "total" and rows[0]["gpu_hours"] == pytest.approx(50.0)
     assert rows[0]["detail"].startswith(advice["headline_text"])
+    train = next(r for r in rows if r["subject"] == "research/train-big")
+    assert "2 GPUs instead of 8 (p95 SM GPU 0-1: 90 %, GPU 2-7: 0 %; peak VRAM 60.0 GiB;" in train["detail"]
     listed = {(r["category"], r["subject"]): r["gpu_hours"] for r in rows[1:]}
     assert listed == pytest.approx({
         ("reclaim", "research/notebook-bob"): 2.0, ("scale_to_zero", "gpu-c"): 24.0,
