@@ -12,33 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from common.metrics import MetricsRegistry
-from schemas.codec import encode
-from schemas.messages import Message
-from schemas.outputs import Alert, ClusterCapacity, PodLifecycle, PodWindow
-from schemas.topics import ALERTS, CLUSTER_CAPACITY, POD_LIFECYCLE, POD_WINDOWS, by_suffix
 from simulation.replay import run_in_process
 from simulation.scenario import load_scenario
-from simulation.simulator import FleetSimulator
+from simulation.store import PREFIX, replay_records
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.rows import SINK_TOPICS
 from sinks.service import load_prices
-
-PREFIX = "gpulens"
-
-
-def _output_record(message: Message) -> tuple[str, str]:
-    if isinstance(message, PodWindow):
-        return POD_WINDOWS.name(PREFIX), message.pod_uid
-    if isinstance(message, ClusterCapacity):
-        return CLUSTER_CAPACITY.name(PREFIX), "cluster"
-    if isinstance(message, PodLifecycle):
-        return POD_LIFECYCLE.name(PREFIX), message.pod_uid
-    if isinstance(message, Alert):
-        return ALERTS.name(PREFIX), message.id
-    raise TypeError(f"unexpected replay output {type(message).__name__}")
 
 
 def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
@@ -53,13 +34,8 @@ def store_scenarios(paths: list[Path], url: str) -> list[dict[str, Any]]:
         prices.update(scenario.prices)
         result = run_in_process(scenario)
         reports.append(result.report)
-        for tick in FleetSimulator(scenario).run():
-            for r in tick.records:
-                if by_suffix(r.topic) in SINK_TOPICS:  # what `gpulens sink` subscribes to
-                    by_topic.setdefault(by_suffix(r.topic).name(PREFIX), []).append((r.key, r.value))
-        for message in result.outputs:
-            topic, key = _output_record(message)
-            by_topic.setdefault(topic, []).append((key, encode(message)))
+        for topic, pairs in replay_records(scenario, result).items():
+            by_topic.setdefault(topic, []).extend(pairs)
     ttl = TtlDays.keeping(min(starts))  # the scenarios are past-dated: keep them, as a replay must
     store = open_store(url)
     try:
