@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import ssl
+from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -26,11 +27,14 @@ from pydantic import (
     IPvAnyAddress,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from common.clickhouse_target import ClickHouseTarget
 from common.errors import UserError
 from schemas.messages import CLUSTER_NAME_PATTERN, DEFAULT_CLUSTER
 
@@ -166,9 +170,9 @@ class ClickHouseSettings(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _known_scheme(cls, value: str) -> str:
-        if value and urlsplit(value).scheme not in ("chdb", "http", "https"):
-            raise ValueError(f"expected chdb:///path or http(s)://host:port/db, got {value!r}")
+    def _a_target(cls, value: str) -> str:
+        if value:
+            ClickHouseTarget.parse(value)
         return value
 
 
@@ -206,8 +210,14 @@ class CommonSettings(BaseSettings):
             raise ValueError(f"{value} exists and is not a directory; give a directory gpulens may create or write")
         return value
 
+    def clickhouse_target(self) -> ClickHouseTarget:
+        """``GPULENS_CLICKHOUSE__URL``, or the embedded engine under the data directory."""
+        if self.clickhouse.url:
+            return ClickHouseTarget.parse(self.clickhouse.url)
+        return ClickHouseTarget.embedded_under(self.data_dir)
+
     def clickhouse_url(self) -> str:
-        return self.clickhouse.url or f"chdb://{self.data_dir / 'clickhouse'}"
+        return self.clickhouse_target().url
 
 
 def _cluster_name(value: str | None) -> str | None:
@@ -307,12 +317,138 @@ class WatcherSettings(ProducerIdentity):
     """How often the watcher writes a state mark for live stream workers (``schemas.control``)."""
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The values a threshold accepts, and their unit."""
+
+    low: float
+    high: float | None
+    unit: str
+    """``%`` (of SM time or of a GPU's memory), ``s`` (seconds), or what a count counts."""
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value and (self.high is None or value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"a number >= {self.low:g} ({self.unit})"
+        return f"a number from {self.low:g} to {self.high:g} ({self.unit})"
+
+
+PERCENT = Bounds(0.0, 100.0, "%")
+SECONDS = Bounds(0.0, None, "s")
+
+Percent = Annotated[float, PERCENT]
+Seconds = Annotated[float, SECONDS]
+Restarts = Annotated[float, Bounds(0.0, None, "restarts")]
+Intervals = Annotated[float, Bounds(0.0, None, "sample intervals")]
+
+
+class Thresholds(BaseModel):
+    """Alert thresholds of the stream workers (docs/alerts.md): ``GPULENS_THRESHOLDS__<NAME>`` or the
+    JSON object ``GPULENS_THRESHOLDS``, and a scenario's ``thresholds``. Each field's type carries its
+    :class:`Bounds` (:meth:`bounds`); a duration (seconds) may also be given as ``<name>_s``. An
+    unknown name or a value out of its bounds fails validation at that name."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+    idle_util_pct: Percent = 5.0
+    """``idle_gpu``: SM utilisation below which a pod's GPU is idle."""
+    idle_after: Seconds = 600.0
+    """``idle_gpu``: how long a pod's GPU must stay idle."""
+    vram_pressure_pct: Percent = 95.0
+    """``vram_pressure``, ``noisy_neighbour``: device memory used, of the GPU's total, at or above which
+    the GPU is under pressure."""
+    vram_pressure_after: Seconds = 60.0
+    """``vram_pressure``, ``noisy_neighbour``: how long the pressure must hold."""
+    pending_after: Seconds = 300.0
+    """``pending_gpu``: how long after its creation a GPU pod (or workload) may wait."""
+    fragmentation_after: Seconds = 120.0
+    """``fragmentation``: how long a waiting pod no node fits, while the free GPUs add up, may wait."""
+    gang_after: Seconds = 300.0
+    """``gang_partial``: how long a gang may be partly running."""
+    idle_node_after: Seconds = 1800.0
+    """``idle_node``: how long a Ready node's GPUs may all be unallocated."""
+    crashloop_restarts: Restarts = 3.0
+    """``crashloop_gpu``: restarts within ``crashloop_window`` that make a crash loop."""
+    crashloop_window: Seconds = 600.0
+    """``crashloop_gpu``: the window restarts are counted in, and the quiet time that resolves it."""
+    gpu_health_clear_after: Seconds = 300.0
+    """``gpu_health``: how long a GPU must stay healthy before its alert resolves."""
+    gap_intervals: Intervals = 3.0
+    """A silence longer than this many sample intervals is a gap (not idle)."""
+    allocator_unused_pct: Percent = 30.0
+    """``allocator_fragmentation``: reserved-but-unused VRAM of a pod's caching allocator, as a share
+    of the GPU's memory, at or above which the condition holds."""
+    allocator_fragmentation_after: Seconds = 300.0
+    """``allocator_fragmentation``: how long the condition must hold, and the window in which
+    allocation retries or OOMs must occur."""
+    mig_fragmentation_after: Seconds = 120.0
+    """``mig_fragmentation``: how long a pending MIG pod no empty instance can host, while free slices
+    exist, may wait."""
+    mig_unused_after: Seconds = 1800.0
+    """An empty MIG instance counts as unused slices in the report after this long (no alert)."""
+    vram_fragmentation_after: Seconds = 120.0
+    """``vram_fragmentation``: how long a pending pod's VRAM need may fit the shared GPUs' free VRAM in
+    total but none alone."""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return list(cls.model_fields)
+
+    @classmethod
+    def bounds(cls, name: str) -> Bounds:
+        """What the threshold ``name`` accepts (a field name, without the ``_s`` form)."""
+        return next(m for m in cls.model_fields[name].metadata if isinstance(m, Bounds))
+
+    @classmethod
+    def durations(cls) -> tuple[str, ...]:
+        """The thresholds in seconds (which may be written ``<name>_s``)."""
+        return tuple(name for name in cls.model_fields if cls.bounds(name) is SECONDS)
+
+    @classmethod
+    def name_of(cls, key: str) -> str | None:
+        """The threshold a key names (``idle_after`` or ``idle_after_s``); None if none."""
+        if key in cls.model_fields:
+            return key
+        if key.endswith("_s") and key[:-2] in cls.durations():
+            return key[:-2]
+        return None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        names = {key: cls.name_of(str(key)) for key in data}
+        unknown = [key for key, name in names.items() if name is None]
+        if unknown:
+            known = ", ".join(cls.model_fields)
+            raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
+                type=PydanticCustomError("unknown_threshold", "unknown threshold; known: {known}", {"known": known}),
+                loc=(str(key),), input=data[key]) for key in unknown])
+        return {names[key]: value for key, value in data.items()}
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _within_bounds(cls, value: float, info: ValidationInfo) -> float:
+        bounds = cls.bounds(str(info.field_name))
+        if value not in bounds:
+            raise PydanticCustomError("threshold_bounds", "expected {bounds}", {"bounds": str(bounds)})
+        return value
+
+    def to_dict(self) -> dict[str, float]:
+        return self.model_dump()
+
+
 class WorkerSettings(CommonSettings):
     stage: Literal["node", "cluster", "all"] = "all"
     window_s: float = Field(default=60.0, ge=1.0)
     sample_interval_s: float = Field(default=10.0, ge=1.0)
     prices_usd_per_gpu_hour: dict[str, float] = Field(default_factory=dict)
-    thresholds: dict[str, float] = Field(default_factory=dict)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    """``GPULENS_THRESHOLDS__<NAME>`` (e.g. ``GPULENS_THRESHOLDS__VRAM_PRESSURE_PCT=90``) or the JSON
+    object ``GPULENS_THRESHOLDS``; names, units and bounds: :class:`Thresholds`."""
     web_port: int = Field(default=0, ge=0, le=65535)
     """Port of faust's web server (0 = off, the default: it has no authentication)."""
     web_bind: IPvAnyAddress = IPv4Address("127.0.0.1")
@@ -450,9 +586,14 @@ class AdviseThresholds(BaseModel):
 
 
 class AdvisorSettings(CommonSettings):
+    """``gpulens report`` and ``gpulens advise``."""
+
     advise: AdviseThresholds = Field(default_factory=AdviseThresholds)
     """``GPULENS_ADVISE__SINCE_S``, ``__PERCENTILE``, ``__HEADROOM_PCT``, ``__MIN_EVIDENCE_S``,
     ``__IDLE_STRETCH_S``, ``__BUCKET_S``, ``__IDLE_UTIL_PCT``."""
+    dead_letters_timeout_s: float = Field(default=3.0, ge=0, le=60)
+    """How long the period's dead letters may take to count on Kafka (``<prefix>.deadletter.v1``),
+    seconds; 0: not counted (the note says so)."""
 
 
 class AlertForwardSettings(CommonSettings):
@@ -531,8 +672,5 @@ def redacted(settings: BaseSettings) -> dict[str, Any]:
     data = settings.model_dump(mode="json")
     clickhouse = data.get("clickhouse", {})
     if clickhouse.get("url"):
-        parts = urlsplit(clickhouse["url"])
-        if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":**********@")
-            clickhouse["url"] = parts._replace(netloc=netloc).geturl()
+        clickhouse["url"] = ClickHouseTarget.parse(clickhouse["url"]).masked
     return data

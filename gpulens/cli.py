@@ -1,14 +1,15 @@
 """The ``gpulens`` command line: one entry point for every part of the product.
 
-Each part contributes a click command from ``gpulens/commands`` (registered by name in
-``gpulens/commands/__init__.py``; the flags they share are in ``gpulens/commands/base.py``, so no
-command module imports this one). Settings are loaded and validated once per command (flags over
-``GPULENS_*`` environment over defaults). This module alone turns errors into exit codes:
-:class:`~common.errors.UserError` (bad flags, bad configuration — ``ConfigError`` is one — a
-broker that is down) prints one clear line and exits 2; a traceback means a bug.
+This module only assembles: every command and command group is a module of ``gpulens/commands``
+(registered by name in ``gpulens/commands/__init__.py``; the flags they share are in
+``gpulens/commands/base.py``, so no command module imports this one). Settings are loaded and
+validated once per command (flags over ``GPULENS_*`` environment over defaults). This module alone
+turns errors into exit codes: :class:`~common.errors.UserError` (bad flags, bad configuration —
+``ConfigError`` is one — a broker that is down) prints one clear line and exits 2; a traceback
+means a bug.
 
 Start-up is kept short (``gpulens --help`` and ``gpulens <command> --help`` well under 0.3 s): this
-module imports only click, a part's command module is imported when that command is called
+module imports only click, a command's module is imported when that command is called
 (:class:`LazyGroup`), and settings, Kafka, ClickHouse and the other clients are imported inside
 the commands that use them.
 """
@@ -16,19 +17,16 @@ the commands that use them.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
 
 import click
 
 from common.errors import UserError
 from gpulens import __version__
 from gpulens.commands import PART_COMMANDS, load_part_command
-from gpulens.commands.base import settings_from_flags, with_common_options
 
 
 class LazyGroup(click.Group):
-    """The top-level group: each part's commands are imported only when one of them is called."""
+    """The top-level group: a command's module is imported only when that command is called."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(self.commands) | set(PART_COMMANDS))
@@ -57,135 +55,8 @@ def cli() -> None:
     """gpulens: see what a Kubernetes GPU fleet is really doing."""
 
 
-@cli.group()
-def kafka() -> None:
-    """Run the local single-node Kafka broker (KRaft) for the embedded default."""
-
-
-def _kafka_command(action: str) -> Any:
-    @with_common_options
-    @click.option("--port", type=int, default=None, help="broker port [env GPULENS_LOCAL_KAFKA__PORT]")
-    @click.option("--controller-port", type=int, default=None, help="KRaft controller port")
-    def command(port: int | None, controller_port: int | None, **flags: Any) -> None:
-        import dataclasses
-
-        from common.settings import CommonSettings
-        from gpulens.kafka_local import LocalKafka
-
-        settings = settings_from_flags(CommonSettings, **flags)
-        local = LocalKafka.from_settings(settings)
-        if port:
-            local = dataclasses.replace(local, port=port)
-        if controller_port:
-            local = dataclasses.replace(local, controller_port=controller_port)
-        if action == "up":
-            click.echo(local.up(timeout_s=settings.local_kafka.start_timeout_s))
-        elif action == "down":
-            click.echo(local.down())
-        else:
-            click.echo(local.status())
-
-    command.__doc__ = {"up": "Fetch (once) and start the broker; reuse it if running.",
-                       "down": "Stop the broker gpulens started.",
-                       "status": "Say whether the broker runs."}[action]
-    return command
-
-
-for _action in ("up", "down", "status"):
-    kafka.command(_action)(_kafka_command(_action))
-
-
-@cli.group()
-def topics() -> None:
-    """Kafka topics of this install."""
-
-
-@topics.command("create")
-@with_common_options
-@click.option("--replication-factor", type=click.IntRange(1, 16), default=1, show_default=True,
-              help="replicas per partition (3 on a production cluster)")
-def topics_create(replication_factor: int, **flags: Any) -> None:
-    """Create every topic with its partitions and cleanup policy (idempotent)."""
-    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
-    from common.settings import CommonSettings
-    from schemas.topics import ALL_TOPICS
-
-    settings = settings_from_flags(CommonSettings, **flags)
-    try:
-        report = ensure_topics(settings.kafka, ALL_TOPICS, settings.topic_prefix, replication_factor)
-    except BrokerUnavailable as exc:
-        raise broker_unavailable(exc) from None
-    for name in report.created:
-        click.echo(f"created  {name}")
-    for name in report.existing:
-        click.echo(f"exists   {name}")
-    for line in report.mismatched:
-        click.echo(f"DIFFERS  {line}")
-    if not report.created:
-        click.echo(f"nothing to change: all {len(report.existing)} topics exist" if not report.mismatched
-                   else "some topics differ from the registry; not changed")
-    else:
-        click.echo(f"created {len(report.created)}, already present {len(report.existing)}")
-
-
-@topics.command("list")
-@click.option("--topic-prefix", default=None)
-def topics_list(topic_prefix: str | None) -> None:
-    """Show the topic registry: name, key, partitions, cleanup policy."""
-    from common.settings import CommonSettings, load_settings
-    from schemas.topics import ALL_TOPICS
-
-    settings = load_settings(CommonSettings, topic_prefix=topic_prefix)
-    for spec in ALL_TOPICS:
-        click.echo(f"{spec.name(settings.topic_prefix):40} key={spec.key:14} partitions={spec.partitions:<3} "
-                   f"cleanup={spec.cleanup_policy}")
-
-
-@cli.group()
-def schemas() -> None:
-    """JSON Schema documents of every topic."""
-
-
-@schemas.command("export")
-@click.argument("directory", type=click.Path(path_type=Path))
-def schemas_export(directory: Path) -> None:
-    """Write one JSON Schema per topic into DIRECTORY."""
-    from schemas.json_schema import export as export_schemas
-
-    for path in export_schemas(directory):
-        click.echo(str(path))
-
-
-@cli.group()
-def config() -> None:
-    """Configuration."""
-
-
-@config.command("show")
-@click.option("--service", type=click.Choice(["common", "agent", "watcher", "worker", "sink", "alerts"]),
-              default="common")
-def config_show(service: str) -> None:
-    """Print the effective configuration (secrets masked)."""
-    import orjson
-
-    from common.settings import (
-        AgentSettings,
-        AlertForwardSettings,
-        CommonSettings,
-        SinkSettings,
-        WatcherSettings,
-        WorkerSettings,
-        load_settings,
-        redacted,
-    )
-
-    settings_type = {"common": CommonSettings, "agent": AgentSettings, "watcher": WatcherSettings,
-                     "worker": WorkerSettings, "sink": SinkSettings, "alerts": AlertForwardSettings}[service]
-    click.echo(orjson.dumps(redacted(load_settings(settings_type)), option=orjson.OPT_INDENT_2).decode())
-
-
 def _register_part_commands() -> None:
-    """Import every part's commands now (tests and docs checks that walk the whole tree)."""
+    """Import every command now (tests and docs checks that walk the whole tree)."""
     for name in PART_COMMANDS:
         cli.get_command(click.Context(cli), name)
 

@@ -69,12 +69,8 @@ class FleetView:
             self.deadletters[str(message.reason)] += 1
             return
         self.messages_seen += 1
-        if message is None:  # pod tombstone, keyed <cluster>/<uid> (the bare uid in the default cluster)
-            if key is not None:
-                cluster, _, uid = key.rpartition("/")
-                if (cluster or DEFAULT_CLUSTER) == self.cluster:
-                    self.pods.pop(uid, None)
-                    self.usage.pop(uid, None)
+        if message is None:
+            self._apply_tombstone(key)
             return
         self.clusters_seen.add(message.cluster)
         if self.cluster is None:
@@ -85,24 +81,39 @@ class FleetView:
             if self.capacity is None or message.window_end >= self.capacity.window_end:
                 self.capacity = message
         elif isinstance(message, PodState):
-            if message.deleted or message.phase in ("Succeeded", "Failed"):
-                self.pods.pop(message.uid, None)
-                self.usage.pop(message.uid, None)
-            else:
-                self.pods[message.uid] = message
+            self._apply_pod(message)
         elif isinstance(message, PodWindow):
             self._apply_window(message)
         elif isinstance(message, K8sEvent):
             if message.category == "scheduling_failed" and message.involved_uid:
                 self.pending_reason[message.involved_uid] = message.message
         elif isinstance(message, Alert):
-            self.alert_transitions += 1
-            if message.state == "firing":
-                if message.id not in self.alerts:
-                    self.fired_by_type[message.type] += 1
-                self.alerts[message.id] = message
-            else:
-                self.alerts.pop(message.id, None)
+            self._apply_alert(message)
+
+    def _apply_tombstone(self, key: str | None) -> None:
+        """A pod's tombstone, keyed <cluster>/<uid> (the bare uid in the default cluster)."""
+        if key is None:
+            return
+        cluster, _, uid = key.rpartition("/")
+        if (cluster or DEFAULT_CLUSTER) == self.cluster:
+            self.pods.pop(uid, None)
+            self.usage.pop(uid, None)
+
+    def _apply_pod(self, pod: PodState) -> None:
+        if pod.deleted or pod.phase in ("Succeeded", "Failed"):
+            self.pods.pop(pod.uid, None)
+            self.usage.pop(pod.uid, None)
+        else:
+            self.pods[pod.uid] = pod
+
+    def _apply_alert(self, alert: Alert) -> None:
+        self.alert_transitions += 1
+        if alert.state != "firing":
+            self.alerts.pop(alert.id, None)
+            return
+        if alert.id not in self.alerts:
+            self.fired_by_type[alert.type] += 1
+        self.alerts[alert.id] = alert
 
     def _apply_window(self, window: PodWindow) -> None:
         usage = self.usage.get(window.pod_uid)

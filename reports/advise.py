@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from common.settings import AdviseThresholds
-from reports.analyses import IN_CLUSTER, SqlReader, query_rows
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
+from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -38,8 +38,6 @@ MONTH_H = 30 * 24
 POOL_LABELS = ("pool", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup",
                "kubernetes.azure.com/agentpool", "agentpool")
 """Node labels that name a node pool, first found wins; without one a node's pool is its GPU model."""
-
-
 
 
 def _period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
@@ -55,7 +53,7 @@ SELECT maxOrNull(e) AS data_end FROM (
     return data_end - timedelta(seconds=since_s), data_end
 
 
-def _ts(value: Any) -> datetime:
+def _ts(value: object) -> datetime:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -69,16 +67,16 @@ def _label(value: str) -> str:
     return value or "(none)"
 
 
-def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, dict[str, Any]]:
+def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, dict[str, str]]:
     where = f"{alias}{IN_CLUSTER} AND {alias}window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
-    params: dict[str, Any] = {"start": _sql_ts(start)}
+    params = {"start": _sql_ts(start)}
     if team is not None:
         where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
         params["team"] = team
     return where, params
 
 
-def _nodes(reader: SqlReader) -> dict[str, dict[str, Any]]:
+def _nodes(reader: SqlReader) -> dict[str, Row]:
     rows = query_rows(reader, f"""
 SELECT node, argMax(labels, ts) AS labels, argMax(gpu_memory_bytes, ts) AS gpu_memory_bytes,
        argMax(gpu_product, ts) AS gpu_product
@@ -86,7 +84,7 @@ FROM node_states WHERE {IN_CLUSTER} GROUP BY node""")
     return {r["node"]: r for r in rows}
 
 
-def _pool(node: dict[str, Any] | None, model: str) -> str:
+def _pool(node: Row | None, model: str) -> str:
     labels = (node or {}).get("labels") or {}
     for key in POOL_LABELS:
         if labels.get(key):
@@ -95,10 +93,25 @@ def _pool(node: dict[str, Any] | None, model: str) -> str:
 
 
 def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds,
-              nodes: dict[str, dict[str, Any]]) -> dict[str, PodEvidence]:
+              nodes: dict[str, Row]) -> dict[str, PodEvidence]:
+    """Each pod's evidence over the period: one row per (pod, GPU) folded into its :class:`PodEvidence`."""
+    rows = _pod_gpu_rows(reader, start, team, cfg)
+    owners = _owners(reader)
+    pods: dict[str, PodEvidence] = {}
+    for r in rows:
+        ev = pods.get(r["pod_uid"])
+        if ev is None:
+            ev = pods[r["pod_uid"]] = _new_evidence(r, nodes.get(r["node"]), owners.get(r["pod_uid"], {}))
+        _add_gpu(ev, r)
+    for ev in pods.values():
+        _order_by_gpu(ev)
+    return pods
+
+
+def _pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
-    rows = query_rows(reader, f"""
+    return query_rows(reader, f"""
 WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, ts) AS gpu_index
            FROM gpu_samples WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
@@ -117,44 +130,52 @@ FROM v_advise_windows AS w LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
 WHERE {where}
 GROUP BY pod_uid, gpu_uuid
 ORDER BY pod_uid, gpu_uuid""", params)
-    owners = {r["uid"]: r for r in query_rows(reader, f"""
+
+
+def _owners(reader: SqlReader) -> dict[str, Row]:
+    """Pod uid -> its latest owner kinds, owner names and gang."""
+    return {r["uid"]: r for r in query_rows(reader, f"""
 SELECT uid, argMax(owner_kinds, ts) AS kinds, argMax(owner_names, ts) AS names, argMax(gang_id, ts) AS gang
 FROM pod_states WHERE {IN_CLUSTER} GROUP BY uid""")}
-    pods: dict[str, PodEvidence] = {}
-    for r in rows:
-        ev = pods.get(r["pod_uid"])
-        if ev is None:
-            node = nodes.get(r["node"])
-            meta = owners.get(r["pod_uid"], {})
-            kinds, names = meta.get("kinds") or [], meta.get("names") or []
-            mem = r["gpu_mem_bytes"] or (node or {}).get("gpu_memory_bytes")
-            ev = pods[r["pod_uid"]] = PodEvidence(
-                pod_uid=r["pod_uid"], namespace=r["namespace"], pod=r["pod"], team=_label(r["team"]),
-                project=_label(r["project"]), node=r["node"], pool=_pool(node, r["gpu_model"]),
-                gpu_model=r["gpu_model"], owner=f"{kinds[0]}/{names[0]}" if kinds and names else "",
-                gang=meta.get("gang") or "", gpus=0, share=float(r["share"] or 1.0),
-                gpu_memory_bytes=float(mem) if mem else None, usd_per_gpu_hour=float(r["usd_per_gpu_hour"] or 0.0))
-        ev.gpus += 1
-        ev.gpu_uuids.append(r["gpu_uuid"])
-        ev.gpu_indexes.append(None if r["gpu_index"] is None else int(r["gpu_index"]))
-        ev.active_s = max(ev.active_s, float(r["active_s"] or 0.0))
-        ev.active_windows = max(ev.active_windows, int(r["active_windows"]))
-        ev.sm_pct.append(None if not r["sm_windows"] else float(r["pct_sm"]))
-        if r["peak_sm"] is not None:
-            ev.peak_sm_pct = max(ev.peak_sm_pct or 0.0, float(r["peak_sm"]))
-        ev.peak_mem_bytes.append(int(r["peak_mem"] or 0))
-        ev.pct_mem_bytes = max(ev.pct_mem_bytes, float(r["pct_mem"] or 0.0))
-        if r["busy_windows"]:
-            last = iso_utc(_ts(r["last_busy"]))
-            ev.last_busy = max(ev.last_busy or last, last)
-    for ev in pods.values():  # the per-GPU lists by GPU index (the order nvidia-smi shows), then UUID
-        order = sorted(range(ev.gpus), key=lambda k: (ev.gpu_indexes[k] is None, ev.gpu_indexes[k] or 0,
-                                                      ev.gpu_uuids[k]))
-        ev.gpu_uuids = [ev.gpu_uuids[k] for k in order]
-        ev.gpu_indexes = [ev.gpu_indexes[k] for k in order]
-        ev.sm_pct = [ev.sm_pct[k] for k in order]
-        ev.peak_mem_bytes = [ev.peak_mem_bytes[k] for k in order]
-    return pods
+
+
+def _new_evidence(r: Row, node: Row | None, meta: Row) -> PodEvidence:
+    """A pod's evidence from its first (pod, GPU) row, before any GPU is added."""
+    kinds, names = meta.get("kinds") or [], meta.get("names") or []
+    mem = r["gpu_mem_bytes"] or (node or {}).get("gpu_memory_bytes")
+    return PodEvidence(
+        pod_uid=r["pod_uid"], namespace=r["namespace"], pod=r["pod"], team=_label(r["team"]),
+        project=_label(r["project"]), node=r["node"], pool=_pool(node, r["gpu_model"]),
+        gpu_model=r["gpu_model"], owner=f"{kinds[0]}/{names[0]}" if kinds and names else "",
+        gang=meta.get("gang") or "", gpus=0, share=float(r["share"] or 1.0),
+        gpu_memory_bytes=float(mem) if mem else None, usd_per_gpu_hour=float(r["usd_per_gpu_hour"] or 0.0))
+
+
+def _add_gpu(ev: PodEvidence, r: Row) -> None:
+    """One GPU of the pod (one row of :func:`_pod_gpu_rows`) into its evidence."""
+    ev.gpus += 1
+    ev.gpu_uuids.append(r["gpu_uuid"])
+    ev.gpu_indexes.append(None if r["gpu_index"] is None else int(r["gpu_index"]))
+    ev.active_s = max(ev.active_s, float(r["active_s"] or 0.0))
+    ev.active_windows = max(ev.active_windows, int(r["active_windows"]))
+    ev.sm_pct.append(None if not r["sm_windows"] else float(r["pct_sm"]))
+    if r["peak_sm"] is not None:
+        ev.peak_sm_pct = max(ev.peak_sm_pct or 0.0, float(r["peak_sm"]))
+    ev.peak_mem_bytes.append(int(r["peak_mem"] or 0))
+    ev.pct_mem_bytes = max(ev.pct_mem_bytes, float(r["pct_mem"] or 0.0))
+    if r["busy_windows"]:
+        last = iso_utc(_ts(r["last_busy"]))
+        ev.last_busy = max(ev.last_busy or last, last)
+
+
+def _order_by_gpu(ev: PodEvidence) -> None:
+    """The per-GPU lists by GPU index (the order nvidia-smi shows), then UUID."""
+    order = sorted(range(ev.gpus), key=lambda k: (ev.gpu_indexes[k] is None, ev.gpu_indexes[k] or 0,
+                                                  ev.gpu_uuids[k]))
+    ev.gpu_uuids = [ev.gpu_uuids[k] for k in order]
+    ev.gpu_indexes = [ev.gpu_indexes[k] for k in order]
+    ev.sm_pct = [ev.sm_pct[k] for k in order]
+    ev.peak_mem_bytes = [ev.peak_mem_bytes[k] for k in order]
 
 
 def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
@@ -164,9 +185,48 @@ def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) ->
         return {"period": None, "headline": None, "headline_text": headline_text(None), "thresholds": cfg.model_dump(),
                 "reclaim": [], "scale_to_zero": [], "right_size": [], "pack": [], "queue": [], "totals": {}}
     start, end = period
-    where, params = _params(start, team)
     nodes = _nodes(reader)
     pods = _evidence(reader, start, team, cfg, nodes)
+    per_pod = _buckets(reader, start, team, cfg)
+    reclaim_rows, reclaimed = reclaimable_by_pod(pods, per_pod, cfg)
+    sized = {uid: rs for uid, ev in pods.items() if (rs := right_size(ev, cfg)) is not None}
+    right_rows, pack_rows, pod_hours = pack_pods(pods, per_pod, reclaimed, sized, cfg)
+    capacity = _capacity(reader, start)
+    scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
+    queue_rows = _queue(reader, start, team)
+
+    # hours the data covers (capacity windows); the whole period only when there are none
+    span_h = (capacity["span_s"] or (end - start).total_seconds()) / 3600
+    cats = _categories(reclaim_rows, right_rows, pack_rows, scale_rows)
+    reclaimable_h = sum(h for h, _ in cats.values())
+    reclaimable_usd = sum(c for _, c in cats.values())
+    held_h = pod_hours["held_gpu_hours"]
+    headline = _headline(reclaimable_h, reclaimable_usd, reclaimable_h - cats["scale_to_zero"][0], held_h,
+                         held_h if team is not None else capacity["capacity_gpu_hours"], span_h)
+    totals = {
+        "span_hours": span_h,
+        "capacity_gpu_hours": capacity["capacity_gpu_hours"], "allocated_gpu_hours": capacity["allocated_gpu_hours"],
+        "unallocated_gpu_hours": capacity["unallocated_gpu_hours"], "capacity_cost_usd": capacity["cost_usd"],
+        "held_gpu_hours": held_h, "held_cost_usd": pod_hours["held_cost_usd"],
+        **{f"{name}_gpu_hours": h for name, (h, _) in cats.items()},
+        **{f"{name}_cost_usd": c for name, (_, c) in cats.items()},
+        "reclaimable_gpu_hours": reclaimable_h, "reclaimable_cost_usd": reclaimable_usd,
+        "kept_gpu_hours": capacity["capacity_gpu_hours"] - reclaimable_h,
+        **_queue_totals(queue_rows),
+    }
+    return _rounded({
+        "period": {"start": iso_utc(start), "end": iso_utc(end), "team": team},
+        "headline": headline, "headline_text": _too_short(pods, reclaimable_h, cfg) or headline_text(headline, team),
+        "thresholds": cfg.model_dump(),
+        "reclaim": reclaim_rows, "scale_to_zero": scale_rows, "right_size": right_rows, "pack": pack_rows,
+        "queue": queue_rows, "totals": totals,
+    })
+
+
+def _buckets(reader: SqlReader, start: datetime, team: str | None,
+             cfg: AdviseThresholds) -> dict[str, dict[int, dict[str, float]]]:
+    """Pod uid -> time bucket (unix seconds) -> its GPUs' held, present and busy seconds and peak VRAM."""
+    where, params = _params(start, team)
     buckets = query_rows(reader, f"""
 SELECT pod_uid, toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
        gpu_uuid, sum(held_gpu_s) AS held_s, sum(allocated_s) AS allocated_s, sum(busy_s) AS busy_s,
@@ -183,54 +243,39 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
         b["present_s"] = max(b["present_s"], float(r["allocated_s"]))
         b["busy_s"] += float(r["busy_s"])
         b["peak_mem"] = max(b["peak_mem"], float(r["peak_mem"]))
+    return per_pod
 
-    reclaim_rows, reclaimed = reclaimable_by_pod(pods, per_pod, cfg)
-    sized = {uid: rs for uid, ev in pods.items() if (rs := right_size(ev, cfg)) is not None}
-    right_rows, pack_rows, pod_hours = pack_pods(pods, per_pod, reclaimed, sized, cfg)
-    capacity = _capacity(reader, start)
-    scale_rows = [] if team is not None else _scale_to_zero(reader, start, cfg, nodes)
-    queue_rows = _queue(reader, start, team)
 
-    # hours the data covers (capacity windows); the whole period only when there are none
-    span_h = (capacity["span_s"] or (end - start).total_seconds()) / 3600
-    cats = {
+def _categories(reclaim_rows: Rows, right_rows: Rows, pack_rows: Rows,
+                scale_rows: Rows) -> dict[str, tuple[float, float]]:
+    """Category -> (GPU-hours, USD) it frees, in the order the totals list them."""
+    return {
         "reclaim": (sum(r["gpu_hours"] for r in reclaim_rows), sum(r["cost_usd"] for r in reclaim_rows)),
         "right_size": (sum(r["freed_gpu_hours"] for r in right_rows), sum(r["freed_cost_usd"] for r in right_rows)),
         "pack": (sum(r["freed_gpu_hours"] for r in pack_rows), sum(r["freed_cost_usd"] for r in pack_rows)),
         "scale_to_zero": (sum(r["gpu_hours"] for r in scale_rows), sum(r["cost_usd"] for r in scale_rows)),
     }
-    reclaimable_h = sum(h for h, _ in cats.values())
-    reclaimable_usd = sum(c for _, c in cats.values())
-    held_h = pod_hours["held_gpu_hours"]
-    from_pods_h = reclaimable_h - cats["scale_to_zero"][0]
-    scope_gpus = (held_h if team is not None else capacity["capacity_gpu_hours"]) / span_h
+
+
+def _queue_totals(queue_rows: Rows) -> dict[str, float]:
+    return {"queue_fragmented_pending_hours": sum(r["fragmented_pending_s"] for r in queue_rows) / 3600,
+            "queue_delayed_gpu_hours": sum(r["delayed_gpu_hours"] for r in queue_rows)}
+
+
+def _headline(reclaimable_h: float, reclaimable_usd: float, from_pods_h: float, held_h: float,
+              scope_h: float, span_h: float) -> dict[str, float]:
+    """The headline in GPUs (GPU-hours over the ``span_h`` the data covers): what is reclaimable, of
+    the ``scope_h`` GPU-hours in scope (the fleet's capacity, or a team's held GPU-hours), and what
+    the pods held against what would have served them (``from_pods_h``: all but scale-to-zero)."""
+    scope_gpus = scope_h / span_h
     gpus = reclaimable_h / span_h
-    headline = {
+    return {
         "gpus": gpus, "percent": 100 * gpus / scope_gpus if scope_gpus > EPS else 0.0,
         "usd_per_month": reclaimable_usd * MONTH_H / span_h,
         "held_gpus": held_h / span_h, "would_serve_gpus": (held_h - from_pods_h) / span_h,
         "pack_freed_gpus": from_pods_h / span_h,
         "pack_percent": 100 * from_pods_h / held_h if held_h > EPS else 0.0,
     }
-    totals = {
-        "span_hours": span_h,
-        "capacity_gpu_hours": capacity["capacity_gpu_hours"], "allocated_gpu_hours": capacity["allocated_gpu_hours"],
-        "unallocated_gpu_hours": capacity["unallocated_gpu_hours"], "capacity_cost_usd": capacity["cost_usd"],
-        "held_gpu_hours": held_h, "held_cost_usd": pod_hours["held_cost_usd"],
-        **{f"{name}_gpu_hours": h for name, (h, _) in cats.items()},
-        **{f"{name}_cost_usd": c for name, (_, c) in cats.items()},
-        "reclaimable_gpu_hours": reclaimable_h, "reclaimable_cost_usd": reclaimable_usd,
-        "kept_gpu_hours": capacity["capacity_gpu_hours"] - reclaimable_h,
-        "queue_fragmented_pending_hours": sum(r["fragmented_pending_s"] for r in queue_rows) / 3600,
-        "queue_delayed_gpu_hours": sum(r["delayed_gpu_hours"] for r in queue_rows),
-    }
-    return _rounded({
-        "period": {"start": iso_utc(start), "end": iso_utc(end), "team": team},
-        "headline": headline, "headline_text": _too_short(pods, reclaimable_h, cfg) or headline_text(headline, team),
-        "thresholds": cfg.model_dump(),
-        "reclaim": reclaim_rows, "scale_to_zero": scale_rows, "right_size": right_rows, "pack": pack_rows,
-        "queue": queue_rows, "totals": totals,
-    })
 
 
 def _too_short(pods: Mapping[str, PodEvidence], reclaimable_h: float, cfg: AdviseThresholds) -> str | None:
@@ -242,12 +287,13 @@ def _too_short(pods: Mapping[str, PodEvidence], reclaimable_h: float, cfg: Advis
             f"{cfg.min_evidence_s / 60:.0f} min of evidence (--min-evidence) before it names reclaimable GPUs")
 
 
-def headline_text(headline: dict[str, float] | None, team: str | None = None) -> str:
+def headline_text(headline: Mapping[str, float | None] | None, team: str | None = None) -> str:
     if headline is None:
         return "no data in the store: nothing to advise"
     scope = f" of team {team}'s GPUs" if team else ""
-    return (f"{headline['gpus']:.1f} GPUs ({headline['percent']:.0f} %{scope}) reclaimable, "
-            f"${headline['usd_per_month']:,.0f}/month")
+    usd = headline["usd_per_month"]
+    money = "cost unknown (GPU models without a list price)" if usd is None else f"${usd:,.0f}/month"
+    return f"{headline['gpus']:.1f} GPUs ({headline['percent']:.0f} %{scope}) reclaimable, {money}"
 
 
 def pack_text(headline: dict[str, float]) -> str:
@@ -281,7 +327,7 @@ _PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gp
 
 
 def _scale_to_zero(reader: SqlReader, start: datetime, cfg: AdviseThresholds,
-                   nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+                   nodes: dict[str, Row]) -> Rows:
     rows = query_rows(reader, f"""
 SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.mig_parent_uuid = '') AS gpus,
        sumIf(s.sample_interval_s, s.mig_parent_uuid = '') / 3600 AS gpu_hours,
@@ -312,7 +358,7 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     return out
 
 
-def _queue(reader: SqlReader, start: datetime, team: str | None) -> list[dict[str, Any]]:
+def _queue(reader: SqlReader, start: datetime, team: str | None) -> Rows:
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
 WITH
@@ -360,7 +406,7 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def per_gpu_text(gpus: list[dict[str, Any]]) -> str:
+def per_gpu_text(gpus: Rows) -> str:
     """A right-size row's per-GPU SM percentiles for people, by GPU index, runs of consecutive indexes
     with the same figure joined: ``GPU 0-1: 90 %, GPU 2-7: 0 %`` (``-``: no SM reading; a GPU no
     sample named an index is shown by its UUID)."""
@@ -379,13 +425,13 @@ def per_gpu_text(gpus: list[dict[str, Any]]) -> str:
         for label, first, last, figure in runs)
 
 
-def advice_rows(advice: dict[str, Any]) -> list[dict[str, Any]]:
+def advice_rows(advice: dict[str, Any]) -> Rows:
     """The advisor's findings as one table for the report: a total row with the headline, then one row per
     recommendation (queue rows carry delayed GPU-hours, which are not in the reclaimable total)."""
     if advice.get("headline") is None:
         return []
     totals = advice["totals"]
-    rows: list[dict[str, Any]] = [{
+    rows: Rows = [{
         "category": "total", "subject": advice["period"]["team"] or "fleet", "team": advice["period"]["team"],
         "detail": f"{advice['headline_text']}; {pack_text(advice['headline'])}",
         "gpu_hours": totals["reclaimable_gpu_hours"], "cost_usd": totals["reclaimable_cost_usd"]}]

@@ -4,11 +4,8 @@ Each analysis is one SQL query over the sink's tables (the same SQL on chDB and 
 returns ``list[dict]`` with JSON-friendly values, so the CLI prints them, ``--json`` emits them and
 an HTML report can reuse them unchanged. :func:`run_report` runs them all.
 
-Every analysis sees one cluster (``cluster = {cluster:String}`` in each query, bound by
-:class:`ClusterScope`): node names and pod uids repeat across clusters, and a figure summed over
-several would mean nothing. :func:`scoped` picks the cluster: the one asked for, else the only
-one in the store; with several and none asked for it refuses (:class:`ClusterError`), so a
-report never silently mixes or picks clusters.
+Every analysis sees one cluster (``cluster = {cluster:String}`` in each query), read through
+:mod:`reports.reader`: :func:`~reports.reader.scoped` picks the cluster and refuses to mix them.
 
 Conventions: rows come from the deduplicated view of each table (``FINAL``); an empty team or
 project is shown as ``(none)``; hours are GPU-hours; money is USD. ``window_cost_usd`` is the cost
@@ -19,73 +16,13 @@ price table (``gpu_prices``), so a price change is visible without replaying.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-from common.errors import UserError
+from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats, scoped
+from reports.reader import ClusterError as ClusterError  # raised by run_report; callers catch it from here
 
-if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
+if TYPE_CHECKING:  # settings (pydantic) only where the advisor runs: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
-    from sinks.clickhouse import QueryResult
-
-
-class SqlReader(Protocol):
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult: ...
-
-
-Rows = list[dict[str, Any]]
-
-IN_CLUSTER = "cluster = {cluster:String}"
-"""The condition each analysis query applies to every table and view it reads."""
-
-_CLUSTERS_SQL = """
-SELECT DISTINCT cluster FROM (
-    SELECT DISTINCT cluster FROM node_states UNION ALL SELECT DISTINCT cluster FROM pod_states
-    UNION ALL SELECT DISTINCT cluster FROM cluster_capacity UNION ALL SELECT DISTINCT cluster FROM pod_windows
-) ORDER BY cluster"""
-
-
-class ClusterError(UserError, ValueError):
-    """No one cluster to report on: the store holds several and none was named, or the named one has
-    no data (the message lists the clusters there are)."""
-
-
-class ClusterScope:
-    """A reader whose queries are bound to one cluster (the ``cluster`` query parameter)."""
-
-    def __init__(self, reader: SqlReader, cluster: str) -> None:
-        self.reader = reader
-        self.cluster = cluster
-
-    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
-        if "{cluster:String}" in sql:
-            parameters = {"cluster": self.cluster, **(parameters or {})}
-        return self.reader.query(sql, parameters)
-
-
-def clusters(reader: SqlReader) -> list[str]:
-    """The clusters the store holds data of, by name."""
-    base = reader.reader if isinstance(reader, ClusterScope) else reader
-    return [str(row[0]) for row in base.query(_CLUSTERS_SQL).rows]
-
-
-def scoped(reader: SqlReader, cluster: str | None = None) -> ClusterScope:
-    """``reader`` bound to ``cluster``, else to the store's only cluster (``default`` when empty).
-
-    Raises :class:`ClusterError` when the store holds several and none is named, or for a named
-    cluster the store has no data of."""
-    from schemas.messages import DEFAULT_CLUSTER
-
-    if isinstance(reader, ClusterScope) and cluster in (None, reader.cluster):
-        return reader
-    names = clusters(reader)
-    if cluster is None:
-        if len(names) > 1:
-            raise ClusterError(f"the store holds {len(names)} clusters ({', '.join(names)}): name one with "
-                                  "--cluster (each cluster's figures are separate; they are never summed)")
-        return ClusterScope(reader, names[0] if names else DEFAULT_CLUSTER)
-    if names and cluster not in names:
-        raise ClusterError(f"no data of cluster {cluster!r}; the store holds: {', '.join(names)}")
-    return ClusterScope(reader.reader if isinstance(reader, ClusterScope) else reader, cluster)
 
 NONE = "'(none)'"
 PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
@@ -98,21 +35,6 @@ _WINDOW_S = "(dateDiff('millisecond', window_start, window_end) / 1000)"
 
 def _label(column: str) -> str:
     return f"if({column} = '', {NONE}, {column})"
-
-
-def query_rows(reader: SqlReader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
-    """Rows of ``sql`` as dicts; a query that names ``{cluster:String}`` reads :func:`scoped` ``reader``."""
-    if "{cluster:String}" in sql:
-        return scoped(reader).query(sql, parameters).dicts()
-    return reader.query(sql, parameters).dicts()
-
-
-def round_floats(rows: Rows, digits: int = 6) -> Rows:
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, float):
-                row[key] = round(value, digits)
-    return rows
 
 
 def summary(reader: SqlReader) -> Rows:
@@ -343,7 +265,7 @@ def reclaimable_capacity(reader: SqlReader, thresholds: AdviseThresholds | None 
     """The reclaimable-capacity advisor (``gpulens advise``, docs/advise.md) as one table: the headline,
     then each recommendation with its GPU-hours and money."""
     from common.settings import AdviseThresholds
-    from reports.advise import advice_rows, advise  # builds on this module's reader and queries
+    from reports.advise import advice_rows, advise
 
     return advice_rows(advise(reader, thresholds or AdviseThresholds()))
 

@@ -9,7 +9,7 @@ without MIG or shared GPUs (migration 8's columns are NULL there).
 
 from __future__ import annotations
 
-from reports.analyses import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
+from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
 
 _GIB = "pow(2, 30)"
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.settings import AdviseThresholds
+from reports.reader import Rows
 
 GIB = 1024**3
 EPS = 1e-9
@@ -161,8 +162,8 @@ def first_fit_decreasing(fractions: list[tuple[float, float, str]]) -> list[tupl
 
 
 def reclaimable_by_pod(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
-             cfg: AdviseThresholds) -> tuple[list[dict[str, Any]], set[tuple[str, int]]]:
-    rows: list[dict[str, Any]] = []
+             cfg: AdviseThresholds) -> tuple[Rows, set[tuple[str, int]]]:
+    rows: Rows = []
     reclaimed: set[tuple[str, int]] = set()
     step = int(cfg.bucket_s)
     for uid, by_bucket in per_pod.items():
@@ -202,7 +203,7 @@ def pod_demand(ev: PodEvidence, rs: RightSize | None) -> Demand:
 
 def pack_pods(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[str, float]]],
           reclaimed: set[tuple[str, int]], sized: dict[str, RightSize], cfg: AdviseThresholds,
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+          ) -> tuple[Rows, Rows, dict[str, float]]:
     freed_by_pod: dict[str, float] = defaultdict(float)
     pools: dict[str, dict[str, Any]] = {}
     held_h = held_usd = 0.0
@@ -236,7 +237,7 @@ def pack_pods(pods: dict[str, PodEvidence], per_pod: dict[str, dict[int, dict[st
             acc["needed_s"] += seconds
             if len(members) > 1:
                 acc["packed"].update(members)
-    right_rows: list[dict[str, Any]] = []
+    right_rows: Rows = []
     for uid, rs in sorted(sized.items(), key=lambda kv: (pods[kv[0]].namespace, pods[kv[0]].pod)):
         ev = pods[uid]
         freed = freed_by_pod.get(uid, 0.0) / 3600

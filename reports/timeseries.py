@@ -4,7 +4,7 @@
 charts over time need finer, evenly spaced buckets whose size follows the span of the data (a
 30-minute replay and a month of production data should both give a readable line). Each function
 here is one SQL query over the sink's tables, the same on chDB and on a server, through the same
-:class:`~reports.analyses.SqlReader` protocol, and returns plain JSON-friendly rows.
+:class:`~reports.reader.SqlReader` protocol, and returns plain JSON-friendly rows.
 
 Conventions follow ``reports.analyses``: deduplicated reads (``FINAL``), ``(none)`` for an empty
 team, UTC ISO timestamps. GPU counts are time-averaged over the part of the bucket the data covers
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from reports.analyses import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
+from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)

@@ -42,6 +42,10 @@ class MessageError(ValueError):
         super().__init__(f"{field_path}: {reason}" if field_path else reason)
 
 
+PlainData = dict[str, Any]
+"""A message's fields as plain data (field name -> JSON-friendly value), as the sinks write them."""
+
+
 def encode(message: Message) -> bytes:
     """The message as compact JSON: fields equal to their default (absent metrics, empty lists) are
     left out, as a reader's validation puts them back; ``schema_version`` and ``cluster`` are always
@@ -55,7 +59,7 @@ def encode(message: Message) -> bytes:
     return data
 
 
-def _parse(payload: bytes | str | None) -> dict[str, Any]:
+def _parse(payload: bytes | str | None) -> PlainData:
     if payload is None:
         raise MessageError("empty value (tombstone) where a message was expected")
     raw = payload.encode() if isinstance(payload, str) else payload
@@ -98,7 +102,7 @@ def _one_pass(validator: SchemaValidator | None, payload: bytes | str | None) ->
         return None
 
 
-def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> dict[str, Any]:
+def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> PlainData:
     """Parse and validate one message into plain data: what ``decode(...).model_dump()`` gives.
 
     The same checks, in the same order, with the same field paths and reasons (the validator is
@@ -107,7 +111,7 @@ def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> di
     pass and accepts only what the two-step path accepts with the same result; anything it refuses
     goes through the two-step path, whose verdict and reason stand.
     """
-    result: dict[str, Any] | None = _one_pass(json_validator(message_type), payload)
+    result: PlainData | None = _one_pass(json_validator(message_type), payload)
     if result is not None:
         return result
     data = _parse(payload)
@@ -118,7 +122,7 @@ def decode_plain(payload: bytes | str | None, message_type: type[Message]) -> di
     return result
 
 
-def decode_plain_canonical(payload: bytes | str | None, message_type: type[Message]) -> tuple[dict[str, Any], bool]:
+def decode_plain_canonical(payload: bytes | str | None, message_type: type[Message]) -> tuple[PlainData, bool]:
     """:func:`decode_plain`, and whether the record is *canonical*: it passed strict validation, so
     every value already has its field's JSON type (numbers where numbers belong, ``true``/``false``
     for booleans, timestamps as strings; nothing coerced). Another JSON reader then reads the same
@@ -127,18 +131,18 @@ def decode_plain_canonical(payload: bytes | str | None, message_type: type[Messa
     Strict validation is tried first and, when it passes, is the validation (its result is the
     lax one's); a record it refuses is validated as :func:`decode_plain` does, with its verdict.
     """
-    result: dict[str, Any] | None = _one_pass(strict_json_validator(message_type), payload)
+    result: PlainData | None = _one_pass(strict_json_validator(message_type), payload)
     if result is not None:
         return result, True
     return decode_plain(payload, message_type), False
 
 
-def decode_canonical_sparse(payload: bytes, message_type: type[Message]) -> dict[str, Any] | None:
+def decode_canonical_sparse(payload: bytes, message_type: type[Message]) -> PlainData | None:
     """What :func:`decode_plain_canonical` gives a canonical record, less the optional fields the
     record leaves out (their defaults are not filled in); None when the record is not canonical
     (:func:`decode_plain` then gives the verdict). For readers that need only a few fields: a GPU
     sample's defaults are most of what validation builds (:func:`sparse_strict_json_validator`)."""
-    result: dict[str, Any] | None = _one_pass(sparse_strict_json_validator(message_type), payload)
+    result: PlainData | None = _one_pass(sparse_strict_json_validator(message_type), payload)
     return result
 
 
@@ -297,7 +301,11 @@ def sparse_strict_json_validator(message_type: type[Message]) -> SchemaValidator
         return None
 
 
-def _rewrite(node: Any, rewrite_node: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]) -> Any:
+SchemaNode = dict[str, Any]
+"""One node of a pydantic-core schema: a JSON-like dict whose ``type`` names its kind."""
+
+
+def _rewrite(node: Any, rewrite_node: Callable[[SchemaNode, SchemaNode], SchemaNode]) -> Any:
     """A core schema with every node rewritten bottom-up: ``rewrite_node(original, with_children_rewritten)``
     (serialization schemas are left as they are)."""
     if isinstance(node, list):
@@ -309,7 +317,7 @@ def _rewrite(node: Any, rewrite_node: Callable[[dict[str, Any], dict[str, Any]],
 
 
 def _strict_schema(node: Any) -> Any:
-    def strict(original: dict[str, Any], rewritten: dict[str, Any]) -> dict[str, Any]:
+    def strict(original: SchemaNode, rewritten: SchemaNode) -> SchemaNode:
         if original.get("type") in STRICT_KINDS:
             rewritten["strict"] = True
         return rewritten
@@ -317,7 +325,7 @@ def _strict_schema(node: Any) -> Any:
 
 
 def _sparse_schema(node: Any) -> Any:
-    def sparse(original: dict[str, Any], rewritten: dict[str, Any]) -> dict[str, Any]:
+    def sparse(original: SchemaNode, rewritten: SchemaNode) -> SchemaNode:
         if (original.get("config") or {}).get("validate_default"):
             raise TypeError("a default that is validated changes the verdict")
         inner = rewritten.get("schema")
@@ -330,7 +338,7 @@ def _sparse_schema(node: Any) -> Any:
 
 
 def _json_schema(node: Any) -> Any:
-    def narrow(original: dict[str, Any], narrowed: dict[str, Any]) -> dict[str, Any]:
+    def narrow(original: SchemaNode, narrowed: SchemaNode) -> SchemaNode:
         kind = original.get("type")
         if kind in ("any", "function-before", "function-wrap", "function-plain"):
             raise TypeError(f"a {kind} schema sees the raw input")
@@ -353,25 +361,33 @@ def _plain_schema(node: Any) -> Any:
         return node
     kind = node.get("type")
     if kind == "model":
-        fields = node["schema"]
-        if (node.get("custom_init") or node.get("root_model") or node.get("post_init")
-                or fields.get("type") != "model-fields" or fields.get("model_validators")
-                or fields.get("computed_fields")):
-            raise TypeError(f"{node.get('cls')} cannot be validated into plain data")
-        plain_fields = {}
-        for name, spec in fields["fields"].items():
-            if spec.get("validation_alias") is not None or spec.get("frozen"):
-                raise TypeError(f"{node.get('cls')}.{name} cannot be validated into plain data")
-            schema = spec["schema"]
-            plain_fields[name] = {"type": "typed-dict-field", "schema": _plain_schema(schema),
-                                  "required": schema.get("type") != "default"}
-        extra = node.get("config", {}).get("extra_fields_behavior", "ignore")
-        if extra != "ignore":
-            raise TypeError(f"{node.get('cls')} has extra={extra!r}: only 'ignore' is supported")
-        # the model's config goes along: settings such as strictness apply to the fields as before
-        return {"type": "typed-dict", "fields": plain_fields, "extra_behavior": "ignore",
-                **{key: node[key] for key in ("ref", "config") if key in node}}
+        return _plain_model(node)
     if str(kind).startswith("function-") and isinstance(node.get("schema"), dict) \
             and node["schema"].get("type") == "model":
         raise TypeError(f"{node['schema'].get('cls')} has a model validator: it cannot be validated into plain data")
     return {key: _plain_schema(value) for key, value in node.items()}
+
+
+def _plain_model(node: SchemaNode) -> SchemaNode:
+    """A model's schema as the schema of a typed dict of the same fields; TypeError for a model whose
+    validation does more than check its fields (its own ``__init__``, validators, computed fields,
+    aliases, frozen fields, extra fields other than ignored)."""
+    fields = node["schema"]
+    if (node.get("custom_init") or node.get("root_model") or node.get("post_init")
+            or fields.get("type") != "model-fields" or fields.get("model_validators")
+            or fields.get("computed_fields")):
+        raise TypeError(f"{node.get('cls')} cannot be validated into plain data")
+    plain_fields = {name: _plain_field(node, name, spec) for name, spec in fields["fields"].items()}
+    extra = node.get("config", {}).get("extra_fields_behavior", "ignore")
+    if extra != "ignore":
+        raise TypeError(f"{node.get('cls')} has extra={extra!r}: only 'ignore' is supported")
+    # the model's config goes along: settings such as strictness apply to the fields as before
+    return {"type": "typed-dict", "fields": plain_fields, "extra_behavior": "ignore",
+            **{key: node[key] for key in ("ref", "config") if key in node}}
+
+
+def _plain_field(model: SchemaNode, name: str, spec: SchemaNode) -> SchemaNode:
+    if spec.get("validation_alias") is not None or spec.get("frozen"):
+        raise TypeError(f"{model.get('cls')}.{name} cannot be validated into plain data")
+    schema = spec["schema"]
+    return {"type": "typed-dict-field", "schema": _plain_schema(schema), "required": schema.get("type") != "default"}

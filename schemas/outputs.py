@@ -275,9 +275,11 @@ AlertTypeName = Annotated[
 
 Severity = Literal["info", "warning", "critical"]
 
+SubjectKind = Literal["pod", "node", "gang", "cluster", "workload"]
+
 
 class AlertSubject(Part):
-    kind: Literal["pod", "node", "gang", "cluster", "workload"]
+    kind: SubjectKind
     namespace: str | None = None
     name: str | None = None
     node: str | None = None

@@ -32,6 +32,7 @@ class PlayedPod(Protocol):
     """What the player reads of a simulated pod."""
 
     spec: PodSpec
+    index: int
     uid: str
     phase: str
     scheduled: float | None
@@ -68,7 +69,7 @@ class AllocatorPlayer:
         return collector
 
     def _address(self, pod: PlayedPod) -> str:
-        address = f"10.{pod.spec.index // 65536 % 256}.{pod.spec.index // 256 % 256}.{pod.spec.index % 256}"
+        address = f"10.{pod.index // 65536 % 256}.{pod.index // 256 % 256}.{pod.index % 256}"
         if self._addresses.get(address) != pod.uid:  # a kube replay gives the pod the server's uid
             self._addresses[address] = pod.uid
             for collector in self._collectors.values():

@@ -49,6 +49,8 @@ class SimNode:
 @dataclass
 class SimPod:
     spec: PodSpec
+    index: int
+    """The pod's place in the scenario's ``pods``."""
     uid: str
     container_id: str
     phase: str = "new"  # new | pending | running | ended

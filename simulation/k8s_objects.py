@@ -61,8 +61,28 @@ def node_object(node: SimNode, start: datetime) -> dict[str, Any]:
     }
 
 
+_EXIT = {"Succeeded": (0, "Completed"), "Failed": (1, "Error"), "OOMKilled": (137, "OOMKilled"),
+         "Evicted": (137, "Error")}
+"""A finished container's exit code and reason by the pod's end."""
+
+
 def pod_object(pod: SimPod, ts: datetime, start: datetime,
                workloads: Mapping[tuple[str, str], SimWorkload]) -> dict[str, Any]:
+    spec = pod.spec
+    amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
+    pod_spec: dict[str, Any] = {
+        "schedulerName": "default-scheduler",
+        "containers": [{"name": "main", "image": spec.image, "resources": {"requests": amount, "limits": amount}}],
+    }
+    if spec.node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": spec.node}
+    if pod.node:
+        pod_spec["nodeName"] = pod.node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(pod, start, workloads), "spec": pod_spec,
+            "status": _pod_status(pod, ts, start)}
+
+
+def _pod_metadata(pod: SimPod, start: datetime, workloads: Mapping[tuple[str, str], SimWorkload]) -> dict[str, Any]:
     spec = pod.spec
     labels = dict(spec.labels)
     if spec.gang:
@@ -83,52 +103,49 @@ def pod_object(pod: SimPod, ts: datetime, start: datetime,
         meta["annotations"] = {VRAM_ANNOTATION: str(int(spec.vram_request_gib * GIB))}
     if pod.deleted and pod.ended is not None:
         meta["deletionTimestamp"] = iso_z(start + timedelta(seconds=pod.ended))
-    amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
-    pod_spec: dict[str, Any] = {
-        "schedulerName": "default-scheduler",
-        "containers": [{"name": "main", "image": spec.image, "resources": {"requests": amount, "limits": amount}}],
-    }
-    if spec.node:
-        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": spec.node}
-    if pod.node:
-        pod_spec["nodeName"] = pod.node
+    return meta
+
+
+def _pod_status(pod: SimPod, ts: datetime, start: datetime) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": "Pending", "conditions": []}
     if pod.scheduled is None:
         if pod.last_message:
             status["conditions"].append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                          "message": pod.last_message, "lastTransitionTime": iso_z(ts)})
+        return status
+    sched = start + timedelta(seconds=pod.scheduled)
+    status["startTime"] = iso_z(sched)
+    status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": iso_z(sched)})
+    finished = pod.end_reason if pod.phase == "ended" and not pod.deleted else None
+    if finished is None:
+        status["phase"] = "Running"
     else:
-        sched = start + timedelta(seconds=pod.scheduled)
-        status["startTime"] = iso_z(sched)
-        status["conditions"].append({"type": "PodScheduled", "status": "True", "lastTransitionTime": iso_z(sched)})
-        cstatus: dict[str, Any] = {"name": "main", "image": spec.image, "imageID": spec.image,
-                                   "containerID": f"containerd://{pod.container_id}",
-                                   "restartCount": pod.restarts}
-        finished_reason = pod.end_reason if pod.phase == "ended" and not pod.deleted else None
-        if finished_reason is not None:
-            status["phase"] = "Succeeded" if finished_reason == "Succeeded" else "Failed"
-            code = {"Succeeded": 0, "Failed": 1, "OOMKilled": 137, "Evicted": 137}[finished_reason]
-            reason = {"Succeeded": "Completed", "Failed": "Error", "OOMKilled": "OOMKilled",
-                      "Evicted": "Error"}[finished_reason]
-            if finished_reason == "Evicted":
-                status["reason"] = "Evicted"
-                status["message"] = "The node was removed."
-            cstatus |= {"ready": False, "state": {"terminated": {
-                "reason": reason, "exitCode": code, "startedAt": iso_z(sched),
-                "finishedAt": iso_z(start + timedelta(seconds=pod.ended or 0.0))}}}
-        elif spec.crashloop:
-            status["phase"] = "Running"
-            cstatus |= {"ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
-            if pod.restarts:
-                last = start + timedelta(seconds=pod.scheduled + 60.0 * pod.restarts)
-                cstatus["lastState"] = {"terminated": {"reason": "Error", "exitCode": 1,
-                                                       "startedAt": iso_z(last - timedelta(seconds=50)),
-                                                       "finishedAt": iso_z(last)}}
-        else:
-            status["phase"] = "Running"
-            cstatus |= {"ready": True, "state": {"running": {"startedAt": iso_z(sched)}}}
-        status["containerStatuses"] = [cstatus]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec, "status": status}
+        status["phase"] = "Succeeded" if finished == "Succeeded" else "Failed"
+        if finished == "Evicted":
+            status["reason"] = "Evicted"
+            status["message"] = "The node was removed."
+    status["containerStatuses"] = [_container_status(pod, start, sched, finished)]
+    return status
+
+
+def _container_status(pod: SimPod, start: datetime, sched: datetime, finished: str | None) -> dict[str, Any]:
+    image = pod.spec.image
+    cstatus: dict[str, Any] = {"name": "main", "image": image, "imageID": image,
+                               "containerID": f"containerd://{pod.container_id}", "restartCount": pod.restarts}
+    if finished is not None:
+        code, reason = _EXIT[finished]
+        return cstatus | {"ready": False, "state": {"terminated": {
+            "reason": reason, "exitCode": code, "startedAt": iso_z(sched),
+            "finishedAt": iso_z(start + timedelta(seconds=pod.ended or 0.0))}}}
+    if pod.spec.crashloop:
+        cstatus |= {"ready": False, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+        if pod.restarts:
+            last = sched + timedelta(seconds=60.0 * pod.restarts)
+            cstatus["lastState"] = {"terminated": {"reason": "Error", "exitCode": 1,
+                                                   "startedAt": iso_z(last - timedelta(seconds=50)),
+                                                   "finishedAt": iso_z(last)}}
+        return cstatus
+    return cstatus | {"ready": True, "state": {"running": {"startedAt": iso_z(sched)}}}
 
 
 def workload_object(workload: SimWorkload, ts: datetime, start: datetime) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class ApiServerSimulator(FleetSimulator):
         return obj
 
     def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
-        index = pod.spec.index
+        index = pod.index
         namespace, name = pod.spec.namespace, pod.spec.name
         if index not in self._created:
             body = super()._pod_object(pod, ts)

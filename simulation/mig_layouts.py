@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+
+from pydantic_core import PydanticCustomError
 
 from common.errors import UserError
 from producers.agent.fake_nvml import FakeMigDevice
+from simulation.scenario_file import duration_s
 from stream_jobs.mig import MigInstance, check_layout, creatable_starts, table_for
 
 GIB = 2**30
@@ -27,7 +29,12 @@ GpuLayout = tuple[MigInstance, ...]
 
 
 class MigLayoutError(UserError):
-    """An invalid MIG layout in a scenario; the message names the field."""
+    """An invalid MIG layout in a scenario: ``message``, at ``sub`` inside the field (``[1][0]``)."""
+
+    def __init__(self, message: str, sub: str = "") -> None:
+        super().__init__(f"{sub}: {message}" if sub else message)
+        self.message = message
+        self.sub = sub
 
 
 @dataclass(frozen=True)
@@ -37,24 +44,24 @@ class MigRelayout:
     layout: GpuLayout
 
 
-def parse_gpu_layout(value: Any, path: str, model: str, memory_gib: float) -> GpuLayout:
+def parse_gpu_layout(value: object, sub: str, model: str, memory_gib: float) -> GpuLayout:
     """``[3g.40gb, 1g.10gb@4, ...]`` -> placed instances, validated against the profile table."""
     if not isinstance(value, list) or not value:
-        raise MigLayoutError(f"{path}: expected a list of MIG profiles like [3g.40gb, 1g.10gb@4], got {value!r}")
+        raise MigLayoutError(f"expected a list of MIG profiles like [3g.40gb, 1g.10gb@4], got {value!r}", sub)
     names: list[str] = []
     starts: list[int | None] = []
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item:
-            raise MigLayoutError(f"{path}[{i}]: expected a profile like 3g.40gb or 3g.40gb@4, got {item!r}")
+            raise MigLayoutError(f"expected a profile like 3g.40gb or 3g.40gb@4, got {item!r}", f"{sub}[{i}]")
         name, _, start = item.partition("@")
         if start and not start.isdigit():
-            raise MigLayoutError(f"{path}[{i}]: the placement after @ must be a memory slice 0-7, got {item!r}")
+            raise MigLayoutError(f"the placement after @ must be a memory slice 0-7, got {item!r}", f"{sub}[{i}]")
         names.append(name)
         starts.append(int(start) if start else None)
     table = table_for(model, int(memory_gib * GIB))  # by the GPU's size, then every profile must be on it
     if table is None or table_for(model, int(memory_gib * GIB), names) is not table:
-        raise MigLayoutError(f"{path}: no MIG profile table has all of {', '.join(sorted(set(names)))} "
-                             f"for {memory_gib:g} GiB GPUs (40 GB: 1g.5gb..7g.40gb; 80 GB: 1g.10gb..7g.80gb)")
+        raise MigLayoutError(f"no MIG profile table has all of {', '.join(sorted(set(names)))} for {memory_gib:g} GiB "
+                             f"GPUs (40 GB: 1g.5gb..7g.40gb; 80 GB: 1g.10gb..7g.80gb)", sub)
     placed: list[MigInstance] = [MigInstance(n, s) for n, s in zip(names, starts, strict=True) if s is not None]
     try:
         check_layout(table, placed)
@@ -65,45 +72,35 @@ def parse_gpu_layout(value: Any, path: str, model: str, memory_gib: float) -> Gp
                 raise ValueError(f"{name} does not fit next to {', '.join(f'{i.profile}@{i.start}' for i in out)}")
             out.append(MigInstance(name, free[0]))
     except ValueError as exc:
-        raise MigLayoutError(f"{path}: {exc}") from None
+        raise MigLayoutError(str(exc), sub) from None
     return tuple(sorted(out, key=lambda inst: inst.start))
 
 
-def parse_node_layouts(data: dict[str, Any], path: str, gpus: int, model: str, memory_gib: float
-                       ) -> tuple[tuple[GpuLayout, ...] | None, tuple[MigRelayout, ...]]:
-    """``nodes[i].mig_layout`` (one list per GPU) and ``nodes[i].mig_relayout`` of a node mapping."""
-    from pydantic_core import PydanticCustomError
+def parse_layouts(value: object, gpus: int, model: str, memory_gib: float) -> tuple[GpuLayout, ...]:
+    """``nodes[i].mig_layout``: one list of profiles per GPU of the node."""
+    if not isinstance(value, list) or len(value) != gpus:
+        raise MigLayoutError(f"expected one list of profiles per GPU ({gpus}), got {value!r}")
+    return tuple(parse_gpu_layout(item, f"[{i}]", model, memory_gib) for i, item in enumerate(value))
 
-    from simulation.scenario_file import duration_s
 
-    raw = data.get("mig_layout")
-    if raw is None:
-        if data.get("mig_relayout") is not None:
-            raise MigLayoutError(f"{path}.mig_relayout: needs mig_layout")
-        return None, ()
-    if data.get("mig") is not None or data.get("time_slicing", 1) != 1:
-        raise MigLayoutError(f"{path}.mig_layout: cannot be combined with mig or time_slicing")
-    if not isinstance(raw, list) or len(raw) != gpus:
-        raise MigLayoutError(f"{path}.mig_layout: expected one list of profiles per GPU ({gpus}), got {raw!r}")
-    layouts = tuple(parse_gpu_layout(item, f"{path}.mig_layout[{i}]", model, memory_gib) for i, item in enumerate(raw))
+def parse_relayouts(value: object, gpus: int, model: str, memory_gib: float) -> tuple[MigRelayout, ...]:
+    """``nodes[i].mig_relayout``: ``[{at, gpu, layout}, ...]``, in time order."""
+    if not isinstance(value, list):
+        raise MigLayoutError("expected a list of {at, gpu, layout}")
     changes = []
-    items = data.get("mig_relayout") or []
-    if not isinstance(items, list):
-        raise MigLayoutError(f"{path}.mig_relayout: expected a list of {{at, gpu, layout}}")
-    for i, item in enumerate(items):
-        where = f"{path}.mig_relayout[{i}]"
+    for i, item in enumerate(value):
         if not isinstance(item, dict) or set(item) - {"at", "gpu", "layout"} or "layout" not in item:
-            raise MigLayoutError(f"{where}: expected {{at: <duration>, gpu: <index>, layout: [profiles]}}, "
-                                 f"got {item!r}")
+            raise MigLayoutError(f"expected {{at: <duration>, gpu: <index>, layout: [profiles]}}, got {item!r}",
+                                 f"[{i}]")
         gpu = item.get("gpu", 0)
         if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < gpus:
-            raise MigLayoutError(f"{where}.gpu: expected a GPU index 0..{gpus - 1}, got {gpu!r}")
+            raise MigLayoutError(f"expected a GPU index 0..{gpus - 1}, got {gpu!r}", f"[{i}].gpu")
         try:
             at = duration_s(item.get("at", 0))
         except PydanticCustomError as exc:
-            raise MigLayoutError(f"{where}.at: {exc.message()}") from None
-        changes.append(MigRelayout(at, gpu, parse_gpu_layout(item["layout"], f"{where}.layout", model, memory_gib)))
-    return layouts, tuple(sorted(changes, key=lambda c: (c.at, c.gpu)))
+            raise MigLayoutError(exc.message(), f"[{i}].at") from None
+        changes.append(MigRelayout(at, gpu, parse_gpu_layout(item["layout"], f"[{i}].layout", model, memory_gib)))
+    return tuple(sorted(changes, key=lambda c: (c.at, c.gpu)))
 
 
 # --------------------------------------------------------------------------- simulator side

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from schemas.messages import Message
@@ -111,36 +111,60 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
     """The report from the pipeline's outputs only; ``pod_uids`` (scenario pod index -> uid) names
     the rows, nothing else."""
     outputs = list(outputs)
-    alerts = sorted((m for m in outputs if isinstance(m, Alert)), key=_alert_key)
-    seen_alerts: set[tuple[str, str]] = set()
-    unique_alerts = []
-    for alert in alerts:  # at-least-once transport: the same transition twice is one transition
-        if (alert.id, alert.state) not in seen_alerts:
-            seen_alerts.add((alert.id, alert.state))
-            unique_alerts.append(alert)
+    windows = [m for m in outputs if isinstance(m, ClusterCapacity)]
+    pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
+    return {
+        "scenario": scenario.name,
+        "alerts": [alert_row(a) for a in _transitions(outputs)],
+        "pods": _pod_rows(scenario, outputs, pod_uids),
+        "cluster": _cluster_figures(scenario, windows),
+        "stream": dict(stats) | {"pod_windows": pod_windows, "capacity_windows": len(windows)},
+    }
+
+
+def _transitions(outputs: list[Message]) -> list[Alert]:
+    """Alert transitions in report order; at-least-once transport: the same transition twice is one."""
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for alert in sorted((m for m in outputs if isinstance(m, Alert)), key=_alert_key):
+        if (alert.id, alert.state) not in seen:
+            seen.add((alert.id, alert.state))
+            unique.append(alert)
+    return unique
+
+
+def _pod_rows(scenario: Scenario, outputs: list[Message], pod_uids: dict[int, str]) -> list[dict[str, Any]]:
+    """One row per scenario pod, in the file's order; a pod the pipeline never saw has no figures."""
     lifecycle = {m.pod_uid: m for m in outputs if isinstance(m, PodLifecycle)}
     allocator = any(spec.allocator is not None for spec in scenario.pods)
-    pods: list[dict[str, Any]] = []
-    for spec in scenario.pods:
-        record = lifecycle.get(pod_uids[spec.index])
+    figures = POD_FIGURES + (ALLOCATOR_FIGURES if allocator else ())
+    rows: list[dict[str, Any]] = []
+    for index, spec in enumerate(scenario.pods):
+        record = lifecycle.get(pod_uids[index])
         if record is None:
-            pods.append({"namespace": spec.namespace, "name": spec.name, "seen": False}
-                        | dict.fromkeys(POD_FIGURES + (ALLOCATOR_FIGURES if allocator else ())))
-            continue
-        pods.append({
-            "namespace": record.namespace, "name": record.name, "seen": True, "team": record.team,
-            "project": record.project, "gpus": record.gpus, "node": record.node,
-            "pending_s": _seconds(record.pending_s), "running_s": _seconds(record.running_s),
-            "gpu_hours": _num(record.gpu_hours), "idle_gpu_hours": _num(record.idle_gpu_hours),
-            "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
-            "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
-            "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
-        } | ({name: getattr(record, name) for name in ALLOCATOR_FIGURES} if allocator else {}))
-    windows = [m for m in outputs if isinstance(m, ClusterCapacity)]
+            rows.append({"namespace": spec.namespace, "name": spec.name, "seen": False} | dict.fromkeys(figures))
+        else:
+            rows.append(_pod_row(record, allocator))
+    return rows
+
+
+def _pod_row(record: PodLifecycle, allocator: bool) -> dict[str, Any]:
+    return {
+        "namespace": record.namespace, "name": record.name, "seen": True, "team": record.team,
+        "project": record.project, "gpus": record.gpus, "node": record.node,
+        "pending_s": _seconds(record.pending_s), "running_s": _seconds(record.running_s),
+        "gpu_hours": _num(record.gpu_hours), "idle_gpu_hours": _num(record.idle_gpu_hours),
+        "avg_sm_util_pct": _num(record.avg_sm_util_pct), "peak_mem_bytes": record.peak_mem_bytes,
+        "cost_usd": _num(record.cost_usd), "end_reason": record.end_reason,
+        "steps": _num(record.steps), "cost_per_step_usd": _num(record.cost_per_step_usd, 8),
+    } | ({name: getattr(record, name) for name in ALLOCATOR_FIGURES} if allocator else {})
+
+
+def _cluster_figures(scenario: Scenario, windows: list[ClusterCapacity]) -> dict[str, Any]:
     total = sum(w.gpu_s_total or 0.0 for w in windows)
     allocated = sum(w.gpu_s_allocated or 0.0 for w in windows)
     idle = sum(w.gpu_s_idle_allocated or 0.0 for w in windows)
-    cluster = {
+    cluster: dict[str, Any] = {
         "gpu_hours_capacity": _num(total / 3600.0),
         "gpu_hours_allocated": _num(allocated / 3600.0),
         "gpu_hours_idle_allocated": _num(idle / 3600.0),
@@ -155,14 +179,7 @@ def build_report(scenario: Scenario, outputs: Iterable[Message], pod_uids: dict[
         }
     cluster |= mig_report(windows, scenario.thresholds.mig_unused_after)  # empty without MIG GPUs
     cluster |= shared_report(windows)  # empty without shared GPUs
-    pod_windows = sum(1 for m in outputs if isinstance(m, PodWindow))
-    return {
-        "scenario": scenario.name,
-        "alerts": [alert_row(a) for a in unique_alerts],
-        "pods": pods,
-        "cluster": cluster,
-        "stream": dict(stats) | {"pod_windows": pod_windows, "capacity_windows": len(windows)},
-    }
+    return cluster
 
 
 # --------------------------------------------------------------------------- expected results
@@ -184,25 +201,31 @@ def compare_report(report: dict[str, Any], expected: dict[str, Any], sample_inte
     expected ``alerts`` list is the complete list: an alert transition it does not name is a
     difference too (so "no alert for X" is checked).
     """
+    problems = _alert_problems(report.get("alerts", []), expected, 2 * sample_interval_s)
+    problems += _pod_problems(report.get("pods", []), expected.get("pods", []))
+    for section in ("stream", "cluster"):
+        for field, value in expected.get(section, {}).items():
+            got_value = report.get(section, {}).get(field)
+            if not _close(got_value, value):
+                problems.append(f"{section}.{field}: expected {value!r}, got {got_value!r}")
+    return problems
+
+
+def _alert_matches(got: dict[str, Any], want: dict[str, Any], tolerance: float) -> bool:
+    if any(got.get(k) != want[k] for k in ("type", "state", "severity", "id") if k in want):
+        return False
+    if any(got["subject"].get(k) != v for k, v in want.get("subject", {}).items()):
+        return False
+    if "at" in want and abs(epoch(_parse(got["at"])) - epoch(_parse(want["at"]))) > tolerance + 1e-6:
+        return False
+    return "details" not in want or all(got["details"].get(k) == v for k, v in want["details"].items())
+
+
+def _alert_problems(alerts: list[dict[str, Any]], expected: dict[str, Any], tolerance: float) -> list[str]:
     problems: list[str] = []
-    tolerance = 2 * sample_interval_s
-    unused = list(report.get("alerts", []))
+    unused = list(alerts)
     for i, want in enumerate(expected.get("alerts", [])):
-        match = None
-        for got in unused:
-            if any(got.get(k) != want[k] for k in ("type", "state", "severity", "id") if k in want):
-                continue
-            subject = want.get("subject", {})
-            if any(got["subject"].get(k) != v for k, v in subject.items()):
-                continue
-            if "at" in want:
-                delta = abs(epoch(_parse(got["at"])) - epoch(_parse(want["at"])))
-                if delta > tolerance + 1e-6:
-                    continue
-            if "details" in want and any(got["details"].get(k) != v for k, v in want["details"].items()):
-                continue
-            match = got
-            break
+        match = next((got for got in unused if _alert_matches(got, want, tolerance)), None)
         if match is None:
             problems.append(f"alerts[{i}]: no {want.get('state', '')} {want.get('type')} alert for "
                             f"{want.get('subject')} at {want.get('at')} (+-{tolerance:g}s)")
@@ -211,31 +234,24 @@ def compare_report(report: dict[str, Any], expected: dict[str, Any], sample_inte
     if "alerts" in expected:
         for got in unused:
             problems.append(f"unexpected alert: {got['state']} {got['type']} {got['subject']} at {got['at']}")
-    rows = {(p["namespace"], p["name"]): p for p in report.get("pods", [])}
-    for want in expected.get("pods", []):
+    return problems
+
+
+def _pod_problems(pods: list[dict[str, Any]], expected: list[dict[str, Any]]) -> list[str]:
+    problems: list[str] = []
+    rows = {(p["namespace"], p["name"]): p for p in pods}
+    for want in expected:
         key = (want.get("namespace", "default"), want["name"])
         got = rows.get(key)
         if got is None:
             problems.append(f"pods: no row for {key[0]}/{key[1]}")
-            continue
-        if not got.get("seen", True) and want.get("seen", True):
+        elif not got.get("seen", True) and want.get("seen", True):
             problems.append(f"pods {key[0]}/{key[1]}: not seen by the pipeline (no lifecycle record)")
-            continue
-        for field, value in want.items():
-            if not _close(got.get(field), value):
-                problems.append(f"pods {key[0]}/{key[1]}.{field}: expected {value!r}, got {got.get(field)!r}")
-    for field, value in expected.get("stream", {}).items():
-        got_value = report.get("stream", {}).get(field)
-        if not _close(got_value, value):
-            problems.append(f"stream.{field}: expected {value!r}, got {got_value!r}")
-    for field, value in expected.get("cluster", {}).items():
-        got_value = report.get("cluster", {}).get(field)
-        if not _close(got_value, value):
-            problems.append(f"cluster.{field}: expected {value!r}, got {got_value!r}")
+        else:
+            problems += [f"pods {key[0]}/{key[1]}.{field}: expected {value!r}, got {got.get(field)!r}"
+                         for field, value in want.items() if not _close(got.get(field), value)]
     return problems
 
 
-def _parse(text: str) -> Any:
-    from datetime import datetime
-
+def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))

@@ -1,9 +1,15 @@
-"""Scenario files (``docs/FORMAT.md``, ``docs/scenarios.md``): parse and validate.
+"""Scenario files (``docs/FORMAT.md``, ``docs/scenarios.md``): the validated model the simulator plays.
 
 A scenario is a contract users write against, so parsing is strict and every error names the
 field (``pods[2].util: ...``); the CLI prints it as one line and exits 2. Durations are
 ``<number><s|m|h|d>`` (``90s``, ``1.5h``) or a bare number of seconds. Unknown keys are errors
 (a typo must not silently change a what-if analysis).
+
+Each class below is at once the format of one mapping of the file (its keys, defaults and the
+message when a value is wrong: the spellings of :mod:`simulation.scenario_file`) and what the
+simulator reads: a key is declared once, as a field. Defaults are written the way a file would
+write them and validated like one. They are pydantic dataclasses: frozen, and
+``dataclasses.replace`` validates the changed scenario again.
 
 Besides FORMAT.md's fields, optional extensions exercise what the format cannot express:
 ``nodes[].mig`` (MIG mode), ``nodes[].time_slicing`` (shared GPUs), ``nodes[].process_stats``,
@@ -15,38 +21,71 @@ makes a pod one of a workload's pods, created only once the workload is admitted
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 from pydantic_core import PydanticCustomError
 
 from common.errors import UserError
+from common.settings import Thresholds
 from schemas.messages import DEFAULT_CLUSTER
-from simulation.mig_layouts import MAX_INSTANCES_PER_GPU, GpuLayout, MigRelayout
+from simulation.mig_layouts import (
+    MAX_INSTANCES_PER_GPU,
+    GpuLayout,
+    MigLayoutError,
+    MigRelayout,
+    parse_layouts,
+    parse_relayouts,
+)
 from simulation.scenario_file import (
     DEFAULT_MODEL,
+    DEFAULT_START,
     MIG_PROFILE,
-    NodeFile,
-    PodFile,
-    ScenarioFile,
     Steps,
-    WorkloadFile,
+    cluster_name,
     duration_s,
+    end_reason,
     error_text,
+    field_error,
+    flag,
+    k8s_name,
+    labels,
+    listed,
+    mapping,
+    mig_profile,
+    number,
+    optional_duration,
+    optional_resource,
+    optional_text,
+    owner,
+    resource,
+    start_time,
+    steps,
+    text,
+    whole,
 )
-from stream_jobs.config import Thresholds
+from stream_jobs.pipeline import INPUT_TOPICS
 
 
 class ScenarioError(UserError):
     """An invalid scenario file; the message names the field."""
 
 
-@dataclass(frozen=True)
+_FORMAT = ConfigDict(extra="forbid", validate_default=True, arbitrary_types_allowed=True)
+"""Every mapping of the file: unknown keys are errors; defaults are validated like written values."""
+
+
+def _list_field(*names: str) -> Callable[[object], list[object]]:
+    return field_validator(*names, mode="before")(lambda value: listed(value))
+
+
+@dataclass(frozen=True, config=_FORMAT)
 class NodeSpec:
     name: str
     gpus: int = 8
@@ -54,7 +93,7 @@ class NodeSpec:
     memory_gib: float = 80.0
     driver: str = "550.54.15"
     cuda: str = "12.4"
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
     ready_until: float | None = None
     unschedulable: bool = False
     mig: str | None = None
@@ -65,8 +104,51 @@ class NodeSpec:
     """Extension: False = NVML gives no per-process memory or utilisation on this node."""
     mig_layout: tuple[GpuLayout, ...] | None = None
     """Extension: every GPU in MIG mode with its own instances (``simulation.mig_layouts``)."""
-    mig_relayout: tuple[MigRelayout, ...] = ()
+    mig_relayout: tuple[MigRelayout, ...] = Field(default=None, validate_default=True)
     """Extension: changes of one GPU's MIG layout at a time."""
+
+    _name = field_validator("name", mode="before")(lambda v: k8s_name(v))
+    _gpus = field_validator("gpus", mode="before")(lambda v: whole(v))
+    _texts = field_validator("model", "driver", "cuda", mode="before")(lambda v: text(v))
+    _memory = field_validator("memory_gib", mode="before")(lambda v: number(v, 0.0))
+    _labels = field_validator("labels", mode="before")(lambda v: labels(v))
+    _ready = field_validator("ready_until", mode="before")(lambda v: optional_duration(v))
+    _flags = field_validator("unschedulable", "process_stats", mode="before")(lambda v: flag(v))
+    _mig = field_validator("mig", mode="before")(lambda v: mig_profile(v))
+
+    @field_validator("time_slicing", mode="before")
+    @classmethod
+    def _slicing(cls, value: object, info: ValidationInfo) -> int:
+        replicas = whole(value, 1)
+        if info.data.get("mig") and replicas > 1:
+            raise field_error("cannot be combined with mig")
+        return replicas
+
+    @field_validator("mig_layout", mode="before")
+    @classmethod
+    def _layout(cls, value: object, info: ValidationInfo) -> tuple[GpuLayout, ...] | None:
+        if value is None:
+            return None
+        if info.data.get("mig") is not None or info.data.get("time_slicing", 1) != 1:
+            raise field_error("cannot be combined with mig or time_slicing")
+        if not {"gpus", "model", "memory_gib"} <= info.data.keys():
+            return None  # the node's size is wrong: that error is the one reported
+        try:
+            return parse_layouts(value, info.data["gpus"], info.data["model"], info.data["memory_gib"])
+        except MigLayoutError as exc:
+            raise field_error(exc.message, exc.sub) from None
+
+    @field_validator("mig_relayout", mode="before")
+    @classmethod
+    def _relayout(cls, value: object, info: ValidationInfo) -> tuple[MigRelayout, ...]:
+        if value is None or info.data.get("mig_layout") is None:
+            if value is not None and "mig_layout" in info.data:
+                raise field_error("needs mig_layout")
+            return ()
+        try:
+            return parse_relayouts(value, info.data["gpus"], info.data["model"], info.data["memory_gib"])
+        except MigLayoutError as exc:
+            raise field_error(exc.message, exc.sub) from None
 
     @property
     def resource(self) -> str:
@@ -88,26 +170,41 @@ class NodeSpec:
         return self.gpus * (self.mig_per_gpu if self.mig or self.mig_layout is not None else self.time_slicing)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORMAT)
 class AllocatorSpec:
-    """Extension: what the pod's caching allocator (PyTorch's) reports through the node agent's
-    progress path, per GPU of the pod, every sample interval from ``start`` (after the pod started
-    running) until ``until``. Totals of retries and OOMs grow at the given rates from ``start``."""
+    """Extension ``pods[].allocator``: what the pod's caching allocator (PyTorch's) reports through
+    the node agent's progress path, per GPU of the pod, every sample interval from ``start`` (file
+    key ``from``; after the pod started running) until ``until``. Totals of retries and OOMs grow at
+    the given rates from ``start``."""
 
     reserved_gib: float
     allocated_gib: float
     retries_per_min: float = 0.0
     ooms_per_min: float = 0.0
-    start: float = 0.0
+    start: float = Field(default=0.0, alias="from")
     until: float | None = None
 
+    _gib = field_validator("reserved_gib", "allocated_gib", mode="before")(
+        lambda v: number(v, 0.0, 2**20))  # the agent's bound: 1 PiB
+    _rates = field_validator("retries_per_min", "ooms_per_min", mode="before")(lambda v: number(v, 0.0))
+    _start = field_validator("start", mode="before")(lambda v: duration_s(v))
+    _until = field_validator("until", mode="before")(lambda v: optional_duration(v))
 
-@dataclass(frozen=True)
+    @model_validator(mode="after")
+    def _consistent(self) -> AllocatorSpec:
+        if self.allocated_gib > self.reserved_gib:
+            raise field_error(f"must be <= {self.reserved_gib:g} (reserved_gib), got {self.allocated_gib:g}",
+                              ".allocated_gib")
+        if self.until is not None and self.until <= self.start:
+            raise field_error("must be after from", ".until")
+        return self
+
+
+@dataclass(frozen=True, config=_FORMAT)
 class PodSpec:
-    index: int
     name: str
     namespace: str = "default"
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
     gpus: int = 1
     node: str | None = None
     create: float = 0.0
@@ -137,8 +234,32 @@ class PodSpec:
     """Extension: the pod's device memory need per GPU (annotation ``gpulens.io/vram-request``); on a
     shared GPU it is placed only where that much is free, as HAMi's scheduler does."""
 
+    _names = field_validator("name", "namespace", mode="before")(lambda v: k8s_name(v))
+    _labels = field_validator("labels", mode="before")(lambda v: labels(v))
+    _whole = field_validator("gpus", "processes", mode="before")(lambda v: whole(v))
+    _texts = field_validator("node", "gang", mode="before")(lambda v: optional_text(v))
+    _create = field_validator("create", mode="before")(lambda v: duration_s(v))
+    _durations = field_validator("run_for", "delete", mode="before")(lambda v: optional_duration(v))
+    _end = field_validator("end", mode="before")(lambda v: end_reason(v))
+    _util = field_validator("util", mode="before")(lambda v: steps(v, 0.0, 100.0))
+    _memory = field_validator("memory_gib", mode="before")(lambda v: steps(v, 0.0, None))
+    _crashloop = field_validator("crashloop", mode="before")(lambda v: flag(v))
+    _rate = field_validator("steps_per_s", mode="before")(lambda v: None if v is None else number(v, 0.0))
+    _image = field_validator("image", mode="before")(lambda v: text(v))
+    _resource = field_validator("resource", mode="before")(lambda v: optional_resource(v))
+    _owner = field_validator("owner", mode="before")(lambda v: owner(v))
+    _active = field_validator("active_gpus", mode="before")(lambda v: None if v is None else whole(v))
+    _workload = field_validator("workload", mode="before")(lambda v: None if v is None else k8s_name(v))
+    _vram = field_validator("vram_request_gib", mode="before")(lambda v: None if v is None else number(v, 0.0))
 
-@dataclass(frozen=True)
+    @model_validator(mode="after")
+    def _active_within_gpus(self) -> PodSpec:
+        if self.active_gpus is not None and self.active_gpus > self.gpus:
+            raise field_error(f"must be <= gpus ({self.gpus}), got {self.active_gpus}", ".active_gpus")
+        return self
+
+
+@dataclass(frozen=True, config=_FORMAT)
 class PodSetSpec:
     """One pod set of a queued workload: ``count`` pods of ``gpus`` units of ``resource`` each."""
 
@@ -147,16 +268,19 @@ class PodSetSpec:
     gpus: int = 1
     resource: str = "nvidia.com/gpu"
 
+    _name = field_validator("name", mode="before")(lambda v: k8s_name(v))
+    _counts = field_validator("count", "gpus", mode="before")(lambda v: whole(v, 1))
+    _resource = field_validator("resource", mode="before")(lambda v: resource(v))
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, config=_FORMAT)
 class WorkloadSpec:
     """Extension: a Kueue Workload (``kueue.x-k8s.io/v1beta1``) from ``create`` until ``delete``."""
 
-    index: int
     name: str
     namespace: str = "default"
     queue: str = "default"
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
     pod_sets: tuple[PodSetSpec, ...] = (PodSetSpec(),)
     create: float = 0.0
     admit: float | None = None
@@ -165,81 +289,229 @@ class WorkloadSpec:
     reason: str | None = None
     """Why it waits (the QuotaReserved=False message); default: Kueue's insufficient-quota text."""
 
+    _names = field_validator("name", "namespace", "queue", mode="before")(lambda v: k8s_name(v))
+    _labels = field_validator("labels", mode="before")(lambda v: labels(v))
+    _sets = _list_field("pod_sets")
+    _create = field_validator("create", mode="before")(lambda v: duration_s(v))
+    _durations = field_validator("admit", "delete", mode="before")(lambda v: optional_duration(v))
+    _reason = field_validator("reason", mode="before")(lambda v: optional_text(v))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        if not self.pod_sets:
+            raise field_error("at least one pod set", ".pod_sets")
+        if len({s.name for s in self.pod_sets}) != len(self.pod_sets):
+            raise field_error("pod set names must be unique", ".pod_sets")
+        if self.admit is not None and self.admit < self.create:
+            raise field_error("must not be before create", ".admit")
+        return self
+
     @property
     def gpus(self) -> int:
         return sum(s.count * s.gpus for s in self.pod_sets)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORMAT)
 class FaultSpec:
-    node: str
-    gpu: int
-    at: float
+    node: str = Field(default=None, validate_default=True)
+    """Required; a missing node says what a node name is."""
+    gpu: int = 0
+    at: float = 0.0
     xid: int | None = None
     lost: bool = False
     until: float | None = None
 
+    _node = field_validator("node", mode="before")(lambda v: text(v))
+    _gpu = field_validator("gpu", mode="before")(lambda v: whole(v))
+    _at = field_validator("at", mode="before")(lambda v: duration_s(v))
+    _xid = field_validator("xid", mode="before")(lambda v: None if v is None else whole(v, 1))
+    _lost = field_validator("lost", mode="before")(lambda v: flag(v))
+    _until = field_validator("until", mode="before")(lambda v: optional_duration(v))
 
-@dataclass(frozen=True)
+    @model_validator(mode="after")
+    def _what(self) -> FaultSpec:
+        if self.xid is None and not self.lost:
+            raise field_error("give xid: <number> or lost: true")
+        return self
+
+
+@dataclass(frozen=True, config=_FORMAT)
 class GapSpec:
-    node: str
-    start: float
-    end: float
+    """A silent agent from ``start`` to ``end`` (file keys ``from`` and ``to``; all required)."""
+
+    node: str = Field(default=None, validate_default=True)
+    start: float = Field(default=None, alias="from", validate_default=True)
+    end: float = Field(default=None, alias="to", validate_default=True)
+
+    _node = field_validator("node", mode="before")(lambda v: text(v))
+    _span = field_validator("start", "end", mode="before")(lambda v: duration_s(v))
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GapSpec:
+        if self.end <= self.start:
+            raise field_error("must be after from", ".to")
+        return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORMAT)
 class LateSpec:
-    node: str
-    at: float
-    by: float
+    """A node's samples from ``at`` on delivered ``by`` seconds late (all required)."""
+
+    node: str = Field(default=None, validate_default=True)
+    at: float = Field(default=None, validate_default=True)
+    by: float = Field(default=None, validate_default=True)
+
+    _node = field_validator("node", mode="before")(lambda v: text(v))
+    _at = field_validator("at", mode="before")(lambda v: duration_s(v))
+    _by = field_validator("by", mode="before")(lambda v: duration_s(v, allow_zero=False))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_FORMAT)
 class PoisonSpec:
-    at: float
-    topic: str
-    value: str | None
+    """A record written as-is to an input topic at ``at`` (``topic`` required)."""
+
+    at: float = 0.0
+    topic: str = Field(default=None, validate_default=True)
+    value: str | None = None
     key: str | None = None
 
+    _at = field_validator("at", mode="before")(lambda v: duration_s(v))
+    _written = field_validator("value", "key", mode="before")(lambda v: None if v is None else str(v))
 
-@dataclass(frozen=True)
+    @field_validator("topic", mode="before")
+    @classmethod
+    def _topic(cls, value: object) -> str:
+        topic = text(value)
+        suffixes = [t.suffix for t in INPUT_TOPICS]
+        if topic not in suffixes:
+            raise field_error(f"expected one of {', '.join(suffixes)}, got {topic!r}")
+        return topic
+
+
+@dataclass(frozen=True, config=_FORMAT, kw_only=True)
 class Scenario:
-    name: str
-    start: datetime
-    duration_s: float
-    sample_interval_s: float = 10.0
-    window_s: float = 60.0
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    prices: dict[str, float] = field(default_factory=dict)
+    name: str = Field(default=None, validate_default=True)
+    """Empty when the file names none (:func:`parse_scenario` then gives the file's name)."""
+    description: str | None = None
+    start: datetime = Field(default=DEFAULT_START, validate_default=True)
+    duration: float
+    """Seconds (:attr:`duration_s`); required."""
+    sample_interval: float = Field(default="10s", validate_default=True)
+    window: float = Field(default="1m", validate_default=True)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    prices: dict[str, float] = Field(default_factory=dict)
     nodes: tuple[NodeSpec, ...] = ()
     pods: tuple[PodSpec, ...] = ()
+    workloads: tuple[WorkloadSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     agent_gaps: tuple[GapSpec, ...] = ()
     late_samples: tuple[LateSpec, ...] = ()
     poison: tuple[PoisonSpec, ...] = ()
-    workloads: tuple[WorkloadSpec, ...] = ()
-    source: str = ""
     cluster: str = DEFAULT_CLUSTER
     """The cluster every message of the scenario carries (``GPULENS_CLUSTER`` of its agents and watcher)."""
+
+    _name = field_validator("name", mode="before")(lambda v: str(v) if v else "")
+    _description = field_validator("description", mode="before")(lambda v: None if v is None else str(v))
+    _start = field_validator("start", mode="before")(lambda v: start_time(v))
+    _duration = field_validator("duration", mode="before")(lambda v: duration_s(v, allow_zero=False))
+    _intervals = field_validator("sample_interval", "window", mode="before")(lambda v: duration_s(v, allow_zero=False))
+    _lists = _list_field("nodes", "pods", "workloads", "faults", "agent_gaps", "late_samples", "poison")
+    _cluster = field_validator("cluster", mode="before")(lambda v: cluster_name(v))
+
+    @field_validator("thresholds", mode="before")
+    @classmethod
+    def _thresholds(cls, value: object) -> object:
+        """Each value as the file spells it (a duration, or a number); the settings' model checks
+        the names and the bounds."""
+        if isinstance(value, Thresholds):
+            return value
+        written = {}
+        for key, item in mapping(value).items():
+            name = Thresholds.name_of(str(key))
+            try:
+                if name is None:
+                    written[key] = item  # the model names it unknown
+                else:
+                    written[key] = duration_s(item) if name in Thresholds.durations() else number(item, low=None)
+            except PydanticCustomError as exc:
+                raise field_error(str(exc), f".{key}") from None
+        return written
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _prices(cls, value: object) -> dict[str, float]:
+        return {str(model): number(price, 0.0, sub=f".{model}") for model, price in mapping(value).items()}
+
+    @model_validator(mode="after")
+    def _references(self) -> Scenario:
+        _check_references(self)
+        return self
+
+    @property
+    def duration_s(self) -> float:
+        return self.duration
+
+    @property
+    def sample_interval_s(self) -> float:
+        return self.sample_interval
+
+    @property
+    def window_s(self) -> float:
+        return self.window
 
     @property
     def ticks(self) -> int:
         """Ticks at t = 0, dt, 2dt, ... while t < duration."""
-        return max(0, math.ceil(self.duration_s / self.sample_interval_s - 1e-9))
+        return max(0, math.ceil(self.duration / self.sample_interval - 1e-9))
 
     @property
     def end_offset_s(self) -> float:
         """End of the simulated time: the last tick's interval closes it."""
-        return self.ticks * self.sample_interval_s
+        return self.ticks * self.sample_interval
 
     def node(self, name: str) -> NodeSpec | None:
         return next((n for n in self.nodes if n.name == name), None)
 
 
+_SCENARIO = TypeAdapter(Scenario)
+
+
+def _unique(keys: list[str], path: str, what: str) -> None:
+    """The first repeated key of ``keys`` is an error at ``path.format(index)``."""
+    seen: set[str] = set()
+    for index, key in enumerate(keys):
+        if key in seen:
+            raise field_error(f"duplicate {what} {key}", path.format(index))
+        seen.add(key)
+
+
+def _check_references(scenario: Scenario) -> None:
+    """What one object of the file says about another: names unique, nodes and workloads exist."""
+    _unique([repr(n.name) for n in scenario.nodes], "nodes[{}].name", "node name")
+    _unique([f"{p.namespace}/{p.name}" for p in scenario.pods], "pods[{}].name", "pod")
+    _unique([f"{w.namespace}/{w.name}" for w in scenario.workloads], "workloads[{}].name", "workload")
+    workloads = {(w.namespace, w.name) for w in scenario.workloads}
+    for i, pod in enumerate(scenario.pods):
+        if pod.workload is not None and (pod.namespace, pod.workload) not in workloads:
+            raise field_error(f"no workload {pod.namespace}/{pod.workload} in workloads", f"pods[{i}].workload")
+    by_name = {n.name: n for n in scenario.nodes}
+    for i, fault in enumerate(scenario.faults):
+        spec = by_name.get(fault.node)
+        if spec is None:
+            raise field_error(f"unknown node {fault.node!r}", f"faults[{i}].node")
+        if fault.gpu >= spec.gpus:
+            raise field_error(f"node {fault.node} has GPUs 0..{spec.gpus - 1}, got {fault.gpu}", f"faults[{i}].gpu")
+    named = [(f"agent_gaps[{i}]", gap.node) for i, gap in enumerate(scenario.agent_gaps)]
+    named += [(f"late_samples[{i}]", late.node) for i, late in enumerate(scenario.late_samples)]
+    for where, node in named:
+        if node not in by_name:
+            raise field_error(f"unknown node {node!r}", f"{where}.node")
+
+
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_duration(value: Any, path: str, allow_zero: bool = True) -> float:
+def parse_duration(value: object, path: str, allow_zero: bool = True) -> float:
     """``90s``, ``10m``, ``1.5h``, ``2d``, ``500ms`` or a bare number of seconds (also for CLI flags,
     ``path`` naming the flag)."""
     try:
@@ -259,94 +531,17 @@ def step_value(steps: Steps, offset_s: float) -> float:
     return current
 
 
-def _node(raw: NodeFile) -> NodeSpec:
-    layouts, changes = raw.layouts()
-    return NodeSpec(name=raw.name, gpus=raw.gpus, model=raw.model, memory_gib=raw.memory_gib, driver=raw.driver,
-                    cuda=raw.cuda, labels=raw.labels or {}, ready_until=raw.ready_until,
-                    unschedulable=raw.unschedulable, mig=raw.mig, time_slicing=raw.time_slicing,
-                    process_stats=raw.process_stats, mig_layout=layouts, mig_relayout=changes)
-
-
-def _pod(raw: PodFile, index: int) -> PodSpec:
-    return PodSpec(index=index, name=raw.name, namespace=raw.namespace, labels=raw.labels or {}, gpus=raw.gpus,
-                   node=raw.node, create=raw.create, run_for=raw.run_for, delete=raw.delete, end=raw.end,
-                   util=raw.util, memory_gib=raw.memory_gib, processes=raw.processes, gang=raw.gang,
-                   crashloop=raw.crashloop, steps_per_s=raw.steps_per_s, image=raw.image, resource=raw.resource,
-                   owner=raw.owner, active_gpus=raw.active_gpus, workload=raw.workload,
-                   allocator=None if raw.allocator is None else AllocatorSpec(
-                       raw.allocator.reserved_gib, raw.allocator.allocated_gib, raw.allocator.retries_per_min,
-                       raw.allocator.ooms_per_min, raw.allocator.start, raw.allocator.until),
-                   vram_request_gib=raw.vram_request_gib)
-
-
-def _workload(raw: WorkloadFile, index: int) -> WorkloadSpec:
-    return WorkloadSpec(index=index, name=raw.name, namespace=raw.namespace, queue=raw.queue,
-                        labels=raw.labels or {},
-                        pod_sets=tuple(PodSetSpec(s.name, s.count, s.gpus, s.resource) for s in raw.pod_sets),
-                        create=raw.create, admit=raw.admit, delete=raw.delete, reason=raw.reason)
-
-
-def _unique(keys: list[str], path: str, what: str) -> None:
-    """The first repeated key of ``keys`` is an error at ``path.format(index)``."""
-    seen: set[str] = set()
-    for index, key in enumerate(keys):
-        if key in seen:
-            raise ScenarioError(f"{path.format(index)}: duplicate {what} {key}")
-        seen.add(key)
-
-
-def _check_references(scenario: ScenarioFile, nodes: tuple[NodeSpec, ...]) -> None:
-    """What one object of the file says about another: names unique, nodes and workloads exist."""
-    _unique([repr(n.name) for n in nodes], "nodes[{}].name", "node name")
-    _unique([f"{p.namespace}/{p.name}" for p in scenario.pods], "pods[{}].name", "pod")
-    _unique([f"{w.namespace}/{w.name}" for w in scenario.workloads], "workloads[{}].name", "workload")
-    workloads = {(w.namespace, w.name) for w in scenario.workloads}
-    for i, pod in enumerate(scenario.pods):
-        if pod.workload is not None and (pod.namespace, pod.workload) not in workloads:
-            raise ScenarioError(f"pods[{i}].workload: no workload {pod.namespace}/{pod.workload} in workloads")
-    by_name = {n.name: n for n in nodes}
-    for i, fault in enumerate(scenario.faults):
-        spec = by_name.get(fault.node)
-        if spec is None:
-            raise ScenarioError(f"faults[{i}].node: unknown node {fault.node!r}")
-        if fault.gpu >= spec.gpus:
-            raise ScenarioError(f"faults[{i}].gpu: node {fault.node} has GPUs 0..{spec.gpus - 1}, got {fault.gpu}")
-    named = [(f"agent_gaps[{i}]", gap.node) for i, gap in enumerate(scenario.agent_gaps)]
-    named += [(f"late_samples[{i}]", late.node) for i, late in enumerate(scenario.late_samples)]
-    for where, node in named:
-        if node not in by_name:
-            raise ScenarioError(f"{where}.node: unknown node {node!r}")
-
-
-def parse_scenario(data: Any, source: str = "", default_name: str = "scenario") -> Scenario:
-    """Validate a loaded YAML document; raises :class:`ScenarioError` naming the field."""
+def parse_scenario(data: object, source: str = "", default_name: str = "scenario") -> Scenario:
+    """Validate a loaded YAML document; raises :class:`ScenarioError` naming the field (after
+    ``source``, where the document came from, when given)."""
+    prefix = f"{source}: " if source else ""
     if not isinstance(data, dict):
-        raise ScenarioError("the file must be a YAML mapping with nodes and pods")
+        raise ScenarioError(f"{prefix}the file must be a YAML mapping with nodes and pods")
     try:
-        parsed = ScenarioFile.model_validate(data)
+        scenario = _SCENARIO.validate_python(data)
     except ValidationError as exc:
-        raise ScenarioError(error_text(exc)) from None
-    nodes = tuple(_node(raw) for raw in parsed.nodes)
-    _check_references(parsed, nodes)
-    return Scenario(
-        name=str(parsed.name or default_name),
-        start=parsed.start,
-        duration_s=parsed.duration,
-        sample_interval_s=parsed.sample_interval,
-        window_s=parsed.window,
-        thresholds=parsed.thresholds,
-        prices=parsed.prices,
-        nodes=nodes,
-        pods=tuple(_pod(raw, i) for i, raw in enumerate(parsed.pods)),
-        faults=tuple(FaultSpec(f.node, f.gpu, f.at, f.xid, f.lost, f.until) for f in parsed.faults),
-        agent_gaps=tuple(GapSpec(g.node, g.start, g.end) for g in parsed.agent_gaps),
-        late_samples=tuple(LateSpec(item.node, item.at, item.by) for item in parsed.late_samples),
-        poison=tuple(PoisonSpec(p.at, p.topic, None if p.value is None else str(p.value),
-                                None if p.key is None else str(p.key)) for p in parsed.poison),
-        workloads=tuple(_workload(raw, i) for i, raw in enumerate(parsed.workloads)),
-        source=source,
-        cluster=parsed.cluster,
-    )
+        raise ScenarioError(prefix + error_text(exc, Scenario)) from None
+    return scenario if scenario.name else dataclasses.replace(scenario, name=default_name)
 
 
 def load_scenario(path: Path | str) -> Scenario:
@@ -365,7 +560,4 @@ def load_scenario(path: Path | str) -> Scenario:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ScenarioError(f"{path}: not valid YAML{where}: {problem}") from None
-    try:
-        return parse_scenario(data, str(path), default_name=path.stem)
-    except ScenarioError as exc:
-        raise ScenarioError(f"{path}: {exc}") from None
+    return parse_scenario(data, str(path), default_name=path.stem)

@@ -63,9 +63,9 @@ class FleetSimulator:
         self.allocator = AllocatorPlayer(scenario)
         self.nodes: dict[str, SimNode] = {spec.name: self._make_node(spec) for spec in scenario.nodes}
         self.pods: list[SimPod] = [
-            SimPod(spec, sim_uid(scenario.name, "pod", spec.namespace, spec.name),
-                 hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
-            for spec in scenario.pods
+            SimPod(spec, index, sim_uid(scenario.name, "pod", spec.namespace, spec.name),
+                   hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
+            for index, spec in enumerate(scenario.pods)
         ]
         self.workloads: dict[tuple[str, str], SimWorkload] = {
             (spec.namespace, spec.name): SimWorkload(
@@ -174,7 +174,7 @@ class FleetSimulator:
             failed = self._schedule(t, changed)
             self._crashloops(t, changed)
             gpu_nodes = set(self.nodes)
-            for pod in sorted({p.spec.index: p for p in changed}.values(), key=lambda p: p.spec.index):
+            for pod in sorted({p.index: p for p in changed}.values(), key=lambda p: p.index):
                 state = pod_to_state(self._pod_object(pod, ts), ts, self.config, gpu_nodes)
                 if state is None:
                     continue
@@ -215,7 +215,7 @@ class FleetSimulator:
                 node.slots[base:base + MAX_INSTANCES_PER_GPU] = relayout_slots(gpu.mig_devices, new, owners, where)
                 for pod in self.pods:  # a kept device may move to another slot index
                     if pod.node == node.spec.name and pod.phase == "running":
-                        pod.slots = [i for i, owner in enumerate(node.slots) if owner == pod.spec.index]
+                        pod.slots = [i for i, owner in enumerate(node.slots) if owner == pod.index]
                 gpu.mig_devices = new
                 for device in new:
                     device.parent = gpu
@@ -238,7 +238,7 @@ class FleetSimulator:
         if pod.node is not None:
             node = self.nodes[pod.node]
             for slot in pod.slots:
-                if node.slots[slot] == pod.spec.index:
+                if node.slots[slot] == pod.index:
                     node.slots[slot] = None
 
     def _end(self, pod: SimPod, t: float, reason: str, changed: list[SimPod], deleted: bool = False) -> None:
@@ -247,6 +247,7 @@ class FleetSimulator:
         changed.append(pod)
 
     def _lifecycle(self, t: float, ts: datetime, changed: list[SimPod], records: list[SimulatedRecord]) -> None:
+        """Pods created, deleted and finished at ``t``, then nodes removed (their pods evicted)."""
         for pod in self.pods:
             create = self._create_at(pod)
             if pod.phase == "new" and create is not None and create <= t + EPS:
@@ -261,17 +262,21 @@ class FleetSimulator:
                 self._end(pod, t, pod.spec.end, changed)
         for node in self.nodes.values():
             if not node.removed and node.spec.ready_until is not None and node.spec.ready_until <= t + EPS:
-                node.removed = True
-                if node.state is not None:
-                    records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
-                    records.append(SimulatedRecord(K8S_NODES.suffix, self._key(node.spec.name), None))
-                for pod in self.pods:
-                    if pod.phase == "running" and pod.node == node.spec.name:
-                        self._end(pod, t, "Evicted", changed)
+                self._remove_node(node, t, ts, changed, records)
+
+    def _remove_node(self, node: SimNode, t: float, ts: datetime, changed: list[SimPod],
+                     records: list[SimulatedRecord]) -> None:
+        node.removed = True
+        if node.state is not None:
+            records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
+            records.append(SimulatedRecord(K8S_NODES.suffix, self._key(node.spec.name), None))
+        for pod in self.pods:
+            if pod.phase == "running" and pod.node == node.spec.name:
+                self._end(pod, t, "Evicted", changed)
 
     def _schedule(self, t: float, changed: list[SimPod]) -> list[SimPod]:
         failed = []
-        pending = sorted((p for p in self.pods if p.phase == "pending"), key=lambda p: (p.created, p.spec.index))
+        pending = sorted((p for p in self.pods if p.phase == "pending"), key=lambda p: (p.created, p.index))
         live = [n for n in self.nodes.values() if not n.removed]
         for pod in pending:
             reasons: dict[str, int] = {}
@@ -283,7 +288,7 @@ class FleetSimulator:
                             and self._vram_fits(pod, node, i, t)]
                     taken = free[: pod.spec.gpus]
                     for slot in taken:
-                        node.slots[slot] = pod.spec.index
+                        node.slots[slot] = pod.index
                     pod.phase, pod.scheduled, pod.node, pod.slots = "running", t, node.spec.name, taken
                     changed.append(pod)
                     break
@@ -327,10 +332,10 @@ class FleetSimulator:
             return True
         per_gpu = node.spec.time_slicing
         gpu = slot // per_gpu
-        by_index = {p.spec.index: p for p in self.pods}
+        by_index = {p.index: p for p in self.pods}
         held = 0.0
         for owner in node.slots[gpu * per_gpu:(gpu + 1) * per_gpu]:
-            if owner is None or owner == pod.spec.index:
+            if owner is None or owner == pod.index:
                 continue
             tenant = by_index[owner]
             declared = tenant.spec.vram_request_gib
@@ -409,7 +414,7 @@ class FleetSimulator:
                resolver: dict[int, ContainerRef]) -> list[FakeProcess]:
         procs = []
         for j in range(count):
-            pid = 100_000 + pod.spec.index * 10_000 + ordinal * 100 + j
+            pid = 100_000 + pod.index * 10_000 + ordinal * 100 + j
             share_mem = mem // count + (mem % count if j == 0 else 0)
             procs.append(FakeProcess(pid=pid, used_gpu_memory_bytes=share_mem if stats else None,
                                      sm_util_pct=util / count if stats else None))
@@ -419,7 +424,7 @@ class FleetSimulator:
     def _dress(self, node: SimNode, t: float) -> None:
         """Set the fake GPUs, the kubelet's assignments and the process map for this tick."""
         spec = node.spec
-        by_index = {p.spec.index: p for p in self.pods}
+        by_index = {p.index: p for p in self.pods}
         mapping: dict[str, list[PodRef]] = {}
         resolver: dict[int, ContainerRef] = {}
         mig_mode = bool(spec.mig) or spec.mig_layout is not None
@@ -468,4 +473,4 @@ class FleetSimulator:
 
     def pod_uids(self) -> dict[int, str]:
         """Scenario pod index -> the uid its records carry (what names a report row)."""
-        return {pod.spec.index: pod.uid for pod in self.pods}
+        return {pod.index: pod.uid for pod in self.pods}

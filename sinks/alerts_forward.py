@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from common.backoff import Backoff
 from common.errors import GpulensError
-from common.kafka import BoundedProducer, KafkaException, TopicFollower, commit_offsets, make_consumer
+from common.kafka import BoundedProducer, Consumer, KafkaException, TopicFollower, commit_offsets, make_consumer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import AlertForwardSettings
@@ -372,35 +372,19 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
     idle_since = time.monotonic()
     try:
         while not stop.is_set():
-            # wait for one record, then take what has already arrived: no waiting for a full batch
-            first = consumer.poll(0.5)
-            messages = [] if first is None else [first]
-            if first is not None and settings.batch_max_records > 1:
-                messages += consumer.consume(settings.batch_max_records - 1, 0)
-            records = [ConsumedRecord(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0),
-                                      _bytes(m.key()), m.value(), m.timestamp()[1])
-                       for m in messages if m.error() is None]
+            records = _poll(consumer, topic, settings.batch_max_records)
             if not records:
                 if exit_when_idle_s is not None and time.monotonic() - idle_since >= exit_when_idle_s:
                     break
                 continue
             idle_since = time.monotonic()
-            try:
-                teams.refresh()
-            except (KafkaException, TimeoutError) as exc:  # a missing team label is no reason to hold alerts
-                log.warning("pod states not read; alerts go without a fresh team label", error=str(exc))
+            _refresh(teams)
             try:
                 _forward_batch(forwarder, records, producer, dlq_topic)
             except ForwarderStopped:
                 log.info("stopped while delivering: the batch is not committed and will be delivered again")
                 break
-            offsets: dict[tuple[str, int], int] = {}
-            for r in records:
-                offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
-            try:
-                commit_offsets(consumer, offsets)
-            except KafkaException as exc:  # e.g. a rebalance took the partition: delivered again, harmless
-                log.warning("offset commit failed", error=str(exc))
+            _commit(consumer, records)
             forwarder.totals.batches += 1
             idle_since = time.monotonic()
     finally:
@@ -408,6 +392,34 @@ def run_forwarder(settings: AlertForwardSettings, *, stop: threading.Event | Non
         producer.close(10.0)
         teams.close()
     return forwarder.totals
+
+
+def _poll(consumer: Consumer, topic: str, batch_max_records: int) -> list[ConsumedRecord]:
+    """Wait for one record, then take what has already arrived: no waiting for a full batch."""
+    first = consumer.poll(0.5)
+    messages = [] if first is None else [first]
+    if first is not None and batch_max_records > 1:
+        messages += consumer.consume(batch_max_records - 1, 0)
+    return [ConsumedRecord(m.topic() or topic, int(m.partition() or 0), int(m.offset() or 0),
+                           _bytes(m.key()), m.value(), m.timestamp()[1])
+            for m in messages if m.error() is None]
+
+
+def _refresh(teams: PodTeams) -> None:
+    try:
+        teams.refresh()
+    except (KafkaException, TimeoutError) as exc:  # a missing team label is no reason to hold alerts
+        log.warning("pod states not read; alerts go without a fresh team label", error=str(exc))
+
+
+def _commit(consumer: Consumer, records: list[ConsumedRecord]) -> None:
+    offsets: dict[tuple[str, int], int] = {}
+    for r in records:
+        offsets[(r.topic, r.partition)] = max(offsets.get((r.topic, r.partition), 0), r.offset + 1)
+    try:
+        commit_offsets(consumer, offsets)
+    except KafkaException as exc:  # e.g. a rebalance took the partition: delivered again, harmless
+        log.warning("offset commit failed", error=str(exc))
 
 
 def encoded_dead_letter(record: ConsumedRecord, code: DeadLetterReason, detail: str) -> tuple[bytes, Headers]:

@@ -581,41 +581,21 @@ class BatchWriter:
         that path finds and dead-letters it)."""
         engine: list[EngineSample] = []
         rest: list[tuple[ConsumedRecord, Decoded]] = []
-        oldest: datetime | None = None
-        latest: datetime | None = None
+        times: list[datetime] = []
         for record, message in decoded:
             try:
-                if isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes):
-                    line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
-                    if line is not None:
-                        counts = sample_json.row_counts(message.data)
-                        ts = message.data["ts"]
-                        oldest = ts if oldest is None or ts < oldest else oldest
-                        latest = ts if latest is None or ts > latest else latest
-                        engine.append(EngineSample(record, line, *counts))
-                        continue
-                    message = completed(record, message)
+                taken = _engine_sample_or_message(record, message)
             except Exception as exc:
                 rejected.append((record, unappliable("preparing a sample", exc)))
                 continue
-            rest.append((record, message))
-        if oldest is not None and latest is not None and (
-                oldest <= bounds.oldest["gpu_samples"]
-                or latest > min(bounds.latest_for("gpu_samples"), bounds.latest_for("gpu_processes"))):
-            # the row path for all of them, in the batch's order
-            kept = {id(record): (record, message) for record, message in rest}
-            unpacked = {id(sample.record) for sample in engine}
-            everything: list[tuple[ConsumedRecord, Decoded]] = []
-            for record, message in decoded:
-                if id(record) in kept:
-                    everything.append(kept[id(record)])
-                elif id(record) in unpacked:
-                    try:
-                        everything.append((record, completed(record, message) if isinstance(message, Plain)
-                                           else message))
-                    except Exception as exc:
-                        rejected.append((record, unappliable("reading a sample in full", exc)))
-            return [], everything
+            if isinstance(taken, tuple):
+                engine.append(taken[0])
+                times.append(taken[1])
+            else:
+                rest.append((record, taken))
+        if times and (min(times) <= bounds.oldest["gpu_samples"]
+                      or max(times) > min(bounds.latest_for("gpu_samples"), bounds.latest_for("gpu_processes"))):
+            return [], _all_as_rows(decoded, engine, rest, rejected)
         return engine, rest
 
     def store_prepared(self, prepared: PreparedBatch) -> tuple[FlushOutcome, Rejected]:
@@ -766,3 +746,32 @@ def encoded_dead_letter(record: ConsumedRecord, reason: str) -> tuple[bytes, Hea
     letter = dead_letter(str(reason), record.topic, record.value, _now(), record.partition, record.offset,
                          reason=code)
     return encode(letter), dead_letter_headers(letter)
+
+
+def _engine_sample_or_message(record: ConsumedRecord, message: Decoded) -> tuple[EngineSample, datetime] | Decoded:
+    """A canonical GPU sample's line for the engine, with the sample's time; otherwise the message
+    for the row path (a sample the engine does not unpack read in full)."""
+    if not (isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes)):
+        return message
+    line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
+    if line is None:
+        return completed(record, message)
+    return EngineSample(record, line, *sample_json.row_counts(message.data)), message.data["ts"]
+
+
+def _all_as_rows(decoded: list[tuple[ConsumedRecord, Decoded]], engine: list[EngineSample],
+                 rest: list[tuple[ConsumedRecord, Decoded]], rejected: Rejected
+                 ) -> list[tuple[ConsumedRecord, Decoded]]:
+    """Every record for the row path, in the batch's order: the samples read in full."""
+    kept = {id(record): (record, message) for record, message in rest}
+    unpacked = {id(sample.record) for sample in engine}
+    everything: list[tuple[ConsumedRecord, Decoded]] = []
+    for record, message in decoded:
+        if id(record) in kept:
+            everything.append(kept[id(record)])
+        elif id(record) in unpacked:
+            try:
+                everything.append((record, completed(record, message) if isinstance(message, Plain) else message))
+            except Exception as exc:
+                rejected.append((record, unappliable("reading a sample in full", exc)))
+    return everything

@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import (
@@ -41,6 +40,7 @@ from clickhouse_connect.driver.exceptions import (
     ProgrammingError,
 )
 
+from common.clickhouse_target import ClickHouseTarget, masked_url
 from common.errors import GpulensError, PermanentError, RetriableError
 from sinks.readonly import ReadLimits, ReadOnlyViolation, guard
 
@@ -164,20 +164,16 @@ def plain_value(value: Any) -> Any:
 
 
 def describe_target(url: str) -> str:
-    """The URL with any password masked, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
+    """The URL as logs and messages show it (:func:`common.clickhouse_target.masked_url`)."""
+    return masked_url(url)
 
 
 def is_embedded(url: str) -> bool:
-    return urlsplit(url).scheme == "chdb"
+    return ClickHouseTarget.parse(url).embedded
 
 
 def embedded_path(url: str) -> str:
-    parts = urlsplit(url)
-    return unquote(parts.path if not parts.netloc else parts.netloc + parts.path)
+    return str(ClickHouseTarget.parse(url).path)
 
 
 def _load_insert_dependencies() -> None:

@@ -1,8 +1,7 @@
-"""Building blocks of the sink's ClickHouse DDL: column types with their codecs, TTLs, table settings.
+"""Building blocks of the sink's ClickHouse DDL: TTLs and table settings.
 
-Why a module of its own: every migration (:mod:`sinks.migrations` and the modules it gathers)
-writes its tables with the same types and settings; the reasons for each codec are in
-:mod:`sinks.migrations`' docstring.
+Why a module of its own: the migrations (:mod:`sinks.migrations`), the sink's batch writer and the
+replay share them; the column types and codecs are the column spec's (:mod:`sinks.tables`).
 """
 
 from __future__ import annotations
@@ -54,17 +53,6 @@ class TtlDays:
                         f"second of ClickHouse's DateTime in which the tables' TTLs are counted: at most {room} "
                         "days from today")
         return None
-
-
-TS = "DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD(1))"
-TS_PLAIN = "DateTime64(3, 'UTC') CODEC(Delta, ZSTD(1))"
-TS_NULL = "Nullable(DateTime64(3, 'UTC')) CODEC(ZSTD(1))"
-LC = "LowCardinality(String)"
-GAUGE = "Nullable(Float32) CODEC(Gorilla, ZSTD(1))"
-BYTES_GAUGE = "Nullable(UInt64) CODEC(T64, ZSTD(1))"
-RATE = "Nullable(Float32) CODEC(ZSTD(1))"
-"""Transfer rates: proportional to load, they compress better with ZSTD alone than with Gorilla."""
-KAFKA_COLS = "kafka_partition UInt16 CODEC(T64, ZSTD(1)),\n    kafka_offset UInt64 CODEC(Delta, ZSTD(1))"
 
 
 def dedup_settings() -> str:

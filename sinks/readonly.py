@@ -96,48 +96,61 @@ def _scan_quoted(sql: str, i: int) -> int:
     raise ReadOnlyViolation(f"unterminated {quote} literal")
 
 
+def _comment_end(sql: str, i: int) -> int | None:
+    """Where the comment at ``i`` ends (None: no comment there)."""
+    if sql.startswith("--", i) or sql.startswith("#", i):
+        end = sql.find("\n", i)
+        return len(sql) if end < 0 else end
+    if not sql.startswith("/*", i):
+        return None
+    depth, j, n = 1, i + 2, len(sql)
+    while j < n and depth:
+        if sql.startswith("/*", j):
+            depth, j = depth + 1, j + 2
+        elif sql.startswith("*/", j):
+            depth, j = depth - 1, j + 2
+        else:
+            j += 1
+    if depth:
+        raise ReadOnlyViolation("unterminated /* comment")
+    return j
+
+
+def _run_end(sql: str, i: int, more: str) -> int:
+    """The end of the run from ``i + 1`` of alphanumerics and characters of ``more``."""
+    j, n = i + 1, len(sql)
+    while j < n and (sql[j].isalnum() or sql[j] in more):
+        j += 1
+    return j
+
+
+def _token(sql: str, i: int) -> Token:
+    """The token that starts at ``i`` (not a space nor a comment)."""
+    ch = sql[i]
+    if ch in "'\"`":
+        return Token("string" if ch == "'" else "quoted", sql[i:_scan_quoted(sql, i)])
+    if ch.isalpha() or ch == "_" or ch == "$":
+        return Token("word", sql[i:_run_end(sql, i, "_$")])
+    if ch.isdigit():
+        return Token("number", sql[i:_run_end(sql, i, "._")])
+    return Token("punct", ch)
+
+
 def lex(sql: str) -> list[Token]:
     """ClickHouse tokens of ``sql`` (comments dropped; literals kept whole)."""
     tokens: list[Token] = []
     i, n = 0, len(sql)
     while i < n:
-        ch = sql[i]
-        if ch.isspace():
+        if sql[i].isspace():
             i += 1
-        elif sql.startswith("--", i) or sql.startswith("#", i):
-            end = sql.find("\n", i)
-            i = n if end < 0 else end
-        elif sql.startswith("/*", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if sql.startswith("/*", j):
-                    depth, j = depth + 1, j + 2
-                elif sql.startswith("*/", j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
-            if depth:
-                raise ReadOnlyViolation("unterminated /* comment")
-            i = j
-        elif ch in "'\"`":
-            end = _scan_quoted(sql, i)
-            tokens.append(Token("string" if ch == "'" else "quoted", sql[i:end]))
+            continue
+        end = _comment_end(sql, i)
+        if end is not None:
             i = end
-        elif ch.isalpha() or ch == "_" or ch == "$":
-            j = i + 1
-            while j < n and (sql[j].isalnum() or sql[j] in "_$"):
-                j += 1
-            tokens.append(Token("word", sql[i:j]))
-            i = j
-        elif ch.isdigit():
-            j = i + 1
-            while j < n and (sql[j].isalnum() or sql[j] in "._"):
-                j += 1
-            tokens.append(Token("number", sql[i:j]))
-            i = j
-        else:
-            tokens.append(Token("punct", ch))
-            i += 1
+            continue
+        token = _token(sql, i)
+        tokens.append(token)
+        i += len(token.text)
     return tokens
 
 

@@ -34,6 +34,7 @@ from schemas.topics import (
     WORKLOAD_PROGRESS,
     TopicSpec,
 )
+from sinks import tables
 
 SINK_TOPICS: tuple[TopicSpec, ...] = tuple(spec for spec in ALL_TOPICS
                                            if spec not in (DEADLETTER, K8S_WORKLOADS, WORKLOAD_ALLOCATOR))
@@ -53,6 +54,10 @@ TABLES_BY_TOPIC: dict[str, tuple[str, ...]] = {
 }
 
 Row = dict[str, Any]
+Columns = dict[str, list[Any]]
+"""Rows as columns: one list of values per column name."""
+SampleItem = tuple[Row, int, int]
+"""A GPU sample as plain data (:func:`schemas.codec.decode_plain`) with its partition and offset."""
 
 
 @dataclass
@@ -130,100 +135,136 @@ def _columns(getter: itemgetter[Any], dicts: Sequence[dict[str, Any]], width: in
 
 _SAMPLE_FIELDS = ("ts", "node", "agent_boot_id", "seq", "sample_interval_s", "driver_version", "cuda_driver_version",
                   "cluster")
-GPU_GAUGES = ("gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "power_w", "temperature_c",
-              "sm_clock_mhz", "mem_clock_mhz", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes_per_s",
-              "nvlink_rx_bytes_per_s")
+GPU_GAUGES: tuple[str, ...] = tuple(column.name for column in tables.GPU_GAUGES)
+"""The GPU gauge columns of ``gpu_samples``, each the same-named field of a GPU (the column spec's)."""
 _GPU_FIELDS = ("uuid", "index", "model", "mig_parent_uuid", "mig_profile", *GPU_GAUGES, "health", "health_reason",
                "xids", "assigned_to", "processes", "shared")
-_PROCESS_FIELDS = ("pid", "process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name",
-                   "mem_used_bytes", "sm_util_pct")
+_PROCESS_FIELDS = tuple(column.source.removeprefix("gpus[].processes[].") for column in tables.GPU_PROCESSES.columns
+                        if column.source and column.source.startswith("gpus[].processes[]."))
 _sample_getter = itemgetter(*_SAMPLE_FIELDS)
 _gpu_getter = itemgetter(*_GPU_FIELDS)
 _process_getter = itemgetter(*_PROCESS_FIELDS)
 _namespace, _pod = itemgetter("namespace"), itemgetter("pod")
 
 
-def sample_columns(items: Sequence[tuple[dict[str, Any], int, int]]) -> dict[str, TableColumns]:
+def _or_empty(values: list[str | None]) -> list[str]:
+    return [v or "" for v in values]
+
+
+@dataclass
+class _Gpus:
+    """Every GPU of a batch of samples, one list per field (per-sample values repeated per GPU)."""
+
+    sample: Columns
+    """The sample's fields (:data:`_SAMPLE_FIELDS`), ``partition`` and ``offset``, one value per GPU."""
+    gpu: Columns
+    """The GPU's fields (:data:`_GPU_FIELDS`)."""
+
+    @classmethod
+    def of(cls, items: Sequence[SampleItem], gpus: list[Row]) -> _Gpus:
+        counts = [len(sample["gpus"]) for sample, _, _ in items]
+        sample = {name: _repeat(column, counts) for name, column in zip(
+            _SAMPLE_FIELDS, _columns(_sample_getter, [item[0] for item in items], len(_SAMPLE_FIELDS)), strict=True)}
+        sample["partition"] = _repeat([item[1] for item in items], counts)
+        sample["offset"] = _repeat([item[2] for item in items], counts)
+        gpu = dict(zip(_GPU_FIELDS, _columns(_gpu_getter, gpus, len(_GPU_FIELDS)), strict=True))
+        return cls(sample, gpu)
+
+    def picked(self, name: str, rows: list[int]) -> list[Any]:
+        """A per-GPU column (``cluster``, ``uuid``, ...) at the GPUs ``rows`` (one value per row)."""
+        column = self.sample[name] if name in self.sample else self.gpu[name]
+        return [column[i] for i in rows]
+
+
+def _sample_table(b: _Gpus) -> TableColumns:
+    s, g = b.sample, b.gpu
+    xids, assigned = g["xids"], g["assigned_to"]
+    return TableColumns.of({
+        "cluster": s["cluster"],
+        "ts": s["ts"],
+        "node": s["node"],
+        "gpu_uuid": g["uuid"],
+        "gpu_index": g["index"],
+        "gpu_model": g["model"],
+        "mig_parent_uuid": _or_empty(g["mig_parent_uuid"]),
+        "mig_profile": _or_empty(g["mig_profile"]),
+        "agent_boot_id": s["agent_boot_id"],
+        "seq": s["seq"],
+        "sample_interval_s": s["sample_interval_s"],
+        "driver_version": _or_empty(s["driver_version"]),
+        "cuda_driver_version": _or_empty(s["cuda_driver_version"]),
+        **{name: g[name] for name in GPU_GAUGES},
+        "health": g["health"],
+        "health_reason": _or_empty(g["health_reason"]),
+        "xids": [[x["xid"] for x in events] if events else [] for events in xids],
+        "critical_xid": [any(x["critical"] for x in events) if events else False for events in xids],
+        "pod_uids": [[p["pod_uid"] or "" for p in refs] if refs else [] for refs in assigned],
+        "pod_namespaces": [list(map(_namespace, refs)) for refs in assigned],
+        "pod_names": [list(map(_pod, refs)) for refs in assigned],
+        "process_count": list(map(len, g["processes"])),
+        "shared": g["shared"],
+        "kafka_partition": s["partition"],
+        "kafka_offset": s["offset"],
+    })
+
+
+def _process_table(b: _Gpus) -> TableColumns | None:
+    processes = b.gpu["processes"]
+    owners = [i for i, procs in enumerate(processes) if procs for _ in procs]
+    if not owners:
+        return None
+    fields = dict(zip(_PROCESS_FIELDS, _columns(
+        _process_getter, [p for procs in processes if procs for p in procs], len(_PROCESS_FIELDS)), strict=True))
+    return TableColumns.of({
+        "cluster": b.picked("cluster", owners),
+        "ts": b.picked("ts", owners),
+        "node": b.picked("node", owners),
+        "gpu_uuid": b.picked("uuid", owners),
+        "pid": fields["pid"],
+        **{name: _or_empty(fields[name]) for name in ("process_name", "container_id", "container_name", "pod_uid",
+                                                      "pod_namespace", "pod_name")},
+        "mem_used_bytes": fields["mem_used_bytes"],
+        "sm_util_pct": fields["sm_util_pct"],
+        "kafka_partition": b.picked("partition", owners),
+        "kafka_offset": b.picked("offset", owners),
+    })
+
+
+def _xid_table(b: _Gpus) -> TableColumns | None:
+    events = [(x, i) for i, xs in enumerate(b.gpu["xids"]) if xs for x in xs]
+    if not events:
+        return None
+    rows = [i for _, i in events]
+    return TableColumns.of({
+        "cluster": b.picked("cluster", rows),
+        "at": [x["at"] for x, _ in events],
+        "ts": b.picked("ts", rows),
+        "node": b.picked("node", rows),
+        "gpu_uuid": b.picked("uuid", rows),
+        "gpu_model": b.picked("model", rows),
+        "xid": [x["xid"] for x, _ in events],
+        "critical": [x["critical"] for x, _ in events],
+        "message": [x["message"] or "" for x, _ in events],
+        "kafka_partition": b.picked("partition", rows),
+        "kafka_offset": b.picked("offset", rows),
+    })
+
+
+def sample_columns(items: Sequence[SampleItem]) -> dict[str, TableColumns]:
     """The rows of many samples (plain data: :func:`schemas.codec.decode_plain`), built column by column.
 
     The hot path of the sink, one row per GPU and per process: every column is one pass over all
     GPUs of the batch (fields picked by ``itemgetter`` and transposed by ``zip``), not a dict per
     row; per-sample values are repeated once per GPU.
     """
-    counts = [len(sample["gpus"]) for sample, _, _ in items]
     gpus = [gpu for sample, _, _ in items for gpu in sample["gpus"]]
-    tables: dict[str, TableColumns] = {}
     if not gpus:
-        return tables
-    ts, node, boot_id, seq, interval, driver, cuda, cluster = (
-        _repeat(column, counts) for column in _columns(_sample_getter, [item[0] for item in items], 8))
-    partition = _repeat([item[1] for item in items], counts)
-    offset = _repeat([item[2] for item in items], counts)
-    (uuid, index, model, mig_parent, mig_profile, *gauges, health, health_reason, xids, assigned, processes,
-     shared) = _columns(_gpu_getter, gpus, len(_GPU_FIELDS))
-    tables["gpu_samples"] = TableColumns.of({
-        "cluster": cluster,
-        "ts": ts,
-        "node": node,
-        "gpu_uuid": uuid,
-        "gpu_index": index,
-        "gpu_model": model,
-        "mig_parent_uuid": [v or "" for v in mig_parent],
-        "mig_profile": [v or "" for v in mig_profile],
-        "agent_boot_id": boot_id,
-        "seq": seq,
-        "sample_interval_s": interval,
-        "driver_version": [v or "" for v in driver],
-        "cuda_driver_version": [v or "" for v in cuda],
-        **dict(zip(GPU_GAUGES, gauges, strict=True)),
-        "health": health,
-        "health_reason": [v or "" for v in health_reason],
-        "xids": [[x["xid"] for x in events] if events else [] for events in xids],
-        "critical_xid": [any(x["critical"] for x in events) if events else False for events in xids],
-        "pod_uids": [[p["pod_uid"] or "" for p in refs] if refs else [] for refs in assigned],
-        "pod_namespaces": [list(map(_namespace, refs)) for refs in assigned],
-        "pod_names": [list(map(_pod, refs)) for refs in assigned],
-        "process_count": list(map(len, processes)),
-        "shared": shared,
-        "kafka_partition": partition,
-        "kafka_offset": offset,
-    })
-    owners = [i for i, procs in enumerate(processes) if procs for _ in procs]
-    if owners:
-        pid, name, container_id, container_name, pod_uid, pod_namespace, pod_name, mem_used, sm_util = _columns(
-            _process_getter, [p for procs in processes if procs for p in procs], len(_PROCESS_FIELDS))
-        tables["gpu_processes"] = TableColumns.of({
-            "cluster": [cluster[i] for i in owners],
-            "ts": [ts[i] for i in owners],
-            "node": [node[i] for i in owners],
-            "gpu_uuid": [uuid[i] for i in owners],
-            "pid": pid,
-            "process_name": [v or "" for v in name],
-            "container_id": [v or "" for v in container_id],
-            "container_name": [v or "" for v in container_name],
-            "pod_uid": [v or "" for v in pod_uid],
-            "pod_namespace": [v or "" for v in pod_namespace],
-            "pod_name": [v or "" for v in pod_name],
-            "mem_used_bytes": mem_used,
-            "sm_util_pct": sm_util,
-            "kafka_partition": [partition[i] for i in owners],
-            "kafka_offset": [offset[i] for i in owners],
-        })
-    events = [(x, i) for i, xs in enumerate(xids) if xs for x in xs]
-    if events:
-        tables["gpu_xids"] = TableColumns.of({
-            "cluster": [cluster[i] for _, i in events],
-            "at": [x["at"] for x, _ in events],
-            "ts": [ts[i] for _, i in events],
-            "node": [node[i] for _, i in events],
-            "gpu_uuid": [uuid[i] for _, i in events],
-            "gpu_model": [model[i] for _, i in events],
-            "xid": [x["xid"] for x, _ in events],
-            "critical": [x["critical"] for x, _ in events],
-            "message": [x["message"] or "" for x, _ in events],
-            "kafka_partition": [partition[i] for _, i in events],
-            "kafka_offset": [offset[i] for _, i in events],
-        })
+        return {}
+    batch = _Gpus.of(items, gpus)
+    tables = {"gpu_samples": _sample_table(batch)}
+    for name, table in (("gpu_processes", _process_table(batch)), ("gpu_xids", _xid_table(batch))):
+        if table is not None:
+            tables[name] = table
     return tables
 
 

@@ -20,14 +20,16 @@ The same rows, or none:
 - a value a column cannot hold (an index beyond ``UInt16``, a float beyond ``Float32``) never gets
   here: the schema bounds it (``schemas.messages.Uint16``, ``Float32``, ...), so validation refuses
   the record, as the driver's serialisation would; the views convert without a check of their own
-  (a check view cost about a tenth of the sink's time, migration 11 dropped it);
+  (a check view cost about a tenth of the sink's time);
 - every object of a record is read as a named tuple, which refuses a duplicate key (a top-level
   row would keep the first of two where validation keeps the last); a line the engine cannot read
   fails the insert while the block is parsed, before either view writes a row, and the caller
   writes the batch through the row path, whose verdict stands.
 
 The views' expressions mirror ``sample_columns`` column by column (defaults of omitted fields
-included); tests store the same records both ways and compare every column.
+included); the gauges' types and expressions follow the column spec (:data:`sinks.tables.GPU_GAUGES`).
+Tests store the same records both ways and compare every column, and compare the migrated store's
+table and views with :func:`ddl`.
 """
 
 from __future__ import annotations
@@ -37,20 +39,28 @@ from typing import Any
 
 from schemas.messages import DEFAULT_CLUSTER
 from sinks.clickhouse import datetime_ticks
-from sinks.rows import GPU_GAUGES
+from sinks.tables import GPU_GAUGES, GPU_PROCESSES, Column
 
 TABLE = "gpu_samples_json"
 
-_FLOATS = ("gpu_util_pct", "mem_util_pct", "power_w", "temperature_c", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
-           "nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s")
-_UINT64S = ("mem_used_bytes", "mem_total_bytes")
-_UINT32S = ("sm_clock_mhz", "mem_clock_mhz")
-_PROCESS_STRINGS = ("process_name", "container_id", "container_name", "pod_uid", "pod_namespace", "pod_name")
+_PROCESS_STRINGS = tuple(column.name for column in GPU_PROCESSES.columns
+                         if column.source == f"gpus[].processes[].{column.name}"
+                         and column.type in ("String", "LowCardinality(String)"))
+"""The processes' names (NULL in the record: ``''`` in their LowCardinality or String column)."""
+
+
+def _inner(column: Column) -> str:
+    return column.type.removeprefix("Nullable(").removesuffix(")") if column.nullable else column.type
+
+
+def _read_as(column: Column) -> str:
+    """The type a gauge is read as from the record's JSON: wide, then converted to the column's by the view."""
+    inner = _inner(column)
+    return "Float64" if inner.startswith("Float") else "UInt64" if inner.startswith("UInt") else "Int64"
 
 
 def _gpu_structure() -> str:
-    gauges = ", ".join(
-        f"{name} Nullable({'Float64' if name in _FLOATS else 'UInt64'})" for name in GPU_GAUGES)
+    gauges = ", ".join(f"{column.name} Nullable({_read_as(column)})" for column in GPU_GAUGES)
     process = ", ".join(["pid UInt32", *(f"{name} Nullable(String)" for name in _PROCESS_STRINGS),
                          "mem_used_bytes Nullable(UInt64)", "sm_util_pct Nullable(Float64)"])
     return (f"Tuple(uuid String, index Int64, model String, mig_parent_uuid Nullable(String), "
@@ -59,20 +69,19 @@ def _gpu_structure() -> str:
             f"processes Array(Tuple({process})), shared Nullable(Bool))")
 
 
-STRUCTURE = (
-    "p UInt16, o UInt64, t Int64, "
-    "s Tuple(cluster Nullable(String), node String, agent_boot_id String, seq UInt64, sample_interval_s Float64, "
+SAMPLE_STRUCTURE = (
+    "Tuple(cluster Nullable(String), node String, agent_boot_id String, seq UInt64, sample_interval_s Float64, "
     f"driver_version Nullable(String), cuda_driver_version Nullable(String), gpus Array({_gpu_structure()}))"
 )
+"""The type of a line's ``s``: the sample as the engine reads it, gauges from the column spec."""
+
+STRUCTURE = f"p UInt16, o UInt64, t Int64, s {SAMPLE_STRUCTURE}"
 """What one line of ``gpu_samples_json`` holds: the record's partition, offset, time in ms and the sample."""
 
 
-def _gauge(name: str) -> str:
-    if name in _FLOATS:
-        return f"toFloat32(g.{name})"
-    if name in _UINT32S:
-        return f"toUInt32(g.{name})"
-    return f"g.{name}"
+def _gauge(column: Column) -> str:
+    inner = _inner(column)
+    return f"g.{column.name}" if inner == _read_as(column) else f"to{inner}(g.{column.name})"
 
 
 _CLUSTER = f"ifNull(s.cluster, '{DEFAULT_CLUSTER}')"
@@ -92,7 +101,7 @@ SAMPLE_COLUMNS: Mapping[str, str] = {
     "sample_interval_s": "toFloat32(s.sample_interval_s)",
     "driver_version": "ifNull(s.driver_version, '')",
     "cuda_driver_version": "ifNull(s.cuda_driver_version, '')",
-    **{name: _gauge(name) for name in GPU_GAUGES},
+    **{column.name: _gauge(column) for column in GPU_GAUGES},
     "health": "ifNull(g.health, 'ok')",
     "health_reason": "ifNull(g.health_reason, '')",
     "xids": "CAST([], 'Array(UInt32)')",
@@ -122,36 +131,35 @@ PROCESS_COLUMNS: Mapping[str, str] = {
 """``gpu_processes`` columns from one process ``q`` of GPU ``g`` of sample ``s``."""
 
 
-def _view(name: str, target: str, columns: Mapping[str, str], joins: str) -> str:
+def _select(columns: Mapping[str, str], joins: str) -> str:
     exprs = ",\n       ".join(f"{expr} AS {column}" for column, expr in columns.items())
-    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name} TO {target} ({', '.join(columns)}) AS\n"
-            f"SELECT {exprs}\nFROM {TABLE} {joins}")
+    return f"SELECT {exprs}\nFROM {TABLE} {joins}"
+
+
+_VIEWS: tuple[tuple[str, str, Mapping[str, str], str], ...] = (
+    (f"{TABLE}_to_samples", "gpu_samples", SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
+    (f"{TABLE}_to_processes", "gpu_processes", PROCESS_COLUMNS, "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q"),
+)
+"""Each view: its name, the table it writes, its columns' expressions, how it unpacks a line."""
 
 
 def ddl() -> list[str]:
-    """The Null table and the two views that unpack its lines (migration 10 on a new store)."""
+    """The Null table and the two views that unpack its lines, as the column spec has them."""
     return [
         f"CREATE TABLE IF NOT EXISTS {TABLE} ({STRUCTURE}) ENGINE = Null",
-        _view(f"{TABLE}_to_samples", "gpu_samples", SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
-        _view(f"{TABLE}_to_processes", "gpu_processes", PROCESS_COLUMNS,
-              "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q"),
+        *(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name} TO {target} ({', '.join(columns)}) AS\n"
+          f"{_select(columns, joins)}" for name, target, columns, joins in _VIEWS),
     ]
 
 
-def ddl_without_the_check() -> list[str]:
-    """Migration 11: the lines go straight to the views that unpack them; the check view that passed
-    them on and its table are dropped, now that the schemas bound what a column cannot hold.
-
-    The new views are created before the old path is dropped, so a sink that inserts during the
-    migration loses no line: a block may be unpacked by both paths for that moment, and its second
-    copy of each row is one row under ``FINAL`` and after merges (one row per fact).
-    """
+def ddl_update() -> list[str]:
+    """A new migration's statements that bring the engine path to the column spec (after the
+    ``ADD COLUMN`` of the tables it writes): the lines' structure, then each view's query, changed
+    in place so that a sink inserting meanwhile loses no line (a line without a new field reads
+    NULL there)."""
     return [
-        *ddl(),
-        f"DROP VIEW IF EXISTS {TABLE}_check",
-        f"DROP VIEW IF EXISTS {TABLE}_samples",
-        f"DROP VIEW IF EXISTS {TABLE}_processes",
-        f"DROP TABLE IF EXISTS {TABLE}_checked",
+        f"ALTER TABLE {TABLE} MODIFY COLUMN s {SAMPLE_STRUCTURE}",
+        *(f"ALTER TABLE {name} MODIFY QUERY {_select(columns, joins)}" for name, _, columns, joins in _VIEWS),
     ]
 
 

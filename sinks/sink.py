@@ -303,37 +303,54 @@ class ClickHouseSink:
 
     def _due_batches(self, key: tuple[str, int], buffer: PartitionBuffer, now: float, force: bool,
                      caught_up: bool = False) -> list[Batch]:
+        batches, waiting = self._replays_due(key, buffer, force)
+        if waiting or not buffer.records:
+            return batches
+        cut, cut_full = self._cut(key, buffer, now, force, caught_up)
+        batches += cut
+        if batches:
+            buffer.backlog = cut_full and bool(buffer.records)
+        return batches
+
+    def _replays_due(self, key: tuple[str, int], buffer: PartitionBuffer, force: bool) -> tuple[list[Batch], bool]:
+        """The journalled ranges read again, as their batches; True: nothing else is due yet (the
+        partition was revoked meanwhile, or a journalled range is not yet read whole)."""
         topic, partition = key
         batches: list[Batch] = []
         if buffer.plans is None and buffer.records:
             self._load_plans()
             if buffer.plans is None:
-                return batches  # revoked while the lookup waited for ClickHouse: no longer ours
+                return batches, True  # revoked while the lookup waited for ClickHouse: no longer ours
         while buffer.plans and buffer.records:
             plan = buffer.plans[0]
             if buffer.records[-1].offset < plan.last_offset and not force:
-                return batches  # wait until the whole journalled range is read again
+                return batches, True  # wait until the whole journalled range is read again
             take = buffer.take(sum(1 for r in buffer.records if r.offset <= plan.last_offset))
             buffer.plans.pop(0)
             if take:
                 batches.append(self._replay(topic, partition, take, plan))
-        if not buffer.records:
-            return batches
-        # A record waits at most the batch age from when it was read; short of that, only full
-        # batches are cut (a remainder waits for more records rather than becoming a small insert),
-        # or, once the consumer has caught up, a buffer at least half full or the rest of a backlog
-        # (waiting would only idle; a backlog's rest is one small insert per backlog, not a trickle).
+        return batches, False
+
+    def _cut(self, key: tuple[str, int], buffer: PartitionBuffer, now: float, force: bool,
+             caught_up: bool) -> tuple[list[Batch], bool]:
+        """The new batches due, and whether one of them is full.
+
+        A record waits at most the batch age from when it was read; short of that, only full
+        batches are cut (a remainder waits for more records rather than becoming a small insert),
+        or, once the consumer has caught up, a buffer at least half full or the rest of a backlog
+        (waiting would only idle; a backlog's rest is one small insert per backlog, not a trickle).
+        """
+        topic, partition = key
         max_rows = self.settings.batch_max_rows
         everything = (force or now - buffer.arrived_at[0] >= self.settings.batch_max_age_s
                       or (caught_up and (buffer.backlog or 2 * len(buffer.records) >= max_rows)))
+        batches: list[Batch] = []
         cut_full = False
         while len(buffer.records) >= max_rows or (everything and buffer.records):
             take = buffer.take(max_rows)
             cut_full = cut_full or len(take) == max_rows
             batches.append(Batch(topic, partition, take, take[0].offset, take[-1].offset))
-        if batches:
-            buffer.backlog = cut_full and bool(buffer.records)
-        return batches
+        return batches, cut_full
 
     def _replay(self, topic: str, partition: int, records: list[ConsumedRecord], plan: Plan) -> Batch:
         """The batch that replays a journalled range: the range alone, or, when it was stored in a

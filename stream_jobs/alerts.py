@@ -1,78 +1,107 @@
-"""Alert transitions with deterministic ids.
+"""Alert kinds, open alerts, and their transitions with deterministic ids.
 
 An alert's id is a hash of its type, its subject and the moment it fired, so a redelivered input
 that fires it again produces the same id (the sink and consumers dedupe on it), and the resolved
-transition carries the id of the firing one. Open alerts are kept as plain dicts in stage state.
+transition carries the id of the firing one. An open alert is an :class:`OpenAlert` in stage state
+(its JSON form: :meth:`OpenAlert.to_dict`). Each alert type is one :class:`AlertKind`, declared with
+its rule in :mod:`stream_jobs.rules` (``CATALOGUE``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from schemas.outputs import Alert, AlertSubject
+from schemas.outputs import KNOWN_ALERT_TYPES, Alert, AlertSubject, AlertType, Severity, SubjectKind
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
-SEVERITY: dict[str, str] = {
-    "idle_gpu": "warning",
-    "vram_pressure": "warning",
-    "gpu_health": "critical",
-    "pending_gpu": "warning",
-    "fragmentation": "warning",
-    "gang_partial": "warning",
-    "crashloop_gpu": "critical",
-    "idle_node": "info",
-    "allocator_fragmentation": "warning",
-    "mig_fragmentation": "warning",
-    "vram_fragmentation": "warning",
-    "noisy_neighbour": "warning",
-}
+Details = dict[str, Any]
+"""An alert's ``details``: JSON values by name (``schemas.outputs.Alert.details``)."""
 
-# the order of alert types when several transitions share a timestamp (report order)
-TYPE_ORDER = tuple(SEVERITY)
+DOCS = "docs/alerts.md"
+"""The alert catalogue: one section per alert type, titled with its name."""
+
+TYPE_ORDER: tuple[str, ...] = KNOWN_ALERT_TYPES
+"""The order of alert types when several transitions share a timestamp (report order)."""
 
 
-def subject(
-    kind: str, namespace: str | None = None, name: str | None = None, node: str | None = None,
-    gpu_uuid: str | None = None,
-) -> dict[str, Any]:
-    return {"kind": kind, "namespace": namespace, "name": name, "node": node, "gpu_uuid": gpu_uuid}
+@dataclass(frozen=True)
+class AlertKind:
+    """What every alert of one type shares: its name on the wire (one of ``schemas.outputs.AlertType``)
+    and its severity. Declared once per type, with its rule, in :mod:`stream_jobs.rules`."""
+
+    name: AlertType
+    severity: Severity
+
+    @property
+    def docs_anchor(self) -> str:
+        """Its section of the alert catalogue (what it means, its details, what to do)."""
+        return f"{DOCS}#{self.name}"
 
 
-def alert_id(alert_type: str, subj: dict[str, Any], started_at: float) -> str:
-    return stable_id(alert_type, subj["kind"], subj["namespace"], subj["name"], subj["node"], subj["gpu_uuid"],
-                     iso(started_at))
+@dataclass(frozen=True)
+class IdleCost:
+    """What an idle node costs, kept with its open ``idle_node`` alert for the resolution's figure."""
+
+    since_ts: float
+    usd_per_hour: float
 
 
-def _message(record: dict[str, Any], state: str, at: float, summary: str, details: dict[str, Any]) -> Alert:
-    return Alert(
-        id=record["id"],
-        type=record["type"],
-        severity=record["severity"],
-        state=state,  # type: ignore[arg-type]
-        at=from_epoch(at),
-        started_at=from_epoch(record["started_at"]),
-        subject=AlertSubject(**record["subject"]),
-        summary=summary,
-        details=details,
-    )
+@dataclass(frozen=True)
+class OpenAlert:
+    """A firing alert as a stage keeps it until it resolves."""
+
+    id: str
+    type: str
+    severity: Severity
+    subject: AlertSubject
+    started_at: float
+    """Epoch seconds of the firing transition."""
+    summary: str
+    details: Details = field(default_factory=dict)
+    cost: IdleCost | None = None
+    """``idle_node`` only: when the node went idle and what it costs an hour."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"id": self.id, "type": self.type, "severity": self.severity, "subject": self.subject.model_dump(),
+                "started_at": self.started_at, "summary": self.summary, "details": self.details}
+        if self.cost is not None:
+            data |= {"idle_since_ts": self.cost.since_ts, "usd_per_hour": self.cost.usd_per_hour}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OpenAlert:
+        cost = IdleCost(data["idle_since_ts"], data["usd_per_hour"]) if "usd_per_hour" in data else None
+        return cls(id=data["id"], type=data["type"], severity=data["severity"],
+                   subject=AlertSubject.model_validate(data["subject"]), started_at=data["started_at"],
+                   summary=data["summary"], details=dict(data["details"]), cost=cost)
 
 
-def fire(alert_type: str, subj: dict[str, Any], at: float, summary: str,
-         details: dict[str, Any]) -> tuple[dict[str, Any], Alert]:
+def subject(kind: SubjectKind, namespace: str | None = None, name: str | None = None, node: str | None = None,
+            gpu_uuid: str | None = None) -> AlertSubject:
+    return AlertSubject(kind=kind, namespace=namespace, name=name, node=node, gpu_uuid=gpu_uuid)
+
+
+def alert_id(alert_type: str, subj: AlertSubject, started_at: float) -> str:
+    return stable_id(alert_type, subj.kind, subj.namespace, subj.name, subj.node, subj.gpu_uuid, iso(started_at))
+
+
+def _message(record: OpenAlert, state: Literal["firing", "resolved"], at: float, summary: str,
+             details: Details) -> Alert:
+    return Alert(id=record.id, type=record.type, severity=record.severity, state=state, at=from_epoch(at),
+                 started_at=from_epoch(record.started_at), subject=record.subject, summary=summary, details=details)
+
+
+def fire(kind: AlertKind, subj: AlertSubject, at: float, summary: str, details: Details,
+         cost: IdleCost | None = None) -> tuple[OpenAlert, Alert]:
     """Open an alert: returns the record to keep in state and the firing transition."""
-    record = {
-        "id": alert_id(alert_type, subj, at),
-        "type": alert_type,
-        "severity": SEVERITY[alert_type],
-        "subject": subj,
-        "started_at": at,
-        "summary": summary,
-        "details": details,
-    }
+    record = OpenAlert(id=alert_id(kind.name, subj, at), type=kind.name, severity=kind.severity, subject=subj,
+                       started_at=at, summary=summary, details=details, cost=cost)
     return record, _message(record, "firing", at, summary, details)
 
 
-def resolve(record: dict[str, Any], at: float, reason: str, **extra: Any) -> Alert:
+def resolve(record: OpenAlert, at: float, reason: str, **extra: float | str | None) -> Alert:
     """The resolved transition of an open alert (same id)."""
-    details = dict(record["details"]) | {"resolved_reason": reason} | extra
-    return _message(record, "resolved", at, f"resolved ({reason}): {record['summary']}", details)
+    details = dict(record.details) | {"resolved_reason": reason} | extra
+    return _message(record, "resolved", at, f"resolved ({reason}): {record.summary}", details)

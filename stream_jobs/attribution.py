@@ -54,14 +54,73 @@ def _device_util(reading: GpuReading) -> float | None:
     return None
 
 
-def attribute(reading: GpuReading, uid_by_name: dict[tuple[str, str], str]) -> list[Share]:
-    """Shares of ``reading`` per assigned pod, in a deterministic order (by pod uid)."""
+def _assigned_pods(reading: GpuReading, uid_by_name: dict[tuple[str, str], str]) -> dict[str, tuple[str, str]]:
+    """The pods ``reading`` is assigned to: uid -> (namespace, name), the first of each uid."""
     pods: dict[str, tuple[str, str]] = {}
     for ref in reading.assigned_to:
         uid = ref.pod_uid or uid_by_name.get((ref.namespace, ref.pod))
         if uid is None:
             uid = f"{ref.namespace}/{ref.pod}"  # unknown pod: keep its time under its name
         pods.setdefault(uid, (ref.namespace, ref.pod))
+    return pods
+
+
+def _processes_by_pod(reading: GpuReading, pods: dict[str, tuple[str, str]],
+                      uid_by_name: dict[tuple[str, str], str]) -> dict[str, list[GpuProcess]]:
+    """The processes of ``reading`` under the assigned pod that owns each (others are left out)."""
+    by_pod: dict[str, list[GpuProcess]] = {uid: [] for uid in pods}
+    for proc in reading.processes:
+        owner = proc.pod_uid
+        if owner is None and proc.pod_namespace and proc.pod_name:
+            owner = uid_by_name.get((proc.pod_namespace, proc.pod_name))
+        if owner in by_pod:
+            by_pod[owner].append(proc)
+    return by_pod
+
+
+@dataclass(slots=True)
+class _Device:
+    """What the shares of one reading are taken from: the device's figures and its processes'."""
+
+    pods: int
+    util_pct: float | None
+    mem_used_bytes: int | None
+    known_sm: bool
+    """Some process of an assigned pod has an SM figure."""
+    known_mem: bool
+    """Some process of an assigned pod has a memory figure."""
+    total_sm: float
+    total_mem: int
+
+    def share(self, pod_sm: float, pod_mem: int) -> tuple[float, bool]:
+        """The pod's fraction of the device (by SM, else by memory, else an even split) and
+        whether it is an estimate (the even split)."""
+        if self.known_sm and self.total_sm > 0:
+            return pod_sm / self.total_sm, False
+        if self.known_mem and self.total_mem > 0:
+            return pod_mem / self.total_mem, False
+        return 1.0 / self.pods, True
+
+    def util(self, procs: list[GpuProcess], pod_sm: float, share: float) -> float | None:
+        """The pod's utilisation %: its processes' SM, else its share of the device's."""
+        if any(p.sm_util_pct is not None for p in procs) or (self.known_sm and not procs):
+            return min(100.0, pod_sm)
+        if not procs and self.util_pct is not None:
+            return 0.0 if self.known_mem or self.known_sm else self.util_pct * share
+        return self.util_pct * share if self.util_pct is not None else None
+
+    def mem(self, pod_mem: int, share: float) -> int | None:
+        """The pod's memory: its processes', else its share of the device's."""
+        if self.known_mem:
+            return pod_mem
+        if self.mem_used_bytes is not None:
+            return int(self.mem_used_bytes * share)
+        return None
+
+
+def attribute(reading: GpuReading, uid_by_name: dict[tuple[str, str], str]) -> list[Share]:
+    """Shares of ``reading`` per assigned pod, in a deterministic order (by pod uid)."""
+    pods = _assigned_pods(reading, uid_by_name)
     if not pods:
         return []
     device_util = _device_util(reading)
@@ -70,43 +129,19 @@ def attribute(reading: GpuReading, uid_by_name: dict[tuple[str, str], str]) -> l
         return [Share(uid, namespace, name, 1.0, False, device_util, reading.mem_used_bytes,
                       len(reading.processes))]
 
-    by_pod: dict[str, list[GpuProcess]] = {uid: [] for uid in pods}
-    for proc in reading.processes:
-        owner = proc.pod_uid
-        if owner is None and proc.pod_namespace and proc.pod_name:
-            owner = uid_by_name.get((proc.pod_namespace, proc.pod_name))
-        if owner in by_pod:
-            by_pod[owner].append(proc)
+    by_pod = _processes_by_pod(reading, pods, uid_by_name)
     known_sm = [p.sm_util_pct for procs in by_pod.values() for p in procs if p.sm_util_pct is not None]
     known_mem = [p.mem_used_bytes for procs in by_pod.values() for p in procs if p.mem_used_bytes is not None]
-    total_sm = sum(known_sm)
-    total_mem = sum(known_mem)
-    n = len(pods)
+    device = _Device(pods=len(pods), util_pct=device_util, mem_used_bytes=reading.mem_used_bytes,
+                     known_sm=bool(known_sm), known_mem=bool(known_mem), total_sm=sum(known_sm),
+                     total_mem=sum(known_mem))
     shares: list[Share] = []
     for uid in sorted(pods):
         namespace, name = pods[uid]
         procs = by_pod[uid]
         pod_sm = sum(p.sm_util_pct for p in procs if p.sm_util_pct is not None)
         pod_mem = sum(p.mem_used_bytes for p in procs if p.mem_used_bytes is not None)
-        has_sm = any(p.sm_util_pct is not None for p in procs)
-        estimated = False
-        if known_sm and total_sm > 0:
-            share = pod_sm / total_sm
-        elif known_mem and total_mem > 0:
-            share = pod_mem / total_mem
-        else:
-            share, estimated = 1.0 / n, True
-        if has_sm or (known_sm and not procs):
-            util: float | None = min(100.0, pod_sm)
-        elif not procs and device_util is not None:
-            util = 0.0 if known_mem or known_sm else device_util * share
-        else:
-            util = device_util * share if device_util is not None else None
-        if known_mem:
-            mem: int | None = pod_mem
-        elif reading.mem_used_bytes is not None:
-            mem = int(reading.mem_used_bytes * share)
-        else:
-            mem = None
-        shares.append(Share(uid, namespace, name, share, estimated, util, mem, len(procs)))
+        share, estimated = device.share(pod_sm, pod_mem)
+        shares.append(Share(uid, namespace, name, share, estimated, device.util(procs, pod_sm, share),
+                            device.mem(pod_mem, share), len(procs)))
     return shares

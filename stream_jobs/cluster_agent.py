@@ -22,7 +22,18 @@ from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_p
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
 from stream_jobs.state_store import ChunkedStore
-from stream_jobs.watermark import ClusterGate, Mark, Parked, decode_envelope, done_envelope, envelope_outputs
+from stream_jobs.watermark import (
+    ClusterGate,
+    ForwardedRecords,
+    Mark,
+    NodeMark,
+    NodeOutputs,
+    OtherEnvelope,
+    Parked,
+    ParkedOutputs,
+    decode_envelope,
+    done_envelope,
+)
 
 log = get_logger(__name__)
 
@@ -86,20 +97,19 @@ class ClusterAgent:
         """Park the event's record(s) or mark; False: a duplicate; None: not a stream-jobs record
         (dead-lettered)."""
         try:
-            data = decode_envelope(event.value)
-            kind = data["k"]
-            if kind in ("r", "b"):
-                return offer_forwarded(gate, data, event)
-            if kind == "o":
-                if not isinstance(data.get("outs", []), list):
-                    raise ValueError("an output envelope without its list of outputs")
-                return gate.offer_output(data, event)
-            if kind == "nm":
-                return gate.offer_node_mark(data, event)
-            mark = Mark.from_dict(data)
+            envelope = decode_envelope(event.value)
+            if isinstance(envelope, OtherEnvelope):
+                raise ValueError(f"an envelope of kind {envelope.kind!r} on the cluster stage's input")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not what the workers write
             await self.delivery.internal_letter(event, repr(exc))
             return None
+        if isinstance(envelope, ForwardedRecords):
+            return offer_forwarded(gate, envelope, event)
+        if isinstance(envelope, NodeOutputs):
+            return gate.offer_output(envelope, event)
+        if isinstance(envelope, NodeMark):
+            return gate.offer_node_mark(envelope, event)
+        mark = envelope
         accepted = gate.offer_mark(mark, event)
         if not accepted and mark.end and self.done is not None:
             # the end was processed before a restart: say done again (the driver waits)
@@ -132,16 +142,16 @@ class ClusterAgent:
                 metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
 
     async def _mark(self, stage: ClusterStages, mark: Mark, direct: list[Parked[Any]],
-                    outs: list[Parked[Any]]) -> None:
+                    outs: list[ParkedOutputs[Any]]) -> None:
         for parked in direct:
             message = await self.delivery.released_input(parked, mark)
             if message is not None:
-                stage.submit(message, [str(parked.data["t"]), int(parked.data["p"]), int(parked.data["o"])])
-        for parked in outs:
+                stage.submit(message, parked.record.source)
+        for parked_outputs in outs:
             try:
-                internal = [validate(value, _INTERNAL_TYPES[kind]) for kind, value in envelope_outputs(parked.data)]
+                internal = [validate(value, _INTERNAL_TYPES[kind]) for kind, value in parked_outputs.envelope.outputs]
             except (MessageError, ValueError, KeyError, TypeError) as exc:  # not what a node stage writes
-                await self.delivery.internal_letter(parked.token, repr(exc))
+                await self.delivery.internal_letter(parked_outputs.token, repr(exc))
                 continue
             for message in internal:
                 stage.submit(message)

@@ -99,6 +99,16 @@ def _placement(free: dict[str, dict[str, int]], sets: Sequence[tuple[int, dict[s
     return len(used)
 
 
+def _stranded(free: dict[str, dict[str, int]], pending: Sequence[ClusterPod], queued: Sequence[Workload]) -> int:
+    """Free GPUs on nodes that cannot fit the smallest waiting request (the oldest among equals)."""
+    requests = [(p.gpus, p.created, p.uid, p.requests) for p in pending]
+    requests += [(sum(r.values()), w.created, w.uid, r) for w in queued for _, r in w.sets]
+    if not requests:
+        return 0
+    smallest = min(requests, key=lambda r: r[:3])[3]
+    return sum(sum(f.get(res, 0) for res in smallest) for f in free.values() if not _fits(f, smallest))
+
+
 class ClusterStage(Stage):
     KINDS = KINDS
     NAME = "cluster stage"
@@ -334,58 +344,19 @@ class ClusterStage(Stage):
         self.counters["instants"] += 1
         self.cap.last_instant = t
         self._integrate_to(t)
-        used: dict[str, dict[str, int]] = {}
-        for pod in self.pods.values():
-            if pod.node is not None and pod.end is None:
-                bucket = used.setdefault(pod.node, {})
-                for res, n in pod.requests.items():
-                    bucket[res] = bucket.get(res, 0) + n
-        total = allocated = 0
-        parts: list[SamplePart] = []
-        free: dict[str, dict[str, int]] = {}
-        for name in sorted(self.nodes):
-            node = self.nodes[name]
-            if not node.ready or node.deleted:
-                continue
-            alloc = node.allocatable
-            here = used.get(name, {})
-            total += sum(alloc.values())
-            allocated += sum(min(here.get(res, 0), n) for res, n in alloc.items())
-            if not node.unschedulable:
-                free[name] = {res: max(n - here.get(res, 0), 0) for res, n in alloc.items()}
-            summary = self.summaries.get(name)
-            if summary and t < summary.ts + summary.interval_s - EPS:
-                # a sample stands for its own interval only: no sample, no busy/idle figure
-                parts.append(SamplePart(summary.busy_gpus, summary.idle_gpus, summary.ts + summary.interval_s))
+        free = self._free_by_node()
         pending = sorted((p for p in self.pods.values()
                           if p.end is None and p.node is None and p.gpus > 0 and p.created <= t + EPS),
                          key=lambda p: (p.created, p.uid))
         queued = self._queued(t)
-        free_by_node = {name: sum(f.values()) for name, f in free.items()}
-        stranded = 0
-        requests = [(p.gpus, p.created, p.uid, p.requests) for p in pending]
-        requests += [(sum(r.values()), w.created, w.uid, r) for w in queued for _, r in w.sets]
-        if requests:
-            smallest = min(requests, key=lambda r: r[:3])[3]
-            for f in free.values():
-                if not _fits(f, smallest):
-                    stranded += sum(f.get(res, 0) for res in smallest)
-        busy = int(sum(p.busy_gpus for p in parts))
-        idle = int(sum(p.idle_gpus for p in parts))
-        snap = CapacitySnapshot(
-            total=total, allocated=allocated, busy=min(busy, allocated), parts=tuple(parts),
-            idle=min(idle, allocated), free=max(total - allocated, 0), free_by_node=free_by_node,
-            largest_free_block=max(free_by_node.values(), default=0), stranded=stranded,
-            pending_pods=len(pending), pending_demand=sum(p.gpus for p in pending) + sum(w.gpus for w in queued),
-            queued_workloads=len(queued), queued_demand=sum(w.gpus for w in queued),
-        )
+        snap = self._snapshot(t, free, pending, queued)
         self.cap.snapshot = snap
         if self._end is not None and t >= self._end - EPS:
             # a replay's end is no tick (FORMAT.md: ticks while t < duration): the instant holds for
             # no time, so the window keeps the state before it, and no alert fires or resolves there
             return
         acc = self._cap_window(window_start(t, self.config.window_s))
-        acc.stranded_max = max(acc.stranded_max, stranded)
+        acc.stranded_max = max(acc.stranded_max, snap.stranded)
         acc.last = snap
 
         live = {n for n, node in self.nodes.items() if node.ready and not node.deleted}
@@ -399,6 +370,52 @@ class ClusterStage(Stage):
             self.cap.snapshot = acc.last = replace(snap, fragmentation=figures)
         self._pending_rules(t, pending, free, queued)
         self._gang_rules(t)
+
+    def _used_by_node(self) -> dict[str, dict[str, int]]:
+        """GPUs the live bound pods request, by node then resource (the scheduler's view)."""
+        used: dict[str, dict[str, int]] = {}
+        for pod in self.pods.values():
+            if pod.node is not None and pod.end is None:
+                bucket = used.setdefault(pod.node, {})
+                for res, n in pod.requests.items():
+                    bucket[res] = bucket.get(res, 0) + n
+        return used
+
+    def _free_by_node(self) -> dict[str, dict[str, int]]:
+        """Free GPUs of the schedulable Ready nodes, by node (sorted) then resource."""
+        used = self._used_by_node()
+        return {name: {res: max(n - used.get(name, {}).get(res, 0), 0) for res, n in node.allocatable.items()}
+                for name, node in sorted(self.nodes.items())
+                if node.ready and not node.deleted and not node.unschedulable}
+
+    def _snapshot(self, t: float, free: dict[str, dict[str, int]], pending: list[ClusterPod],
+                  queued: list[Workload]) -> CapacitySnapshot:
+        """The cluster's capacity at ``t``: totals over the Ready nodes, the busy / idle figures of the
+        samples that stand for ``t``, and the free GPUs no waiting request fits (stranded)."""
+        used = self._used_by_node()
+        total = allocated = 0
+        parts: list[SamplePart] = []
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            if not node.ready or node.deleted:
+                continue
+            here = used.get(name, {})
+            total += sum(node.allocatable.values())
+            allocated += sum(min(here.get(res, 0), n) for res, n in node.allocatable.items())
+            summary = self.summaries.get(name)
+            if summary and t < summary.ts + summary.interval_s - EPS:
+                # a sample stands for its own interval only: no sample, no busy/idle figure
+                parts.append(SamplePart(summary.busy_gpus, summary.idle_gpus, summary.ts + summary.interval_s))
+        free_by_node = {name: sum(f.values()) for name, f in free.items()}
+        busy = int(sum(p.busy_gpus for p in parts))
+        idle = int(sum(p.idle_gpus for p in parts))
+        return CapacitySnapshot(
+            total=total, allocated=allocated, busy=min(busy, allocated), parts=tuple(parts),
+            idle=min(idle, allocated), free=max(total - allocated, 0), free_by_node=free_by_node,
+            largest_free_block=max(free_by_node.values(), default=0), stranded=_stranded(free, pending, queued),
+            pending_pods=len(pending), pending_demand=sum(p.gpus for p in pending) + sum(w.gpus for w in queued),
+            queued_workloads=len(queued), queued_demand=sum(w.gpus for w in queued),
+        )
 
     def _pending_rules(self, t: float, pending: list[ClusterPod], free: dict[str, dict[str, int]],
                        queued: list[Workload]) -> None:

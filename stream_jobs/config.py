@@ -1,17 +1,20 @@
 """Engine configuration: alert thresholds, window length, prices.
 
 One frozen object shared by both stages so the in-process replay and the faust workers apply the
-same rules. Threshold names are those of DESIGN.md's alert catalogue (durations in seconds here;
-the scenario parser and the settings loader convert duration strings).
+same rules. The thresholds are the workers' settings model itself (:class:`common.settings.Thresholds`:
+names, units and bounds, validated where they are read: the settings loader, a scenario file);
+:meth:`EngineConfig.from_settings` is the one conversion from a worker's settings.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+from common.settings import Thresholds as Thresholds
+from common.settings import WorkerSettings
 
 _MIG_SUFFIX = re.compile(r"[\s-]+MIG[\s-]+\S+\s*$")
 
@@ -22,67 +25,6 @@ def model_key(model: str) -> str:
     cluster stage has for a pod none of whose GPUs was sampled) name one model; so do two spellings
     that differ only in case."""
     return " ".join(model.replace("-", " ").split()).casefold()
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Alert thresholds (DESIGN.md catalogue defaults); durations are seconds."""
-
-    idle_util_pct: float = 5.0
-    idle_after: float = 600.0
-    vram_pressure_pct: float = 95.0
-    vram_pressure_after: float = 60.0
-    pending_after: float = 300.0
-    fragmentation_after: float = 120.0
-    gang_after: float = 300.0
-    idle_node_after: float = 1800.0
-    crashloop_restarts: float = 3.0
-    crashloop_window: float = 600.0
-    gpu_health_clear_after: float = 300.0
-    gap_intervals: float = 3.0
-    """A silence longer than this many sample intervals is a gap (not idle)."""
-    allocator_unused_pct: float = 30.0
-    """``allocator_fragmentation``: reserved-but-unused VRAM of a pod's caching allocator, as a share
-    of the GPU's memory, at or above which the condition holds."""
-    allocator_fragmentation_after: float = 300.0
-    """``allocator_fragmentation``: how long the condition must hold, and the window in which
-    allocation retries or OOMs must occur."""
-
-    mig_fragmentation_after: float = 120.0
-    """A pending MIG pod no empty instance can host while free slices exist: alert after this long."""
-    mig_unused_after: float = 1800.0
-    """An empty MIG instance counts as unused slices in the report after this long."""
-    vram_fragmentation_after: float = 120.0
-    """A pending pod's VRAM need fits the shared GPUs' free VRAM in total but none alone: alert after this long."""
-
-    DURATIONS = (
-        "idle_after", "vram_pressure_after", "pending_after", "fragmentation_after", "gang_after",
-        "idle_node_after", "crashloop_window", "gpu_health_clear_after", "mig_fragmentation_after",
-        "mig_unused_after", "vram_fragmentation_after", "allocator_fragmentation_after",
-    )
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Thresholds:
-        """Apply ``{name: value}``; names may carry a ``_s`` suffix for durations. Raises
-        ``ValueError`` naming the unknown threshold or bad value."""
-        known = set(self.names())
-        changes: dict[str, float] = {}
-        for raw_name, value in overrides.items():
-            name = raw_name[:-2] if raw_name.endswith("_s") and raw_name[:-2] in self.DURATIONS else raw_name
-            if name not in known:
-                raise ValueError(f"unknown threshold {raw_name!r}; known: {', '.join(sorted(known))}")
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ValueError(f"threshold {raw_name!r} must be a number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"threshold {raw_name!r} must not be negative, got {value!r}")
-            changes[name] = float(value)
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, float]:
-        return {name: float(getattr(self, name)) for name in self.names()}
 
 
 @dataclass(frozen=True)
@@ -134,12 +76,20 @@ class EngineConfig:
         } | ({} if self.accept_clusters is None else {"accept_clusters": sorted(self.accept_clusters)})
 
     @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> EngineConfig:
+        """A stream worker's engine configuration (``GPULENS_*``, validated by ``load_settings``)."""
+        return cls(window_s=settings.window_s, sample_interval_s=settings.sample_interval_s,
+                   prices_usd_per_gpu_hour=dict(settings.prices_usd_per_gpu_hour), thresholds=settings.thresholds,
+                   max_skew_s=settings.max_skew_s, horizon_s=settings.horizon_s,
+                   accept_clusters=settings.accepted_clusters())
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EngineConfig:
         return cls(
             window_s=float(data.get("window_s", 60.0)),
             sample_interval_s=float(data.get("sample_interval_s", 10.0)),
             prices_usd_per_gpu_hour=dict(data.get("prices_usd_per_gpu_hour", {})),
-            thresholds=Thresholds().with_overrides(data.get("thresholds", {})),
+            thresholds=Thresholds.model_validate(data.get("thresholds", {})),
             max_skew_s=float(data.get("max_skew_s", 600.0)),
             horizon_s=float(data.get("horizon_s", 86400.0)),
             accept_clusters=None if data.get("accept_clusters") is None else frozenset(data["accept_clusters"]),

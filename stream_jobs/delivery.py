@@ -33,7 +33,7 @@ from stream_jobs.offsets import EXIT_STALLED
 from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, decode_record, event_time_error, wire_error
 from stream_jobs.stage import Rejected
 from stream_jobs.timeutil import from_epoch
-from stream_jobs.watermark import InputGate, Mark, Parked, envelope_records
+from stream_jobs.watermark import ForwardedRecords, InputGate, Mark, Parked, ReadRecord
 
 log = get_logger(__name__)
 
@@ -88,17 +88,10 @@ class SharedAck:
         return self.event.message
 
 
-def direct_record(topic: str, suffix: str, partition: int, offset: int, key: bytes | None,
-                  value: bytes | None) -> dict[str, Any]:
-    """A record a stage reads from an input topic itself (a node partition's samples), parked as
-    read: it is validated when a mark releases it (:meth:`Delivery.released_input`)."""
-    return {"t": topic, "s": suffix, "p": partition, "o": offset, "key": key, "raw": value}
-
-
-def offer_forwarded(gate: InputGate[Any], data: dict[str, Any], event: Any) -> bool:
+def offer_forwarded(gate: InputGate[Any], envelope: ForwardedRecords, event: Any) -> bool:
     """Park the forwarded records of an envelope (``r``: one, ``b``: several); False when every
     one of them was applied or is parked already (a duplicate: acknowledge the event now)."""
-    records = envelope_records(data)
+    records = envelope.records
     if len(records) == 1:
         return gate.offer(records[0], event)
     shared = SharedAck(event)
@@ -203,23 +196,23 @@ class Delivery:
 
     async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
         """An input record a mark released, or None when it is dead-lettered: invalid (a record the
-        stage read itself, :func:`direct_record`, decoded as the route decodes; a forwarded one
+        stage read itself, :class:`~stream_jobs.watermark.ReadRecord`, decoded as the route decodes; a forwarded one
         validated again from its copy, which the route made sure reads the same) or with its event
         time out of the bounds of the mark's clock (by both stages when it went to both, with the
         same source headers; ``replay --kafka`` counts letters once per source)."""
-        data = parked.data
-        topic, partition, offset = str(data["t"]), int(data["p"]), int(data["o"])
+        record = parked.record
+        topic, partition, offset = record.topic, record.partition, record.offset
         raw: bytes | None = None
         try:
-            if "raw" in data:
-                raw = data["raw"]
-                message = decode_record(str(data["s"]), raw, data.get("key"), self.config.accept_clusters)
+            if isinstance(record, ReadRecord):
+                raw = record.raw
+                message = decode_record(record.suffix, raw, record.key, self.config.accept_clusters)
             else:
-                spec = _INPUT_BY_SUFFIX.get(str(data["s"]))
+                spec = _INPUT_BY_SUFFIX.get(record.suffix)
                 if spec is None:
-                    raise MessageError(f"not an input topic of the stream jobs: {data['s']}")
-                message = validate(data["v"], spec.message)
-                raw = orjson.dumps(data["v"])
+                    raise MessageError(f"not an input topic of the stream jobs: {record.suffix}")
+                message = validate(record.value, spec.message)
+                raw = orjson.dumps(record.value)
                 problem = wire_error(spec.suffix, raw, message)
                 if problem is not None:
                     raise problem
@@ -227,8 +220,10 @@ class Delivery:
                     raise MessageError(f"cluster {message.cluster!r} is not one this worker accepts", "cluster",
                                        DeadLetterReason.UNKNOWN_CLUSTER)
         except MessageError as exc:
-            value = data.get("raw") if "raw" in data else _copy_bytes(data.get("v"))
-            await self.dead_letter(topic, partition, offset, data.get("key"), value, str(exc), exc.code)
+            if isinstance(record, ReadRecord):
+                await self.dead_letter(topic, partition, offset, record.key, record.raw, str(exc), exc.code)
+            else:
+                await self.dead_letter(topic, partition, offset, None, _copy_bytes(record.value), str(exc), exc.code)
             return None
         error = event_time_error(message, mark.ts, self.config)
         if error is None:

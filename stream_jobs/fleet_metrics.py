@@ -308,45 +308,57 @@ class FleetSeries:
 
     def collect(self) -> Iterable[GaugeFamily]:
         with self._lock:
-            pod_gpus = list(self._pod_gpus.values())
-            idle = list(self._idle.values())
-            pending = list(self._pending.values())
-            capacities = sorted(self._capacity.items())
+            snapshot = _Snapshot(list(self._pod_gpus.values()), list(self._idle.values()),
+                                 list(self._pending.values()), sorted(self._capacity.items()))
         for spec in METRICS:
             family = GaugeFamily(spec.name, spec.help, spec.labels)
-            if spec.source == "window":
-                assert spec.window is not None
-                for p in pod_gpus:
-                    value = spec.window(p.window)
-                    if value is not None:
-                        family.add(p.labels, value)
-            elif spec.source == "idle":
-                for _uid, labels in idle:
-                    family.add(labels, 1.0)
-            elif spec.source == "pending":
-                since = spec.name.endswith("timestamp_seconds")
-                for _cluster, _ns, _pod, labels, created, gpus in pending:
-                    family.add(labels, created if since else gpus)
-            elif spec.source == "team":
-                teams: dict[tuple[str, str], float] = {}
-                for p in pod_gpus:
-                    rate = _cost_rate(p.window)
-                    if rate is not None:
-                        team = (p.window.cluster, p.window.team or "")
-                        teams[team] = teams.get(team, 0.0) + rate
-                for labels, rate in sorted(teams.items()):
-                    family.add(labels, rate)
-            else:
-                for cluster, capacity in capacities:
-                    if spec.labels == ("cluster", "state"):
-                        counts = (capacity.gpus_total, capacity.gpus_allocated, capacity.gpus_busy,
-                                  capacity.gpus_idle_allocated, capacity.gpus_free)
-                        for state, count in zip(GPU_STATES, counts, strict=True):
-                            family.add((cluster, state), float(count))
-                    else:
-                        assert spec.capacity is not None
-                        value = spec.capacity(capacity)
-                        if value is not None:
-                            family.add((cluster,), value)
+            for labels, value in snapshot.series(spec):
+                family.add(labels, value)
             yield family
 
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The series' sources as one scrape reads them (copied under the lock)."""
+
+    pod_gpus: list[_PodGpu]
+    idle: list[tuple[str, tuple[str, ...]]]
+    pending: list[tuple[str, str, str, tuple[str, ...], float, float]]
+    capacities: list[tuple[str, ClusterCapacity]]
+
+    def series(self, spec: MetricSpec) -> Iterable[tuple[tuple[str, ...], float]]:
+        """The labels and value of each series of ``spec``."""
+        if spec.source == "window":
+            assert spec.window is not None
+            window = spec.window
+            return ((p.labels, value) for p in self.pod_gpus if (value := window(p.window)) is not None)
+        if spec.source == "idle":
+            return ((labels, 1.0) for _uid, labels in self.idle)
+        if spec.source == "pending":
+            since = spec.name.endswith("timestamp_seconds")
+            return ((labels, created if since else gpus) for _cluster, _ns, _pod, labels, created, gpus in self.pending)
+        if spec.source == "team":
+            return self._team_costs()
+        return self._capacity_series(spec)
+
+    def _team_costs(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        teams: dict[tuple[str, str], float] = {}
+        for p in self.pod_gpus:
+            rate = _cost_rate(p.window)
+            if rate is not None:
+                team = (p.window.cluster, p.window.team or "")
+                teams[team] = teams.get(team, 0.0) + rate
+        return sorted(teams.items())
+
+    def _capacity_series(self, spec: MetricSpec) -> Iterable[tuple[tuple[str, ...], float]]:
+        for cluster, capacity in self.capacities:
+            if spec.labels == ("cluster", "state"):
+                counts = (capacity.gpus_total, capacity.gpus_allocated, capacity.gpus_busy,
+                          capacity.gpus_idle_allocated, capacity.gpus_free)
+                for state, count in zip(GPU_STATES, counts, strict=True):
+                    yield (cluster, state), float(count)
+            else:
+                assert spec.capacity is not None
+                value = spec.capacity(capacity)
+                if value is not None:
+                    yield (cluster,), value

@@ -275,29 +275,46 @@ def layouts_from_sample(readings: Sequence[GpuReading]) -> list[MigGpuLayout] | 
         migs = children.get(parent.uuid)
         if parent.mig_parent_uuid is not None or not migs:
             continue
-        migs = sorted(migs, key=lambda r: (r.mig_placement_start if r.mig_placement_start is not None else 99,
-                                           r.gpu_instance_id or 0, r.uuid))
-        inferred = any(r.mig_placement_start is None for r in migs)
-        starts = [r.mig_placement_start or 0 for r in migs]
-        if inferred:
-            table = table_for(parent.model, parent.mem_total_bytes, [r.mig_profile or "" for r in migs])
-            order = sorted(migs, key=lambda r: (*(-n for n in _size_of(table, r.mig_profile or "")),
-                                               r.gpu_instance_id or 0, r.uuid))
-            try:
-                packed = pack(table, [r.mig_profile or "" for r in order]) if table else None
-            except ValueError:
-                packed = None
-            if packed is None:
-                continue  # not a layout we can place: left out rather than guessed
-            migs, starts = order, [inst.start for inst in packed]
-        out.append(MigGpuLayout(
-            gpu_uuid=parent.uuid, gpu_index=parent.index, model=parent.model, mem_total_bytes=parent.mem_total_bytes,
-            placement_inferred=inferred,
-            instances=[MigInstanceInfo(profile=r.mig_profile or "", start=start, uuid=r.uuid,
-                                       used=bool(r.assigned_to or r.processes))
-                       for r, start in zip(migs, starts, strict=True)],
-        ))
+        layout = _layout(parent, migs)
+        if layout is not None:
+            out.append(layout)
     return out or None
+
+
+def _layout(parent: GpuReading, migs: list[GpuReading]) -> MigGpuLayout | None:
+    """The layout of ``parent`` from its MIG devices' readings; None when their placement is not
+    given and cannot be inferred (left out rather than guessed)."""
+    migs = sorted(migs, key=lambda r: (r.mig_placement_start if r.mig_placement_start is not None else 99,
+                                       r.gpu_instance_id or 0, r.uuid))
+    inferred = any(r.mig_placement_start is None for r in migs)
+    starts = [r.mig_placement_start or 0 for r in migs]
+    if inferred:
+        packed = _default_packing(parent, migs)
+        if packed is None:
+            return None
+        migs, starts = packed
+    return MigGpuLayout(
+        gpu_uuid=parent.uuid, gpu_index=parent.index, model=parent.model, mem_total_bytes=parent.mem_total_bytes,
+        placement_inferred=inferred,
+        instances=[MigInstanceInfo(profile=r.mig_profile or "", start=start, uuid=r.uuid,
+                                   used=bool(r.assigned_to or r.processes))
+                   for r, start in zip(migs, starts, strict=True)],
+    )
+
+
+def _default_packing(parent: GpuReading, migs: list[GpuReading]) -> tuple[list[GpuReading], list[int]] | None:
+    """The driver's default packing of ``migs`` on ``parent``: the readings largest first and the
+    start of each; None for profiles the GPU's table does not know or cannot pack."""
+    table = table_for(parent.model, parent.mem_total_bytes, [r.mig_profile or "" for r in migs])
+    order = sorted(migs, key=lambda r: (*(-n for n in _size_of(table, r.mig_profile or "")),
+                                       r.gpu_instance_id or 0, r.uuid))
+    try:
+        packed = pack(table, [r.mig_profile or "" for r in order]) if table else None
+    except ValueError:
+        packed = None
+    if packed is None:
+        return None
+    return order, [inst.start for inst in packed]
 
 
 def _size_of(table: MigTable | None, name: str) -> tuple[int, int]:

@@ -29,14 +29,12 @@ from typing import Any
 
 from common.logs import get_logger
 from schemas.codec import encode
-from schemas.control import STATE_MARK_KIND
 from schemas.messages import DEFAULT_CLUSTER, GpuSample, Message
 from schemas.topics import GPU_SAMPLES
 from stream_jobs.config import EngineConfig
 from stream_jobs.delivery import (
     Confirmable,
     Delivery,
-    direct_record,
     offer_forwarded,
     saved_position,
     state_position,
@@ -47,9 +45,11 @@ from stream_jobs.node_stage import NodeStage
 from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import (
+    ForwardedRecords,
     InputGate,
     Mark,
     Parked,
+    ReadRecord,
     decode_envelope,
     node_mark_envelope,
     node_watermark,
@@ -188,8 +188,8 @@ class NodeAgent:
             if message.topic == self.samples_topic:
                 part.next_sample_offset = message.offset + 1
                 part.samples_tp = message.tp
-                record = direct_record(message.topic, GPU_SAMPLES.suffix, partition, message.offset, message.key,
-                                       event.value)
+                record = ReadRecord(message.topic, GPU_SAMPLES.suffix, partition, message.offset, message.key,
+                                    event.value)
                 if part.gate.offer(record, event):
                     part.read_ahead_bytes += len(event.value or b"")
                 else:
@@ -202,23 +202,24 @@ class NodeAgent:
                 continue
             part.next_offset = message.offset + 1
             try:
-                data = decode_envelope(event.value)
-                if data["k"] == STATE_MARK_KIND:
-                    state = Mark.from_dict(data)
-                    cluster = state.cluster or DEFAULT_CLUSTER
-                    part.state_ts[cluster] = max(part.state_ts.get(cluster, state.ts), state.ts)
-                    part.unacked.append(event)
-                    continue
-                if data["k"] in ("r", "b"):
-                    if not offer_forwarded(part.gate, data, event):
-                        metrics.duplicates.labels("node").inc()
-                        part.unacked.append(event)
-                    continue
-                mark = Mark.from_dict(data)
+                envelope = decode_envelope(event.value)
+                if not isinstance(envelope, Mark | ForwardedRecords):
+                    raise ValueError(f"a {type(envelope).__name__} envelope on a node stage's input")
             except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not what the workers write
                 await delivery.internal_letter(event, repr(exc))
                 part.unacked.append(event)
                 continue
+            if isinstance(envelope, ForwardedRecords):
+                if not offer_forwarded(part.gate, envelope, event):
+                    metrics.duplicates.labels("node").inc()
+                    part.unacked.append(event)
+                continue
+            if envelope.state:
+                cluster = envelope.cluster or DEFAULT_CLUSTER
+                part.state_ts[cluster] = max(part.state_ts.get(cluster, envelope.ts), envelope.ts)
+                part.unacked.append(event)
+                continue
+            mark = envelope
             if not part.gate.is_new(mark.seq) or any(mark.seq == other.seq for other, _event in part.waiting):
                 metrics.duplicates.labels("node").inc()
                 part.unacked.append(event)
@@ -258,7 +259,8 @@ class NodeAgent:
             mark, event = part.waiting.pop(0)
             started = time.perf_counter()
             released = part.gate.release(mark)
-            part.read_ahead_bytes -= sum(len(parked.data["raw"] or b"") for parked in released if "raw" in parked.data)
+            part.read_ahead_bytes -= sum(len(parked.record.raw or b"") for parked in released
+                                         if isinstance(parked.record, ReadRecord))
             metrics.read_ahead.labels(str(partition)).set(part.read_ahead_bytes)
             await self._mark(partition, part, mark, released)
             part.unacked.extend([*(parked.token for parked in released), event])
@@ -277,11 +279,12 @@ class NodeAgent:
             if not node:
                 continue
             key = node_key(message.cluster, node)
-            if "raw" in parked.data and not await self._on_its_partition(partition, key, parked):
+            if isinstance(parked.record, ReadRecord) and not await self._on_its_partition(partition, key,
+                                                                                           parked.record):
                 continue
             stage = part.stage(key, node, message.cluster, self.config)
             late = stage.counters["late_samples"]
-            stage.submit(message, [str(parked.data["t"]), int(parked.data["p"]), int(parked.data["o"])])
+            stage.submit(message, parked.record.source)
             if stage.counters["late_samples"] > late:
                 metrics.late_samples.inc()
             elif isinstance(message, GpuSample):
@@ -326,17 +329,16 @@ class NodeAgent:
                                                 node_mark_envelope(partition, mark, stats)))
         metrics.watermark_lag.labels("node").set(max(0.0, time.time() - wm))
 
-    async def _on_its_partition(self, partition: int, key: str, parked: Parked[Any]) -> bool:
+    async def _on_its_partition(self, partition: int, key: str, record: ReadRecord) -> bool:
         """Whether a sample read from samples partition ``partition`` belongs there; one that does
         not is dead-lettered (its node's states, and its stage, are on the partition of its key)."""
         home = partition if self.partitioner is None else self.partitioner(key.encode())
         if home == partition:
             return True
-        data = parked.data
-        error = (f"sample of node {key!r} on partition {partition} of {data['t']}, but its node's state is on "
+        error = (f"sample of node {key!r} on partition {partition} of {record.topic}, but its node's state is on "
                  f"partition {home}: samples must be keyed by their node key ({key!r}) and partitioned by "
                  f"librdkafka's default partitioner (CRC-32 of the key), as gpulens's agent produces them")
-        await self.delivery.dead_letter(str(data["t"]), partition, int(data["o"]), data["key"], data["raw"], error)
+        await self.delivery.dead_letter(record.topic, partition, record.offset, record.key, record.raw, error)
         return False
 
     async def _checkpoint(self, events: Any, partition: int, part: NodePartition) -> None:

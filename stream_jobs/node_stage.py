@@ -218,17 +218,17 @@ class NodeStage(Stage):
                        f" (last exit: {pod.last_reason or 'unknown'}; driver {info.driver_version}, "
                        f"CUDA {info.cuda_driver_version})")
             subj = alerts.subject("pod", pod.namespace, pod.name, self.node)
-            pod.crash, message = alerts.fire("crashloop_gpu", subj, ts, summary, details)
+            pod.crash, message = alerts.fire(rules.CRASHLOOP_GPU.kind, subj, ts, summary, details)
             self._out.append(message)
         elif pod.crash is not None and pod.last_restart is not None \
-                and elapsed(ts, pod.last_restart, th.crashloop_window):
-            self._out.append(alerts.resolve(pod.crash, ts, f"no restart for {fmt_duration(th.crashloop_window)}"))
+                and elapsed(ts, pod.last_restart, rules.CRASHLOOP_GPU.quiet(th)):
+            quiet = fmt_duration(rules.CRASHLOOP_GPU.quiet(th))
+            self._out.append(alerts.resolve(pod.crash, ts, f"no restart for {quiet}"))
             pod.crash = None
 
     # ------------------------------------------------------------------ samples
 
     def _on_sample(self, ts: float, sample: GpuSample) -> None:
-        th = self.config.thresholds
         self.counters["samples"] += 1
         dt = sample.sample_interval_s
         if sample.driver_version:
@@ -250,32 +250,13 @@ class NodeStage(Stage):
             units += 1
             shares = attribute(reading, uid_by_name)
             if reading.mig_parent_uuid is None and (reading.shared or self.info.replicas_per_gpu > 1.0):
-                gpu_state, transitions = self.shared.observe(
-                    ts, self.node, reading,
-                    # an estimated share has no memory of its own (an even split of the device's)
-                    [(s.pod_uid, s.namespace, s.pod, None if s.estimated else s.mem_bytes) for s in shares], th,
-                    self.alerting["noisy_neighbour"])
-                shared += [gpu_state] if gpu_state is not None else []
-                self._out.extend(transitions)
+                shared += self._shared_gpu(ts, reading, shares)
             if not shares:
                 continue
             allocated += 1
-            device_busy = False
-            device_known = False
-            for share in shares:
-                pod = self.pods.get(share.pod_uid)
-                if pod is None:
-                    self.counters["unattributed_readings"] += 1
-                    continue
-                self._account(pod, reading, share, ts, dt)
-                if share.util_pct is not None:
-                    device_known = True
-                    device_busy = device_busy or share.util_pct >= th.idle_util_pct
-            if device_known:
-                if device_busy:
-                    busy += 1
-                else:
-                    idle_alloc += 1
+            device_busy = self._apply_shares(reading, shares, ts, dt)
+            if device_busy is not None:
+                busy, idle_alloc = (busy + 1, idle_alloc) if device_busy else (busy, idle_alloc + 1)
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
                                      allocated=allocated, busy=busy, idle_allocated=idle_alloc,
                                      mig=layouts_from_sample(sample.gpus), shared=shared or None))
@@ -285,6 +266,30 @@ class NodeStage(Stage):
             pod = self.pods[uid]
             if pod.crash is not None:
                 self._check_crashloop(pod, ts)
+
+    def _shared_gpu(self, ts: float, reading: GpuReading, shares: list[Share]) -> list[SharedGpuState]:
+        """A shared GPU's free VRAM and tenants, and its ``noisy_neighbour`` transitions."""
+        gpu_state, transitions = self.shared.observe(
+            ts, self.node, reading,
+            # an estimated share has no memory of its own (an even split of the device's)
+            [(s.pod_uid, s.namespace, s.pod, None if s.estimated else s.mem_bytes) for s in shares],
+            self.config.thresholds, self.alerting["noisy_neighbour"])
+        self._out.extend(transitions)
+        return [gpu_state] if gpu_state is not None else []
+
+    def _apply_shares(self, reading: GpuReading, shares: list[Share], ts: float, dt: float) -> bool | None:
+        """Account each known pod's share of an allocated device; whether the device was busy (at or
+        above ``idle_util_pct`` for some pod), None when no share had a utilisation figure."""
+        busy: bool | None = None
+        for share in shares:
+            pod = self.pods.get(share.pod_uid)
+            if pod is None:
+                self.counters["unattributed_readings"] += 1
+                continue
+            self._account(pod, reading, share, ts, dt)
+            if share.util_pct is not None:
+                busy = bool(busy) or share.util_pct >= self.config.thresholds.idle_util_pct
+        return busy
 
     def _health(self, reading: GpuReading, ts: float) -> None:
         th = self.config.thresholds
@@ -307,11 +312,11 @@ class NodeStage(Stage):
                 if reading.health_reason:
                     summary += f" ({reading.health_reason})"
                 subj = alerts.subject("node", None, self.node, self.node, reading.uuid)
-                g.alert, message = alerts.fire("gpu_health", subj, ts, summary, details)
+                g.alert, message = alerts.fire(rules.GPU_HEALTH.kind, subj, ts, summary, details)
                 self._out.append(message)
-        elif g.alert is not None and g.bad_ts is not None and elapsed(ts, g.bad_ts, th.gpu_health_clear_after):
+        elif g.alert is not None and g.bad_ts is not None and elapsed(ts, g.bad_ts, rules.GPU_HEALTH.quiet(th)):
             self._out.append(alerts.resolve(
-                g.alert, ts, f"healthy with no critical XID for {fmt_duration(th.gpu_health_clear_after)}"))
+                g.alert, ts, f"healthy with no critical XID for {fmt_duration(rules.GPU_HEALTH.quiet(th))}"))
             g.alert = None
 
     def _account(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float) -> None:

@@ -3,7 +3,7 @@ them, and seeking the consumer back when it skipped records (see :class:`OffsetG
 
 Why a module of its own: it is the exactly-once core of the runtime and is tested without faust
 (``tests/stream_jobs/test_offsets.py`` drives it with a fake consumer through :class:`ConsumerPort`);
-the faust side of the port is ``stream_jobs.faust_app.FaustConsumerPort``.
+the faust side of the port is :class:`stream_jobs.faust_port.FaustConsumerPort`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from common.logs import get_logger
-from common.metrics import MetricsRegistry
-from stream_jobs.offsets import AckOrder, PartitionStalled, Positions
+from common.metrics import Counter, MetricsRegistry
+from stream_jobs.offsets import AckOrder, PartitionStalled, Positions, TopicPartition
 
 log = get_logger(__name__)
 
@@ -49,8 +50,8 @@ class WorkerMetrics:
                                   "sample bytes a node partition holds read but not released by a mark", ("partition",))
         self.pauses = r.counter("stream_read_ahead_pauses_total",
                                 "times a node partition stopped fetching its samples (read_ahead_bytes reached)")
-        self._in: dict[str, Any] = {}
-        self._out: dict[str, Any] = {}
+        self._in: dict[str, Counter] = {}
+        self._out: dict[str, Counter] = {}
 
     def record_in(self, topic: str) -> None:
         """Count a record consumed from ``topic``."""
@@ -61,7 +62,7 @@ class WorkerMetrics:
         self._count(self.records_out, self._out, topic)
 
     @staticmethod
-    def _count(counter: Any, series_by_topic: dict[str, Any], topic: str) -> None:
+    def _count(counter: Counter, series_by_topic: dict[str, Counter], topic: str) -> None:
         """Increment ``counter``'s series for ``topic``, looked up once per topic: ``labels()``
         takes a lock and checks its values, once per record it was about 1 % of a worker's CPU."""
         series = series_by_topic.get(topic)
@@ -73,20 +74,20 @@ class WorkerMetrics:
 class ConsumerPort(Protocol):
     """What :class:`OffsetGuard` needs from the consumer."""
 
-    async def committed(self, tp: Any) -> int:
+    async def committed(self, tp: TopicPartition) -> int:
         """The group's committed offset of ``tp`` (the log start when nothing is committed)."""
 
-    async def committed_many(self, tps: list[Any]) -> dict[Any, int]:
+    async def committed_many(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """:meth:`committed` of several partitions, in one request to the group coordinator and one
         for the log starts of those with no commit."""
 
-    async def log_start(self, tp: Any) -> int: ...
+    async def log_start(self, tp: TopicPartition) -> int: ...
 
-    async def log_ends(self, tps: list[Any]) -> dict[Any, int]:
+    async def log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Per partition, the offset the next record written to it will get (the high watermark):
         one request for all of them."""
 
-    def assignment(self) -> set[Any]:
+    def assignment(self) -> set[TopicPartition]:
         """The partitions the consumer owns now."""
 
     def settled(self) -> bool:
@@ -100,13 +101,13 @@ class ConsumerPort(Protocol):
         """While the worker restores its tables and records remain to be read: seconds since the
         last record of them came (since the restore began if none has); None otherwise."""
 
-    async def seek(self, tp: Any, offset: int) -> None:
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Fetch ``tp`` from ``offset`` again, forgetting any gap the consumer recorded beyond it."""
 
-    def pause(self, tp: Any) -> None:
+    def pause(self, tp: TopicPartition) -> None:
         """Stop fetching ``tp`` (records already fetched may still come, or be dropped)."""
 
-    def resume(self, tp: Any) -> None:
+    def resume(self, tp: TopicPartition) -> None:
         """Fetch ``tp`` again."""
 
 
@@ -139,25 +140,25 @@ class OffsetGuard:
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions(wall_clock=wall_clock)
         self.acks: AckOrder[Any] = AckOrder()
-        self._revoked: set[Any] = set()
+        self._revoked: set[TopicPartition] = set()
         self.watched: set[str] | None = None if watched is None else set(watched)
         """Topics whose partitions :meth:`watch` checks (None: all owned)."""
         self.stall_s, self.give_up_s, self.clock = stall_s, give_up_s, clock
-        self._progress: dict[Any, float] = {}
+        self._progress: dict[TopicPartition, float] = {}
         """Per owned partition: when it last admitted a record (or was assigned, or checked)."""
-        self._stalled: dict[Any, float] = {}
+        self._stalled: dict[TopicPartition, float] = {}
         """Per stalled partition: since when it has admitted nothing though the log has more."""
         self.state_positions: dict[str, Callable[[int], int | None]] = {}
         """Per topic read by a stage that keeps state: the offset of a partition's first record
         its saved state does not hold (None: no state saved). A partition starts there when that
         is below the committed offset (see :meth:`_start`)."""
-        self._committed: dict[Any, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
         """Committed offsets of owned partitions with no position yet, read at their assignment
         (:meth:`read_committed`)."""
-        self._paused: set[Any] = set()
+        self._paused: set[TopicPartition] = set()
         """Partitions a stage paused (:meth:`pause`): not fetched by design, so not watched."""
 
-    def assign(self, assignment: set[Any]) -> None:
+    def assign(self, assignment: AbstractSet[TopicPartition]) -> None:
         """The assignment signal (the worker's whole assignment)."""
         for tp in self.positions.owned - set(assignment):
             self.acks.forget(tp)
@@ -165,7 +166,7 @@ class OffsetGuard:
         self._revoked.clear()
         self._reset_watch()
 
-    def revoke(self, revoked: set[Any]) -> None:
+    def revoke(self, revoked: AbstractSet[TopicPartition]) -> None:
         self.positions.revoke(revoked)
         self._revoked |= set(revoked)
         for tp in revoked:
@@ -180,14 +181,14 @@ class OffsetGuard:
         self._stalled = {tp: t for tp, t in self._stalled.items() if tp in self.positions.owned}
         self._paused &= self.positions.owned
 
-    def pause(self, tp: Any) -> None:
+    def pause(self, tp: TopicPartition) -> None:
         """Stop fetching ``tp`` because a stage holds enough of it (back-pressure). Asked again
         while it still holds enough: the consumer resumes every partition after a rebalance."""
         if tp in self.positions.owned:
             self._paused.add(tp)
             self.port.pause(tp)
 
-    async def resume(self, tp: Any) -> None:
+    async def resume(self, tp: TopicPartition) -> None:
         """Fetch ``tp`` again, from the next offset to admit: faust drops the rest of a fetched
         batch of a partition paused while the batch was handed over, and its fetch position is past
         them (the offset guard would catch the jump, but with a seek and a warning of its own)."""
@@ -200,7 +201,8 @@ class OffsetGuard:
         if target is not None and tp in self.positions.owned:
             await self.port.seek(tp, target)
 
-    async def admit(self, tp: Any, offset: int, compacted: bool, token: Any, timestamp: float | None = None) -> bool:
+    async def admit(self, tp: TopicPartition, offset: int, compacted: bool, token: Any,
+                    timestamp: float | None = None) -> bool:
         """``timestamp``: the record's broker timestamp, epoch seconds (see :meth:`Positions.admit`)."""
         if tp not in self.positions.owned:
             # before the first assignment signal the consumer's own assignment decides (records
@@ -241,7 +243,7 @@ class OffsetGuard:
             return
         self._committed.update((tp, off) for tp, off in found.items() if tp in self.positions.owned)
 
-    async def _start(self, tp: Any) -> int:
+    async def _start(self, tp: TopicPartition) -> int:
         """A partition's first position: its committed offset, or, for a stage's input, the first
         record the stage's restored state does not hold when that is lower. A state older than the
         committed offsets means a late write of a former owner landed after the last owner's
@@ -261,10 +263,10 @@ class OffsetGuard:
         log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed, start=start)
         return start
 
-    def done(self, tp: Any, offset: int, token: Any) -> list[Any]:
+    def done(self, tp: TopicPartition, offset: int, token: Any) -> list[Any]:
         return self.acks.done(tp, offset, token)
 
-    async def _seek_back(self, tp: Any, target: int) -> None:
+    async def _seek_back(self, tp: TopicPartition, target: int) -> None:
         """Seek ``tp`` back to ``target``, or to the log start when retention deleted ``target``
         before it was read (said as an error: loss the worker cannot prevent)."""
         start = await self.port.log_start(tp)
@@ -325,7 +327,7 @@ class OffsetGuard:
             log.warning("consumer not settled: partitions are not watched meanwhile",
                         unsettled_s=round(now - self._unsettled_since), **self.port.unsettled_state())
 
-    def _stalled_round(self, tp: Any, now: float, end: int, why: str) -> None:
+    def _stalled_round(self, tp: TopicPartition, now: float, end: int, why: str) -> None:
         """A check of ``tp`` that could not finish counts towards its give-up like a stalled round."""
         since = self._stalled.setdefault(tp, now - self.stall_s)
         self._progress[tp] = now
@@ -334,7 +336,7 @@ class OffsetGuard:
         log.warning("stall check did not finish; retrying", topic=tp.topic, partition=tp.partition, reason=why,
                     stalled_s=round(now - since, 1))
 
-    def _give_up_if_due(self, tp: Any, now: float, since: float, detail: str, **fields: Any) -> None:
+    def _give_up_if_due(self, tp: TopicPartition, now: float, since: float, detail: str, **fields: Any) -> None:
         """Raise :class:`PartitionStalled` once ``tp`` has been stalled since ``since`` for
         ``give_up_s`` (``fields``: for the log line)."""
         if now - since >= self.give_up_s:
@@ -342,7 +344,7 @@ class OffsetGuard:
                       topic=tp.topic, partition=tp.partition, **fields, stalled_s=round(now - since, 1))
             raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s ({detail})")
 
-    async def _check_stall(self, tp: Any, now: float, end: int) -> None:
+    async def _check_stall(self, tp: TopicPartition, now: float, end: int) -> None:
         if tp not in self.positions.owned:
             return
         wanted = self.positions.next_offset(tp)

@@ -35,8 +35,9 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from common.errors import RetriableError
 from schemas.topics import COMPACTION_LAG_S
@@ -46,6 +47,16 @@ T = TypeVar("T")
 EXIT_STALLED = 70
 """Exit status of a worker that stopped itself to be restarted (a partition stalled, or an agent
 failed mid-mark): it resumes from its checkpoints; nothing is lost."""
+
+
+class TopicPartition(Protocol):
+    """A partition of a topic as the consumer names it (faust's ``TP``, a hashable named tuple)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
 
 
 class PartitionStalled(RetriableError, RuntimeError):
@@ -84,8 +95,8 @@ class _Position:
 class Positions:
     """The next offset to process per owned partition (see the module docstring)."""
 
-    owned: set[Any] = field(default_factory=set)
-    _at: dict[Any, _Position] = field(default_factory=dict)
+    owned: set[TopicPartition] = field(default_factory=set)
+    _at: dict[TopicPartition, _Position] = field(default_factory=dict)
     compaction_lag_s: float = COMPACTION_LAG_S
     """The compacted topics' ``min.compaction.lag.ms``, in seconds: younger records are never
     compacted away. A topic configured lower only costs seeks (its holes are verified)."""
@@ -93,43 +104,43 @@ class Positions:
     """Allowance for this host's clock running ahead of the broker's."""
     wall_clock: Callable[[], float] = time.time
 
-    def assign(self, assignment: set[Any]) -> None:
+    def assign(self, assignment: AbstractSet[TopicPartition]) -> None:
         """The worker's new assignment (all its partitions): positions of partitions it keeps
         are kept; a partition assigned again starts from its committed offset."""
         for tp in set(self._at) - set(assignment):
             del self._at[tp]
         self.owned = set(assignment)
 
-    def revoke(self, revoked: set[Any]) -> None:
+    def revoke(self, revoked: AbstractSet[TopicPartition]) -> None:
         for tp in revoked:
             self.owned.discard(tp)
             self._at.pop(tp, None)
 
-    def needs_start(self, tp: Any) -> bool:
+    def needs_start(self, tp: TopicPartition) -> bool:
         """True when ``tp`` is owned but has no position yet: call :meth:`start` with its
         committed offset before :meth:`admit`."""
         return tp in self.owned and tp not in self._at
 
-    def start(self, tp: Any, committed: int) -> None:
+    def start(self, tp: TopicPartition, committed: int) -> None:
         """``committed``: the next offset to read as committed for the consumer group (or the
         log start offset when nothing is committed). Ignored for a partition revoked meanwhile."""
         if tp not in self.owned:
             return
         self._at[tp] = _Position(next=committed, verified=False)
 
-    def next_offset(self, tp: Any) -> int | None:
+    def next_offset(self, tp: TopicPartition) -> int | None:
         """The offset the next admitted record of ``tp`` must have (None: no position yet)."""
         pos = self._at.get(tp)
         return None if pos is None else pos.next
 
-    def reverify(self, tp: Any) -> None:
+    def reverify(self, tp: TopicPartition) -> None:
         """The consumer is being sought back to :meth:`next_offset` (records went missing): a
         jump is verified by a seek again, also inside a compacted topic's run."""
         pos = self._at.get(tp)
         if pos is not None and pos.rewind_from is None:
             pos.verified = False
 
-    def rewinding(self) -> dict[Any, int]:
+    def rewinding(self) -> dict[TopicPartition, int]:
         """Partitions with a seek back in progress: ``{tp: offset sought}`` (a seek can be undone;
         the faust adapter's watch repeats it when the partition stalls)."""
         return {tp: pos.next for tp, pos in self._at.items() if pos.rewind_from is not None}
@@ -140,7 +151,7 @@ class Positions:
         return (pos.last_timestamp is not None
                 and pos.last_timestamp <= self.wall_clock() - self.compaction_lag_s - self.clock_margin_s)
 
-    def admit(self, tp: Any, offset: int, compacted: bool, timestamp: float | None = None) -> Admission:
+    def admit(self, tp: TopicPartition, offset: int, compacted: bool, timestamp: float | None = None) -> Admission:
         """``timestamp``: the record's broker timestamp in epoch seconds (None: unknown, taken as
         young, so a hole after it is verified by a seek)."""
         if tp not in self.owned:
@@ -174,11 +185,21 @@ class Positions:
         pos.next, pos.verified, pos.last_timestamp = offset + 1, True, timestamp
         return Admission(True)
 
-    def restart(self, tp: Any, offset: int) -> None:
+    def restart(self, tp: TopicPartition, offset: int) -> None:
         """Give up waiting for records before ``offset`` (they no longer exist: the log starts
         there) and continue from it."""
         if tp in self._at:
             self._at[tp] = _Position(next=offset, verified=False)
+
+
+class _InFlight(Generic[T]):
+    """A record in flight: its token, and whether it is processed."""
+
+    __slots__ = ("finished", "token")
+
+    def __init__(self, token: T) -> None:
+        self.token = token
+        self.finished = False
 
 
 class AckOrder(Generic[T]):
@@ -193,13 +214,13 @@ class AckOrder(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._open: dict[Any, OrderedDict[int, list[Any]]] = {}
+        self._open: dict[TopicPartition, OrderedDict[int, _InFlight[T]]] = {}
         """Per partition, the records in flight by offset, oldest first. An ``OrderedDict``: each
         acknowledgement takes the finished records off the front, which is O(1) there; a plain
         dict's keys were copied at every acknowledgement, O(records in flight), and a partition
         read far ahead of its marks holds thousands."""
 
-    def track(self, tp: Any, offset: int, token: T) -> bool:
+    def track(self, tp: TopicPartition, offset: int, token: T) -> bool:
         """Start tracking a consumed record; False if this offset is already in flight (a
         redelivery of a record still being processed: ignore it, the first copy gets acked)."""
         entries = self._open.get(tp)
@@ -207,27 +228,27 @@ class AckOrder(Generic[T]):
             entries = self._open[tp] = OrderedDict()
         if offset in entries:
             return False
-        entries[offset] = [token, False]
+        entries[offset] = _InFlight(token)
         return True
 
-    def done(self, tp: Any, offset: int, token: T) -> list[T]:
+    def done(self, tp: TopicPartition, offset: int, token: T) -> list[T]:
         """``token`` is processed; the tokens now acknowledgeable, in offset order. A token not
         tracked (any more: its partition was revoked) releases nothing, even when the same offset
         is tracked again for a new assignment."""
         entries = self._open.get(tp)
-        if not entries or offset not in entries or entries[offset][0] is not token:
+        if not entries or offset not in entries or entries[offset].token is not token:
             return []
-        entries[offset][1] = True
+        entries[offset].finished = True
         out: list[T] = []
         while entries:  # insertion order = consumption order = offset order
-            tracked, finished = entries[next(iter(entries))]
-            if not finished:
+            tracked = entries[next(iter(entries))]
+            if not tracked.finished:
                 break
-            out.append(tracked)
+            out.append(tracked.token)
             entries.popitem(last=False)
         return out
 
-    def forget(self, tp: Any) -> None:
+    def forget(self, tp: TopicPartition) -> None:
         self._open.pop(tp, None)
 
     def waiting(self) -> int:

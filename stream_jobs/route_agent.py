@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 from common.logs import get_logger
 from schemas.codec import MessageError
-from schemas.control import STATE_MARK_KIND
 from stream_jobs.delivery import Delivery, exit_for_restart
 from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
@@ -154,16 +153,15 @@ class RouteAgent:
             delivery.metrics.record_in(topic)
             if topic == self.topics.control_name:
                 try:
-                    data = decode_envelope(event.value)
-                    if data["k"] == "m":
-                        self.hold.hold(Mark.from_dict(data), event)
-                    elif data["k"] == STATE_MARK_KIND:
-                        self.state_hold.hold(Mark.from_dict(data), event)
-                    else:
-                        await delivery.ack(events, event)
-                except (ValueError, KeyError, TypeError) as exc:
+                    envelope = decode_envelope(event.value)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.warning("bad control record ignored", offset=offset, error=str(exc))
                     await delivery.ack(events, event)
+                else:
+                    if isinstance(envelope, Mark):
+                        (self.state_hold if envelope.state else self.hold).hold(envelope, event)
+                    else:  # the cluster stage's done, records of no kind the route reads
+                        await delivery.ack(events, event)
             else:
                 await self._route_record(topic, partition, offset, message.key, event.value)
                 self._pending.append((event, topic, partition, offset))

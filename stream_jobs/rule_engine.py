@@ -15,25 +15,25 @@ The timing rule of a sustained condition (DESIGN.md's alert catalogue):
   with the reason it knows.
 
 The engine keeps one :class:`RuleState` per subject key in a plain dict the stage owns and
-persists (``to_dict`` form: ``{"since": float | None, "alert": record | None}``).
+persists (``to_dict`` form: ``{"since": float | None, "alert": OpenAlert.to_dict() | None}``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from schemas.outputs import Alert
+from schemas.outputs import Alert, AlertSubject
 from stream_jobs import alerts
+from stream_jobs.alerts import AlertKind, Details, IdleCost, OpenAlert
 from stream_jobs.config import Thresholds
 from stream_jobs.timeutil import elapsed
 
 C = TypeVar("C")
 
-Details = dict[str, Any]
-AlertRecord = dict[str, Any]
-"""An open alert as ``stream_jobs.alerts.fire`` returns it (kept in stage state)."""
+ThresholdOf = Callable[[Thresholds], float]
+"""A typed reference to one field of :class:`Thresholds` (``lambda th: th.idle_after``)."""
 
 
 @dataclass(frozen=True)
@@ -41,31 +41,57 @@ class Resolution:
     """Why a rule's alert resolved, and figures added to its details (``util_pct`` when busy again)."""
 
     reason: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class SustainedRule(Generic[C]):
-    """An alert that fires when ``condition`` has held for the threshold named ``after``."""
+    """An alert type that fires when ``condition`` has held for the threshold ``after``: its one
+    declaration (name and severity in ``kind``, the docs section at ``kind.docs_anchor``)."""
 
-    alert_type: str
-    after: str
-    """Name of the :class:`Thresholds` field (seconds) the condition must hold for."""
+    kind: AlertKind
+    after: ThresholdOf
+    """The :class:`Thresholds` field (seconds) the condition must hold for."""
     condition: Callable[[C], bool | None]
     """True / false at this evaluation; ``None`` when the context has no data for it."""
-    subject: Callable[[C], dict[str, Any]]
+    subject: Callable[[C], AlertSubject]
     describe: Callable[[C, float, float], tuple[str, Details]]
     """``(context, since, t) -> (summary, details)`` of the firing alert."""
-    resolution: Callable[[C, AlertRecord, float], Resolution]
+    resolution: Callable[[C, OpenAlert, float], Resolution]
     """``(context, open alert record, t)``: why the alert resolves when the condition turns false."""
     since: Callable[[C], float] | None = None
     """When the timer starts, if from the data (read at every evaluation) rather than when the
     condition was first seen."""
-    remember: Callable[[C, float], Details] | None = None
-    """Fields added to the kept alert record at firing (used by a later resolution)."""
+    remember: Callable[[C, float], IdleCost] | None = None
+    """What the kept alert record remembers from its firing for a later resolution."""
 
-    def threshold(self, thresholds: Thresholds) -> float:
-        return float(getattr(thresholds, self.after))
+    @property
+    def alert_type(self) -> str:
+        return self.kind.name
+
+
+@dataclass(frozen=True)
+class EventRule:
+    """An alert type that fires on an event and resolves after a quiet period (``gpu_health``,
+    ``crashloop_gpu``): its declaration; the node stage holds its logic and reads ``quiet`` from it."""
+
+    kind: AlertKind
+    quiet: ThresholdOf
+    """The :class:`Thresholds` field (seconds) without a new event after which the alert resolves."""
+
+    @property
+    def alert_type(self) -> str:
+        return self.kind.name
+
+
+class Declaration(Protocol):
+    """One alert type's declaration (:class:`SustainedRule` or :class:`EventRule`)."""
+
+    @property
+    def kind(self) -> AlertKind: ...
+
+    @property
+    def alert_type(self) -> str: ...
 
 
 @dataclass
@@ -73,14 +99,15 @@ class RuleState:
     """One subject's timer and open alert for one rule."""
 
     since: float | None = None
-    alert: AlertRecord | None = None
+    alert: OpenAlert | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"since": self.since, "alert": self.alert}
+        return {"since": self.since, "alert": None if self.alert is None else self.alert.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RuleState:
-        return cls(since=data["since"], alert=data["alert"])
+        alert = data["alert"]
+        return cls(since=data["since"], alert=None if alert is None else OpenAlert.from_dict(alert))
 
 
 RuleTable = dict[str, RuleState]
@@ -108,13 +135,11 @@ def step(rule: SustainedRule[C], table: RuleTable, key: str, context: C, t: floa
         state.since = rule.since(context)
     elif state.since is None:
         state.since = t
-    if state.alert is not None or not elapsed(t, state.since, rule.threshold(thresholds)):
+    if state.alert is not None or not elapsed(t, state.since, rule.after(thresholds)):
         return []
     summary, details = rule.describe(context, state.since, t)
-    record, message = alerts.fire(rule.alert_type, rule.subject(context), t, summary, details)
-    if rule.remember is not None:
-        record |= rule.remember(context, state.since)
-    state.alert = record
+    cost = None if rule.remember is None else rule.remember(context, state.since)
+    state.alert, message = alerts.fire(rule.kind, rule.subject(context), t, summary, details, cost)
     return [message]
 
 
@@ -129,7 +154,7 @@ def restart(table: RuleTable, keys: Iterable[str]) -> None:
             del table[key]
 
 
-def close(table: RuleTable, key: str, t: float, reason: str, **extra: Any) -> list[Alert]:
+def close(table: RuleTable, key: str, t: float, reason: str, **extra: float | None) -> list[Alert]:
     """Forget ``key``; its open alert resolves with ``reason`` and ``extra`` details."""
     state = table.pop(key, None)
     if state is None or state.alert is None:

@@ -1,16 +1,15 @@
-"""Alert rules as data: every sustained-condition alert type is one declared :class:`SustainedRule`.
+"""The alert catalogue: every alert type gpulens emits is declared once here (:data:`CATALOGUE`).
 
-Why: the stages used to carry a hand-written since/fire/resolve block per alert type, each with
-its own small variations. Here a rule says only *what* — its condition over a context the stage
-builds, how long the condition must hold (the name of a field of
-:class:`stream_jobs.config.Thresholds`), the subject, summary and details of the firing alert, and
-why it resolves — and :mod:`stream_jobs.rule_engine` (``step`` / ``sweep``, re-exported here)
-says *how*, once, for every type.
-
-Adding an alert type: declare a rule below with a context dataclass, register its severity in
-``stream_jobs.alerts.SEVERITY``, call ``step`` for it where the stage has the context, and add a
-test. ``gpu_health`` and ``crashloop_gpu`` fire on an event and clear after a quiet period, so
-they are not sustained conditions and keep their own code in the node stage.
+A sustained-condition type is one :class:`SustainedRule`: its kind (name and severity), its
+condition over a context the stage builds, how long the condition must hold (a typed reference to
+a field of :class:`common.settings.Thresholds`), the subject, summary and details of the firing
+alert, and why it resolves; :mod:`stream_jobs.rule_engine` (``step`` / ``sweep``, re-exported
+here) says *how*, once, for every type. ``gpu_health`` and ``crashloop_gpu`` fire on an event and
+clear after a quiet period: they are :class:`EventRule` declarations whose logic is in the node
+stage. The severity table (:data:`SEVERITY`), the report order (``alerts.TYPE_ORDER``, the wire
+enum's) and the docs section of each type (``AlertKind.docs_anchor``) derive from the catalogue;
+``tests/alerts/test_catalogue.py`` fails when a declared type is missing from the wire enum, the
+catalogue or docs/alerts.md, or the other way round.
 """
 
 from __future__ import annotations
@@ -20,11 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas.messages import AllocatorDevice, GpuReading
+from schemas.outputs import AlertSubject
 from stream_jobs import alerts
+from stream_jobs.alerts import AlertKind, IdleCost, OpenAlert
+from stream_jobs.alerts import Details as Details
 from stream_jobs.attribution import Share
 from stream_jobs.config import Thresholds
-from stream_jobs.rule_engine import AlertRecord as AlertRecord
-from stream_jobs.rule_engine import Details as Details
+from stream_jobs.rule_engine import Declaration as Declaration
+from stream_jobs.rule_engine import EventRule as EventRule
 from stream_jobs.rule_engine import Resolution as Resolution
 from stream_jobs.rule_engine import RuleState as RuleState
 from stream_jobs.rule_engine import RuleTable as RuleTable
@@ -64,7 +66,7 @@ class PodGpu:
         return used / total * 100.0 if total and used is not None else None
 
 
-def _pod_gpu_subject(c: PodGpu) -> dict[str, Any]:
+def _pod_gpu_subject(c: PodGpu) -> AlertSubject:
     return alerts.subject("pod", c.namespace, c.pod, c.node, c.reading.uuid)
 
 
@@ -84,8 +86,8 @@ def _idle_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
 
 
 IDLE_GPU: SustainedRule[PodGpu] = SustainedRule(
-    alert_type="idle_gpu",
-    after="idle_after",
+    kind=AlertKind("idle_gpu", "warning"),
+    after=lambda th: th.idle_after,
     condition=lambda c: c.idle,
     subject=_pod_gpu_subject,
     describe=_idle_describe,
@@ -111,8 +113,8 @@ def _vram_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
 
 
 VRAM_PRESSURE: SustainedRule[PodGpu] = SustainedRule(
-    alert_type="vram_pressure",
-    after="vram_pressure_after",
+    kind=AlertKind("vram_pressure", "warning"),
+    after=lambda th: th.vram_pressure_after,
     condition=_vram_pressure,
     subject=_pod_gpu_subject,
     describe=_vram_describe,
@@ -148,23 +150,33 @@ def _idle_node_describe(c: IdleNode, since: float, t: float) -> tuple[str, Detai
     return summary, details
 
 
-def idle_node_burned(record: AlertRecord, t: float) -> float:
+def idle_node_burned(record: OpenAlert, t: float) -> float:
     """USD an ``idle_node`` alert's node burned from its idle start to ``t``."""
-    return round(record["usd_per_hour"] * (t - record["idle_since_ts"]) / 3600.0, 4)
+    cost = record.cost
+    return 0.0 if cost is None else round(cost.usd_per_hour * (t - cost.since_ts) / 3600.0, 4)
 
 
 IDLE_NODE: SustainedRule[IdleNode] = SustainedRule(
-    alert_type="idle_node",
-    after="idle_node_after",
+    kind=AlertKind("idle_node", "info"),
+    after=lambda th: th.idle_node_after,
     condition=lambda c: c.ready and c.units > 0 and not c.holds,
     subject=lambda c: alerts.subject("node", None, c.node, c.node),
     describe=_idle_node_describe,
     resolution=lambda c, alert, t: Resolution("gpu allocated" if c.ready else "node not ready",
                                               {"cost_usd_burned": idle_node_burned(alert, t)}),
-    remember=lambda c, since: {"idle_since_ts": since, "usd_per_hour": c.usd_per_hour},
+    remember=lambda c, since: IdleCost(since, c.usd_per_hour),
 )
 """A Ready node with GPUs none of which a pod holds, for ``idle_node_after``; its resolution says
 what the idle node cost (:func:`idle_node_burned`)."""
+
+
+GPU_HEALTH = EventRule(kind=AlertKind("gpu_health", "critical"), quiet=lambda th: th.gpu_health_clear_after)
+"""A critical XID, or the GPU lost / in error: fires at once; resolves after ``gpu_health_clear_after``
+healthy (the node stage's ``_health``)."""
+
+CRASHLOOP_GPU = EventRule(kind=AlertKind("crashloop_gpu", "critical"), quiet=lambda th: th.crashloop_window)
+"""A GPU pod restarting ``crashloop_restarts`` times within ``crashloop_window``: fires at once; resolves
+after ``crashloop_window`` without a restart (the node stage's ``_check_crashloop``)."""
 
 
 # ---------------------------------------------------------------------- cluster rules
@@ -191,7 +203,7 @@ class Waiting:
         return isinstance(self.record, Workload)
 
 
-def _waiting_subject(c: Waiting) -> dict[str, Any]:
+def _waiting_subject(c: Waiting) -> AlertSubject:
     return alerts.subject("workload" if c.workload else "pod", c.record.namespace, c.record.name)
 
 
@@ -213,8 +225,8 @@ def _pending_describe(c: Waiting, since: float, t: float) -> tuple[str, Details]
 
 
 PENDING_GPU: SustainedRule[Waiting] = SustainedRule(
-    alert_type="pending_gpu",
-    after="pending_after",
+    kind=AlertKind("pending_gpu", "warning"),
+    after=lambda th: th.pending_after,
     condition=lambda c: True,
     subject=_waiting_subject,
     describe=_pending_describe,
@@ -238,8 +250,8 @@ def _fragmentation_describe(c: Waiting, since: float, t: float) -> tuple[str, De
 
 
 FRAGMENTATION: SustainedRule[Waiting] = SustainedRule(
-    alert_type="fragmentation",
-    after="fragmentation_after",
+    kind=AlertKind("fragmentation", "warning"),
+    after=lambda th: th.fragmentation_after,
     condition=lambda c: c.unfragmented and not c.fits_somewhere,
     subject=_waiting_subject,
     describe=_fragmentation_describe,
@@ -300,14 +312,14 @@ def _gang_describe(c: Gang, since: float, t: float) -> tuple[str, Details]:
     return summary, details
 
 
-def _gang_subject(c: Gang) -> dict[str, Any]:
+def _gang_subject(c: Gang) -> AlertSubject:
     namespace, group = c.namespace_and_group
     return alerts.subject("gang", namespace, group or c.gang_id)
 
 
 GANG_PARTIAL: SustainedRule[Gang] = SustainedRule(
-    alert_type="gang_partial",
-    after="gang_after",
+    kind=AlertKind("gang_partial", "warning"),
+    after=lambda th: th.gang_after,
     condition=lambda c: bool(c.running and c.waiting),
     subject=_gang_subject,
     describe=_gang_describe,
@@ -368,7 +380,7 @@ def _allocator_describe(c: AllocatorGpu, since: float, t: float) -> tuple[str, D
     return summary, details
 
 
-def _allocator_resolution(c: AllocatorGpu, _alert: AlertRecord, _t: float) -> Resolution:
+def _allocator_resolution(c: AllocatorGpu, _alert: OpenAlert, _t: float) -> Resolution:
     if not c.over:
         return Resolution(f"reserved but unused below {c.thresholds.allocator_unused_pct:g}% of the GPU",
                           {"reserved_unused_pct": round(c.reserved_unused_pct or 0.0, 2)})
@@ -376,8 +388,8 @@ def _allocator_resolution(c: AllocatorGpu, _alert: AlertRecord, _t: float) -> Re
 
 
 ALLOCATOR_FRAGMENTATION: SustainedRule[AllocatorGpu] = SustainedRule(
-    alert_type="allocator_fragmentation",
-    after="allocator_fragmentation_after",
+    kind=AlertKind("allocator_fragmentation", "warning"),
+    after=lambda th: th.allocator_fragmentation_after,
     condition=_allocator_condition,
     subject=lambda c: alerts.subject("pod", c.namespace, c.pod, c.node, c.gpu_uuid),
     describe=_allocator_describe,
@@ -425,8 +437,8 @@ def _mig_describe(c: MigWaiting, since: float, t: float) -> tuple[str, Details]:
 
 
 MIG_FRAGMENTATION: SustainedRule[MigWaiting] = SustainedRule(
-    alert_type="mig_fragmentation",
-    after="mig_fragmentation_after",
+    kind=AlertKind("mig_fragmentation", "warning"),
+    after=lambda th: th.mig_fragmentation_after,
     condition=lambda c: not c.hostable and (c.relayout_node or c.fleet),
     subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
     describe=_mig_describe,
@@ -460,8 +472,8 @@ def _vram_frag_describe(c: VramWaiting, since: float, t: float) -> tuple[str, De
 
 
 VRAM_FRAGMENTATION: SustainedRule[VramWaiting] = SustainedRule(
-    alert_type="vram_fragmentation",
-    after="vram_fragmentation_after",
+    kind=AlertKind("vram_fragmentation", "warning"),
+    after=lambda th: th.vram_fragmentation_after,
     condition=lambda c: c.largest_free_bytes < c.need_bytes <= c.free_bytes,
     subject=lambda c: alerts.subject("pod", c.pod.namespace, c.pod.name),
     describe=_vram_frag_describe,
@@ -501,8 +513,8 @@ def _noisy_describe(c: SharedGpuPressure, since: float, t: float) -> tuple[str, 
 
 
 NOISY_NEIGHBOUR: SustainedRule[SharedGpuPressure] = SustainedRule(
-    alert_type="noisy_neighbour",
-    after="vram_pressure_after",
+    kind=AlertKind("noisy_neighbour", "warning"),
+    after=lambda th: th.vram_pressure_after,
     condition=lambda c: None if c.over is None else c.over and c.noisy is not None,
     subject=lambda c: alerts.subject("pod", c.noisy[0] if c.noisy else None, c.noisy[1] if c.noisy else None,
                                      c.node, c.reading.uuid),
@@ -511,11 +523,20 @@ NOISY_NEIGHBOUR: SustainedRule[SharedGpuPressure] = SustainedRule(
 )
 """A pod's growth takes a GPU it shares to ``vram_pressure_pct``, for ``vram_pressure_after`` (keyed by GPU)."""
 
-NODE_RULES: tuple[SustainedRule[Any], ...] = (*POD_GPU_RULES, IDLE_NODE, NOISY_NEIGHBOUR)
-"""The node stage's rules (it keeps one :data:`RuleTable` per rule)."""
+NODE_RULES: tuple[Declaration, ...] = (*POD_GPU_RULES, IDLE_NODE, NOISY_NEIGHBOUR)
+"""The node stage's sustained rules (it keeps one :data:`RuleTable` per rule)."""
 
-CLUSTER_RULES: tuple[SustainedRule[Any], ...] = (*WAITING_RULES, GANG_PARTIAL, MIG_FRAGMENTATION, VRAM_FRAGMENTATION)
-"""The cluster stage's rules (it keeps one :data:`RuleTable` per rule)."""
+CLUSTER_RULES: tuple[Declaration, ...] = (*WAITING_RULES, GANG_PARTIAL, MIG_FRAGMENTATION, VRAM_FRAGMENTATION)
+"""The cluster stage's sustained rules (it keeps one :data:`RuleTable` per rule)."""
 
-RULES: tuple[SustainedRule[Any], ...] = (*NODE_RULES, *CLUSTER_RULES, ALLOCATOR_FRAGMENTATION)
-"""Every declared sustained-condition rule (a test checks their thresholds and severities exist)."""
+# ---------------------------------------------------------------------- the catalogue
+
+CATALOGUE: tuple[Declaration, ...] = (
+    IDLE_GPU, VRAM_PRESSURE, GPU_HEALTH, PENDING_GPU, FRAGMENTATION, GANG_PARTIAL, CRASHLOOP_GPU, IDLE_NODE,
+    ALLOCATOR_FRAGMENTATION, MIG_FRAGMENTATION, VRAM_FRAGMENTATION, NOISY_NEIGHBOUR,
+)
+"""Every alert type gpulens emits, one declaration each, in the order of ``schemas.outputs.AlertType``
+(the wire names; ``tests/alerts/test_catalogue.py`` ties the two and the docs sections together)."""
+
+SEVERITY: dict[str, str] = {rule.kind.name: rule.kind.severity for rule in CATALOGUE}
+"""Severity by alert type."""

@@ -9,7 +9,6 @@ single-cluster install keeps its ids, keys and stored rows.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from schemas.outputs import Alert, ClusterCapacity, PodWindow
@@ -30,7 +29,7 @@ def stamped(cluster: str, outputs: Iterable[Message]) -> list[Message]:
         if message.cluster != DEFAULT_CLUSTER:
             result.append(message)
             continue
-        update: dict[str, Any] = {"cluster": cluster}
+        update: dict[str, str] = {"cluster": cluster}
         if isinstance(message, PodWindow | ClusterCapacity):
             update["window_id"] = scoped_key(cluster, message.window_id)
         elif isinstance(message, Alert):

@@ -24,7 +24,7 @@ State is plain JSON-serialisable data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from schemas.messages import GpuReading, NodeState
@@ -45,6 +45,43 @@ def replicas_per_gpu(state: NodeState) -> float:
     return units / gpus if gpus else 1.0
 
 
+Tenant = tuple[str, str, str, int | None]
+"""A pod on a shared GPU: ``(uid, namespace, name, its memory on the GPU in bytes or None)``."""
+
+
+def _peaks(peaks: dict[str, int], tenants: Sequence[Tenant]) -> dict[str, int]:
+    """Each present tenant's peak memory on the GPU, with this reading."""
+    present = {uid for uid, *_ in tenants}
+    out = {uid: p for uid, p in peaks.items() if uid in present}
+    for uid, _ns, _name, mem in tenants:
+        if mem is not None:
+            out[uid] = max(out.get(uid, 0), mem)
+    return out
+
+
+def _grew_most(below: Mapping[str, int], mems: Mapping[str, int]) -> list[str | int] | None:
+    """Who pushed the GPU over: ``[uid, growth]`` of the tenant that grew most since the last sample
+    below the threshold (None when none grew)."""
+    grown = [(mem - below.get(uid, 0), uid) for uid, mem in mems.items() if mem > below.get(uid, 0)]
+    if not grown:
+        return None
+    growth, uid = max(grown)
+    return [uid, growth]
+
+
+def _noisy_and_neighbours(noisy: list[str | int] | None, tenants: Sequence[Tenant], pods: Sequence[SharedPodVram]
+                          ) -> tuple[tuple[str, str, int | None, int] | None, tuple[dict[str, Any], ...]]:
+    """The noisy tenant as ``SharedGpuPressure.noisy`` has it, and the other tenants (JSON form)."""
+    named = None
+    if noisy is not None:
+        uid, growth = noisy
+        _, ns, name, mem = next(t for t in tenants if t[0] == uid)
+        named = (ns, name, mem, int(growth))
+    neighbours = tuple(p.model_dump(mode="json") for (uid, *_), p in zip(tenants, pods, strict=True)
+                       if noisy is None or uid != noisy[0])
+    return named, neighbours
+
+
 class NoisyNeighbours:
     """The node stage's view of its shared GPUs."""
 
@@ -54,23 +91,18 @@ class NoisyNeighbours:
     def to_dict(self) -> dict[str, Any]:
         return {"gpus": self.gpus}
 
-    def observe(self, ts: float, node: str, reading: GpuReading, tenants: list[tuple[str, str, str, int | None]],
+    def observe(self, ts: float, node: str, reading: GpuReading, tenants: list[Tenant],
                 th: Thresholds, table: rules.RuleTable) -> tuple[SharedGpuState | None, list[Alert]]:
         """One shared GPU's reading with its tenants ``(uid, namespace, name, mem_bytes)``; the
         ``noisy_neighbour`` timers and open alerts are in ``table`` (the stage's), keyed by GPU."""
         g = self.gpus.setdefault(reading.uuid, {"peak": {}, "below": None, "noisy": None})
         present = {uid for uid, *_ in tenants}
-        g["peak"] = {uid: p for uid, p in g["peak"].items() if uid in present}
-        for uid, _ns, _name, mem in tenants:
-            if mem is not None:
-                g["peak"][uid] = max(g["peak"].get(uid, 0), mem)
+        g["peak"] = _peaks(g["peak"], tenants)
         total, used = reading.mem_total_bytes, reading.mem_used_bytes
         pods = [SharedPodVram(namespace=ns, name=name, mem_bytes=mem, peak_bytes=g["peak"].get(uid))
                 for uid, ns, name, mem in tenants]
-        state = None
-        if total:
-            state = SharedGpuState(gpu_uuid=reading.uuid, gpu_index=reading.index, model=reading.model,
-                                   mem_total_bytes=total, mem_used_bytes=used, pods=pods)
+        state = SharedGpuState(gpu_uuid=reading.uuid, gpu_index=reading.index, model=reading.model,
+                               mem_total_bytes=total, mem_used_bytes=used, pods=pods) if total else None
         out: list[Alert] = []
         if g["noisy"] is not None and g["noisy"][0] not in present:
             out += rules.close(table, reading.uuid, ts, "the pod left the GPU")
@@ -81,18 +113,8 @@ class NoisyNeighbours:
         if over is False:
             g["below"], g["noisy"] = mems, None
         elif over and g["noisy"] is None and g["below"] is not None:
-            # who pushed it: the most growth since the last sample below (never seen below: unknown)
-            grown = [(mem - g["below"].get(uid, 0), uid) for uid, mem in mems.items() if mem > g["below"].get(uid, 0)]
-            if grown:
-                growth, uid = max(grown)
-                g["noisy"] = [uid, growth]
-        noisy = None
-        if g["noisy"] is not None:
-            uid, growth = g["noisy"]
-            _, ns, name, mem = next(t for t in tenants if t[0] == uid)
-            noisy = (ns, name, mem, growth)
-        neighbours = tuple(p.model_dump(mode="json") for (uid, *_), p in zip(tenants, pods, strict=True)
-                           if g["noisy"] is None or uid != g["noisy"][0])
+            g["noisy"] = _grew_most(g["below"], mems)
+        noisy, neighbours = _noisy_and_neighbours(g["noisy"], tenants, pods)
         context = rules.SharedGpuPressure(node, reading, pct, over, noisy, neighbours, th)
         out += rules.step(rules.NOISY_NEIGHBOUR, table, reading.uuid, context, ts, th)
         return state, out
@@ -101,6 +123,26 @@ class NoisyNeighbours:
         """Drop GPUs not in the latest sample (one with an open alert stays until it is seen again)."""
         for uuid in [u for u in self.gpus if u not in present and u not in table]:
             del self.gpus[uuid]
+
+
+FreeGpu = tuple[str, dict[str, Any], int]
+"""A shared GPU with its free VRAM: ``(node, SharedGpuState JSON form, free bytes)``."""
+
+
+def _figures(free: Sequence[FreeGpu], usable: Sequence[FreeGpu], needs: Sequence[ClusterPod]) -> dict[str, Any]:
+    """The fleet's shared-VRAM figures (``ClusterCapacity.fragmentation``): free, largest free, stranded
+    (free VRAM on schedulable GPUs below the smallest pending need), pending and each GPU's layout."""
+    smallest = min((p.vram_need_bytes or 0 for p in needs), default=None)
+    return {
+        "shared_gpus": len(free),
+        "shared_vram_free_bytes": sum(f for *_, f in free),
+        "shared_vram_largest_free_bytes": max((f for *_, f in free), default=0),
+        "shared_vram_stranded_bytes": 0 if smallest is None else sum(f for *_, f in usable if f < smallest),
+        "shared_vram_pending_bytes": sum(p.vram_need_bytes or 0 for p in needs),
+        "shared_gpu_layouts": [{"node": node, "gpu_index": g["gpu_index"], "gpu_uuid": g["gpu_uuid"],
+                                "mem_total_bytes": g["mem_total_bytes"], "mem_used_bytes": g["mem_used_bytes"],
+                                "free_bytes": f, "pods": g["pods"]} for node, g, f in free],
+    }
 
 
 class VramTracker:
@@ -131,17 +173,7 @@ class VramTracker:
             return rules.sweep(table, (), t, why_not_pending)
         free = [(node, g, max(g["mem_total_bytes"] - (g["mem_used_bytes"] or 0), 0)) for node, g in gpus]
         usable = [(node, g, f) for node, g, f in free if node in schedulable]
-        smallest = min((p.vram_need_bytes or 0 for p in needs), default=None)
-        self.snapshot = {
-            "shared_gpus": len(free),
-            "shared_vram_free_bytes": sum(f for *_, f in free),
-            "shared_vram_largest_free_bytes": max((f for *_, f in free), default=0),
-            "shared_vram_stranded_bytes": 0 if smallest is None else sum(f for *_, f in usable if f < smallest),
-            "shared_vram_pending_bytes": sum(p.vram_need_bytes or 0 for p in needs),
-            "shared_gpu_layouts": [{"node": node, "gpu_index": g["gpu_index"], "gpu_uuid": g["gpu_uuid"],
-                                    "mem_total_bytes": g["mem_total_bytes"], "mem_used_bytes": g["mem_used_bytes"],
-                                    "free_bytes": f, "pods": g["pods"]} for node, g, f in free],
-        }
+        self.snapshot = _figures(free, usable, needs)
         ranked = sorted(usable, key=lambda item: (-item[2], item[0], item[1]["gpu_index"]))[:_MAX_LISTED]
         listed = tuple({"node": node, "gpu_index": g["gpu_index"], "gpu_uuid": g["gpu_uuid"], "free_bytes": f,
                         "pods": g["pods"]} for node, g, f in ranked)

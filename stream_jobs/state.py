@@ -22,6 +22,7 @@ from typing import Any
 
 from schemas.messages import MAX_USD
 from schemas.outputs import ClusterCapacity, PodWindow
+from stream_jobs.alerts import OpenAlert
 from stream_jobs.internal import PodUsage
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
@@ -29,6 +30,14 @@ from stream_jobs.timeutil import from_epoch, iso, stable_id
 def _fields(record: Any) -> dict[str, Any]:
     """A dataclass record's fields, name -> value, as they are (see the module docstring)."""
     return dict(vars(record))
+
+
+def _open_alert_dict(alert: OpenAlert | None) -> dict[str, Any] | None:
+    return None if alert is None else alert.to_dict()
+
+
+def _open_alert(data: Mapping[str, Any] | None) -> OpenAlert | None:
+    return None if data is None else OpenAlert.from_dict(data)
 
 
 def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
@@ -308,15 +317,15 @@ class NodeInfo:
 class GpuHealth:
     """A GPU's ``gpu_health`` alert and when it was last seen unhealthy (epoch seconds)."""
 
-    alert: dict[str, Any] | None = None
+    alert: OpenAlert | None = None
     bad_ts: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
+        return {"alert": _open_alert_dict(self.alert), "bad_ts": self.bad_ts}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GpuHealth:
-        return cls(**data)
+        return cls(alert=_open_alert(data["alert"]), bad_ts=data["bad_ts"])
 
 
 RESTARTS_KEPT = 100
@@ -342,15 +351,15 @@ class NodePod:
     restart_times: list[float] = field(default_factory=list)
     """Epoch seconds of restarts within the crash-loop window."""
     last_restart: float | None = None
-    crash: dict[str, Any] | None = None
-    """The open ``crashloop_gpu`` alert record."""
+    crash: OpenAlert | None = None
+    """The open ``crashloop_gpu`` alert."""
 
     def to_dict(self) -> dict[str, Any]:
-        return _fields(self)
+        return _fields(self) | {"crash": _open_alert_dict(self.crash)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> NodePod:
-        return cls(**data)
+        return cls(**{**data, "crash": _open_alert(data.get("crash"))})
 
 
 # ---------------------------------------------------------------------- cluster stage records

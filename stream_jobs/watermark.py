@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeGuard, TypeVar
 
 import orjson
 
@@ -92,6 +92,84 @@ class Mark:
                    cluster=str(data.get("cluster") or DEFAULT_CLUSTER) if state else None)
 
 
+@dataclass(slots=True)
+class SourceRecord:
+    """An input record as a stage parks it, with where it was read (``t``, ``s``, ``p``, ``o`` on the
+    wire): the input topic, its registry suffix, the partition and the offset."""
+
+    topic: str
+    suffix: str
+    partition: int
+    offset: int
+
+    @property
+    def source(self) -> list[str | int]:
+        """Where it came from as the stages name it in a dead letter: ``[topic, partition, offset]``."""
+        return [self.topic, self.partition, self.offset]
+
+
+@dataclass(slots=True)
+class ForwardedRecord(SourceRecord):
+    """An input record the route forwarded (``k`` ``r``): ``value`` is its JSON, validated by the route."""
+
+    value: dict[str, object]
+
+
+@dataclass(slots=True)
+class ReadRecord(SourceRecord):
+    """A record a stage read from an input topic itself (a node partition's samples), as read: it is
+    validated when a mark releases it."""
+
+    key: bytes | None
+    raw: bytes | None
+
+
+InputRecord = ForwardedRecord | ReadRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardedRecords:
+    """An envelope of forwarded records: one (``k`` ``r``) or several (``b``, in ``rs``)."""
+
+    records: list[ForwardedRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutputs:
+    """A node stage's outputs of mark ``seq`` (``k`` ``o``): envelope ``index`` (``i``) of node-inputs
+    partition ``partition`` (``P``), each output ``(kind, JSON data)`` (``outs``)."""
+
+    partition: int
+    seq: int
+    index: int
+    outputs: list[tuple[str, dict[str, object]]]
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Where it goes among a mark's outputs: by mark, partition and index."""
+        return (self.seq, self.partition, self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMark:
+    """A node partition (``P``) has applied mark ``seq`` (``k`` ``nm``); ``stats``: its counters."""
+
+    partition: int
+    seq: int
+    stats: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class OtherEnvelope:
+    """An envelope of a kind the stages do not read (the cluster stage's ``done``, say)."""
+
+    kind: str
+
+
+Envelope = Mark | ForwardedRecords | NodeOutputs | NodeMark | OtherEnvelope
+"""An internal record as the stages read it (:func:`decode_envelope`)."""
+
+
 def record_envelope(topic: str, suffix: str, partition: int, offset: int, value: bytes) -> bytes:
     """A forwarded input record; ``value`` is the original JSON (already validated), embedded as is."""
     head = orjson.dumps({"k": "r", "t": topic, "s": suffix, "p": partition, "o": offset})
@@ -127,20 +205,25 @@ def records_envelopes(records: list[bytes], limit: int = ENVELOPE_BYTES) -> list
     return [run[0] if len(run) == 1 else b'{"k":"b","rs":[' + b",".join(run) + b"]}" for run in chunked(records, limit)]
 
 
-def envelope_records(data: dict[str, Any]) -> list[dict[str, Any]]:
+def _forwarded_records(data: dict[str, object]) -> ForwardedRecords:
     """The forwarded records an envelope holds: several (``b``) or one (``r``). Raises
     :class:`ValueError` when one is not a forwarded record (the route writes none such)."""
     records = data.get("rs") if data["k"] == "b" else [data]
     if not isinstance(records, list):
         raise ValueError("an envelope of records without its list of records")
+    out = []
     for record in records:
-        if not (isinstance(record, dict) and isinstance(record.get("t"), str) and isinstance(record.get("s"), str)
-                and _is_int(record.get("p")) and _is_int(record.get("o")) and isinstance(record.get("v"), dict)):
+        if not isinstance(record, dict):
             raise ValueError("a forwarded record without its topic, partition, offset and value")
-    return list(records)
+        topic, suffix, partition, offset, value = (record.get(key) for key in ("t", "s", "p", "o", "v"))
+        if not (isinstance(topic, str) and isinstance(suffix, str) and _is_int(partition) and _is_int(offset)
+                and isinstance(value, dict)):
+            raise ValueError("a forwarded record without its topic, partition, offset and value")
+        out.append(ForwardedRecord(topic, suffix, partition, offset, value))
+    return ForwardedRecords(out)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -154,12 +237,18 @@ def output_envelopes(partition: int, seq: int, outputs: list[tuple[str, bytes]],
             for index, run in enumerate(chunked(items, limit))]
 
 
-def envelope_outputs(data: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The ``(kind, data)`` outputs an output envelope holds (one, in the form written before
-    outputs were grouped: ``c`` and ``v``)."""
+def _node_outputs(data: dict[str, Any]) -> NodeOutputs:
+    """An output envelope; one holding a single output in the form written before outputs were
+    grouped (``c`` and ``v``) reads as well."""
     if "outs" in data:
-        return [(str(kind), value) for kind, value in data["outs"]]
-    return [(str(data["c"]), data["v"])]
+        if not isinstance(data["outs"], list):
+            raise ValueError("an output envelope without its list of outputs")
+        outputs = [(str(kind), value) for kind, value in data["outs"]]
+    else:
+        outputs = [(str(data["c"]), data["v"])]
+    if not all(isinstance(value, dict) for _kind, value in outputs):
+        raise ValueError("an output that is not a JSON object")
+    return NodeOutputs(partition=int(data["P"]), seq=int(data["seq"]), index=int(data["i"]), outputs=outputs)
 
 
 def node_mark_envelope(partition: int, mark: Mark, stats: dict[str, int]) -> bytes:
@@ -170,11 +259,23 @@ def done_envelope(seq: int, stats: dict[str, int]) -> bytes:
     return orjson.dumps({"k": "done", "seq": seq, "stats": stats})
 
 
-def decode_envelope(value: bytes) -> dict[str, Any]:
+def decode_envelope(value: bytes) -> Envelope:
+    """An internal record as the stages read it, by its kind (``k``). Raises :class:`ValueError`,
+    :class:`KeyError` or :class:`TypeError` for what no worker writes."""
     data = orjson.loads(value)
     if not isinstance(data, dict) or "k" not in data:
         raise ValueError("not a stream-jobs envelope")
-    return data
+    kind = data["k"]
+    if kind in ("r", "b"):
+        return _forwarded_records(data)
+    if kind == "o":
+        return _node_outputs(data)
+    if kind == "nm":
+        return NodeMark(partition=int(data["P"]), seq=int(data["seq"]),
+                        stats={str(name): int(count) for name, count in (data.get("stats") or {}).items()})
+    if kind in ("m", STATE_MARK_KIND):
+        return Mark.from_dict(data)
+    return OtherEnvelope(str(kind))
 
 
 # --------------------------------------------------------------------------- route: holding marks
@@ -219,10 +320,21 @@ class MarkHold:
 # --------------------------------------------------------------------------- stages: gates
 
 
-@dataclass
+@dataclass(slots=True)
 class Parked(Generic[T]):
-    order: tuple[Any, ...]
-    data: dict[str, Any]
+    """An input record parked in a gate, with the token acknowledged once it is applied."""
+
+    order: tuple[int, str, int, int]
+    """Its place in the canonical release order: topic rank, topic, partition, offset."""
+    record: InputRecord
+    token: T
+
+
+@dataclass(slots=True)
+class ParkedOutputs(Generic[T]):
+    """A node stage's output envelope parked in the cluster gate."""
+
+    envelope: NodeOutputs
     token: T
 
 
@@ -244,15 +356,15 @@ class InputGate(Generic[T]):
         each (scanning every parked record at each mark cost a worker catching up on a backlog,
         whose gates park thousands, a twentieth of its CPU)."""
 
-    def offer(self, data: dict[str, Any], token: T) -> bool:
-        """Park a forwarded record; False when it was already applied or is parked (a duplicate)."""
-        topic, partition, offset = str(data["t"]), int(data["p"]), int(data["o"])
+    def offer(self, record: InputRecord, token: T) -> bool:
+        """Park an input record; False when it was already applied or is parked (a duplicate)."""
+        topic, partition, offset = record.topic, record.partition, record.offset
         if offset <= self.applied.get(tp_key(topic, partition), -1):
             return False
         key = (topic, partition, offset)
         if key in self.records:
             return False
-        self.records[key] = Parked((TOPIC_RANK.get(str(data["s"]), 99), topic, partition, offset), data, token)
+        self.records[key] = Parked((TOPIC_RANK.get(record.suffix, 99), topic, partition, offset), record, token)
         bisect.insort(self._parked_offsets.setdefault((topic, partition), []), offset)
         return True
 
@@ -299,7 +411,7 @@ class ClusterGate(InputGate[T]):
         super().__init__(applied_seq, applied)
         self.node_partitions = node_partitions
         self.marks: dict[int, tuple[Mark, T]] = {}
-        self.outputs: dict[tuple[int, int, int], Parked[T]] = {}
+        self.outputs: dict[tuple[int, int, int], ParkedOutputs[T]] = {}
         self.node_marks: dict[int, list[tuple[int, dict[str, int], T]]] = {}
 
     def offer_mark(self, mark: Mark, token: T) -> bool:
@@ -308,21 +420,20 @@ class ClusterGate(InputGate[T]):
         self.marks[mark.seq] = (mark, token)
         return True
 
-    def offer_output(self, data: dict[str, Any], token: T) -> bool:
-        seq, partition, index = int(data["seq"]), int(data["P"]), int(data["i"])
-        if not self.is_new(seq) or (seq, partition, index) in self.outputs:
+    def offer_output(self, envelope: NodeOutputs, token: T) -> bool:
+        if not self.is_new(envelope.seq) or envelope.order in self.outputs:
             return False
-        self.outputs[(seq, partition, index)] = Parked((seq, partition, index), data, token)
+        self.outputs[envelope.order] = ParkedOutputs(envelope, token)
         return True
 
-    def offer_node_mark(self, data: dict[str, Any], token: T) -> bool:
-        seq, partition = int(data["seq"]), int(data["P"])
+    def offer_node_mark(self, node_mark: NodeMark, token: T) -> bool:
+        seq = node_mark.seq
         if not self.is_new(seq):
             return False
-        entries = self.node_marks.setdefault(partition, [])
+        entries = self.node_marks.setdefault(node_mark.partition, [])
         if any(s == seq for s, _stats, _t in entries):
             return False
-        entries.append((seq, dict(data.get("stats") or {}), token))
+        entries.append((seq, dict(node_mark.stats), token))
         return True
 
     def next_complete(self) -> Mark | None:
@@ -334,13 +445,13 @@ class ClusterGate(InputGate[T]):
                 return None
         return self.marks[seq][0]
 
-    def complete(self, mark: Mark) -> tuple[list[Parked[T]], list[Parked[T]], list[T], dict[str, int]]:
+    def complete(self, mark: Mark) -> tuple[list[Parked[T]], list[ParkedOutputs[T]], list[T], dict[str, int]]:
         """Release mark ``mark.seq``: (direct records, node outputs, tokens of the marks consumed,
         node-stage counters summed over partitions as of this mark)."""
         direct = self.release(mark)
-        outs = sorted((p for key, p in self.outputs.items() if key[0] <= mark.seq), key=lambda p: p.order)
+        outs = sorted((p for key, p in self.outputs.items() if key[0] <= mark.seq), key=lambda p: p.envelope.order)
         for p in outs:
-            del self.outputs[p.order]  # type: ignore[arg-type]
+            del self.outputs[p.envelope.order]
         tokens: list[T] = [self.marks.pop(mark.seq)[1]]
         stats: dict[str, int] = {}
         for partition, entries in self.node_marks.items():
@@ -356,7 +467,7 @@ class ClusterGate(InputGate[T]):
             self.node_marks[partition] = keep
             if best is not None:
                 for name, value in best[1].items():
-                    stats[name] = stats.get(name, 0) + int(value)
+                    stats[name] = stats.get(name, 0) + value
         for seq in [s for s in self.marks if s <= mark.seq]:  # earlier marks cannot linger, but be safe
             tokens.append(self.marks.pop(seq)[1])
         return direct, outs, tokens, stats

@@ -16,6 +16,9 @@ from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
 
 os.environ.setdefault("GPULENS_CLUSTER", "default")  # the agent and watcher require it against real APIs
+# report and advise count the period's dead letters on Kafka; tests that read their output turn it on
+# themselves (tests/replay_store/test_reader_notes.py), so other tests' letters never reach a note
+os.environ.setdefault("GPULENS_DEAD_LETTERS_TIMEOUT_S", "0")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_SCENARIOS = REPO_ROOT / "tests" / "data" / "scenarios"  # the shared examples, copied in (FORMAT.md)

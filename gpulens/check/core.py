@@ -1,11 +1,10 @@
-"""The checks' shared types: a result (ok / warn / fail with the fix), the thresholds, the context
-every check reads, and :data:`CHECKS`, the declared list that ``gpulens check`` runs in order."""
+"""The checks' shared types: a result (ok / warn / fail with the fix), the thresholds and the
+context every check reads (the list of checks is :data:`gpulens.check.registry.CHECKS`)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -80,55 +79,6 @@ class Context:
             if callable(close):
                 with contextlib.suppress(Exception):  # closing must not hide the results
                     close()
-
-
-CheckFunction = Callable[[Context], list[Result]]
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    run: CheckFunction
-    what: str
-
-
-def _checks() -> tuple[Check, ...]:
-    from gpulens.check import kafka_checks, kube_checks, store_checks
-
-    return (
-        Check("kafka", kafka_checks.reachable, "the brokers answer with the configured security"),
-        Check("topics", kafka_checks.topics, "every topic with its partitions, cleanup policy, replication"),
-        Check("groups", kafka_checks.groups, "the worker and sink consumer groups: members and lag"),
-        Check("deadletters", kafka_checks.deadletters, "dead letters of the last hour by reason code"),
-        Check("clickhouse", store_checks.reachable, "ClickHouse answers"),
-        Check("migrations", store_checks.migrations, "every migration applied"),
-        Check("readonly", store_checks.readonly, "the read path refuses writes and setting changes"),
-        Check("freshness", store_checks.freshness, "per cluster: every GPU node's agent data, the watcher's"),
-        Check("kubernetes", kube_checks.api_access, "API access, Kueue and DRA APIs served"),
-        Check("agent-daemonset", kube_checks.agent_daemonset, "the agent DaemonSet covers every GPU node"),
-        Check("watcher-rbac", kube_checks.watcher_rbac, "the watcher's ServiceAccount may list and watch"),
-    )
-
-
-CHECKS: Callable[[], tuple[Check, ...]] = _checks
-"""The declared list of checks, in the order they run (a function so that the modules load lazily)."""
-
-
-def run_checks(ctx: Context, only: set[str] | None = None) -> list[Result]:
-    """Every check's results in order; a check that raises is a ``fail`` naming the error."""
-    results: list[Result] = []
-    try:
-        for check in CHECKS():
-            if only is not None and check.name not in only:
-                continue
-            try:
-                results.extend(check.run(ctx))
-            except Exception as exc:
-                results.append(Result(check.name, State.FAIL, f"the check itself failed: {type(exc).__name__}: {exc}",
-                                      "look at the error; if it is a gpulens fault, report it"))
-    finally:
-        ctx.close()
-    return results
 
 
 def exit_status(results: list[Result], strict: bool = False) -> int:

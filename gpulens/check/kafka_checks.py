@@ -5,6 +5,7 @@ Through the clients :mod:`common.kafka` (the confluent-kafka adapter) provides."
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from common import kafka as ck
@@ -63,61 +64,77 @@ def reachable(ctx: Context) -> list[Result]:
                    f"({kafka.security_protocol})")]
 
 
-def topics(ctx: Context) -> list[Result]:
-    metadata = _metadata(ctx)
-    if metadata is None:
-        return _unreachable("topics")
-    prefix = ctx.prefix
-    brokers = len(metadata.brokers)
-    wanted = {spec.name(prefix): spec for spec in ALL_TOPICS}
-    missing = sorted(name for name in wanted if name not in metadata.topics)
+@dataclass
+class _TopicSurvey:
+    """What the cluster holds of the registry's topics."""
+
+    wanted: int
+    missing: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    replication: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Topic -> (its smallest replication factor, its min.insync.replicas)."""
+
+
+def _survey(ctx: Context, metadata: Any) -> _TopicSurvey:
+    wanted = {spec.name(ctx.prefix): spec for spec in ALL_TOPICS}
     present = sorted(name for name in wanted if name in metadata.topics)
     configs = ck.topic_configs(ctx.settings.kafka, present, ctx.timeout_s)
-    mismatched: list[str] = []
-    replication: dict[str, tuple[int, int]] = {}
+    survey = _TopicSurvey(len(wanted), missing=sorted(name for name in wanted if name not in metadata.topics))
     for name in present:
         spec = wanted[name]
         partitions = metadata.topics[name].partitions
         policy = configs.get(name, {}).get("cleanup.policy")
         if len(partitions) != spec.partitions or policy != spec.cleanup_policy:
-            mismatched.append(f"{name} (partitions {len(partitions)}, want {spec.partitions}; "
-                              f"cleanup.policy {policy}, want {spec.cleanup_policy})")
+            survey.mismatched.append(f"{name} (partitions {len(partitions)}, want {spec.partitions}; "
+                                     f"cleanup.policy {policy}, want {spec.cleanup_policy})")
         factor = min((len(p.replicas) for p in partitions.values()), default=0)
-        replication[name] = (factor, int(configs.get(name, {}).get("min.insync.replicas", "1")))
+        survey.replication[name] = (factor, int(configs.get(name, {}).get("min.insync.replicas", "1")))
+    return survey
+
+
+def topics(ctx: Context) -> list[Result]:
+    metadata = _metadata(ctx)
+    if metadata is None:
+        return _unreachable("topics")
+    prefix = ctx.prefix
+    survey = _survey(ctx, metadata)
     results: list[Result] = []
-    if missing:
-        results.append(Result("topics", State.FAIL, f"{len(missing)} of {len(wanted)} topics missing: "
-                              + ", ".join(missing),
+    if survey.missing:
+        results.append(Result("topics", State.FAIL, f"{len(survey.missing)} of {survey.wanted} topics missing: "
+                              + ", ".join(survey.missing),
                               f"`gpulens topics create --topic-prefix {prefix}` (or the topics Job of deploy/k8s)"))
-    if mismatched:
-        results.append(Result("topics", State.FAIL, "topics unlike their contract: " + "; ".join(mismatched),
+    if survey.mismatched:
+        results.append(Result("topics", State.FAIL, "topics unlike their contract: " + "; ".join(survey.mismatched),
                               "a topic's partitions cannot shrink nor its key placement change: recreate it "
                               "(delete it, then `gpulens topics create`), after the sink has stored what it holds; "
                               "a cleanup.policy is changed with kafka-configs --alter"))
     if not results:
-        results.append(Result("topics", State.OK, f"{len(wanted)} topics under prefix {prefix!r} with their "
+        results.append(Result("topics", State.OK, f"{survey.wanted} topics under prefix {prefix!r} with their "
                               "partitions and cleanup policy"))
-    if replication:
-        factors = sorted({f for f, _ in replication.values()})
-        isr = sorted({m for _, m in replication.values()})
-        text = f"replication factor {'/'.join(map(str, factors))}, min.insync.replicas {'/'.join(map(str, isr))}, " \
-               f"{brokers} broker(s)"
-        impossible = sorted(n for n, (f, m) in replication.items() if m > f)
-        if impossible:
-            results.append(Result("replication", State.FAIL, f"{text}: min.insync.replicas above the replication "
-                                  "factor of " + ", ".join(impossible) + " (every acks=all write fails)",
-                                  "lower min.insync.replicas of those topics or raise their replication factor "
-                                  "(kafka-reassign-partitions)"))
-        elif brokers > 1 and 1 in factors:
-            single = sorted(n for n, (f, _) in replication.items() if f == 1)
-            results.append(Result("replication", State.WARN, f"{text}: {len(single)} topic(s) with one replica on "
-                                  "a multi-broker cluster lose data with their broker",
-                                  "raise their replication factor to 3 (kafka-reassign-partitions) and "
-                                  "min.insync.replicas to 2; new topics: `gpulens topics create` on a cluster whose "
-                                  "default.replication.factor is 3"))
-        else:
-            results.append(Result("replication", State.OK, text))
+    if survey.replication:
+        results.append(_replication(survey.replication, len(metadata.brokers)))
     return results
+
+
+def _replication(replication: dict[str, tuple[int, int]], brokers: int) -> Result:
+    factors = sorted({f for f, _ in replication.values()})
+    isr = sorted({m for _, m in replication.values()})
+    text = f"replication factor {'/'.join(map(str, factors))}, min.insync.replicas {'/'.join(map(str, isr))}, " \
+           f"{brokers} broker(s)"
+    impossible = sorted(n for n, (f, m) in replication.items() if m > f)
+    if impossible:
+        return Result("replication", State.FAIL, f"{text}: min.insync.replicas above the replication "
+                      "factor of " + ", ".join(impossible) + " (every acks=all write fails)",
+                      "lower min.insync.replicas of those topics or raise their replication factor "
+                      "(kafka-reassign-partitions)")
+    if brokers > 1 and 1 in factors:
+        single = sorted(n for n, (f, _) in replication.items() if f == 1)
+        return Result("replication", State.WARN, f"{text}: {len(single)} topic(s) with one replica on "
+                      "a multi-broker cluster lose data with their broker",
+                      "raise their replication factor to 3 (kafka-reassign-partitions) and "
+                      "min.insync.replicas to 2; new topics: `gpulens topics create` on a cluster whose "
+                      "default.replication.factor is 3")
+    return Result("replication", State.OK, text)
 
 
 def groups(ctx: Context) -> list[Result]:

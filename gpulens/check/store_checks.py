@@ -40,9 +40,7 @@ def _skipped(name: str) -> list[Result]:
 
 
 def reachable(ctx: Context) -> list[Result]:
-    from sinks.clickhouse import describe_target
-
-    target = describe_target(ctx.settings.clickhouse_url())
+    target = ctx.settings.clickhouse_target().masked
     reader = _reader(ctx)
     if reader is None:
         return [Result("clickhouse", State.FAIL, f"{target}: {ctx.cache['reader_error']}", _REACH_FIX)]

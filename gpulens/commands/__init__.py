@@ -1,17 +1,20 @@
-"""CLI commands contributed by each part of the product (agent, watcher, worker, sink, ...).
+"""Every ``gpulens`` command and command group, one module each (agent, watcher, worker, sink,
+kafka, topics, ...).
 
-Each module defines click commands in ``COMMANDS``. :data:`PART_COMMANDS` is the registry: every
+Each module defines its click commands in ``COMMANDS``. :data:`PART_COMMANDS` is the registry: every
 command by name, with its module and its one-line help, so ``gpulens --help`` lists them without
 importing any part (and its clients); ``gpulens.cli.LazyGroup`` imports a module through
 :func:`load_part_command` when one of its commands is called. A registered module that is missing,
 or that does not define the registered command, is an ``ImportError``, never a silently absent
-command. A new command: a module here (shared flags from ``base.py``), a row in the table.
+command; a module whose command is not registered fails ``tests/foundation/test_cli_startup.py``.
+A new command: a module here (shared flags from ``base.py``), a row in the table.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+import click
 
 PART_COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "Sample every GPU of this node and produce to the gpu.samples topic."),
@@ -27,13 +30,17 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."),
     "top": ("demo", "Live terminal view of the fleet, read from the pipeline's topics."),
     "check": ("check", "Check an installation: Kafka, groups, dead letters, ClickHouse, freshness, Kubernetes."),
+    "kafka": ("kafka", "Run the local single-node Kafka broker (KRaft) for the embedded default."),
+    "topics": ("topics", "Kafka topics of this install."),
+    "schemas": ("schemas", "JSON Schema documents of every topic."),
+    "config": ("config", "Configuration."),
 }
 """Command name -> (module under ``gpulens.commands``, the command's one-line help)."""
 
 _MODULES = tuple(dict.fromkeys(module for module, _ in PART_COMMANDS.values()))
 
 
-def load_part_command(name: str) -> Any:
+def load_part_command(name: str) -> click.Command:
     """Import the module of the registered command ``name`` and return its click command.
 
     Raises ``ImportError`` when the module is missing or does not define ``name`` in ``COMMANDS``.
@@ -41,7 +48,7 @@ def load_part_command(name: str) -> Any:
     module_name = f"{__name__}.{PART_COMMANDS[name][0]}"
     module = importlib.import_module(module_name)
     for command in getattr(module, "COMMANDS", ()):
-        if command.name == name:
+        if isinstance(command, click.Command) and command.name == name:
             return command
     raise ImportError(f"{module_name} does not define the command {name!r} that gpulens.commands registers",
                       name=module_name)

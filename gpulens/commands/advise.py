@@ -7,6 +7,7 @@ settings; the flags here override them.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import click
@@ -14,8 +15,8 @@ import orjson
 
 from common.errors import UserError
 from common.text import printable
-from gpulens.commands.analysis import clickhouse_option, echo_notes, format_table, human, open_analysis_reader
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.analysis import dead_letter_notes, echo_notes, format_table, human, open_analysis_reader
+from gpulens.commands.base import clickhouse_option, settings_from_flags, with_common_options
 
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reclaim", "Reclaim: pods that held GPUs while idle",
@@ -50,6 +51,7 @@ def render_text(advice: dict[str, Any]) -> str:
     if advice["headline"] is None:
         return printable(str(advice["headline_text"]), multiline=True)
     period, totals = advice["period"], advice["totals"]
+    money_unknown = totals["capacity_cost_usd"] is None
     lines = [advice["headline_text"],
              pack_text(advice["headline"]),
              f"period: {period['start']} .. {period['end']} (--since counts back from the latest data)"
@@ -57,8 +59,9 @@ def render_text(advice: dict[str, Any]) -> str:
              "GPU-hours: capacity {capacity_gpu_hours:.2f} = held by pods {held_gpu_hours:.2f} + unallocated "
              "{unallocated_gpu_hours:.2f}; reclaimable {reclaimable_gpu_hours:.2f} = reclaim {reclaim_gpu_hours:.2f}"
              " + right-size {right_size_gpu_hours:.2f} + pack {pack_gpu_hours:.2f} + scale-to-zero "
-             "{scale_to_zero_gpu_hours:.2f}; cost ${reclaimable_cost_usd:,.2f} of ${capacity_cost_usd:,.2f}"
-             .format(**totals)]
+             "{scale_to_zero_gpu_hours:.2f}; cost {reclaimable} of {capacity}"
+             .format(**totals, reclaimable=human("cost_usd", totals["reclaimable_cost_usd"], True),
+                     capacity=human("cost_usd", totals["capacity_cost_usd"], True))]
     for key, title, columns in SECTIONS:
         rows = advice[key]
         lines.append(f"\n== {title}")
@@ -66,7 +69,8 @@ def render_text(advice: dict[str, Any]) -> str:
             lines.append("(none)")
             continue
         lines.append(format_table(list(columns), [[per_gpu_text(row[c]) if c == "percentile_sm_pct_per_gpu"
-                                                   else human(c, row.get(c)) for c in columns] for row in rows]))
+                                                   else human(c, row.get(c), money_unknown)
+                                                   for c in columns] for row in rows]))
     return printable("\n".join(lines), multiline=True)
 
 
@@ -96,7 +100,7 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     from common.settings import AdvisorSettings
     from reports.advise import advise as run_advice
     from reports.analyses import ClusterError, scoped
-    from reports.notes import reader_notes
+    from reports.notes import gap_notes, price_gaps, unknown_money_in_advice
     from sinks.clickhouse import StoreError
 
     overrides = {"since_s": ("--since", duration_s(since, "--since")),
@@ -115,7 +119,13 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
         advice = run_advice(scoped(reader, cluster), thresholds, team)
-        notes = reader_notes(scoped(reader, cluster)) if advice["headline"] is not None else []
+        gaps = price_gaps(scoped(reader, cluster)) if advice["headline"] is not None else None
+        if gaps:
+            unknown_money_in_advice(advice, gaps)
+        notes = gap_notes(gaps) if gaps else []
+        if advice["period"] is not None:
+            start = datetime.fromisoformat(str(advice["period"]["start"]).replace("Z", "+00:00"))
+            notes = dead_letter_notes(settings, start) + notes
     except (StoreError, ClusterError) as exc:
         raise UserError(str(exc)) from None
     finally:

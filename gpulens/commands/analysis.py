@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import threading
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +18,13 @@ import orjson
 
 from common.errors import UserError
 from common.text import printable
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.base import clickhouse_option, settings_from_flags, with_common_options
 from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:
+    from common.settings import AdvisorSettings
     from sinks.clickhouse import QueryResult
     from sinks.query_server import ClosableSqlReader
-
-clickhouse_option = click.option(
-    "--clickhouse-url", default=None,
-    help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]")
 
 
 def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> ClosableSqlReader:
@@ -35,9 +33,7 @@ def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> C
     from sinks.query_server import open_reader
     from sinks.readonly import ReadLimits
 
-    if clickhouse_url is not None:
-        flags["clickhouse"] = {"url": clickhouse_url}
-    settings: CommonSettings = settings_from_flags(CommonSettings, **flags)
+    settings: CommonSettings = settings_from_flags(CommonSettings, clickhouse_url=clickhouse_url, **flags)
     try:
         limits = ReadLimits.from_settings(settings.clickhouse)
         return open_reader(settings.clickhouse_url(), Path(settings.data_dir), limits)
@@ -156,19 +152,23 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
     from common.settings import AdvisorSettings
     from reports.analyses import TITLES, ClusterError, run_report, scoped
     from reports.html.page import write_html_report
-    from reports.notes import reader_notes
+    from reports.notes import gap_notes, period_start, price_gaps, unknown_money_in_report
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
         raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
-    thresholds = settings_from_flags(AdvisorSettings, **flags).advise
+    settings = settings_from_flags(AdvisorSettings, **flags)
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
+        gaps = price_gaps(scoped(reader, cluster))
+        notes = dead_letter_notes(settings, period_start(scoped(reader, cluster))) + gap_notes(gaps)
         if html_path is not None:
-            click.echo(f"HTML report written to {write_html_report(reader, html_path, thresholds, cluster)}")
+            written = write_html_report(reader, html_path, settings.advise, cluster)
+            click.echo(f"HTML report written to {written}")
+            echo_notes(notes, err=True)
             return
-        data = run_report(reader, list(sections) or None, thresholds, cluster)
-        notes = reader_notes(scoped(reader, cluster))
+        data = run_report(reader, list(sections) or None, settings.advise, cluster)
+        unknown_money_in_report(data, gaps)
     except OSError as exc:
         raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
     except (StoreError, ClusterError) as exc:
@@ -185,8 +185,26 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
             click.echo("(no data)")
             continue
         columns = list(rows[0])
-        click.echo(format_table(columns, [[human(c, row.get(c)) for c in columns] for row in rows]))
+        click.echo(format_table(columns, [[human(c, row.get(c), bool(gaps)) for c in columns] for row in rows]))
     echo_notes(notes, err=False)
+
+
+def dead_letter_notes(settings: AdvisorSettings, since: datetime | None) -> list[str]:
+    """The note on the dead letters written since ``since`` (the period's start), counted on Kafka
+    within ``dead_letters_timeout_s`` (0: not counted, no note)."""
+    from common.kafka import broker_reachable, header_counts_since
+    from reports.notes import dead_letter_note
+    from schemas.topics import DEADLETTER
+
+    timeout_s = settings.dead_letters_timeout_s
+    if since is None or timeout_s <= 0:
+        return []
+    topic = DEADLETTER.name(settings.topic_prefix)
+    counts = None
+    if broker_reachable(settings.kafka, timeout_s):
+        counts = header_counts_since(settings.kafka, topic, int(since.timestamp() * 1000), "reason", timeout_s)
+    note = dead_letter_note(counts, topic, since, settings.kafka.bootstrap_servers)
+    return [note] if note else []
 
 
 def echo_notes(notes: list[str], err: bool) -> None:
@@ -197,11 +215,14 @@ def echo_notes(notes: list[str], err: bool) -> None:
         click.echo(printable(note), err=err)
 
 
-def human(column: str, value: Any) -> Any:
+def human(column: str, value: Any, money_unknown: bool = False) -> Any:
     """A report figure in the unit its column name gives, for people (``--json`` keeps raw numbers);
-    the same formats as the HTML report's."""
+    the same formats as the HTML report's. With ``money_unknown`` (GPU models without a list price,
+    :mod:`reports.notes`), a money figure without a value reads "unknown"."""
     from reports.html.format import fmt_duration, fmt_gib, fmt_pct, fmt_usd
 
+    if value is None and money_unknown and column.endswith("_usd"):
+        return "unknown"
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value
     for suffix, fmt in (("_bytes", fmt_gib), ("_usd", fmt_usd), ("_pct", fmt_pct), ("_s", fmt_duration)):

@@ -11,13 +11,21 @@ Grafana (:mod:`simulation.store`: the TTLs and time bounds that keep a past-date
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
 
 from common.errors import UserError
+
+if TYPE_CHECKING:
+    from gpulens.kafka_local import LocalKafka
+    from simulation.scenario import Scenario
+    from simulation.store import StoreOutcome
+
+T = TypeVar("T")
 
 
 def _dump(report: dict[str, Any]) -> str:
@@ -99,47 +107,18 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
            lateness_s: float | None, topic_prefix: str | None, expected_path: Path | None, chaos: bool,
            seed: int | None, kills: int, workers: int, outage_s: float, store: bool) -> None:
     """Play SCENARIO (a YAML file, see docs/scenarios.md) and print what gpulens saw."""
-    from simulation.random_scenario import random_scenario
     from simulation.replay import DEFAULT_LATENESS_S, run_in_process
-    from simulation.scenario import load_scenario, parse_scenario
 
-    if scenario is not None and random_seed is None:
-        parsed = load_scenario(scenario)
-    elif random_seed is not None and scenario is None:
-        parsed = parse_scenario(random_scenario(random_seed), source=f"random scenario {random_seed}")
-    else:
-        raise UserError("give a SCENARIO file or --random SEED (one of them)")
+    parsed = _scenario(scenario, random_seed)
     lateness = DEFAULT_LATENESS_S if lateness_s is None else lateness_s
-    if lateness < 0:
-        raise UserError("--lateness must not be negative")
-    if (chaos or seed is not None) and not bootstrap:
-        raise UserError("--chaos and --seed need --kafka BOOTSTRAP (they kill worker processes)")
-    if seed is not None and not chaos:
-        raise UserError("--seed is the seed of --chaos; add --chaos")
-    if workers > 1 and not bootstrap:
-        raise UserError("--workers needs --kafka BOOTSTRAP (the in-process replay has no worker processes)")
-    if outage_s and not chaos:
-        raise UserError("--outage is a step of --chaos; add --chaos")
+    _check_flags(lateness, bootstrap, chaos, seed, workers, outage_s)
     from common.settings import WorkerSettings, load_settings
 
     accept_clusters = load_settings(WorkerSettings).accepted_clusters()
-    stored: list[Any] = []
+    stored: list[StoreOutcome] = []
     if bootstrap:
-        import random
-
-        from common.kafka import BrokerUnavailable, broker_unavailable
-        from simulation.kafka_replay import run_through_kafka
-
-        chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None
-        broker = _local_broker(bootstrap) if outage_s else None
-        try:
-            report = run_through_kafka(parsed, bootstrap, lateness_s=lateness, topic_prefix=topic_prefix,
-                                       chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
-                                       broker=broker, say=lambda line: click.echo(line, err=True),
-                                       accept_clusters=accept_clusters,
-                                       store=_kafka_store(parsed, bootstrap, stored) if store else None)
-        except BrokerUnavailable as exc:
-            raise broker_unavailable(exc, env_hint=False) from None
+        report = _through_kafka(parsed, bootstrap, lateness, topic_prefix, chaos, seed, kills, workers, outage_s,
+                                accept_clusters, stored if store else None)
     else:
         result = run_in_process(parsed, lateness_s=lateness, accept_clusters=accept_clusters)
         report = result.report
@@ -160,7 +139,55 @@ def replay(scenario: Path | None, random_seed: int | None, as_json: bool, bootst
         _check_expected(report, expected_path, parsed.sample_interval_s)
 
 
-def _storing(action: Any) -> Any:
+def _scenario(path: Path | None, random_seed: int | None) -> Scenario:
+    """The scenario of the file or of ``--random SEED`` (exactly one of them)."""
+    from simulation.random_scenario import random_scenario
+    from simulation.scenario import load_scenario, parse_scenario
+
+    if path is not None and random_seed is None:
+        return load_scenario(path)
+    if random_seed is not None and path is None:
+        return parse_scenario(random_scenario(random_seed), source=f"random scenario {random_seed}")
+    raise UserError("give a SCENARIO file or --random SEED (one of them)")
+
+
+def _check_flags(lateness_s: float, bootstrap: str | None, chaos: bool, seed: int | None, workers: int,
+                 outage_s: float) -> None:
+    """The flags that only make sense together: one clear line for the first pair that does not."""
+    if lateness_s < 0:
+        raise UserError("--lateness must not be negative")
+    if (chaos or seed is not None) and not bootstrap:
+        raise UserError("--chaos and --seed need --kafka BOOTSTRAP (they kill worker processes)")
+    if seed is not None and not chaos:
+        raise UserError("--seed is the seed of --chaos; add --chaos")
+    if workers > 1 and not bootstrap:
+        raise UserError("--workers needs --kafka BOOTSTRAP (the in-process replay has no worker processes)")
+    if outage_s and not chaos:
+        raise UserError("--outage is a step of --chaos; add --chaos")
+
+
+def _through_kafka(parsed: Scenario, bootstrap: str, lateness_s: float, topic_prefix: str | None, chaos: bool,
+                   seed: int | None, kills: int, workers: int, outage_s: float,
+                   accept_clusters: frozenset[str] | None, stored: list[StoreOutcome] | None) -> dict[str, Any]:
+    """The replay through real topics and ``gpulens worker`` processes (``stored``: also ``--store``)."""
+    import random
+
+    from common.kafka import BrokerUnavailable, broker_unavailable
+    from simulation.kafka_replay import run_through_kafka
+
+    chaos_seed = (seed if seed is not None else random.SystemRandom().randrange(10**6)) if chaos else None
+    broker = _local_broker(bootstrap) if outage_s else None
+    try:
+        return run_through_kafka(parsed, bootstrap, lateness_s=lateness_s, topic_prefix=topic_prefix,
+                                 chaos_seed=chaos_seed, kills=kills, workers=workers, outage_s=outage_s,
+                                 broker=broker, say=lambda line: click.echo(line, err=True),
+                                 accept_clusters=accept_clusters,
+                                 store=None if stored is None else _kafka_store(parsed, bootstrap, stored))
+    except BrokerUnavailable as exc:
+        raise broker_unavailable(exc, env_hint=False) from None
+
+
+def _storing(action: Callable[[], T]) -> T:
     """``action()``, with the store's errors (locked, unreachable, a TTL it cannot keep) as one line."""
     from sinks.clickhouse import StoreError, StoreLocked
 
@@ -173,7 +200,7 @@ def _storing(action: Any) -> Any:
         raise UserError(f"--store: {exc}") from None
 
 
-def _kafka_store(parsed: Any, bootstrap: str, stored: list[Any]) -> Any:
+def _kafka_store(parsed: Scenario, bootstrap: str, stored: list[StoreOutcome]) -> Callable[[str], None]:
     """The step of ``--kafka --store``: the sink drains the replay's topics into the store."""
     from simulation.store import store_from_kafka
 
@@ -184,7 +211,7 @@ def _kafka_store(parsed: Any, bootstrap: str, stored: list[Any]) -> Any:
     return step
 
 
-def _local_broker(bootstrap: str) -> Any:
+def _local_broker(bootstrap: str) -> LocalKafka:
     """The broker ``gpulens kafka up`` runs on ``bootstrap`` (a chaos replay's outage stops it)."""
     from common.settings import CommonSettings, load_settings
     from gpulens.kafka_local import LocalKafka

@@ -8,14 +8,12 @@ from typing import Any
 import click
 
 from common.errors import UserError
-from gpulens.commands.base import settings_from_flags, with_common_options
+from gpulens.commands.base import clickhouse_option, settings_from_flags, with_common_options
 
 
 @click.command("sink")
 @with_common_options
-@click.option("--clickhouse-url", default=None,
-              help="chdb:///path or http(s)://user:pass@host:port/db [env GPULENS_CLICKHOUSE__URL]; "
-                   "default: embedded under the data dir")
+@clickhouse_option
 @click.option("--group-id", default=None, help="consumer group [env GPULENS_GROUP_ID]")
 @click.option("--batch-max-rows", type=int, default=None, help="records per batch [env GPULENS_BATCH_MAX_ROWS]")
 @click.option("--batch-max-age-s", type=float, default=None, help="max age of a batch [env GPULENS_BATCH_MAX_AGE_S]")
@@ -24,15 +22,13 @@ from gpulens.commands.base import settings_from_flags, with_common_options
 @click.option("--metrics-port", type=int, default=None, help="/metrics port, 0 = off [env GPULENS_METRICS_PORT]")
 @click.option("--exit-when-idle", "exit_when_idle_s", type=float, default=None,
               help="exit once caught up and idle for this many seconds (one-shot catch-up)")
-def sink(clickhouse_url: str | None, exit_when_idle_s: float | None, **flags: Any) -> None:
+def sink(exit_when_idle_s: float | None, **flags: Any) -> None:
     """Consume every gpulens topic into ClickHouse (embedded chDB by default)."""
     from common.kafka import BrokerUnavailable, broker_unavailable
     from common.settings import SinkSettings
     from sinks.clickhouse import StoreError, StoreLocked
     from sinks.service import run_sink
 
-    if clickhouse_url is not None:
-        flags["clickhouse"] = {"url": clickhouse_url}
     settings: SinkSettings = settings_from_flags(SinkSettings, **flags)
     try:
         totals = run_sink(settings, exit_when_idle_s=exit_when_idle_s)

@@ -1,23 +1,20 @@
 """``gpulens worker``: run the stream jobs (faust) — route + node stage, cluster stage, or all.
 
-The worker creates its internal topics if missing (idempotent), serves ``/metrics`` on
-``--metrics-port`` and keeps its faust state under ``<data dir>/stream-jobs/<app id>`` (the
-tables themselves are changelog-backed in Kafka, so a restarted or moved worker resumes exactly).
+The worker (:func:`stream_jobs.service.run_worker`) creates its internal topics if missing
+(idempotent), serves ``/metrics`` on ``--metrics-port`` and keeps its faust state under
+``<data dir>/stream-jobs/<app id>`` (the tables themselves are changelog-backed in Kafka, so a
+restarted or moved worker resumes exactly).
 Live fleets use the default ``--watermark-source clock``; ``gpulens replay --kafka`` and the demo
 start workers with ``control`` and drive event time themselves (see docs/stream_jobs.md).
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from gpulens.commands.base import settings_from_flags, with_common_options
-
-if TYPE_CHECKING:
-    from common.settings import WorkerSettings
 
 
 @click.command("worker")
@@ -35,41 +32,10 @@ if TYPE_CHECKING:
 @with_common_options
 def worker(**flags: Any) -> None:
     """Run the stream jobs: samples + pods -> windows, capacity, lifecycle, alerts."""
-    from common.kafka import BrokerUnavailable, broker_unavailable, ensure_topics
-    from common.logs import get_logger
-    from common.settings import ConfigError, WorkerSettings
-    from schemas.topics import GPU_SAMPLES, node_stage_topics
-    from stream_jobs.faust_app import WorkerMetrics, app_id, changelog_topics, run_worker
-    from stream_jobs.fleet_metrics import FleetSeries
+    from common.settings import WorkerSettings
+    from stream_jobs.service import run_worker
 
-    log = get_logger(__name__)
-    settings: WorkerSettings = settings_from_flags(WorkerSettings, **flags)
-    deadline = time.monotonic() + settings.broker_wait_s
-    delay = 1.0
-    while True:
-        try:
-            report = ensure_topics(settings.kafka, node_stage_topics(settings.node_input_partitions),
-                                   settings.topic_prefix, timeout_s=3.0)
-            ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), timeout_s=3.0)
-            break
-        except BrokerUnavailable as exc:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise broker_unavailable(exc) from None
-            log.warning("waiting for the Kafka broker", retry_in_s=min(delay, remaining), error=str(exc),
-                        gives_up_in_s=round(remaining))
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 30.0)
-    if report.mismatched:  # the node stage reads samples and node-inputs partition by partition
-        raise ConfigError(f"GPULENS_NODE_INPUT_PARTITIONS ({settings.node_input_partitions}) must be the partition "
-                          f"count of {GPU_SAMPLES.name(settings.topic_prefix)}, and the internal topics must have "
-                          f"it too: {'; '.join(report.mismatched)}")
-    metrics = WorkerMetrics()
-    fleet = FleetSeries(metrics.registry, settings.fleet_metrics_max_series)
-    if settings.metrics_port:
-        port = metrics.registry.serve(settings.metrics_port, settings.metrics_addr)
-        log.info("metrics served", port=port)
-    run_worker(settings, metrics, fleet)
+    run_worker(settings_from_flags(WorkerSettings, **flags))
 
 
 COMMANDS = [worker]

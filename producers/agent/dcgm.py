@@ -40,7 +40,7 @@ from common.metrics import ExpositionError, Sample, parse_exposition
 from producers.agent.nvml_api import XidRecord
 from producers.agent.sampler import xid_event
 from producers.agent.source import SourceUnavailable
-from schemas.messages import GpuReading, GpuSample, PodRef, XidEvent
+from schemas.messages import GpuHealth, GpuReading, GpuSample, PodRef, XidEvent
 
 MIB = 2**20
 MAX_BODY_BYTES = 32 * MIB
@@ -119,14 +119,19 @@ def clock_event_reasons(mask: int) -> list[str]:
 
 @dataclass
 class _DcgmDevice:
+    """What one scrape says of a GPU, or of a MIG instance (``instance_id`` set; ``uuid`` its parent's)."""
+
     index: int
     uuid: str
     model: str
     instance_id: int | None = None
     profile: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    """GpuReading field -> value, converted (the first series of a field wins)."""
     fb: dict[str, float] = field(default_factory=dict)
+    """Framebuffer ``used``/``free``/``reserved``/``total``, MiB."""
     pods: dict[tuple[str, str, str], str | None] = field(default_factory=dict)
+    """(namespace, pod, container) -> pod uid, of every pod whose labels its series carry."""
     clock_mask: int | None = None
     last_xid: int | None = None
 
@@ -134,8 +139,26 @@ class _DcgmDevice:
     def key(self) -> str:
         return self.uuid if self.instance_id is None else f"MIG-{self.uuid}/{self.instance_id}"
 
+    def add_pod(self, labels: dict[str, str]) -> None:
+        pod = labels.get("pod", "")
+        if pod:
+            ref = (labels.get("namespace", ""), pod, labels.get("container", ""))
+            self.pods.setdefault(ref, labels.get("pod_uid") or None)
 
-def _convert(value: float, how: str) -> Any:
+    def add_value(self, name: str, value: float) -> None:
+        """One series' value (a finite number); series of other names are ignored."""
+        if name in FIELDS:
+            reading_field, how = FIELDS[name]
+            self.fields.setdefault(reading_field, _convert(value, how))
+        elif name in FB_FIELDS:
+            self.fb.setdefault(FB_FIELDS[name], max(0.0, value))
+        elif name in CLOCK_REASON_FIELDS and self.clock_mask is None:
+            self.clock_mask = int(value)
+        elif name == XID_FIELD and self.last_xid is None:
+            self.last_xid = int(value)
+
+
+def _convert(value: float, how: str) -> float | int:
     if how == _PCT:
         return min(100.0, max(0.0, value))
     if how == _RATIO:
@@ -152,8 +175,11 @@ class ExporterReadings:
     errors: list[str]
 
 
-def _device_for(series: Sample, devices: dict[tuple[int, int | None], _DcgmDevice],
-                errors: list[str]) -> _DcgmDevice | None:
+_DeviceKey = tuple[int, int | None]
+"""(GPU index, GPU instance id or None for the physical GPU)."""
+
+
+def _device_for(series: Sample, devices: dict[_DeviceKey, _DcgmDevice], errors: list[str]) -> _DcgmDevice | None:
     labels = series.labels
     try:
         index = int(labels["gpu"])
@@ -183,31 +209,16 @@ def readings_from_exposition(text: str, last_xids: dict[str, int] | None = None,
     except ExpositionError as exc:
         raise DcgmExporterUnavailable(f"dcgm-exporter: {exc}", kind="exporter_bad_text") from None
     errors: list[str] = []
-    devices: dict[tuple[int, int | None], _DcgmDevice] = {}
+    devices: dict[_DeviceKey, _DcgmDevice] = {}
     driver: str | None = None
     for series in samples:
-        if not series.name.startswith("DCGM_FI_"):
-            continue
-        device = _device_for(series, devices, errors)
+        device = _device_for(series, devices, errors) if series.name.startswith("DCGM_FI_") else None
         if device is None:
             continue
         driver = driver or series.labels.get("DCGM_FI_DRIVER_VERSION") or None
-        pod = series.labels.get("pod", "")
-        if pod:
-            ref = (series.labels.get("namespace", ""), pod, series.labels.get("container", ""))
-            device.pods.setdefault(ref, series.labels.get("pod_uid") or None)
-        value = series.value
-        if math.isnan(value) or math.isinf(value):
-            continue
-        if series.name in FIELDS:
-            name, how = FIELDS[series.name]
-            device.fields.setdefault(name, _convert(value, how))
-        elif series.name in FB_FIELDS:
-            device.fb.setdefault(FB_FIELDS[series.name], max(0.0, value))
-        elif series.name in CLOCK_REASON_FIELDS and device.clock_mask is None:
-            device.clock_mask = int(value)
-        elif series.name == XID_FIELD and device.last_xid is None:
-            device.last_xid = int(value)
+        device.add_pod(series.labels)
+        if math.isfinite(series.value):
+            device.add_value(series.name, series.value)
     if not devices:
         raise DcgmExporterUnavailable("dcgm-exporter answered, but with no DCGM series with a gpu label",
                                       kind="exporter_no_gpus")
@@ -216,15 +227,16 @@ def readings_from_exposition(text: str, last_xids: dict[str, int] | None = None,
     for index in sorted({i for i, _ in devices}):
         instances = sorted((d for (i, gi), d in devices.items() if i == index and gi is not None),
                            key=lambda d: d.instance_id or 0)
-        physical = devices.get((index, None))
-        if physical is None:  # a MIG GPU: its physical fields come with each instance's series
-            first = instances[0]
-            physical = _DcgmDevice(index, first.uuid, first.model, clock_mask=first.clock_mask, last_xid=first.last_xid,
-                               fields={k: v for k, v in first.fields.items() if k in PHYSICAL_FIELDS})
+        physical = devices.get((index, None)) or _mig_physical(instances[0])
         gpus.append(_reading(physical, None if instances else physical, last_xids, at))
-        for instance in instances:
-            gpus.append(_reading(instance, physical, last_xids, at))
+        gpus.extend(_reading(instance, physical, last_xids, at) for instance in instances)
     return ExporterReadings(gpus, driver, errors)
+
+
+def _mig_physical(first: _DcgmDevice) -> _DcgmDevice:
+    """A MIG GPU's physical device: its physical fields come with each instance's series."""
+    return _DcgmDevice(first.index, first.uuid, first.model, clock_mask=first.clock_mask, last_xid=first.last_xid,
+                       fields={k: v for k, v in first.fields.items() if k in PHYSICAL_FIELDS})
 
 
 def _reading(device: _DcgmDevice, parent: _DcgmDevice | None, last_xids: dict[str, int],
@@ -232,40 +244,59 @@ def _reading(device: _DcgmDevice, parent: _DcgmDevice | None, last_xids: dict[st
     """``parent`` is None for a MIG GPU's physical reading, the device itself for a plain GPU, and
     the physical GPU for a MIG instance."""
     mig = device.instance_id is not None
-    fields = dict(device.fields)
-    if mig:
-        fields = {k: v for k, v in fields.items() if k not in PHYSICAL_FIELDS}
+    fields = _own_fields(device, parent)
+    xids: list[XidEvent] = []
+    if not mig:
+        if device.clock_mask is not None:
+            fields["clock_event_reasons"] = clock_event_reasons(device.clock_mask)
+        xids = _new_xids(device, last_xids, at)
+    pods = [PodRef(namespace=ns, pod=pod, container=container, pod_uid=uid)
+            for (ns, pod, container), uid in sorted(device.pods.items())]
+    health, health_reason = _health(xids)
+    return GpuReading(
+        uuid=device.key, index=device.index, model=device.model,
+        mig_parent_uuid=device.uuid if mig else None, mig_profile=device.profile if mig else None,
+        gpu_instance_id=device.instance_id,
+        **fields, health=health, health_reason=health_reason, xids=xids, assigned_to=pods if parent is not None else [],
+        shared=len({(p.namespace, p.pod) for p in pods}) > 1 and parent is not None,
+    )
+
+
+def _own_fields(device: _DcgmDevice, parent: _DcgmDevice | None) -> dict[str, Any]:
+    """The device's fields for its own reading: a MIG instance without the physical ones, a MIG
+    GPU's physical reading only those; memory on every reading but a MIG GPU's physical one."""
+    if device.instance_id is not None:
+        fields = {k: v for k, v in device.fields.items() if k not in PHYSICAL_FIELDS}
     elif parent is None:
-        fields = {k: v for k, v in fields.items() if k in PHYSICAL_FIELDS}
+        fields = {k: v for k, v in device.fields.items() if k in PHYSICAL_FIELDS}
+    else:
+        fields = dict(device.fields)
     fb = device.fb
     if parent is not None and "used" in fb:
         fields["mem_used_bytes"] = round(fb["used"] * MIB)
         total = fb.get("total") or (fb["used"] + fb["free"] + fb.get("reserved", 0.0) if "free" in fb else None)
         if total:
             fields["mem_total_bytes"] = round(total * MIB)
-    xids: list[XidEvent] = []
-    if not mig:
-        if device.clock_mask is not None:
-            fields["clock_event_reasons"] = clock_event_reasons(device.clock_mask)
-        if device.last_xid is not None:
-            previous = last_xids.get(device.key)
-            last_xids[device.key] = device.last_xid
-            if previous is not None and device.last_xid != previous and device.last_xid > 0 and at is not None:
-                xids.append(xid_event(XidRecord(device.uuid, device.last_xid, at), at))
-    health: dict[str, Any] = {}
+    return fields
+
+
+def _new_xids(device: _DcgmDevice, last_xids: dict[str, int], at: datetime | None) -> list[XidEvent]:
+    """The device's XID as an event when it differs from the previous scrape's (remembered in ``last_xids``)."""
+    if device.last_xid is None:
+        return []
+    previous = last_xids.get(device.key)
+    last_xids[device.key] = device.last_xid
+    if previous is not None and device.last_xid != previous and device.last_xid > 0 and at is not None:
+        return [xid_event(XidRecord(device.uuid, device.last_xid, at), at)]
+    return []
+
+
+def _health(xids: list[XidEvent]) -> tuple[GpuHealth, str | None]:
+    """``health`` and ``health_reason``: degraded by a critical XID of this scrape, else ok."""
     critical = [x for x in xids if x.critical]
-    if critical:
-        health = {"health": "degraded",
-                  "health_reason": "; ".join(f"xid {x.xid}: {x.message}" for x in critical)}
-    pods = [PodRef(namespace=ns, pod=pod, container=container, pod_uid=uid)
-            for (ns, pod, container), uid in sorted(device.pods.items())]
-    return GpuReading(
-        uuid=device.key, index=device.index, model=device.model,
-        mig_parent_uuid=device.uuid if mig else None, mig_profile=device.profile if mig else None,
-        gpu_instance_id=device.instance_id,
-        **fields, **health, xids=xids, assigned_to=pods if parent is not None else [],
-        shared=len({(p.namespace, p.pod) for p in pods}) > 1 and parent is not None,
-    )
+    if not critical:
+        return "ok", None
+    return "degraded", "; ".join(f"xid {x.xid}: {x.message}" for x in critical)
 
 
 class DcgmExporterSource:

@@ -41,12 +41,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-Obj = dict[str, Any]
+from producers.watcher.kube_json import JsonObject
 
 COLLECTIONS = ("pods", "nodes", "events", "workloads")
 KUEUE_GROUP_VERSION = "kueue.x-k8s.io/v1beta1"
@@ -59,18 +60,18 @@ def _now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _key(obj: Obj) -> str:
+def _key(obj: JsonObject) -> str:
     meta = obj.get("metadata", {})
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
-def _status(code: int, reason: str, message: str) -> Obj:
+def _status(code: int, reason: str, message: str) -> JsonObject:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
 
 
-def to_events_v1(event: Obj) -> Obj:
+def to_events_v1(event: JsonObject) -> JsonObject:
     """A core/v1 Event in the events.k8s.io/v1 shape (the API server converts the same way)."""
     source = event.get("source") or {}
     converted = {
@@ -95,7 +96,7 @@ def to_events_v1(event: Obj) -> Obj:
     return {k: v for k, v in converted.items() if v not in (None, "", {})}
 
 
-def _kueue_discovery() -> Obj:
+def _kueue_discovery() -> JsonObject:
     """The APIResourceList a real server serves for the Workload CRD's group version."""
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": KUEUE_GROUP_VERSION,
             "resources": [{"name": "workloads", "singularName": "workload", "namespaced": True,
@@ -111,12 +112,12 @@ class _Route:
         self.namespace = namespace
         self.events_v1 = events_v1
 
-    def matches(self, collection: str, obj: Obj) -> bool:
+    def matches(self, collection: str, obj: JsonObject) -> bool:
         if collection != self.collection:
             return False
         return self.namespace is None or obj.get("metadata", {}).get("namespace") == self.namespace
 
-    def render(self, obj: Obj) -> Obj:
+    def render(self, obj: JsonObject) -> JsonObject:
         if self.events_v1:
             return to_events_v1(obj)
         kind, version = _KINDS[self.collection]
@@ -150,6 +151,40 @@ def _route(path: str, kueue: bool = False) -> _Route | None:
     return _Route(rest[0], namespace, events_v1)
 
 
+@dataclass
+class _Watch:
+    """One open watch connection's place in the history."""
+
+    generation: int
+    """The server's drop generation when it opened (a newer one cuts it)."""
+    cursor: int
+    """The newest history entry it has looked at."""
+    sent: int
+    """The newest version its client has been told (by an event or a bookmark)."""
+    deadline: float
+    """When it ends (``time.monotonic``)."""
+    bookmarks: bool
+    last_bookmark: float
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """What a watch woke up to: history to send, or why it ends (with the 410 Status when gone)."""
+
+    batch: list[tuple[int, str, str, JsonObject]]
+    current: int
+    """The watched collection's newest version."""
+    end: Literal["stop", "drop", "gone"] | None = None
+    gone: JsonObject | None = None
+
+
+def _bookmark(route: _Route, rv: int) -> JsonObject:
+    kind = "Event" if route.events_v1 else _KINDS[route.collection][0]
+    api_version = "events.k8s.io/v1" if route.events_v1 else _KINDS[route.collection][1]
+    return {"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+                                           "metadata": {"resourceVersion": str(rv)}}}
+
+
 class FakeApiServer:
     """In-memory objects with resourceVersions, a change history, and HTTP list/watch over them."""
 
@@ -161,13 +196,13 @@ class FakeApiServer:
         self.max_watch_s = max_watch_s
         self._cond = threading.Condition()
         self._rv = 1000
-        self._objects: dict[str, dict[str, Obj]] = {c: {} for c in COLLECTIONS}
-        self._history: list[tuple[int, str, str, Obj]] = []
+        self._objects: dict[str, dict[str, JsonObject]] = {c: {} for c in COLLECTIONS}
+        self._history: list[tuple[int, str, str, JsonObject]] = []
         self._compacted_rv = self._rv
         self._collection_rv = dict.fromkeys(COLLECTIONS, self._rv)
         self._failures: list[tuple[int, str | None]] = []
         self._drop_generation = 0
-        self._snapshots: dict[str, tuple[list[Obj], int]] = {}
+        self._snapshots: dict[str, tuple[list[JsonObject], int]] = {}
         self._snapshot_ids = itertools.count(1)
         self._stopping = False
         self.requests: list[str] = []
@@ -209,7 +244,7 @@ class FakeApiServer:
         with self._cond:
             return self._rv
 
-    def put(self, collection: str, obj: Obj) -> Obj:
+    def put(self, collection: str, obj: JsonObject) -> JsonObject:
         """Create or replace an object (ADDED or MODIFIED); returns the stored copy."""
         stored = copy.deepcopy(obj)
         meta = stored.setdefault("metadata", {})
@@ -225,14 +260,14 @@ class FakeApiServer:
             self._objects[collection][key] = stored
             return copy.deepcopy(stored)
 
-    def patch(self, collection: str, key: str, change: Callable[[Obj], None]) -> Obj:
+    def patch(self, collection: str, key: str, change: Callable[[JsonObject], None]) -> JsonObject:
         """Apply ``change`` to a copy of the object and store it (one MODIFIED event)."""
         with self._cond:
             obj = copy.deepcopy(self._objects[collection][key])
         change(obj)
         return self.put(collection, obj)
 
-    def delete(self, collection: str, key: str) -> Obj | None:
+    def delete(self, collection: str, key: str) -> JsonObject | None:
         """Delete at once (``gracePeriodSeconds=0``). A pod goes through graceful deletion even
         then, as on the real server: first a MODIFIED with ``deletionTimestamp`` set, then DELETED."""
         with self._cond:
@@ -248,7 +283,7 @@ class FakeApiServer:
             self._record(collection, "DELETED", obj)
             return copy.deepcopy(obj)
 
-    def get(self, collection: str, key: str) -> Obj | None:
+    def get(self, collection: str, key: str) -> JsonObject | None:
         with self._cond:
             obj = self._objects[collection].get(key)
             return copy.deepcopy(obj) if obj is not None else None
@@ -257,7 +292,7 @@ class FakeApiServer:
         with self._cond:
             return sorted(self._objects[collection])
 
-    def _record(self, collection: str, kind: str, obj: Obj) -> None:
+    def _record(self, collection: str, kind: str, obj: JsonObject) -> None:
         self._rv += 1
         self._collection_rv[collection] = self._rv
         obj["metadata"]["resourceVersion"] = str(self._rv)
@@ -298,7 +333,7 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ serving
 
-    def _list(self, route: _Route, query: dict[str, str]) -> Obj:
+    def _list(self, route: _Route, query: dict[str, str]) -> JsonObject:
         token = query.get("continue")
         limit = int(query.get("limit") or 0)
         if token:
@@ -322,7 +357,7 @@ class FakeApiServer:
                 item.pop("apiVersion", None)
         kind, version = ("EventList", "events.k8s.io/v1") if route.events_v1 else (
             _KINDS[route.collection][0] + "List", _KINDS[route.collection][1])
-        metadata: Obj = {"resourceVersion": str(rv)}
+        metadata: JsonObject = {"resourceVersion": str(rv)}
         page = items[offset:]
         if limit and len(page) > limit:
             page = page[:limit]
@@ -334,14 +369,43 @@ class FakeApiServer:
             metadata["continue"] = f"{snap_id}:{offset + limit}"
         return {"kind": kind, "apiVersion": version, "metadata": metadata, "items": page}
 
-    def _watch_events(self, route: _Route, query: dict[str, str]) -> Iterator[Obj | None]:
+    def _watch_events(self, route: _Route, query: dict[str, str]) -> Iterator[JsonObject | None]:
         """Watch events to send; ``None`` means "cut the connection now"."""
         timeout_s = float(query.get("timeoutSeconds") or self.max_watch_s)
         # events are served straight from etcd (no watch cache), and only the cache sends bookmarks
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1") and route.collection != "events"
         deadline = time.monotonic() + min(timeout_s, self.max_watch_s)
-        requested = query.get("resourceVersion") or ""
-        gone: Obj | None = None
+        watch, initial, gone = self._open_watch(route, query.get("resourceVersion") or "", deadline, bookmarks)
+        if gone is not None:
+            yield {"type": "ERROR", "object": gone}
+            return
+        for obj in initial:
+            yield {"type": "ADDED", "object": obj}
+        while True:
+            wake = self._wait_for_events(route.collection, watch)
+            if wake.end == "drop":
+                yield None
+            if wake.end == "gone":
+                yield {"type": "ERROR", "object": wake.gone}
+            if wake.end:
+                return
+            for rv, collection, kind, obj in wake.batch:
+                watch.cursor = rv
+                if route.matches(collection, obj):
+                    watch.sent = rv
+                    yield {"type": kind, "object": route.render(copy.deepcopy(obj))}
+            now = time.monotonic()
+            if watch.bookmarks and wake.current > watch.sent and now - watch.last_bookmark >= self.bookmark_interval_s:
+                watch.sent = wake.current
+                yield _bookmark(route, watch.sent)
+                watch.last_bookmark = now
+            if now >= deadline:
+                return
+
+    def _open_watch(self, route: _Route, requested: str, deadline: float,
+                    bookmarks: bool) -> tuple[_Watch, list[JsonObject], JsonObject | None]:
+        """The watch from ``requested`` (the current objects first when it is empty or ``0``), and
+        the 410 Status to answer when that version is compacted away."""
         with self._cond:
             generation = self._drop_generation
             if requested in ("", "0"):
@@ -349,65 +413,44 @@ class FakeApiServer:
                 initial = [route.render(copy.deepcopy(obj))
                            for _, obj in sorted(self._objects[route.collection].items())
                            if route.matches(route.collection, obj)]
+                gone = None
             else:
                 cursor = int(requested)
                 initial = []
-                if cursor < self._compacted_rv:
-                    gone = _status(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
-        if gone is not None:
-            yield {"type": "ERROR", "object": gone}
-            return
-        for obj in initial:
-            yield {"type": "ADDED", "object": obj}
-        sent = cursor  # the newest version this client has been told
-        last_bookmark = time.monotonic()
-        while True:
-            batch: list[tuple[int, str, str, Obj]] = []
-            end: str | None = None
-            with self._cond:
-                while True:
-                    if self._stopping:
-                        end = "stop"
-                    elif self._drop_generation != generation:
-                        end = "drop"
-                    elif cursor < self._compacted_rv:  # events we have not sent are gone
-                        end = "gone"
-                        gone = _status(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
-                    if end:
-                        break
-                    start = bisect.bisect_right(self._history, cursor, key=lambda entry: entry[0])
-                    batch = self._history[start:]
-                    now = time.monotonic()
-                    progress = self._collection_rv[route.collection] > sent
-                    if batch or now >= deadline or (
-                            bookmarks and progress and now - last_bookmark >= self.bookmark_interval_s):
-                        break
-                    wait = deadline - now
-                    if bookmarks and progress:
-                        wait = min(wait, self.bookmark_interval_s - (now - last_bookmark))
-                    self._cond.wait(max(min(wait, 0.5), 0.01))
-                current = self._collection_rv[route.collection]
-            if end == "drop":
-                yield None
-            if end == "gone":
-                yield {"type": "ERROR", "object": gone}
-            if end:
-                return
-            for rv, collection, kind, obj in batch:
-                cursor = rv
-                if route.matches(collection, obj):
-                    sent = rv
-                    yield {"type": kind, "object": route.render(copy.deepcopy(obj))}
-            now = time.monotonic()
-            if bookmarks and current > sent and now - last_bookmark >= self.bookmark_interval_s:
-                sent = current
-                kind_name = "Event" if route.events_v1 else _KINDS[route.collection][0]
-                api_version = "events.k8s.io/v1" if route.events_v1 else _KINDS[route.collection][1]
-                yield {"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": api_version,
-                                                      "metadata": {"resourceVersion": str(sent)}}}
-                last_bookmark = now
-            if now >= deadline:
-                return
+                gone = self._too_old(cursor) if cursor < self._compacted_rv else None
+        return _Watch(generation, cursor, cursor, deadline, bookmarks, time.monotonic()), initial, gone
+
+    def _too_old(self, cursor: int) -> JsonObject:
+        return _status(410, "Expired", f"too old resource version: {cursor} ({self._compacted_rv})")
+
+    def _wait_for_events(self, collection: str, watch: _Watch) -> _Wake:
+        """Block until the watch has history to send, a bookmark is due, its time is up, or it ends."""
+        with self._cond:
+            while True:
+                end = self._watch_end(watch)
+                if end:
+                    return _Wake([], self._collection_rv[collection], end,
+                                 self._too_old(watch.cursor) if end == "gone" else None)
+                start = bisect.bisect_right(self._history, watch.cursor, key=lambda entry: entry[0])
+                batch = self._history[start:]
+                now = time.monotonic()
+                progress = watch.bookmarks and self._collection_rv[collection] > watch.sent
+                bookmark_wait = self.bookmark_interval_s - (now - watch.last_bookmark)
+                if batch or now >= watch.deadline or (progress and bookmark_wait <= 0):
+                    return _Wake(batch, self._collection_rv[collection])
+                wait = min(watch.deadline - now, bookmark_wait) if progress else watch.deadline - now
+                self._cond.wait(max(min(wait, 0.5), 0.01))
+
+    def _watch_end(self, watch: _Watch) -> Literal["stop", "drop", "gone"] | None:
+        """Why the watch ends now (the server stops, its connections are cut, or the events it has
+        not yet seen are compacted away), else None. Called under the lock."""
+        if self._stopping:
+            return "stop"
+        if self._drop_generation != watch.generation:
+            return "drop"
+        if watch.cursor < self._compacted_rv:
+            return "gone"
+        return None
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -418,7 +461,7 @@ class FakeApiServer:
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 return
 
-            def _send_json(self, code: int, body: Obj) -> None:
+            def _send_json(self, code: int, body: JsonObject) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")

@@ -13,11 +13,9 @@ import random
 import threading
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 from producers.watcher.fake_apiserver import FakeApiServer
-
-Obj = dict[str, Any]
+from producers.watcher.kube_json import JsonObject
 
 
 def iso(at: datetime) -> str:
@@ -26,7 +24,7 @@ def iso(at: datetime) -> str:
 
 def make_node(name: str, gpus: int = 8, product: str = "NVIDIA-A100-SXM4-80GB", memory_mib: int = 81920,
               ready: bool = True, mig_strategy: str = "none", extra_resources: dict[str, int] | None = None,
-              taints: list[Obj] | None = None, unschedulable: bool = False) -> Obj:
+              taints: list[JsonObject] | None = None, unschedulable: bool = False) -> JsonObject:
     resources = {"cpu": "96", "memory": "1056742976Ki", "pods": "110", "ephemeral-storage": "1844Gi"}
     if gpus:
         resources["nvidia.com/gpu"] = str(gpus)
@@ -62,13 +60,13 @@ def make_node(name: str, gpus: int = 8, product: str = "NVIDIA-A100-SXM4-80GB", 
 def make_pod(name: str, namespace: str = "ml", gpus: int = 1, resource: str = "nvidia.com/gpu",
              created: datetime | None = None, labels: dict[str, str] | None = None,
              annotations: dict[str, str] | None = None, owner: tuple[str, str, str] | None = None,
-             image: str = "nvcr.io/nvidia/pytorch:24.03-py3", uid: str | None = None) -> Obj:
+             image: str = "nvcr.io/nvidia/pytorch:24.03-py3", uid: str | None = None) -> JsonObject:
     """A pending, unscheduled pod; ``owner`` is (apiVersion, kind, name)."""
     created = created or datetime.now(UTC)
     resources = {"limits": {resource: str(gpus), "cpu": "8", "memory": "64Gi"},
                  "requests": {resource: str(gpus), "cpu": "8", "memory": "64Gi"}} if gpus else {
         "requests": {"cpu": "1"}}
-    meta: Obj = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
+    meta: JsonObject = {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4()),
                  "creationTimestamp": iso(created), "labels": dict(labels or {})}
     if annotations:
         meta["annotations"] = dict(annotations)
@@ -84,12 +82,12 @@ def make_pod(name: str, namespace: str = "ml", gpus: int = 1, resource: str = "n
     }
 
 
-def set_unschedulable(pod: Obj, message: str, at: datetime) -> None:
+def set_unschedulable(pod: JsonObject, message: str, at: datetime) -> None:
     pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                                     "message": message, "lastTransitionTime": iso(at), "lastProbeTime": None}]
 
 
-def set_running(pod: Obj, node: str, at: datetime) -> None:
+def set_running(pod: JsonObject, node: str, at: datetime) -> None:
     pod["spec"]["nodeName"] = node
     status = pod["status"]
     status["phase"] = "Running"
@@ -109,7 +107,7 @@ def set_running(pod: Obj, node: str, at: datetime) -> None:
     }]
 
 
-def set_finished(pod: Obj, at: datetime, exit_code: int = 0, reason: str = "Completed") -> None:
+def set_finished(pod: JsonObject, at: datetime, exit_code: int = 0, reason: str = "Completed") -> None:
     status = pod["status"]
     status["phase"] = "Succeeded" if exit_code == 0 else "Failed"
     for container in status.get("containerStatuses", []):
@@ -124,8 +122,8 @@ def set_finished(pod: Obj, at: datetime, exit_code: int = 0, reason: str = "Comp
             condition["lastTransitionTime"] = iso(at)
 
 
-def make_event(pod: Obj, reason: str, message: str, at: datetime, type_: str = "Warning",
-               component: str = "default-scheduler", count: int = 1) -> Obj:
+def make_event(pod: JsonObject, reason: str, message: str, at: datetime, type_: str = "Warning",
+               component: str = "default-scheduler", count: int = 1) -> JsonObject:
     meta = pod["metadata"]
     return {
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta.get("namespace", "default"),
@@ -139,7 +137,7 @@ def make_event(pod: Obj, reason: str, message: str, at: datetime, type_: str = "
 
 
 def make_workload(name: str, namespace: str = "ml", queue: str = "default", count: int = 1, gpus: int = 1,
-                  created: datetime | None = None, labels: dict[str, str] | None = None) -> Obj:
+                  created: datetime | None = None, labels: dict[str, str] | None = None) -> JsonObject:
     """A Kueue Workload (kueue.x-k8s.io/v1beta1) still waiting for quota, as Kueue writes it for a
     suspended Job: one pod set of ``count`` pods of ``gpus`` GPUs."""
     at = iso(created or datetime.now(UTC))
@@ -180,11 +178,11 @@ class SimulatedCluster:
             self.server.put("workloads", make_workload("nlp-pretrain-queued", namespace="nlp", queue="nlp", count=2,
                                                        gpus=8, labels={"team": "nlp"}))
 
-    def _add_node(self, node: Obj) -> None:
+    def _add_node(self, node: JsonObject) -> None:
         self.server.put("nodes", node)
         self.free[node["metadata"]["name"]] = int(node["status"]["allocatable"]["nvidia.com/gpu"])
 
-    def submit(self) -> Obj:
+    def submit(self) -> JsonObject:
         self._serial += 1
         team = self.rng.choice(["vision", "nlp", "speech"])
         gpus = self.rng.choice([1, 1, 2, 4, 8])
@@ -209,14 +207,14 @@ class SimulatedCluster:
                            f"affinity/selector, {len(self.free)} Insufficient nvidia.com/gpu. preemption: 0/"
                            f"{len(self.free) + 1} nodes are available: {len(self.free) + 1} No preemption victims "
                            "found for incoming pod.")
-                def pending(p: Obj, m: str = message) -> None:
+                def pending(p: JsonObject, m: str = message) -> None:
                     set_unschedulable(p, m, now)
 
                 self.server.patch("pods", key, pending)
                 self.server.put("events", make_event(pod, "FailedScheduling", message, now))
                 continue
             self.free[node] -= need
-            def run(p: Obj, n: str = node) -> None:
+            def run(p: JsonObject, n: str = node) -> None:
                 set_running(p, n, now)
 
             self.server.patch("pods", key, run)

@@ -20,11 +20,10 @@ serves pods and Kueue ``Workload`` objects, so a workload and its pods share a g
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-JsonDict = Mapping[str, Any]
+from producers.watcher.kube_json import JsonDict, first_value, json_dict, json_list
 
 
 @dataclass(frozen=True)
@@ -59,24 +58,11 @@ RECOGNISERS: tuple[GangRecogniser, ...] = (
 """Tried in order after the configured label keys; the first that matches names the gang."""
 
 
-def _dict(value: Any) -> JsonDict:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _value(meta: JsonDict, key: str) -> str | None:
-    for source in (_dict(meta.get("labels")), _dict(meta.get("annotations"))):
-        value = source.get(key)
-        if value:
-            return str(value)
-    return None
-
-
 def _recognise(meta: JsonDict, recogniser: GangRecogniser) -> str | None:
     if isinstance(recogniser, LabelGang):
-        values = [_value(meta, key) for key in recogniser.keys]
+        values = [first_value(meta, (key,)) for key in recogniser.keys]
         return "-".join(v for v in values if v) if all(values) else None
-    for ref in meta.get("ownerReferences") or []:
-        ref = _dict(ref)
+    for ref in map(json_dict, json_list(meta.get("ownerReferences"))):
         group = str(ref.get("apiVersion") or "").partition("/")[0]
         if ref.get("kind") == recogniser.kind and group == recogniser.api_group and ref.get("name"):
             return str(ref["name"])
@@ -86,10 +72,9 @@ def _recognise(meta: JsonDict, recogniser: GangRecogniser) -> str | None:
 def gang_id(meta: JsonDict, namespace: str, label_keys: Iterable[str],
             recognisers: Iterable[GangRecogniser] = RECOGNISERS) -> str | None:
     """``<namespace>/<group>`` from the configured keys, then the recognisers; None when none match."""
-    for key in label_keys:
-        value = _value(meta, key)
-        if value:
-            return f"{namespace}/{value}"
+    value = first_value(meta, label_keys)
+    if value:
+        return f"{namespace}/{value}"
     for recogniser in recognisers:
         group = _recognise(meta, recogniser)
         if group:

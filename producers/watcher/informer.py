@@ -30,10 +30,10 @@ from typing import Any, Protocol
 from common.backoff import Backoff
 from common.errors import RetriableError
 from common.logs import get_logger
+from producers.watcher.kube_json import JsonObject
 
 log = get_logger(__name__)
 
-RawObject = dict[str, Any]
 
 
 class Gone(RetriableError):
@@ -53,11 +53,11 @@ class WatchSource(Protocol):
 
     resource: str
 
-    def list(self) -> tuple[list[RawObject], str]:
+    def list(self) -> tuple[list[JsonObject], str]:
         """Every object and the collection's resourceVersion."""
         ...
 
-    def watch(self, resource_version: str, timeout_s: int) -> Iterator[RawObject]:
+    def watch(self, resource_version: str, timeout_s: int) -> Iterator[JsonObject]:
         """Raw watch events ``{"type": ..., "object": {...}}`` after ``resource_version``."""
         ...
 
@@ -67,9 +67,9 @@ class WatchSource(Protocol):
 
 
 class Handler(Protocol):
-    def upsert(self, obj: RawObject) -> None: ...
+    def upsert(self, obj: JsonObject) -> None: ...
 
-    def delete(self, obj: RawObject, observed: str) -> None:
+    def delete(self, obj: JsonObject, observed: str) -> None:
         """``observed`` is ``"watch"`` (a DELETED event) or ``"relist"`` (vanished during a gap)."""
         ...
 
@@ -126,17 +126,17 @@ class NullObserver:
         pass
 
 
-def uid_key(obj: RawObject) -> str:
+def uid_key(obj: JsonObject) -> str:
     return str(obj.get("metadata", {}).get("uid") or "")
 
 
-def name_key(obj: RawObject) -> str:
+def name_key(obj: JsonObject) -> str:
     meta = obj.get("metadata", {})
     namespace = meta.get("namespace")
     return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name") or "")
 
 
-def drop_managed_fields(obj: RawObject) -> RawObject:
+def drop_managed_fields(obj: JsonObject) -> JsonObject:
     """What the store keeps by default: the object without ``managedFields`` (often half its size)."""
     meta = obj.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
@@ -144,7 +144,7 @@ def drop_managed_fields(obj: RawObject) -> RawObject:
     return obj
 
 
-def _resource_version(obj: RawObject) -> str | None:
+def _resource_version(obj: JsonObject) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     value = meta.get("resourceVersion") if isinstance(meta, dict) else None
     return str(value) if value else None
@@ -157,16 +157,16 @@ class Informer:
         self,
         source: WatchSource,
         handler: Handler,
-        key: Callable[[RawObject], str] = uid_key,
+        key: Callable[[JsonObject], str] = uid_key,
         *,
         clock: Clock | None = None,
         backoff: Backoff | None = None,
         watch_timeout_s: int = 300,
         observer: Observer | None = None,
-        time_of: Callable[[RawObject], datetime | None] | None = None,
+        time_of: Callable[[JsonObject], datetime | None] | None = None,
         min_watch_s: float = 1.0,
         rng: random.Random | None = None,
-        slim: Callable[[RawObject], RawObject] | None = None,
+        slim: Callable[[JsonObject], JsonObject] | None = None,
     ) -> None:
         self.source = source
         self.resource = source.resource
@@ -180,7 +180,7 @@ class Informer:
         self.min_watch_s = min_watch_s
         self.rng = rng or random.Random()
         self.slim = slim or drop_managed_fields
-        self.store: dict[str, RawObject] = {}
+        self.store: dict[str, JsonObject] = {}
         self.resource_version: str | None = None
         self.synced = False
         self.relists = 0
@@ -191,7 +191,7 @@ class Informer:
     def relist(self, reason: str = "initial") -> int:
         """List, report vanished objects as deleted, upsert the rest; returns how many vanished."""
         items, resource_version = self.source.list()
-        fresh: dict[str, RawObject] = {}
+        fresh: dict[str, JsonObject] = {}
         for obj in items:
             key = self.key(obj)
             if key:
@@ -317,7 +317,7 @@ class Informer:
             log.error("handler failed", resource=self.resource, exc_info=True,
                       object=args[0].get("metadata", {}).get("name") if args and isinstance(args[0], dict) else None)
 
-    def _observe_lag(self, obj: RawObject) -> None:
+    def _observe_lag(self, obj: JsonObject) -> None:
         if self.time_of is None:
             return
         at = self.time_of(obj)

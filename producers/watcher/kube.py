@@ -23,7 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from common.errors import UserError
-from producers.watcher.informer import Gone, RawObject, WatchRequestError
+from producers.watcher.informer import Gone, WatchRequestError
+from producers.watcher.kube_json import JsonObject
 
 RESOURCES = ("pods", "nodes", "events", "core-events", "workloads")
 """``events`` = events.k8s.io/v1 (the current API); ``core-events`` = core/v1 Events; ``workloads`` =
@@ -129,8 +130,8 @@ class KubeSource:
 
         return call
 
-    def list(self) -> tuple[list[RawObject], str]:
-        items: list[RawObject] = []
+    def list(self) -> tuple[list[JsonObject], str]:
+        items: list[JsonObject] = []
         resource_version = ""
         token: str | None = None
         while True:
@@ -154,7 +155,7 @@ class KubeSource:
             if not token:
                 return items, resource_version
 
-    def watch(self, resource_version: str, timeout_s: int) -> Iterator[RawObject]:
+    def watch(self, resource_version: str, timeout_s: int) -> Iterator[JsonObject]:
         watcher = k8s_watch.Watch()
         with self._lock:
             self._watches.add(watcher)

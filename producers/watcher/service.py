@@ -50,7 +50,6 @@ from producers.watcher.events import event_key, event_to_message
 from producers.watcher.informer import (
     Clock,
     Informer,
-    RawObject,
     SystemClock,
     WatchRequestError,
     WatchSource,
@@ -58,6 +57,7 @@ from producers.watcher.informer import (
     name_key,
     uid_key,
 )
+from producers.watcher.kube_json import JsonObject
 from producers.watcher.translate import (
     NODE_LABEL_PREFIXES,
     ChangeFilter,
@@ -297,7 +297,7 @@ class Pipeline:
         """Malformed annotations last logged per pod uid (log once per pod, not per update)."""
         self.trim_warned: dict[tuple[str, str], frozenset[str]] = {}
         """What was last logged as cut per (topic, key): log once per object and set of cuts."""
-        self.pod_stores: list[Callable[[], list[RawObject]]] = []
+        self.pod_stores: list[Callable[[], list[JsonObject]]] = []
         self.pod_handler = _PodHandler(self)
         self.node_handler = _NodeHandler(self)
         self.event_handler = _EventHandler(self)
@@ -339,7 +339,7 @@ class _PodHandler:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
 
-    def slim(self, obj: RawObject) -> RawObject:
+    def slim(self, obj: JsonObject) -> JsonObject:
         """Store a pod we do not report as a stub (identity, node, phase, containers): most pods of a
         mixed cluster hold no GPU, and the store must not grow with their full specs. The stub is
         enough to report the pod if its node turns out to be a GPU node (conditions arrive with its
@@ -361,7 +361,7 @@ class _PodHandler:
                                              for c in status.get("containerStatuses", [])]},
         }
 
-    def progress(self, uid: str, obj: RawObject) -> None:
+    def progress(self, uid: str, obj: JsonObject) -> None:
         """Emit the progress the pod's annotations publish when a total changed.
 
         The pod's writers are trusted here (anyone who may patch it may set them), unlike the
@@ -386,7 +386,7 @@ class _PodHandler:
         p.progress[uid] = totals
         p.emit(WORKLOAD_PROGRESS, message.pod_uid, message)
 
-    def upsert(self, obj: RawObject) -> None:
+    def upsert(self, obj: JsonObject) -> None:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
@@ -401,7 +401,7 @@ class _PodHandler:
             if p.pods.changed(uid, state):
                 p.emit(K8S_PODS, uid, state, trim)
 
-    def delete(self, obj: RawObject, observed: str) -> None:
+    def delete(self, obj: JsonObject, observed: str) -> None:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
@@ -424,7 +424,7 @@ class _NodeHandler:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
 
-    def upsert(self, obj: RawObject) -> None:
+    def upsert(self, obj: JsonObject) -> None:
         p = self.p
         with p.lock:
             name = name_key(obj)
@@ -447,7 +447,7 @@ class _NodeHandler:
                         if pod.get("spec", {}).get("nodeName") == name:
                             p.pod_handler.upsert(pod)
 
-    def delete(self, obj: RawObject, observed: str) -> None:
+    def delete(self, obj: JsonObject, observed: str) -> None:
         p = self.p
         with p.lock:
             name = name_key(obj)
@@ -467,7 +467,7 @@ class _EventHandler:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
 
-    def upsert(self, obj: RawObject) -> None:
+    def upsert(self, obj: JsonObject) -> None:
         p = self.p
         trim = Trim()
         message = event_to_message(obj, trim)
@@ -485,7 +485,7 @@ class _EventHandler:
             if relevant and p.events.changed(message.uid, message):
                 p.emit(K8S_EVENTS, event_key(message), message, trim)
 
-    def delete(self, obj: RawObject, observed: str) -> None:
+    def delete(self, obj: JsonObject, observed: str) -> None:
         with self.p.lock:
             self.p.events.forget(uid_key(obj))  # events expire; the events topic keeps its history
             message = event_to_message(obj)
@@ -497,7 +497,7 @@ class _WorkloadHandler:
     def __init__(self, pipeline: Pipeline) -> None:
         self.p = pipeline
 
-    def upsert(self, obj: RawObject) -> None:
+    def upsert(self, obj: JsonObject) -> None:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
@@ -511,7 +511,7 @@ class _WorkloadHandler:
             if p.workloads.changed(uid, state):
                 p.emit(K8S_WORKLOADS, uid, state, trim)
 
-    def delete(self, obj: RawObject, observed: str) -> None:
+    def delete(self, obj: JsonObject, observed: str) -> None:
         p = self.p
         with p.lock:
             uid = uid_key(obj)
@@ -554,9 +554,9 @@ class WatcherService:
         self.pipeline = Pipeline(sink, self.config, self.clock, self.metrics)
         p = self.pipeline
 
-        def informer(source: WatchSource, handler: Any, key: Callable[[RawObject], str],
-                     time_of: Callable[[RawObject], Any] | None = None,
-                     slim: Callable[[RawObject], RawObject] | None = None) -> Informer:
+        def informer(source: WatchSource, handler: Any, key: Callable[[JsonObject], str],
+                     time_of: Callable[[JsonObject], Any] | None = None,
+                     slim: Callable[[JsonObject], JsonObject] | None = None) -> Informer:
             return Informer(source, handler, key, clock=self.clock, backoff=backoff_factory(),
                             watch_timeout_s=self.config.watch_timeout_s, observer=self.metrics, time_of=time_of,
                             slim=slim)
@@ -617,13 +617,13 @@ class WatcherService:
             self.shutdown(stop)
 
 
-def _event_stub(obj: RawObject) -> RawObject:
+def _event_stub(obj: JsonObject) -> JsonObject:
     """Events are only needed in the store to notice that they expired."""
     meta = obj.get("metadata", {})
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}}
 
 
-def _store_reader(informer: Informer) -> Callable[[], list[RawObject]]:
+def _store_reader(informer: Informer) -> Callable[[], list[JsonObject]]:
     return lambda: list(informer.store.values())
 
 

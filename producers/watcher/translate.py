@@ -29,11 +29,11 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
-from typing import Any, cast
+from typing import Literal, cast
 
-from producers.watcher.bounds import MAX_GPU_QUANTITY, MAX_QUANTITY, Trim
+from producers.watcher.bounds import MAX_GPU_QUANTITY, Trim
 from producers.watcher.gangs import RECOGNISERS, LabelGang, gang_id
+from producers.watcher.kube_json import JsonDict, first_value, json_dict, json_list, parse_quantity, parse_time
 from producers.watcher.vram import vram_request_bytes
 from schemas.messages import (
     MAX_DNS_LABEL_CHARS,
@@ -58,10 +58,11 @@ from schemas.messages import (
     WorkloadProgress,
 )
 
-JsonDict = Mapping[str, Any]
-
 NVIDIA_GPU = "nvidia.com/gpu"
 _PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+ContainerStateKind = Literal["waiting", "running", "terminated", "unknown"]
+_CONTAINER_STATES: tuple[ContainerStateKind, ...] = ("running", "waiting", "terminated")
+"""The keys of a container status's ``state``, in the order one is taken when several are set."""
 _CRONJOB_JOB = re.compile(r"^(?P<cron>.+)-(?P<minutes>\d{8,10})$")
 _GPU_NODE_LABELS = (
     "nvidia.com/gpu.present",
@@ -91,62 +92,7 @@ class TranslateConfig:
 # --------------------------------------------------------------------------- small helpers
 
 
-def json_dict(value: Any) -> JsonDict:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def parse_time(value: Any) -> datetime | None:
-    """An RFC 3339 timestamp (``2024-05-01T10:00:00Z``, micro-time too) as aware UTC, else None."""
-    if not value:
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    text = str(value).strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
-
-
-_SUFFIXES = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
-_QUANTITY = re.compile(r"(?P<num>[+-]?[0-9]+(?:\.[0-9]+)?)(?P<suffix>[a-zA-Z]{0,2})")
-
-
-def parse_quantity(value: Any) -> int:
-    """A Kubernetes quantity as a whole number (GPU counts are integers); 0 when unparseable;
-    at most :data:`~producers.watcher.bounds.MAX_QUANTITY` (int64: ``100E`` is 10^20, above it).
-    Callers clamp further to their field's bound (:func:`gpu_quantity`)."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return min(max(value, 0), MAX_QUANTITY)
-    text = str(value).strip()
-    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
-    if not match:
-        return 0
-    suffix = match.group("suffix")
-    try:
-        number = Decimal(match.group("num"))
-    except InvalidOperation:
-        return 0
-    if suffix == "m":
-        return min(max(int(number / 1000), 0), MAX_QUANTITY)
-    if suffix not in _SUFFIXES:
-        return 0
-    return min(max(int(number * _SUFFIXES[suffix]), 0), MAX_QUANTITY)
-
-
-def gpu_quantity(value: Any, trim: Trim | None = None) -> int:
+def gpu_quantity(value: object, trim: Trim | None = None) -> int:
     """A GPU resource's count: :func:`parse_quantity` clamped to ``MAX_GPU_COUNT`` (noted in ``trim``)."""
     return (trim if trim is not None else Trim()).quantity(parse_quantity(value), MAX_GPU_QUANTITY)
 
@@ -182,18 +128,6 @@ NODE_LABEL_PREFIXES = ("nvidia.com/", "cloud.google.com/gke-accelerator", "k8s.a
 """Node labels kept first when a node's labels are trimmed (GPU facts, instance type, zone)."""
 
 
-def first_value(meta: JsonDict, keys: Iterable[str]) -> str | None:
-    """The first of ``keys`` found in the labels, else the annotations."""
-    labels = json_dict(meta.get("labels"))
-    annotations = json_dict(meta.get("annotations"))
-    for key in keys:
-        for source in (labels, annotations):
-            value = source.get(key)
-            if value:
-                return str(value)
-    return None
-
-
 # --------------------------------------------------------------------------- pods
 
 
@@ -211,18 +145,18 @@ def _container_gpus(container: JsonDict, config: TranslateConfig, trim: Trim) ->
     return found
 
 
-def gpu_requests(pod: dict[str, Any], config: TranslateConfig, trim: Trim | None = None) -> dict[str, int]:
+def gpu_requests(pod: JsonDict, config: TranslateConfig, trim: Trim | None = None) -> dict[str, int]:
     """GPU resources the pod asks for, by resource name, as the scheduler accounts them (within the
     contract's bounds: see :func:`gpu_resources`)."""
     trim = trim if trim is not None else Trim()
     spec = json_dict(pod.get("spec"))
     total: dict[str, int] = {}
-    for container in _list(spec.get("containers")):
+    for container in json_list(spec.get("containers")):
         for name, amount in _container_gpus(json_dict(container), config, trim).items():
             total[name] = total.get(name, 0) + amount
     init_peak: dict[str, int] = {}
     sidecars: dict[str, int] = {}
-    for container in _list(spec.get("initContainers")):
+    for container in json_list(spec.get("initContainers")):
         init = json_dict(container)
         gpus = _container_gpus(init, config, trim)
         # restartable init containers (sidecars) keep running beside the app containers
@@ -239,7 +173,7 @@ def gpu_requests(pod: dict[str, Any], config: TranslateConfig, trim: Trim | None
     return gpu_resources(total, trim)
 
 
-def strip_runtime(container_id: Any) -> str | None:
+def strip_runtime(container_id: object) -> str | None:
     """``containerd://abc`` -> ``abc`` (what cgroup paths carry)."""
     if not container_id:
         return None
@@ -247,12 +181,12 @@ def strip_runtime(container_id: Any) -> str | None:
     return text.split("://", 1)[1] if "://" in text else text
 
 
-def owner_chain(pod: dict[str, Any], trim: Trim | None = None) -> list[OwnerRef]:
+def owner_chain(pod: JsonDict, trim: Trim | None = None) -> list[OwnerRef]:
     """Owners from the pod outward, inferred without API calls (see module docstring)."""
     trim = trim if trim is not None else Trim()
     meta = json_dict(pod.get("metadata"))
     labels = json_dict(meta.get("labels"))
-    refs = [json_dict(ref) for ref in _list(meta.get("ownerReferences"))]
+    refs = [json_dict(ref) for ref in json_list(meta.get("ownerReferences"))]
     refs.sort(key=lambda ref: not ref.get("controller", False))
     chain: list[OwnerRef] = []
     for ref in refs:
@@ -290,9 +224,9 @@ def _container_state(status: JsonDict, spec_images: Mapping[str, str], trim: Tri
     name = str(status.get("name", ""))
     state = json_dict(status.get("state"))
     last = json_dict(json_dict(status.get("lastState")).get("terminated"))
-    kind: str = "unknown"
+    kind: ContainerStateKind = "unknown"
     reason: str | None = None
-    for candidate in ("running", "waiting", "terminated"):
+    for candidate in _CONTAINER_STATES:
         if candidate in state and state[candidate] is not None:
             kind = candidate
             reason = json_dict(state[candidate]).get("reason")
@@ -305,7 +239,7 @@ def _container_state(status: JsonDict, spec_images: Mapping[str, str], trim: Tri
                                MAX_SHORT_TEXT_CHARS),
         image=trim.text(spec_images.get(name) or status.get("image")),
         ready=bool(status.get("ready", False)),
-        state=cast(Any, kind),
+        state=kind,
         state_reason=trim.text(reason),
         restart_count=max(trim.int32(status.get("restartCount")) or 0, 0),
         last_termination_reason=trim.text(ended.get("reason")),
@@ -326,7 +260,7 @@ def _start_times(status: JsonDict) -> list[datetime]:
 
 
 def pod_to_state(
-    pod: dict[str, Any],
+    pod: JsonDict,
     ts: datetime,
     config: TranslateConfig,
     gpu_nodes: Collection[str] = (),
@@ -346,54 +280,11 @@ def pod_to_state(
     if not requests and (node is None or node not in gpu_nodes):
         return None
     namespace = str(trim.text(meta.get("namespace") or "default", MAX_DNS_LABEL_CHARS))
-
-    conditions = []
-    scheduled_at: datetime | None = None
-    latest_transition: datetime | None = None
-    for raw in _list(status.get("conditions")):
-        cond = json_dict(raw)
-        at = parse_time(cond.get("lastTransitionTime"))
-        conditions.append(PodCondition(type=str(trim.text(cond.get("type", ""), MAX_QUALIFIED_NAME_CHARS)),
-                                       status=str(trim.text(cond.get("status", ""), MAX_SHORT_TEXT_CHARS)),
-                                       reason=trim.text(cond.get("reason")), message=trim.text(cond.get("message")),
-                                       last_transition_at=at))
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
-            scheduled_at = at
-        if at and (latest_transition is None or at > latest_transition):
-            latest_transition = at
-
-    spec_images = {str(json_dict(c).get("name")): str(json_dict(c).get("image"))
-                   for c in _list(spec.get("initContainers")) + _list(spec.get("containers"))
-                   if json_dict(c).get("image")}
-    raw_statuses = [json_dict(s) for s in _list(status.get("initContainerStatuses"))
-                    + _list(status.get("containerStatuses"))]
-    containers = [_container_state(s, spec_images, trim) for s in trim.items(raw_statuses)]
-    if not raw_statuses:  # not started yet: still name the images the pod will run
-        containers = [ContainerState(name=str(trim.text(name, MAX_DNS_LABEL_CHARS)), image=trim.text(image))
-                      for name, image in trim.items(list(spec_images.items()))]
-
-    starts = [t for s in raw_statuses for t in _start_times(s)]
-    phase_text = str(status.get("phase") or "Pending")
-    phase = cast(PodPhase, phase_text if phase_text in _PHASES else "Unknown")
-
-    last_reason: str | None = None
-    last_code: int | None = None
-    newest: datetime | None = None
-    for container in containers:
-        if container.last_termination_reason is None and container.last_exit_code is None:
-            continue
-        finished = container.last_finished_at or datetime.min.replace(tzinfo=UTC)
-        if newest is None or finished >= newest:
-            newest, last_reason, last_code = finished, container.last_termination_reason, container.last_exit_code
+    conditions = _conditions(status, trim)
+    containers, starts = _containers(spec, status, trim)
+    phase = _phase(status)
     status_reason = status.get("reason")
-    if phase == "Failed" and status_reason:
-        last_reason = str(status_reason)  # Evicted, DeadlineExceeded, NodeLost... says more
-
-    finished_at: datetime | None = None
-    if phase in ("Succeeded", "Failed"):
-        ends = [c.last_finished_at for c in containers if c.state == "terminated" and c.last_finished_at]
-        finished_at = max(ends) if ends else (latest_transition or ts)
-
+    last_reason, last_code = _last_termination(containers, phase, status_reason)
     return PodState(
         uid=str(trim.text(uid, MAX_ID_CHARS)),
         namespace=namespace,
@@ -401,7 +292,7 @@ def pod_to_state(
         ts=ts,
         node=trim.text(node, MAX_NAME_CHARS),
         phase=phase,
-        conditions=trim.items(conditions),
+        conditions=trim.items(conditions.items),
         gpu_requests=requests,
         vram_request_bytes=vram_request_bytes(pod, trim),
         owners=owner_chain(pod, trim),
@@ -416,13 +307,85 @@ def pod_to_state(
         status_reason=trim.text(status_reason) if status_reason else None,
         deleted=False,
         created_at=parse_time(meta.get("creationTimestamp")) or ts,
-        scheduled_at=scheduled_at,
+        scheduled_at=conditions.scheduled_at,
         started_at=min(starts) if starts else None,
-        finished_at=finished_at,
+        finished_at=_finished_at(phase, containers, conditions.latest_transition or ts),
         deleted_at=parse_time(meta.get("deletionTimestamp")),
         priority_class=trim.text(spec.get("priorityClassName"), MAX_NAME_CHARS),
         truncated=bool(trim),
     )
+
+
+@dataclass(frozen=True)
+class _Conditions:
+    items: list[PodCondition]
+    scheduled_at: datetime | None
+    """When ``PodScheduled`` turned True."""
+    latest_transition: datetime | None
+    """The newest transition of any condition."""
+
+
+def _conditions(status: JsonDict, trim: Trim) -> _Conditions:
+    items = []
+    scheduled_at: datetime | None = None
+    latest_transition: datetime | None = None
+    for raw in json_list(status.get("conditions")):
+        cond = json_dict(raw)
+        at = parse_time(cond.get("lastTransitionTime"))
+        items.append(PodCondition(type=str(trim.text(cond.get("type", ""), MAX_QUALIFIED_NAME_CHARS)),
+                                  status=str(trim.text(cond.get("status", ""), MAX_SHORT_TEXT_CHARS)),
+                                  reason=trim.text(cond.get("reason")), message=trim.text(cond.get("message")),
+                                  last_transition_at=at))
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            scheduled_at = at
+        if at and (latest_transition is None or at > latest_transition):
+            latest_transition = at
+    return _Conditions(items, scheduled_at, latest_transition)
+
+
+def _containers(spec: JsonDict, status: JsonDict, trim: Trim) -> tuple[list[ContainerState], list[datetime]]:
+    """The pod's containers (init ones first) and every start time their statuses carry."""
+    spec_images = {str(json_dict(c).get("name")): str(json_dict(c).get("image"))
+                   for c in json_list(spec.get("initContainers")) + json_list(spec.get("containers"))
+                   if json_dict(c).get("image")}
+    raw_statuses = [json_dict(s) for s in json_list(status.get("initContainerStatuses"))
+                    + json_list(status.get("containerStatuses"))]
+    containers = [_container_state(s, spec_images, trim) for s in trim.items(raw_statuses)]
+    if not raw_statuses:  # not started yet: still name the images the pod will run
+        containers = [ContainerState(name=str(trim.text(name, MAX_DNS_LABEL_CHARS)), image=trim.text(image))
+                      for name, image in trim.items(list(spec_images.items()))]
+    return containers, [t for s in raw_statuses for t in _start_times(s)]
+
+
+def _phase(status: JsonDict) -> PodPhase:
+    phase_text = str(status.get("phase") or "Pending")
+    return cast(PodPhase, phase_text if phase_text in _PHASES else "Unknown")
+
+
+def _last_termination(containers: Iterable[ContainerState], phase: PodPhase,
+                      status_reason: object) -> tuple[str | None, int | None]:
+    """The reason and exit code of the newest container termination; a failed pod's own reason
+    (Evicted, DeadlineExceeded, NodeLost...) says more and wins."""
+    last_reason: str | None = None
+    last_code: int | None = None
+    newest: datetime | None = None
+    for container in containers:
+        if container.last_termination_reason is None and container.last_exit_code is None:
+            continue
+        finished = container.last_finished_at or datetime.min.replace(tzinfo=UTC)
+        if newest is None or finished >= newest:
+            newest, last_reason, last_code = finished, container.last_termination_reason, container.last_exit_code
+    if phase == "Failed" and status_reason:
+        last_reason = str(status_reason)
+    return last_reason, last_code
+
+
+def _finished_at(phase: PodPhase, containers: Iterable[ContainerState], fallback: datetime) -> datetime | None:
+    """A finished pod's end: its last container's, else ``fallback`` (its newest condition change)."""
+    if phase not in ("Succeeded", "Failed"):
+        return None
+    ends = [c.last_finished_at for c in containers if c.state == "terminated" and c.last_finished_at]
+    return max(ends) if ends else fallback
 
 
 def _gang(meta: JsonDict, namespace: str, config: TranslateConfig) -> str | None:
@@ -458,7 +421,7 @@ def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
     return ".".join(present) if present else None
 
 
-def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | None = None,
+def node_to_state(node: JsonDict, ts: datetime, config: TranslateConfig | None = None,
                   trim: Trim | None = None) -> NodeState | None:
     """The node's message, or None for a node with neither GPU resources nor GPU labels. Within the
     contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
@@ -478,7 +441,7 @@ def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | 
     if not any(capacity.values()) and not gpu_labelled:
         return None
     ready = False
-    for raw in _list(status.get("conditions")):
+    for raw in json_list(status.get("conditions")):
         cond = json_dict(raw)
         if cond.get("type") == "Ready":
             ready = cond.get("status") == "True"
@@ -505,7 +468,7 @@ def node_to_state(node: dict[str, Any], ts: datetime, config: TranslateConfig | 
         taints=[Taint(key=str(trim.text(json_dict(t).get("key", ""), MAX_QUALIFIED_NAME_CHARS)),
                       value=trim.text(json_dict(t).get("value"), MAX_LABEL_VALUE_CHARS),
                       effect=str(trim.text(json_dict(t).get("effect", ""), MAX_SHORT_TEXT_CHARS)))
-                for t in trim.items(_list(spec.get("taints")))],
+                for t in trim.items(json_list(spec.get("taints")))],
         labels=trim.labels(labels, keep_prefixes=NODE_LABEL_PREFIXES),
         deleted=False,
         truncated=bool(trim),
@@ -516,15 +479,15 @@ def deleted_node(state: NodeState, ts: datetime) -> NodeState:
     return state.model_copy(update={"deleted": True, "ts": ts})
 
 
-def object_time(obj: dict[str, Any]) -> datetime | None:
+def object_time(obj: JsonDict) -> datetime | None:
     """The newest timestamp an object carries: how recent the change we just saw is (for lag)."""
     meta = json_dict(obj.get("metadata"))
     status = json_dict(obj.get("status"))
-    candidates: list[Any] = [meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
+    candidates: list[object] = [meta.get("creationTimestamp"), meta.get("deletionTimestamp"),
                              obj.get("eventTime"), obj.get("lastTimestamp"),
                              json_dict(obj.get("series")).get("lastObservedTime")]
-    candidates += [json_dict(c).get("lastTransitionTime") for c in _list(status.get("conditions"))]
-    for raw in _list(status.get("containerStatuses")):
+    candidates += [json_dict(c).get("lastTransitionTime") for c in json_list(status.get("conditions"))]
+    for raw in json_list(status.get("containerStatuses")):
         state = json_dict(json_dict(raw).get("state"))
         candidates += [json_dict(state.get("running")).get("startedAt"),
                        json_dict(state.get("terminated")).get("finishedAt")]
@@ -576,7 +539,7 @@ MAX_PROGRESS_DIGITS = 20
 """Longer values are rejected: a typo or abuse, not a training counter (and not worth parsing)."""
 
 
-def pod_progress(pod: dict[str, Any], ts: datetime) -> tuple[WorkloadProgress | None, dict[str, str]]:
+def pod_progress(pod: JsonDict, ts: datetime) -> tuple[WorkloadProgress | None, dict[str, str]]:
     """The ``WorkloadProgress`` a pod's ``gpulens.io/*`` annotations publish, and what was malformed.
 
     Returns ``(None, {})`` for a pod without them. Each malformed value (not a non-negative

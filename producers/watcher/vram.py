@@ -14,23 +14,16 @@ None when neither is there or the value is unreadable (the pod then has no known
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+from producers.watcher.bounds import Trim
+from producers.watcher.kube_json import JsonDict, json_dict, json_list, parse_quantity
 from schemas.messages import MAX_GPU_MEMORY_BYTES
-
-if TYPE_CHECKING:
-    from producers.watcher.bounds import Trim
 
 HAMI_GPUMEM = "nvidia.com/gpumem"
 VRAM_ANNOTATION = "gpulens.io/vram-request"
 _MIB = 2**20
 
 
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def vram_request_bytes(pod: dict[str, Any], trim: Trim | None = None) -> int | None:
+def vram_request_bytes(pod: JsonDict, trim: Trim | None = None) -> int | None:
     total = _vram_request_bytes(pod)
     if total is not None and total > MAX_GPU_MEMORY_BYTES:
         if trim is not None:
@@ -39,20 +32,18 @@ def vram_request_bytes(pod: dict[str, Any], trim: Trim | None = None) -> int | N
     return total
 
 
-def _vram_request_bytes(pod: dict[str, Any]) -> int | None:
-    from producers.watcher.translate import parse_quantity
-
-    spec = _dict(pod.get("spec"))
+def _vram_request_bytes(pod: JsonDict) -> int | None:
+    spec = json_dict(pod.get("spec"))
     total = 0
-    for container in spec.get("containers") or []:
-        resources = _dict(_dict(container).get("resources"))
-        for source in (_dict(resources.get("requests")), _dict(resources.get("limits"))):
+    for container in json_list(spec.get("containers")):
+        resources = json_dict(json_dict(container).get("resources"))
+        for source in (json_dict(resources.get("requests")), json_dict(resources.get("limits"))):
             if HAMI_GPUMEM in source:
                 total += parse_quantity(source[HAMI_GPUMEM]) * _MIB
                 break
     if total > 0:
         return total
-    annotation = _dict(_dict(pod.get("metadata")).get("annotations")).get(VRAM_ANNOTATION)
+    annotation = json_dict(json_dict(pod.get("metadata")).get("annotations")).get(VRAM_ANNOTATION)
     if annotation is None:
         return None
     amount = parse_quantity(str(annotation))

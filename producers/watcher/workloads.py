@@ -20,19 +20,16 @@ fleet simulator), with the observation time passed in:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from producers.watcher.bounds import MAX_GPU_QUANTITY, Trim
 from producers.watcher.gangs import gang_id
+from producers.watcher.kube_json import JsonDict, first_value, json_dict, json_list, parse_time
 from producers.watcher.translate import (
     TranslateConfig,
-    first_value,
     gpu_requests,
     gpu_resources,
     owner_ref,
-    parse_time,
 )
 from schemas.messages import (
     MAX_DNS_LABEL_CHARS,
@@ -42,6 +39,7 @@ from schemas.messages import (
     MAX_NAME_CHARS,
     MAX_POD_COUNT,
     MAX_TAG_CHARS,
+    OwnerRef,
     PodSetDemand,
     WorkloadPhase,
     WorkloadState,
@@ -52,23 +50,15 @@ KUEUE_VERSION = "v1beta1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
-def _dict(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for raw in _list(status.get("conditions")):
-        cond = dict(_dict(raw))
+def _condition(status: JsonDict, kind: str) -> JsonDict | None:
+    for raw in json_list(status.get("conditions")):
+        cond = json_dict(raw)
         if cond.get("type") == kind:
             return cond
     return None
 
 
-def _true_at(status: dict[str, Any], kind: str) -> datetime | None:
+def _true_at(status: JsonDict, kind: str) -> datetime | None:
     """When condition ``kind`` became True (its transition time; creation order otherwise unknown)."""
     cond = _condition(status, kind)
     if cond is None or cond.get("status") != "True":
@@ -76,12 +66,12 @@ def _true_at(status: dict[str, Any], kind: str) -> datetime | None:
     return parse_time(cond.get("lastTransitionTime"))
 
 
-def _is_true(status: dict[str, Any], kind: str) -> bool:
+def _is_true(status: JsonDict, kind: str) -> bool:
     cond = _condition(status, kind)
     return cond is not None and cond.get("status") == "True"
 
 
-def _phase(spec: dict[str, Any], status: dict[str, Any]) -> WorkloadPhase:
+def _phase(spec: JsonDict, status: JsonDict) -> WorkloadPhase:
     if _is_true(status, "Finished"):
         return "finished"
     if spec.get("active") is False:
@@ -93,7 +83,7 @@ def _phase(spec: dict[str, Any], status: dict[str, Any]) -> WorkloadPhase:
     return "queued"
 
 
-def _pending_reason(status: dict[str, Any], trim: Trim) -> str | None:
+def _pending_reason(status: JsonDict, trim: Trim) -> str | None:
     for kind in ("QuotaReserved", "Evicted", "Requeued"):
         cond = _condition(status, kind)
         if cond is not None and cond.get("status") == "False" and cond.get("message"):
@@ -101,12 +91,12 @@ def _pending_reason(status: dict[str, Any], trim: Trim) -> str | None:
     return None
 
 
-def pod_sets(spec: dict[str, Any], config: TranslateConfig, trim: Trim | None = None) -> list[PodSetDemand]:
+def pod_sets(spec: JsonDict, config: TranslateConfig, trim: Trim | None = None) -> list[PodSetDemand]:
     trim = trim if trim is not None else Trim()
     sets = []
-    for raw in trim.items(_list(spec.get("podSets"))):
-        pod_set = _dict(raw)
-        template = dict(_dict(pod_set.get("template")))
+    for raw in trim.items(json_list(spec.get("podSets"))):
+        pod_set = json_dict(raw)
+        template = json_dict(pod_set.get("template"))
         count = pod_set.get("count")
         count = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 1
         sets.append(PodSetDemand(
@@ -117,37 +107,32 @@ def pod_sets(spec: dict[str, Any], config: TranslateConfig, trim: Trim | None = 
     return sets
 
 
-def workload_to_state(obj: dict[str, Any], ts: datetime, config: TranslateConfig | None = None,
+def workload_to_state(obj: JsonDict, ts: datetime, config: TranslateConfig | None = None,
                       trim: Trim | None = None) -> WorkloadState | None:
     """The message for one Workload, or None when it asks for no GPU (or lacks identity). Within
     the contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
     config = config or TranslateConfig()
     trim = trim if trim is not None else Trim()
-    meta = _dict(obj.get("metadata"))
-    spec = dict(_dict(obj.get("spec")))
-    status = dict(_dict(obj.get("status")))
+    meta = json_dict(obj.get("metadata"))
+    spec = json_dict(obj.get("spec"))
+    status = json_dict(obj.get("status"))
     uid, name, namespace = meta.get("uid"), meta.get("name"), meta.get("namespace")
     created = parse_time(meta.get("creationTimestamp"))
     if not uid or not name or not namespace or created is None:
         return None
     sets = pod_sets(spec, config, trim)
-    total: dict[str, int] = {}
-    for pod_set in sets:
-        for resource, amount in pod_set.gpu_requests_per_pod.items():
-            total[resource] = total.get(resource, 0) + amount * pod_set.count
-    total = gpu_resources({resource: min(amount, MAX_GPU_QUANTITY + 1) for resource, amount in total.items()}, trim)
+    total = _total_gpus(sets, trim)
     if not total:
         return None
     phase = _phase(spec, status)
     admitted_at = _true_at(status, "Admitted") if phase in ("admitted", "finished") else None
-    owners = trim.items([owner_ref(ref, trim) for ref in (_dict(r) for r in _list(meta.get("ownerReferences")))
-                         if ref.get("kind") and ref.get("name")])
-    admission = _dict(status.get("admission"))
+    owners = _owners(meta, trim)
+    admission = json_dict(status.get("admission"))
     namespace = str(trim.text(namespace, MAX_DNS_LABEL_CHARS))
     name = str(trim.text(name, MAX_NAME_CHARS))
     return WorkloadState(
         uid=str(trim.text(uid, MAX_ID_CHARS)), namespace=namespace, name=name, ts=ts, phase=phase,
-        queue_name=trim.text(spec.get("queueName") or _dict(meta.get("labels")).get(QUEUE_LABEL), MAX_NAME_CHARS),
+        queue_name=trim.text(spec.get("queueName") or json_dict(meta.get("labels")).get(QUEUE_LABEL), MAX_NAME_CHARS),
         cluster_queue=trim.text(admission.get("clusterQueue"), MAX_NAME_CHARS),
         priority_class=trim.text(spec.get("priorityClassName"), MAX_NAME_CHARS),
         priority=trim.int32(spec.get("priority")),
@@ -160,11 +145,31 @@ def workload_to_state(obj: dict[str, Any], ts: datetime, config: TranslateConfig
         quota_reserved_at=_true_at(status, "QuotaReserved"),
         admitted_at=admitted_at,
         finished_at=_true_at(status, "Finished"),
-        wait_s=(min(max((admitted_at - created).total_seconds(), 0.0), MAX_DURATION_S)
-                if admitted_at is not None else None),
+        wait_s=_wait_s(created, admitted_at),
         deleted_at=parse_time(meta.get("deletionTimestamp")),
         truncated=bool(trim),
     )
+
+
+def _total_gpus(sets: list[PodSetDemand], trim: Trim) -> dict[str, int]:
+    """GPUs per resource over all pod sets (per pod times count), within the contract's bounds."""
+    total: dict[str, int] = {}
+    for pod_set in sets:
+        for resource, amount in pod_set.gpu_requests_per_pod.items():
+            total[resource] = total.get(resource, 0) + amount * pod_set.count
+    return gpu_resources({resource: min(amount, MAX_GPU_QUANTITY + 1) for resource, amount in total.items()}, trim)
+
+
+def _owners(meta: JsonDict, trim: Trim) -> list[OwnerRef]:
+    refs = (json_dict(r) for r in json_list(meta.get("ownerReferences")))
+    return trim.items([owner_ref(ref, trim) for ref in refs if ref.get("kind") and ref.get("name")])
+
+
+def _wait_s(created: datetime, admitted_at: datetime | None) -> float | None:
+    """Seconds from creation to admission, within the contract's bound; None while not admitted."""
+    if admitted_at is None:
+        return None
+    return min(max((admitted_at - created).total_seconds(), 0.0), MAX_DURATION_S)
 
 
 def deleted_workload(state: WorkloadState, ts: datetime) -> WorkloadState:

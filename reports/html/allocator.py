@@ -3,16 +3,14 @@ with their allocation retries and OOMs (``reports.timeseries.allocator_by_pod``)
 
 from __future__ import annotations
 
-from typing import Any
-
 from reports.html.charts import hbar_chart
 from reports.html.format import as_number, fmt_gib, fmt_number
-from reports.html.pieces import Column, cell_text, legend, no_data, section, table
+from reports.html.pieces import Column, ReportData, cell_text, legend, no_data, section, table
 
 SEGMENTS = [("allocated", "#4e79a7"), ("reserved but unused", "#e15759")]
 
 
-def allocator_section(data: dict[str, Any]) -> str:
+def allocator_section(data: ReportData) -> str:
     rows = data.get("allocator_by_pod") or []
     title = "VRAM reserved but unused inside the pods (caching allocator)"
     lede = ("What the pods' own allocators (PyTorch's caching allocator) hold without using, per pod and GPU, "

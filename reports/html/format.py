@@ -8,8 +8,6 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-Rows = list[dict[str, Any]]
-
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#86bcb6")
 OTHER_COLOR = "#a0a4a8"
@@ -30,7 +28,7 @@ FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, '
 # --------------------------------------------------------------------------- formatting
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """Text or attribute value, HTML-escaped (quotes included)."""
     return html.escape("" if value is None else str(value), quote=True)
 
@@ -45,7 +43,7 @@ def as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def fmt_number(value: Any, digits: int = 2) -> str:
+def fmt_number(value: object, digits: int = 2) -> str:
     number = as_number(value)
     if number is None:
         return DASH
@@ -54,32 +52,32 @@ def fmt_number(value: Any, digits: int = 2) -> str:
     return f"{number:,.{digits}f}"
 
 
-def fmt_hours(value: Any) -> str:
+def fmt_hours(value: object) -> str:
     number = as_number(value)
     return DASH if number is None else f"{number:,.2f}"
 
 
-def fmt_usd(value: Any) -> str:
+def fmt_usd(value: object) -> str:
     number = as_number(value)
     return DASH if number is None else f"${number:,.2f}"
 
 
-def fmt_pct(value: Any) -> str:
+def fmt_pct(value: object) -> str:
     number = as_number(value)
     return DASH if number is None else f"{number:.1f} %"
 
 
-def fmt_share(value: Any) -> str:
+def fmt_share(value: object) -> str:
     number = as_number(value)
     return DASH if number is None else f"{number * 100:.1f} %"
 
 
-def fmt_gib(value: Any) -> str:
+def fmt_gib(value: object) -> str:
     number = as_number(value)
     return DASH if number is None else f"{number / 2**30:,.1f} GiB"
 
 
-def fmt_duration(value: Any) -> str:
+def fmt_duration(value: object) -> str:
     number = as_number(value)
     if number is None:
         return DASH
@@ -96,7 +94,7 @@ def fmt_duration(value: Any) -> str:
     return f"{days}d {hours:02d}h"
 
 
-def parse_ts(value: Any) -> float | None:
+def parse_ts(value: object) -> float | None:
     """Epoch seconds of an ISO 8601 UTC timestamp (as the store returns them), or None."""
     if not value or not isinstance(value, str):
         return None
@@ -109,7 +107,7 @@ def parse_ts(value: Any) -> float | None:
     return parsed.timestamp()
 
 
-def fmt_ts(value: Any) -> str:
+def fmt_ts(value: object) -> str:
     epoch = parse_ts(value)
     if epoch is None:
         return DASH

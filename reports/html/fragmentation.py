@@ -7,15 +7,13 @@ A store without MIG or shared GPUs gets no section at all, so such reports stay 
 
 from __future__ import annotations
 
-from typing import Any
-
 from reports.html.charts import Series, line_chart
 from reports.html.format import as_number, fmt_number, fmt_ts, parse_ts
-from reports.html.pieces import Column, legend, section, table
+from reports.html.pieces import Column, ReportData, legend, section, table
 from reports.html.sections import _bucket_label as bucket_label
 
 
-def fragmentation_section(data: dict[str, Any], bucket_s: int) -> str:
+def fragmentation_section(data: ReportData, bucket_s: int) -> str:
     rows = data.get("fragmentation_series") or []
     if not rows:
         return ""

@@ -18,17 +18,16 @@ attributes and a ``<title>`` tooltip, so a browser test (and a curious reader) c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from common.settings import AdviseThresholds
 from reports import timeseries
 from reports.advise import advice_rows, advise
-from reports.analyses import ANALYSES, SqlReader, run_report, scoped
+from reports.analyses import ANALYSES, run_report
 from reports.fragmentation_series import fragmentation_over_time
 from reports.html.allocator import allocator_section
 from reports.html.format import FONT, WIDTH, as_number, esc, fmt_ts
 from reports.html.fragmentation import fragmentation_section
-from reports.html.pieces import team_colors, team_filter, team_links
+from reports.html.pieces import ReportData, team_colors, team_filter, team_links
 from reports.html.sections import (
     advice_section,
     cost_section,
@@ -44,6 +43,8 @@ from reports.html.sections import (
     utilisation_section,
     vram_section,
 )
+from reports.notes import price_gaps, unknown_money_in_advice, unknown_money_in_report
+from reports.reader import SqlReader, scoped
 from schemas.messages import DEFAULT_CLUSTER
 
 CSS = """
@@ -104,7 +105,7 @@ SECTION_LINKS = (("summary", "Summary"), ("utilisation", "Utilisation"), ("fleet
                  ("lifecycle", "Lifecycle"), ("more", "More"))
 
 
-def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> str:
+def render_html(data: ReportData, title: str = "gpulens fleet report") -> str:
     """The whole report page for ``data`` (as :func:`collect_report_data` returns it); pure and deterministic."""
     bucket_s = int(as_number(data.get("bucket_s")) or 60)
     colors = team_colors(data)
@@ -149,14 +150,16 @@ def render_html(data: dict[str, Any], title: str = "gpulens fleet report") -> st
 
 
 def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds | None = None,
-                        cluster: str | None = None) -> dict[str, Any]:
+                        cluster: str | None = None) -> ReportData:
     """Every canned analysis plus the time series the charts need, as plain rows, of one cluster
-    (``reports.analyses.scoped``: the named one, else the store's only one); ``advice`` is the
+    (``reports.reader.scoped``: the named one, else the store's only one); ``advice`` is the
     reclaimable-capacity advisor's whole answer (``reports.advise``), run once for its section."""
     reader = scoped(reader, cluster)
-    data: dict[str, Any] = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
+    data: ReportData = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
     data["cluster"] = reader.cluster
     data["advice"] = advise(reader, advise_thresholds or AdviseThresholds())
+    gaps = price_gaps(reader)
+    unknown_money_in_advice(data["advice"], gaps)
     data["reclaimable_capacity"] = advice_rows(data["advice"])
     bucket_s = timeseries.choose_bucket_s(reader)
     data["bucket_s"] = bucket_s
@@ -167,6 +170,7 @@ def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds |
     data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
     data["allocator_by_pod"] = timeseries.allocator_by_pod(reader)
     data["firing_alerts"] = timeseries.firing_alerts(reader)
+    unknown_money_in_report(data, gaps)
     return data
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from reports.html.format import DASH, LONG_TABLE_ROWS, PALETTE, Rows, as_number, esc
+from reports.html.format import DASH, LONG_TABLE_ROWS, PALETTE, as_number, esc
+from reports.reader import Rows
 
 # --------------------------------------------------------------------------- page pieces
 
@@ -20,11 +21,15 @@ def legend(items: Iterable[tuple[str, str]], dashed: Iterable[str] = ()) -> str:
     return f'<ul class="legend">{"".join(entries)}</ul>'
 
 
-Column = tuple[str, str, Callable[[Any], str]]
+ReportData = dict[str, Any]
+"""What the HTML report draws: analysis or series name -> its rows, and ``advice`` (the advisor's
+answer), ``cluster``, ``bucket_s``."""
+
+Column = tuple[str, str, Callable[[object], str]]
 """(row key, header, cell formatter)."""
 
 
-def cell_text(value: Any) -> str:
+def cell_text(value: object) -> str:
     if value is None or value == "":
         return DASH
     if isinstance(value, list):
@@ -32,7 +37,7 @@ def cell_text(value: Any) -> str:
     return str(value)
 
 
-def wrapped_cell(value: Any) -> str:
+def wrapped_cell(value: object) -> str:
     """Like :func:`cell_text`, for long free text that may wrap in a table cell."""
     return cell_text(value)
 
@@ -58,6 +63,18 @@ def table(columns: Sequence[Column], rows: Rows, caption: str) -> str:
     return f'<div class="table">{heading}<div class="scroll">{markup}</div></div>'
 
 
+Card = tuple[str, str, str]
+"""A headline figure: (label, value, note)."""
+
+
+def kpi_cards(cards: Iterable[Card]) -> str:
+    """Headline figures as a row of cards."""
+    markup = "".join(f'<div class="kpi" data-kpi="{esc(label)}"><div class="kpi-label">{esc(label)}</div>'
+                     f'<div class="kpi-value">{esc(value)}</div><div class="kpi-note">{esc(note)}</div></div>'
+                     for label, value, note in cards)
+    return f'<div class="kpis">{markup}</div>'
+
+
 def no_data(message: str) -> str:
     return f'<p class="no-data" role="note">No data: {esc(message)}</p>'
 
@@ -67,7 +84,7 @@ def section(anchor: str, title: str, lede: str, body: str) -> str:
             f'<p class="lede">{esc(lede)}</p>{body}</section>')
 
 
-def team_colors(data: dict[str, Any]) -> dict[str, str]:
+def team_colors(data: ReportData) -> dict[str, str]:
     """A stable colour per team: biggest GPU consumer first, then by name; the same in every chart."""
     hours: dict[str, float] = {}
     for key in ("top_teams", "cost_by_team", "idle_by_team_and_class"):

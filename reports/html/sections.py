@@ -36,18 +36,37 @@ from reports.html.format import (
     fmt_usd,
     parse_ts,
 )
-from reports.html.pieces import Column, cell_text, legend, no_data, section, table, wrapped_cell
+from reports.html.pieces import (
+    Card,
+    Column,
+    ReportData,
+    cell_text,
+    kpi_cards,
+    legend,
+    no_data,
+    section,
+    table,
+    wrapped_cell,
+)
 
 # --------------------------------------------------------------------------- sections
 
 
-def summary_section(data: dict[str, Any]) -> str:
+def summary_section(data: ReportData) -> str:
     rows = data.get("summary") or []
     s = rows[0] if rows else {}
     if not s or not (as_number(s.get("windows")) or as_number(s.get("gpu_hours_capacity"))):
         return section("summary", "Fleet summary", "Totals over the whole period in the store.",
                        no_data("the store has no pod windows or capacity windows yet — run the sink "
                                "(`gpulens sink`) or `gpulens demo` first."))
+    lede = (f"Data from {fmt_ts(s.get('first_window'))} to {fmt_ts(s.get('last_window'))} UTC. GPU-hours come "
+            f"from the per-pod windows; capacity, unallocated and stranded GPUs from the cluster capacity windows. "
+            f"Money is USD as priced by the stream jobs.")
+    return section("summary", "Fleet summary", lede, kpi_cards(_summary_cards(s, data)))
+
+
+def _summary_cards(s: dict[str, Any], data: ReportData) -> list[Card]:
+    """The fleet summary's figures, from its one row (``s``) and the cost and alert tables."""
     capacity = as_number(s.get("gpu_hours_capacity")) or 0.0
     allocated = as_number(s.get("gpu_hours_allocated")) or 0.0
     idle = as_number(s.get("gpu_hours_idle")) or 0.0
@@ -57,7 +76,7 @@ def summary_section(data: dict[str, Any]) -> str:
     def share(part: float, whole: float) -> str:
         return f"{part / whole * 100:.1f} % of {'capacity' if whole == capacity else 'allocated'}" if whole else ""
 
-    cards = [
+    return [
         ("GPU capacity", f"{fmt_hours(capacity)} GPU-h", "GPU-hours the fleet offered"),
         ("Allocated", f"{fmt_hours(allocated)} GPU-h", share(allocated, capacity)),
         ("Busy", f"{fmt_hours(s.get('gpu_hours_busy'))} GPU-h",
@@ -73,13 +92,6 @@ def summary_section(data: dict[str, Any]) -> str:
         ("Alerts fired", fmt_number(sum(as_number(r.get("alerts")) or 0 for r in alerts)),
          f"{fmt_number(sum(as_number(r.get('still_firing')) or 0 for r in alerts))} still firing"),
     ]
-    markup = "".join(f'<div class="kpi" data-kpi="{esc(label)}"><div class="kpi-label">{esc(label)}</div>'
-                     f'<div class="kpi-value">{esc(value)}</div><div class="kpi-note">{esc(note)}</div></div>'
-                     for label, value, note in cards)
-    lede = (f"Data from {fmt_ts(s.get('first_window'))} to {fmt_ts(s.get('last_window'))} UTC. GPU-hours come "
-            f"from the per-pod windows; capacity, unallocated and stranded GPUs from the cluster capacity windows. "
-            f"Money is USD as priced by the stream jobs.")
-    return section("summary", "Fleet summary", lede, f'<div class="kpis">{markup}</div>')
 
 
 def _bucket_label(bucket_s: int) -> str:
@@ -87,7 +99,7 @@ def _bucket_label(bucket_s: int) -> str:
         fmt_duration(bucket_s)
 
 
-def utilisation_section(data: dict[str, Any], colors: dict[str, str], bucket_s: int) -> str:
+def utilisation_section(data: ReportData, colors: dict[str, str], bucket_s: int) -> str:
     rows = data.get("utilisation_by_team") or []
     title = "GPU utilisation by team over time"
     lede = (f"Average SM utilisation of the GPUs each team held, weighted by allocated time, per "
@@ -135,7 +147,7 @@ def utilisation_section(data: dict[str, Any], colors: dict[str, str], bucket_s: 
     return section("utilisation", title, lede, body)
 
 
-def fleet_states_section(data: dict[str, Any], bucket_s: int) -> str:
+def fleet_states_section(data: ReportData, bucket_s: int) -> str:
     rows = data.get("capacity_over_time") or []
     title = "Fleet GPUs by state over time"
     lede = (f"Time-averaged GPUs per {_bucket_label(bucket_s)} bucket: busy, allocated but idle "
@@ -159,7 +171,7 @@ def fleet_states_section(data: dict[str, Any], bucket_s: int) -> str:
     return section("fleet-states", title, lede, body)
 
 
-def idle_section(data: dict[str, Any]) -> str:
+def idle_section(data: ReportData) -> str:
     rows = data.get("idle_by_team_and_class") or []
     title = "Idle GPU-hours by team and idle class"
     lede = ("GPU-hours allocated to pods while their GPUs sat below the idle threshold, split by why: no process "
@@ -194,7 +206,7 @@ def _idle_columns() -> list[Column]:
             ("pods", "pods", fmt_number), ("idle_cost_usd", "idle cost", fmt_usd)]
 
 
-def pending_section(data: dict[str, Any]) -> str:
+def pending_section(data: ReportData) -> str:
     rows = data.get("pending_distribution") or []
     title = "Pending time distribution"
     lede = ("How long GPU pods waited between creation and being scheduled, from their lifecycle records "
@@ -214,7 +226,7 @@ def pending_section(data: dict[str, Any]) -> str:
     return section("pending", title, lede, chart + table(columns, ordered, "Pods per pending-time bucket"))
 
 
-def pending_reasons_section(data: dict[str, Any]) -> str:
+def pending_reasons_section(data: ReportData) -> str:
     rows = data.get("pending_reasons") or []
     title = "Why pods waited"
     lede = ("Pending hours by the scheduler's reason recorded on each pod's lifecycle, with the number of "
@@ -235,7 +247,7 @@ def pending_reasons_section(data: dict[str, Any]) -> str:
     return section("pending-reasons", title, lede, chart + table(columns, rows, "Pending reasons"))
 
 
-def stranded_section(data: dict[str, Any], bucket_s: int) -> str:
+def stranded_section(data: ReportData, bucket_s: int) -> str:
     rows = data.get("capacity_over_time") or []
     title = "Stranded GPUs over time"
     lede = (f"Per {_bucket_label(bucket_s)} bucket: GPUs that were free but could not serve any pending pod "
@@ -273,7 +285,7 @@ def stranded_section(data: dict[str, Any], bucket_s: int) -> str:
     return section("stranded", title, lede, body)
 
 
-def cost_section(data: dict[str, Any]) -> str:
+def cost_section(data: ReportData) -> str:
     rows = data.get("cost_by_team") or []
     title = "Cost per team"
     lede = ("What each team's GPU windows cost (USD, priced by the stream jobs), split into the part spent "
@@ -305,7 +317,16 @@ def cost_section(data: dict[str, Any]) -> str:
                    + table(columns, rows, "Cost per team and project"))
 
 
-def lifecycle_section(data: dict[str, Any]) -> str:
+_LIFECYCLE_COLUMNS: list[Column] = [
+    ("pod_label", "pod", cell_text), ("team", "team", cell_text), ("gpus", "GPUs", fmt_number),
+    ("node", "node", cell_text), ("created_at", "created (UTC)", fmt_ts), ("scheduled_at", "scheduled (UTC)", fmt_ts),
+    ("finished_at", "finished (UTC)", fmt_ts), ("pending_s", "waited", fmt_duration),
+    ("running_s", "ran", fmt_duration), ("end_reason", "end", cell_text),
+    ("pending_reasons", "pending reasons", wrapped_cell), ("gpu_hours", "GPU-h", fmt_hours),
+    ("cost_usd", "cost", fmt_usd)]
+
+
+def lifecycle_section(data: ReportData) -> str:
     rows = data.get("longest_waiting_pods") or []
     title = "Lifecycle of the longest-waiting pods"
     lede = ("Each row is one GPU pod, longest wait first: red while it waited to be scheduled, blue while it "
@@ -315,40 +336,37 @@ def lifecycle_section(data: dict[str, Any]) -> str:
     summary = (data.get("summary") or [{}])[0]
     instants = [parse_ts(r.get(k)) for r in rows for k in ("created_at", "scheduled_at", "started_at", "finished_at")]
     data_end = parse_ts(summary.get("last_window")) or max((t for t in instants if t is not None), default=0.0)
-    gantt_rows = []
-    for row in rows:
-        created = parse_ts(row.get("created_at"))
-        scheduled = parse_ts(row.get("scheduled_at"))
-        started = parse_ts(row.get("started_at")) or scheduled
-        finished = parse_ts(row.get("finished_at"))
-        if created is None:
-            continue
-        end = finished if finished is not None else max(data_end, created)
-        spans: list[tuple[float, float, str]] = []
-        pending_end = scheduled if scheduled is not None else (started if started is not None else end)
-        if pending_end > created:
-            spans.append((created, pending_end, "pending"))
-        if started is not None and end > started:
-            spans.append((started, end, "running"))
-        gpus = as_number(row.get("gpus"))
-        label = f"{row.get('namespace')}/{row.get('name')} ({fmt_number(gpus)} GPU{'s' if gpus != 1 else ''})"
-        note = f"waited {fmt_duration(row.get('pending_s'))}" if (as_number(row.get("pending_s")) or 0) > 0 else \
-            str(row.get("end_reason") or "")
-        gantt_rows.append(GanttRow(label, spans, note, finished is None))
+    gantt_rows = [g for g in (_gantt_row(row, data_end) for row in rows) if g is not None]
     starts = [s for r in gantt_rows for s, _, _ in r.spans] + [data_end]
     ends = [e for r in gantt_rows for _, e, _ in r.spans] + [data_end]
     chart = gantt_chart("lifecycle", title, gantt_rows, (min(starts), max(ends)))
-    columns: list[Column] = [("pod_label", "pod", cell_text), ("team", "team", cell_text),
-                             ("gpus", "GPUs", fmt_number), ("node", "node", cell_text),
-                             ("created_at", "created (UTC)", fmt_ts), ("scheduled_at", "scheduled (UTC)", fmt_ts),
-                             ("finished_at", "finished (UTC)", fmt_ts), ("pending_s", "waited", fmt_duration),
-                             ("running_s", "ran", fmt_duration), ("end_reason", "end", cell_text),
-                             ("pending_reasons", "pending reasons", wrapped_cell), ("gpu_hours", "GPU-h", fmt_hours),
-                             ("cost_usd", "cost", fmt_usd)]
     rows = [r | {"pod_label": f"{r.get('namespace')}/{r.get('name')}"} for r in rows]
     swatches = legend([("pending (waiting to be scheduled)", GANTT_COLORS["pending"]),
                        ("running (holding GPUs)", GANTT_COLORS["running"])])
-    return section("lifecycle", title, lede, swatches + chart + table(columns, rows, "Longest-waiting pods"))
+    return section("lifecycle", title, lede, swatches + chart + table(_LIFECYCLE_COLUMNS, rows, "Longest-waiting pods"))
+
+
+def _gantt_row(row: dict[str, Any], data_end: float) -> GanttRow | None:
+    """One pod's bar: pending from creation to scheduling, running from start to its end (or the
+    data's, while it runs); None for a pod without a creation time."""
+    created = parse_ts(row.get("created_at"))
+    scheduled = parse_ts(row.get("scheduled_at"))
+    started = parse_ts(row.get("started_at")) or scheduled
+    finished = parse_ts(row.get("finished_at"))
+    if created is None:
+        return None
+    end = finished if finished is not None else max(data_end, created)
+    spans: list[tuple[float, float, str]] = []
+    pending_end = scheduled if scheduled is not None else (started if started is not None else end)
+    if pending_end > created:
+        spans.append((created, pending_end, "pending"))
+    if started is not None and end > started:
+        spans.append((started, end, "running"))
+    gpus = as_number(row.get("gpus"))
+    label = f"{row.get('namespace')}/{row.get('name')} ({fmt_number(gpus)} GPU{'s' if gpus != 1 else ''})"
+    note = f"waited {fmt_duration(row.get('pending_s'))}" if (as_number(row.get("pending_s")) or 0) > 0 else \
+        str(row.get("end_reason") or "")
+    return GanttRow(label, spans, note, finished is None)
 
 
 MIG_CAPABLE = ("A100", "H100", "H200", "H20", "B200", "GB200", "A30")
@@ -370,7 +388,7 @@ def fits_in(peak_bytes: float | None, gpu_bytes: float | None, model: str) -> st
     return "whole GPU"
 
 
-def vram_section(data: dict[str, Any]) -> str:
+def vram_section(data: ReportData) -> str:
     rows = data.get("pod_vram_peaks") or []
     title = "Peak VRAM per pod against GPU memory"
     lede = ("The most VRAM each pod used in any window (and in its 95th-percentile window) against the memory "
@@ -401,7 +419,7 @@ def vram_section(data: dict[str, Any]) -> str:
     return section("vram", title, lede, swatches + chart + table(columns, rows, "Peak VRAM per pod"))
 
 
-def advice_section(data: dict[str, Any]) -> str:
+def advice_section(data: ReportData) -> str:
     advice = data.get("advice") or {}
     title = "Reclaimable capacity"
     headline = advice.get("headline")
@@ -417,9 +435,6 @@ def advice_section(data: dict[str, Any]) -> str:
                                  ("scale_to_zero", "Scale to zero"))]
     cards.append(("Lost to fragmentation", f"{fmt_hours(totals.get('queue_delayed_gpu_hours'))} GPU-h",
                   "pending demand delayed (not in the total)"))
-    kpis = "".join(f'<div class="kpi" data-kpi="{esc(label)}"><div class="kpi-label">{esc(label)}</div>'
-                   f'<div class="kpi-value">{esc(value)}</div><div class="kpi-note">{esc(note)}</div></div>'
-                   for label, value, note in cards)
     lede = (f"{advice.get('headline_text')}; {pack_text(headline)}. Over {advice['period']['start']} to "
             f"{advice['period']['end']} (counted back from the latest data). No GPU-hour is in two categories; "
             "the method and its limits are in docs/advise.md.")
@@ -428,11 +443,11 @@ def advice_section(data: dict[str, Any]) -> str:
                              ("gpu_hours", "GPU-h", fmt_hours),
                              ("cost_usd", "money", fmt_usd)]
     rows = [r | {"team": r.get("team") or "-"} for r in data.get("reclaimable_capacity") or []]
-    return section("reclaimable", title, lede, f'<div class="kpis">{kpis}</div>'
+    return section("reclaimable", title, lede, kpi_cards(cards)
                    + table(columns, rows, "Recommendations with the figures behind them"))
 
 
-def firing_section(data: dict[str, Any]) -> str:
+def firing_section(data: ReportData) -> str:
     rows = data.get("firing_alerts") or []
     title = "Alerts still firing"
     lede = ("Alerts whose last transition is 'firing', most severe and oldest first; the age is measured to the "
@@ -453,7 +468,7 @@ def firing_section(data: dict[str, Any]) -> str:
     return section("firing", title, lede, chart + table(columns, rows, "Alerts firing at the end of the data"))
 
 
-def more_section(data: dict[str, Any]) -> str:
+def more_section(data: ReportData) -> str:
     parts = []
     tables: list[tuple[str, str, list[Column]]] = [
         ("top_pods", "Top GPU consumers by pod", [

@@ -105,7 +105,10 @@ def test_no_gpu_hour_is_counted_twice_and_totals_reconcile(stored: Callable[[str
         assert t["scale_to_zero_gpu_hours"] <= t["unallocated_gpu_hours"] + 1e-6
         assert t["reclaimable_gpu_hours"] == pytest.approx(from_pods + t["scale_to_zero_gpu_hours"], abs=1e-6)
         assert t["kept_gpu_hours"] == pytest.approx(t["capacity_gpu_hours"] - t["reclaimable_gpu_hours"], abs=1e-6)
-        assert t["reclaimable_cost_usd"] <= t["capacity_cost_usd"] + 1e-6
+        if name == "advise-fragmentation":  # no prices: every money figure is unknown, never $0
+            assert t["capacity_cost_usd"] is None and t["reclaimable_cost_usd"] is None
+        else:
+            assert t["reclaimable_cost_usd"] <= t["capacity_cost_usd"] + 1e-6
         # each list adds up to its category's total
         assert sum(r["gpu_hours"] for r in advice["reclaim"]) == pytest.approx(t["reclaim_gpu_hours"], abs=1e-6)
         assert sum(r["freed_gpu_hours"] for r in advice["pack"]) == pytest.approx(t["pack_gpu_hours"], abs=1e-6)

@@ -19,7 +19,7 @@ import pytest
 
 from common.metrics import MetricsRegistry
 from reports.advise import _queue
-from reports.analyses import ClusterScope
+from reports.reader import ClusterScope
 from schemas.codec import encode
 from schemas.messages import Message
 from schemas.outputs import ClusterCapacity, PodLifecycle

@@ -18,7 +18,7 @@ from schemas.examples import all_examples
 from schemas.messages import NodeState, scoped_key
 from schemas.outputs import PodWindow
 from schemas.topics import ALL_TOPICS, K8S_NODES
-from sinks import migrations
+from sinks import migration_rebuilds, migrations
 from sinks.clickhouse import open_store
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.clusters import ClusterStages
@@ -103,7 +103,7 @@ def test_migration_7_upgrades_existing_rows_to_cluster_default_and_keys_them_by_
         assert rows == [["default", "gpu-a", "n1"], ["east", "gpu-a", "n2"]]
         engines = dict(store.query("SELECT name, sorting_key FROM system.tables "
                                    "WHERE database = currentDatabase()").rows)
-        for table in migrations.CLUSTER_TABLES:
+        for table in migration_rebuilds.CLUSTER_TABLES:
             assert str(engines[table]).startswith("cluster, "), (table, engines[table])
     finally:
         store.close()

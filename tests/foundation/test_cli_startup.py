@@ -74,3 +74,23 @@ def test_a_command_whose_extra_is_not_installed_says_which_extra_in_one_line(
     assert result.returncode == 2, result.stderr
     assert f'pip install "gpulens[{extra}]"' in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_every_command_module_is_registered() -> None:
+    """A module of gpulens/commands whose command has no row in PART_COMMANDS would be missing from
+    the CLI without an error: each module's COMMANDS are all registered, under that module."""
+    import importlib
+
+    import click
+
+    registered = {(module, name) for name, (module, _line) in PART_COMMANDS.items()}
+    found = set()
+    for path in sorted((REPO_ROOT / "gpulens" / "commands").glob("*.py")):
+        if path.stem in ("__init__", "base"):
+            continue
+        commands = getattr(importlib.import_module(f"gpulens.commands.{path.stem}"), "COMMANDS", None)
+        assert commands, f"gpulens/commands/{path.name} defines no COMMANDS"
+        assert all(isinstance(c, click.Command) for c in commands), path.name
+        found |= {(path.stem, c.name) for c in commands}
+    assert found - registered == set(), f"commands without a row in PART_COMMANDS: {sorted(found - registered)}"
+    assert registered - found == set(), f"PART_COMMANDS rows without their command: {sorted(registered - found)}"

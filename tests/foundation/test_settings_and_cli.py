@@ -124,3 +124,23 @@ def test_ssl_settings_reach_aiokafka_as_a_tls_context(monkeypatch: pytest.Monkey
     kwargs = load_settings(CommonSettings).kafka.to_aiokafka()
     assert isinstance(kwargs["ssl_context"], ssl.SSLContext)
     assert kwargs["ssl_context"].verify_mode == ssl.CERT_REQUIRED
+
+
+def test_nested_flags_fold_over_the_environment_of_their_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulens.commands.base import NESTED_FLAGS, settings_from_flags
+
+    monkeypatch.setenv("GPULENS_KAFKA__SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("GPULENS_CLICKHOUSE__QUERY_MAX_RESULT_ROWS", "5")
+    monkeypatch.setenv("GPULENS_CLICKHOUSE__URL", "mysql://not-this-one")
+    settings = settings_from_flags(SinkSettings, bootstrap_servers="k9:9092", clickhouse_url="http://ch:8123/db",
+                                   topic_prefix=None)
+    assert (settings.kafka.bootstrap_servers, settings.kafka.security_protocol) == ("k9:9092", "SSL")
+    assert (settings.clickhouse.url, settings.clickhouse.query_max_result_rows) == ("http://ch:8123/db", 5)
+    assert set(NESTED_FLAGS) == {"bootstrap_servers", "clickhouse_url"}
+
+
+@pytest.mark.parametrize("args", [["sink"], ["sql", "SELECT 1"], ["report"], ["advise"], ["check", "--only", "kafka"]])
+def test_every_clickhouse_url_flag_is_validated_as_the_variable(args: list[str]) -> None:
+    result = run_cli(*args, "--clickhouse-url", "mysql://db")
+    assert result.returncode == 2, result.stderr
+    assert "GPULENS_CLICKHOUSE__URL: Value error, expected chdb:///path or http(s)://host:port/db" in result.stderr

@@ -43,7 +43,7 @@ def test_invalid_allocator_names_the_field(allocator: str, message: str) -> None
 
 
 def test_the_line_is_what_the_client_sends() -> None:
-    spec = AllocatorSpec(60, 12, retries_per_min=2, ooms_per_min=0.5, start=300)
+    spec = AllocatorSpec(60, 12, 2, 0.5, 300)  # reserved, allocated GiB; retries, OOMs per min; from
     assert allocator_line(spec, 1, 300 + 150) == (
         f"allocator device=1 reserved={60 * GIB} allocated={12 * GIB} max_reserved={60 * GIB} retries=5 ooms=1")
 

@@ -22,6 +22,7 @@ from sinks import migrations, sample_json
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, PreparedBatch, SinkMetrics, read_in_full
 from sinks.clickhouse import ClickHouseStore
 from sinks.ddl import TtlDays
+from sinks.migration_additions import M10_SAMPLE_JSON
 from sinks.migrations import migrate
 from sinks.rows import sample_columns, tables_for
 
@@ -269,15 +270,11 @@ def test_migration_11_moves_a_store_off_the_check_view_and_each_line_is_unpacked
     store.command(f"CREATE TABLE {sample_json.TABLE}_checked AS {sample_json.TABLE}")
     store.command(f"CREATE MATERIALIZED VIEW {sample_json.TABLE}_check TO {sample_json.TABLE}_checked AS "
                   f"SELECT * FROM {sample_json.TABLE} WHERE throwIf(s.seq > 2000000, 'beyond') = 0")
-    for view, target, columns, joins in (
-            ("samples", "gpu_samples", sample_json.SAMPLE_COLUMNS, "ARRAY JOIN s.gpus AS g"),
-            ("processes", "gpu_processes", sample_json.PROCESS_COLUMNS,
-             "ARRAY JOIN s.gpus AS g ARRAY JOIN g.processes AS q")):
-        exprs = ", ".join(f"{expr} AS {column}" for column, expr in columns.items())
-        store.command(f"CREATE MATERIALIZED VIEW {sample_json.TABLE}_{view} TO {target} ({', '.join(columns)}) AS "
-                      f"SELECT {exprs} FROM {sample_json.TABLE}_checked {joins}")
+    for view in M10_SAMPLE_JSON[1:]:  # the views as released, on the checked lines
+        store.command(view.replace(f"{sample_json.TABLE}_to_", f"{sample_json.TABLE}_", 1)
+                      .replace(f"FROM {sample_json.TABLE} ", f"FROM {sample_json.TABLE}_checked "))
 
-    assert migrate(store, ttl) == [11, 12]
+    assert migrate(store, ttl) == [m.version for m in migrations.MIGRATIONS[10:]]
 
     names = {row[0] for row in store.query("SELECT name FROM system.tables WHERE database = currentDatabase() "
                                            f"AND name LIKE '{sample_json.TABLE}%'").rows}

@@ -25,7 +25,7 @@ T0 = datetime(2026, 1, 5, 9, tzinfo=UTC).timestamp()
 
 
 def tracker(**overrides: float) -> AllocatorTracker:
-    t = AllocatorTracker("gpu-a", Thresholds().with_overrides(overrides), 60.0)
+    t = AllocatorTracker("gpu-a", Thresholds.model_validate(overrides), 60.0)
     for index in (1, 0):  # seen in any order: the pod's GPUs are numbered by NVML index
         t.saw("p-1", GpuReading(uuid=f"GPU-{index}", index=index, model="H100", mem_total_bytes=80 * GIB))
     return t
@@ -179,5 +179,5 @@ def test_scenarios_without_allocator_statistics_have_no_allocator_figures(name: 
 
 def test_a_threshold_override_in_the_scenario_silences_the_alert() -> None:
     scenario = load_scenario(REPO_ROOT / "simulation" / "scenarios" / "allocator-fragmentation.yaml")
-    quiet = replace(scenario, thresholds=scenario.thresholds.with_overrides({"allocator_unused_pct": 61}))
+    quiet = replace(scenario, thresholds=scenario.thresholds.model_copy(update={"allocator_unused_pct": 61.0}))
     assert not any(a["type"] == "allocator_fragmentation" for a in run_in_process(quiet).report["alerts"])

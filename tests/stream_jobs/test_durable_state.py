@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from common.settings import WorkerSettings, load_settings
-from stream_jobs.faust_app import DurableTable, StreamJobs
+from stream_jobs.faust_app import StreamJobs
+from stream_jobs.faust_port import DurableTable
 
 
 class _Delivery(asyncio.Future[Any]):

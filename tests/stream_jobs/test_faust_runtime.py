@@ -17,7 +17,8 @@ from pytest import MonkeyPatch
 
 from common.settings import CommonSettings, WorkerSettings, load_settings
 from simulation.kafka_replay import child_env
-from stream_jobs.faust_app import KeyHashCache, LeanMonitor, StreamJobs, make_app
+from stream_jobs.faust_app import StreamJobs
+from stream_jobs.faust_runtime import KeyHashCache, LeanMonitor, make_app
 
 
 def test_outputs_go_to_the_default_partitioners_partition() -> None:

@@ -3,17 +3,18 @@ records and marks are recognised (what makes the faust runtime match the in-proc
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from stream_jobs.watermark import (
     ClusterGate,
+    ForwardedRecord,
+    ForwardedRecords,
     InputGate,
     Mark,
     MarkHold,
+    NodeMark,
+    NodeOutputs,
     decode_envelope,
-    envelope_outputs,
     output_envelopes,
     record_envelope,
 )
@@ -21,14 +22,18 @@ from stream_jobs.watermark import (
 PODS, SAMPLES = "p.k8s.pods.v1", "p.gpu.samples.v1"
 
 
-def rec(topic: str, partition: int, offset: int) -> dict[str, Any]:
+def rec(topic: str, partition: int, offset: int) -> ForwardedRecord:
     suffix = topic.split(".", 1)[1]
-    return decode_envelope(record_envelope(topic, suffix, partition, offset, b'{"x": 1}'))
+    envelope = decode_envelope(record_envelope(topic, suffix, partition, offset, b'{"x": 1}'))
+    assert isinstance(envelope, ForwardedRecords)
+    [record] = envelope.records
+    return record
 
 
 def test_record_envelope_embeds_the_original_json() -> None:
-    data = rec(SAMPLES, 3, 17)
-    assert data == {"k": "r", "t": SAMPLES, "s": "gpu.samples.v1", "p": 3, "o": 17, "v": {"x": 1}}
+    value = record_envelope(SAMPLES, "gpu.samples.v1", 3, 17, b'{"x": 1}')
+    assert orjson.loads(value) == {"k": "r", "t": SAMPLES, "s": "gpu.samples.v1", "p": 3, "o": 17, "v": {"x": 1}}
+    assert rec(SAMPLES, 3, 17) == ForwardedRecord(SAMPLES, "gpu.samples.v1", 3, 17, {"x": 1})
     assert Mark.from_dict(orjson.loads(Mark(5, 12.5, {f"{SAMPLES}:3": 17}, end=True).encode())) == \
         Mark(5, 12.5, {f"{SAMPLES}:3": 17}, end=True)
 
@@ -79,11 +84,11 @@ def test_cluster_gate_waits_for_every_node_partition() -> None:
     assert gate.offer_mark(Mark(1, 10.0, {f"{PODS}:0": 0}), "m1")
     assert gate.offer(rec(PODS, 0, 0), "pod")
     assert gate.offer(rec(SAMPLES, 0, 0), "sample written after mark 1")
-    assert gate.offer_output({"seq": 1, "P": 1, "i": 0, "c": "summary", "v": {}}, "o1-1-0")
-    assert gate.offer_output({"seq": 2, "P": 0, "i": 0, "c": "summary", "v": {}}, "o2-0-0")
-    assert gate.offer_node_mark({"seq": 1, "P": 1, "stats": {"sample_gaps": 1}}, "nm1-1")
+    assert gate.offer_output(NodeOutputs(1, 1, 0, [("summary", {})]), "o1-1-0")
+    assert gate.offer_output(NodeOutputs(0, 2, 0, [("summary", {})]), "o2-0-0")
+    assert gate.offer_node_mark(NodeMark(1, 1, {"sample_gaps": 1}), "nm1-1")
     assert gate.next_complete() is None, "partition 0 has not passed mark 1 yet"
-    assert gate.offer_node_mark({"seq": 1, "P": 0, "stats": {"sample_gaps": 2}}, "nm1-0")
+    assert gate.offer_node_mark(NodeMark(0, 1, {"sample_gaps": 2}), "nm1-0")
     mark = gate.next_complete()
     assert mark is not None and mark.seq == 1
     direct, outs, tokens, stats = gate.complete(mark)
@@ -91,7 +96,7 @@ def test_cluster_gate_waits_for_every_node_partition() -> None:
     assert [p.token for p in outs] == ["o1-1-0"], "outputs of mark 2 wait for mark 2"
     assert sorted(tokens) == ["m1", "nm1-0", "nm1-1"]
     assert stats == {"sample_gaps": 3}
-    assert not gate.offer_output({"seq": 1, "P": 0, "i": 5, "c": "usage", "v": {}}, "late dup")
+    assert not gate.offer_output(NodeOutputs(0, 1, 5, [("usage", {})]), "late dup")
 
 
 def test_a_marks_outputs_travel_in_few_envelopes_in_order_none_oversized() -> None:
@@ -103,12 +108,15 @@ def test_a_marks_outputs_travel_in_few_envelopes_in_order_none_oversized() -> No
     assert len(small) > 5 and all(len(e) <= 2_000 + 200 for e in small)
     for envelopes in (one, small):
         decoded = [decode_envelope(e) for e in envelopes]
-        assert [(d["P"], d["seq"], d["i"]) for d in decoded] == [(2, 9, i) for i in range(len(envelopes))]
-        got = [item for d in decoded for item in envelope_outputs(d)]
+        assert all(isinstance(d, NodeOutputs) for d in decoded)
+        assert [(d.partition, d.seq, d.index) for d in decoded if isinstance(d, NodeOutputs)] == \
+            [(2, 9, i) for i in range(len(envelopes))]
+        got = [item for d in decoded if isinstance(d, NodeOutputs) for item in d.outputs]
         assert got == [(kind, orjson.loads(value)) for kind, value in outputs]
     assert output_envelopes(0, 1, []) == [], "no outputs, no envelope (the node mark still goes)"
     # an envelope written before outputs were grouped (one output each) still reads
-    assert envelope_outputs({"k": "o", "P": 0, "seq": 1, "i": 4, "c": "usage", "v": {"a": 1}}) == [("usage", {"a": 1})]
+    old = orjson.dumps({"k": "o", "P": 0, "seq": 1, "i": 4, "c": "usage", "v": {"a": 1}})
+    assert decode_envelope(old) == NodeOutputs(0, 1, 4, [("usage", {"a": 1})])
 
 
 def test_route_holds_a_mark_until_its_offsets_are_consumed() -> None:

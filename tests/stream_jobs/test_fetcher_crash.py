@@ -47,14 +47,14 @@ _START_UP_FAILS = textwrap.dedent("""
     import faust
     from common import logs
     from common.settings import WorkerSettings, load_settings
-    from stream_jobs.faust_app import run_worker
+    from stream_jobs.faust_app import run_stream_jobs
 
     async def refuse_to_start(self) -> None:
         raise RuntimeError("the broker went away while the worker joined its group")
 
     faust.App.on_start = refuse_to_start
     logs.configure(fmt="json")
-    run_worker(load_settings(WorkerSettings, topic_prefix="startup", data_dir=sys.argv[1],
+    run_stream_jobs(load_settings(WorkerSettings, topic_prefix="startup", data_dir=sys.argv[1],
                              kafka={"bootstrap_servers": "127.0.0.1:1"}))
 """)
 

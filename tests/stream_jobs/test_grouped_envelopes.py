@@ -7,11 +7,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+
 from schemas.codec import encode
 from schemas.examples import all_examples, gpu_sample
 from stream_jobs.delivery import SharedAck, offer_forwarded, state_position
 from stream_jobs.route_agent import RouteAgent, RouteTopics
-from stream_jobs.watermark import InputGate, Mark, decode_envelope, record_envelope, records_envelopes
+from stream_jobs.watermark import (
+    ForwardedRecords,
+    InputGate,
+    Mark,
+    decode_envelope,
+    record_envelope,
+    records_envelopes,
+)
 from tests.stream_jobs.fakes import Committed, Event, Events, Offsets, Stream, Topic, fake_delivery
 
 SAMPLES = "p.gpu.samples.v1"
@@ -22,18 +31,24 @@ def _sample(offset: int) -> bytes:
     return record_envelope(SAMPLES, "gpu.samples.v1", 0, offset, b'{"x": 1}')
 
 
+def _forwarded(value: bytes) -> ForwardedRecords:
+    envelope = decode_envelope(value)
+    assert isinstance(envelope, ForwardedRecords)
+    return envelope
+
+
 def test_a_grouped_envelope_is_acknowledged_with_its_last_record_across_two_marks() -> None:
     offsets, events = Offsets(), Events()
     delivery = fake_delivery(offsets)
     gate: InputGate[Any] = InputGate()
     envelope = Event("p.internal.node-inputs.v1", 2, 40)
     [value] = records_envelopes([_sample(10), _sample(11), _sample(12)])
-    assert offer_forwarded(gate, decode_envelope(value), envelope)
+    assert offer_forwarded(gate, _forwarded(value), envelope)
     assert state_position((p.token for p in gate.records.values()), 41) == 40, "the state does not hold it yet"
 
     async def scenario() -> None:
         first = gate.release(Mark(1, 100.0, {f"{SAMPLES}:0": 11}))
-        assert [p.data["o"] for p in first] == [10, 11]
+        assert [p.record.offset for p in first] == [10, 11]
         for parked in first:
             await delivery.ack(events, parked.token)
         assert events.acked == [] and offsets.done_calls == [], "offset 12 is still parked"
@@ -48,10 +63,10 @@ def test_a_grouped_envelope_is_acknowledged_with_its_last_record_across_two_mark
 def test_a_redelivered_envelope_parks_only_what_was_not_applied() -> None:
     [value] = records_envelopes([_sample(10), _sample(11), _sample(12)])
     applied: InputGate[Any] = InputGate(applied_seq=2, applied={f"{SAMPLES}:0": 12})
-    assert not offer_forwarded(applied, decode_envelope(value), Event("n", 0, 40)), "all applied: a duplicate"
+    assert not offer_forwarded(applied, _forwarded(value), Event("n", 0, 40)), "all applied: a duplicate"
     partly: InputGate[Any] = InputGate(applied_seq=1, applied={f"{SAMPLES}:0": 10})
     event = Event("n", 0, 40)
-    assert offer_forwarded(partly, decode_envelope(value), event)
+    assert offer_forwarded(partly, _forwarded(value), event)
     tokens = {id(p.token) for p in partly.records.values()}
     assert len(partly.records) == 2 and len(tokens) == 1
     token = next(iter(partly.records.values())).token
@@ -59,7 +74,7 @@ def test_a_redelivered_envelope_parks_only_what_was_not_applied() -> None:
     # a single record keeps the event itself as its token (the form written before grouping)
     single: InputGate[Any] = InputGate()
     one = Event("n", 0, 41)
-    assert offer_forwarded(single, decode_envelope(_sample(13)), one)
+    assert offer_forwarded(single, _forwarded(_sample(13)), one)
     assert next(iter(single.records.values())).token is one
 
 
@@ -78,7 +93,7 @@ def test_the_route_sends_one_envelope_per_stage_partition_before_the_mark_that_c
                          .encode()))
     stream = Stream(inputs)
     asyncio.run(route.run(stream))
-    records = [(name, partition, decode_envelope(value)) for name, partition, value in sent]
+    records = [(name, partition, orjson.loads(value)) for name, partition, value in sent]  # as on the wire
     grouped = [(name, partition, [r["o"] for r in data["rs"]]) for name, partition, data in records
                if data["k"] == "b"]
     assert sorted(grouped[:4], key=str) == [("node", p, [p, p + 4]) for p in range(4)]

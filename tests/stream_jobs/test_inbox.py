@@ -1,4 +1,4 @@
-"""The agents read their records from inboxes, not faust's streams (``faust_app.Inbox``), and keep
+"""The agents read their records from inboxes, not faust's streams (``faust_runtime.Inbox``), and keep
 what faust's path gave them: every record of their topics reaches them, in the order fetched;
 nothing is handed over while faust suspends the flow (a rebalance, the tables' recovery); what
 waits is dropped when faust empties its buffers (a revocation), so a revoked partition's records
@@ -16,7 +16,8 @@ from typing import Any
 from faust.types import TP, Message
 
 from common.settings import WorkerSettings, load_settings
-from stream_jobs.faust_app import DirectConductor, DirectEvent, Inbox, StreamJobs
+from stream_jobs.faust_app import StreamJobs
+from stream_jobs.faust_runtime import DirectConductor, DirectEvent, Inbox
 from stream_jobs.node_agent import node_state_partition, state_key
 
 

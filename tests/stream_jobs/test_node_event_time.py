@@ -73,9 +73,9 @@ def test_the_route_holds_a_state_mark_until_its_pod_records_are_forwarded_and_se
         await route.refresh_and_release()
 
     asyncio.run(play())
-    kinds = [(name, partition, decode_envelope(value)["k"]) for name, partition, value in sent]
+    kinds = [(name, partition, orjson.loads(value)["k"]) for name, partition, value in sent]
     assert kinds == [("node", 1, "r"), ("cluster", None, "r"), ("node", 0, "s"), ("node", 1, "s")]
-    assert Mark.from_dict(decode_envelope(sent[-1][2])) == Mark(7, 100.0, {f"{PODS}:0": 0}, state=True,
+    assert decode_envelope(sent[-1][2]) == Mark(7, 100.0, {f"{PODS}:0": 0}, state=True,
                                                                 cluster="default")
 
 

@@ -15,7 +15,7 @@ import pytest
 from faust.transport.consumer import Consumer as FaustConsumer
 from intervaltree import IntervalTree
 
-from stream_jobs.faust_app import OffsetGuard
+from stream_jobs.offset_guard import OffsetGuard
 from stream_jobs.offsets import AckOrder, PartitionStalled, Positions
 
 

@@ -12,6 +12,7 @@ from stream_jobs.cluster_agent import ClusterAgent
 from stream_jobs.config import EngineConfig
 from stream_jobs.node_agent import NodeAgent
 from stream_jobs.state_store import ChunkedStore
+from stream_jobs.watermark import ForwardedRecord
 
 NODE_INPUTS = "p.internal.node-inputs.v1"
 
@@ -61,7 +62,7 @@ def _node_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deliver
         output: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         part.futures, part.unacked = [output], ["input record"]
         part.next_offset = 42
-        part.gate.offer({"t": "p.k8s.pods.v1", "p": 0, "o": 7, "s": "k8s.pods.v1"}, _Event(40))  # parked
+        part.gate.offer(ForwardedRecord("p.k8s.pods.v1", "k8s.pods.v1", 0, 7, {}), _Event(40))  # parked
         checkpoint = asyncio.ensure_future(agent._checkpoint(None, 3, part))
         await asyncio.sleep(0)
         if revoke:

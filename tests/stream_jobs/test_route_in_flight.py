@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
+
 from schemas.codec import encode
 from schemas.examples import gpu_sample
 from stream_jobs.route_agent import MAX_IN_FLIGHT, ROUTE_BATCH, RouteAgent, RouteTopics
-from stream_jobs.watermark import Mark, decode_envelope
+from stream_jobs.watermark import Mark
 from tests.stream_jobs.fakes import Committed, Event, Offsets, Stream, fake_delivery
 
 SAMPLES = "p.gpu.samples.v1"
@@ -43,7 +45,7 @@ def _route(sent: list[tuple[str, int | None, bytes, asyncio.Future[None]]]) -> R
 
 
 def _kinds(sent: list[tuple[str, int | None, bytes, asyncio.Future[None]]]) -> list[str]:
-    return [decode_envelope(value)["k"] for _name, _partition, value, _future in sent]
+    return [orjson.loads(value)["k"] for _name, _partition, value, _future in sent]
 
 
 def test_the_route_reads_on_while_a_batch_travels_and_forwards_the_mark_once_it_is_delivered() -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from schemas.outputs import KNOWN_ALERT_TYPES
 from stream_jobs import alerts, rules
+from stream_jobs.alerts import AlertKind
 from stream_jobs.config import Thresholds
 from stream_jobs.rules import Resolution, RuleTable, SustainedRule
 
@@ -22,8 +22,8 @@ class Hot:
 
 
 HOT: SustainedRule[Hot] = SustainedRule(
-    alert_type="idle_gpu",  # any registered type: the engine does not care which
-    after="idle_after",
+    kind=AlertKind("idle_gpu", "warning"),  # any declared type: the engine does not care which
+    after=lambda th: th.idle_after,
     condition=lambda c: None if c.temp_c is None else c.temp_c > 80.0,
     subject=lambda c: alerts.subject("node", None, c.device, c.device),
     describe=lambda c, since, t: (f"{c.device} hot for {t - since:g}s", {"temp_c": c.temp_c}),
@@ -56,8 +56,8 @@ def test_the_alert_id_and_start_are_those_of_the_firing_evaluation() -> None:
     table: RuleTable = {}
     _run([90, 90, 90, 90], table)
     record = table["d1"].alert
-    assert record is not None and record["started_at"] == 30.0
-    assert record["id"] == alerts.alert_id("idle_gpu", alerts.subject("node", None, "d1", "d1"), 30.0)
+    assert record is not None and record.started_at == 30.0
+    assert record.id == alerts.alert_id("idle_gpu", alerts.subject("node", None, "d1", "d1"), 30.0)
 
 
 def test_restart_keeps_an_open_alert_and_forgets_a_bare_timer() -> None:
@@ -86,9 +86,24 @@ def test_a_table_survives_its_json_form() -> None:
     assert _run([50], again) == [("resolved", 0.0, {"temp_c": 50, "resolved_reason": "cooled"})]
 
 
-def test_every_declared_rule_names_a_threshold_and_a_known_alert_type() -> None:
-    names = set(Thresholds.names())
-    for rule in rules.RULES:
-        assert rule.after in names, rule.alert_type
-        assert rule.alert_type in alerts.SEVERITY and rule.alert_type in KNOWN_ALERT_TYPES
-    assert len({rule.alert_type for rule in rules.RULES}) == len(rules.RULES)
+def test_an_open_alert_keeps_its_json_form() -> None:
+    table: RuleTable = {}
+    _run([90, 90, 90, 90], table)
+    stored = orjson.dumps(rules.table_to_dict(table))
+    assert orjson.loads(stored)["d1"]["alert"] == {
+        "id": alerts.alert_id("idle_gpu", alerts.subject("node", None, "d1", "d1"), 30.0),
+        "type": "idle_gpu", "severity": "warning",
+        "subject": {"kind": "node", "namespace": None, "name": "d1", "node": "d1", "gpu_uuid": None},
+        "started_at": 30.0, "summary": "d1 hot for 30s", "details": {"temp_c": 90},
+    }
+    assert orjson.dumps(rules.table_to_dict(rules.table_from_dict(orjson.loads(stored)))) == stored
+
+
+def test_every_declared_rule_reads_a_threshold_in_seconds() -> None:
+    th = Thresholds()
+    durations = {getattr(th, name) for name in Thresholds.durations()}
+    for rule in rules.CATALOGUE:
+        if isinstance(rule, SustainedRule):
+            assert rule.after(th) in durations, rule.alert_type
+        else:
+            assert isinstance(rule, rules.EventRule) and rule.quiet(th) in durations, rule.alert_type

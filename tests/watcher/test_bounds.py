@@ -25,8 +25,9 @@ from common.kafka import BoundedProducer, ensure_topics
 from common.settings import KafkaSettings
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import make_event, make_node, make_pod, make_workload, set_running
+from producers.watcher.kube_json import parse_quantity
 from producers.watcher.service import WatcherConfig, WatcherKafkaSink, WatcherService
-from producers.watcher.translate import parse_quantity, pod_to_state
+from producers.watcher.translate import pod_to_state
 from producers.watcher.workloads import workload_to_state
 from schemas import messages
 from schemas.codec import MAX_MESSAGE_BYTES, decode
