@@ -25,8 +25,10 @@ kafka-down: $(PY)
 topics: $(PY)
 	$(VENV)/bin/gpulens topics create
 
+# SEED, KILLS, WORKERS, OUTAGE, RANDOM_SCENARIOS (scripts/chaos.sh); BROKERS=3 on the replicated local
+# cluster, where the outage SIGKILLs a partition leader's broker
 chaos: $(PY)
-	bash scripts/chaos.sh
+	BROKERS=$(or $(BROKERS),1) bash scripts/chaos.sh
 
 bench: $(PY)
 	$(PY) -m benchmarks $(ARGS)

@@ -4,7 +4,8 @@
   compressed, batched by linger, a bounded local queue whose overflow is counted (never unbounded
   memory), delivery reports counted, flush on close.
 - :func:`make_consumer` — a consumer with manual commits, for sinks and tools.
-- :func:`ensure_topics` / :func:`broker_reachable` — the admin side of ``gpulens topics create``.
+- :func:`ensure_topics` / :func:`broker_reachable` — the admin side of ``gpulens topics create``
+  (partitions, cleanup policy, replication from :class:`~common.settings.TopicSettings`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from confluent_kafka.admin import (
 
 from common.backoff import Backoff
 from common.errors import RetriableError, UserError
-from common.settings import KafkaSettings, ProducerSettings
+from common.settings import KafkaSettings, ProducerSettings, TopicSettings
 from schemas.codec import WIRE_HEADERS
 from schemas.topics import TopicSpec
 
@@ -43,6 +44,7 @@ __all__ = [
     "KafkaError",
     "KafkaException",
     "Message",
+    "PartitionReplicas",
     "ReadRecord",
     "TopicFollower",
     "TopicReport",
@@ -57,6 +59,7 @@ __all__ = [
     "group_members",
     "header_counts_since",
     "make_consumer",
+    "partition_replicas",
     "read_ranges",
     "read_to_end",
     "topic_configs",
@@ -344,37 +347,48 @@ class TopicReport:
     created: list[str] = field(default_factory=list)
     existing: list[str] = field(default_factory=list)
     mismatched: list[str] = field(default_factory=list)
+    replication_factor: int = 1
+    """The replication factor of the topics created (and wanted of the existing ones)."""
+    min_insync_replicas: int | None = None
+    """Their ``min.insync.replicas`` (None: the broker's default)."""
+    fewer_replicas: list[str] = field(default_factory=list)
+    """Existing topics with fewer replicas than ``replication_factor`` (reported, never changed)."""
 
 
 def ensure_topics(
     kafka: KafkaSettings,
     specs: Iterable[TopicSpec],
     prefix: str,
-    replication_factor: int = 1,
+    replication: TopicSettings | None = None,
     timeout_s: float = 15.0,
 ) -> TopicReport:
-    """Create every missing topic with its partitions and cleanup policy; idempotent.
+    """Create every missing topic with its partitions, cleanup policy and replication
+    (``replication``, the settings' ``topics``: by default 3 replicas or one per broker when there
+    are fewer, and ``min.insync.replicas`` 2 when there are 2 or more); idempotent.
 
     Existing topics are left alone; a partition count or cleanup policy that differs from the
-    registry is reported in ``mismatched`` (never silently changed).
+    registry is reported in ``mismatched``, fewer replicas in ``fewer_replicas`` (never silently
+    changed). A replication factor above the brokers the cluster has is a :class:`UserError`.
     """
     admin = AdminClient(_client_conf(kafka))
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise BrokerUnavailable(f"no Kafka broker at {kafka.bootstrap_servers}: {exc}") from None
-    report = TopicReport()
+    factor, min_insync = (replication or TopicSettings()).resolve(len(metadata.brokers))
+    report = TopicReport(replication_factor=factor, min_insync_replicas=min_insync)
     wanted: dict[str, TopicSpec] = {spec.name(prefix): spec for spec in specs}
     missing = [name for name in wanted if name not in metadata.topics]
     present = [name for name in wanted if name in metadata.topics]
     if missing:
+        insync = {} if min_insync is None else {"min.insync.replicas": str(min_insync)}
         futures = admin.create_topics(
             [
                 NewTopic(
                     name,
                     num_partitions=wanted[name].partitions,
-                    replication_factor=replication_factor,
-                    config=wanted[name].kafka_config(),
+                    replication_factor=factor,
+                    config=wanted[name].kafka_config() | insync,
                 )
                 for name in missing
             ],
@@ -385,14 +399,23 @@ def ensure_topics(
                 future.result()
                 report.created.append(name)
             except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                code = exc.args[0].code()
+                if code == KafkaError.TOPIC_ALREADY_EXISTS:
                     report.existing.append(name)
+                elif code == KafkaError.INVALID_REPLICATION_FACTOR:
+                    raise UserError(
+                        f"cannot create {name} with {factor} replicas on {len(metadata.brokers)} broker(s) "
+                        f"answering at {kafka.bootstrap_servers}: set GPULENS_TOPICS__REPLICATION_FACTOR to auto "
+                        "or to at most the number of brokers") from None
                 else:
                     raise
         _await_metadata(admin, report.created, timeout_s)
     for name in present:
         spec = wanted[name]
         partitions = len(metadata.topics[name].partitions)
+        replicas = min((len(p.replicas) for p in metadata.topics[name].partitions.values()), default=0)
+        if replicas < factor:
+            report.fewer_replicas.append(f"{name} ({replicas} replica(s), want {factor})")
         policy = _cleanup_policy(admin, name, timeout_s)
         if partitions != spec.partitions or policy != spec.cleanup_policy:
             report.mismatched.append(
@@ -423,6 +446,25 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
     return str(result["cleanup.policy"].value)
+
+
+@dataclass(frozen=True)
+class PartitionReplicas:
+    """Who holds one partition: its leader's broker id (-1: none), its replicas, its in-sync replicas."""
+
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+def partition_replicas(kafka: KafkaSettings, topics: Iterable[str] | None = None,
+                       timeout_s: float = 10.0) -> dict[tuple[str, int], PartitionReplicas]:
+    """The leader and replicas of every partition of ``topics`` (every topic: None), as the cluster's
+    metadata says now; raises :class:`KafkaException` when no broker answers."""
+    metadata = AdminClient(_client_conf(kafka)).list_topics(timeout=timeout_s)
+    names = metadata.topics if topics is None else [t for t in topics if t in metadata.topics]
+    return {(name, p.id): PartitionReplicas(int(p.leader), tuple(p.replicas), tuple(p.isrs))
+            for name in names for p in metadata.topics[name].partitions.values()}
 
 
 def topic_names(kafka: KafkaSettings, timeout_s: float = 10.0) -> list[str]:

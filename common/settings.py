@@ -144,18 +144,105 @@ class ProducerSettings(BaseModel):
     delivery_timeout_ms: int = Field(default=300_000, ge=1000)
 
 
+LOCAL_KAFKA_BROKERS = (1, 3)
+"""The sizes of the local cluster ``gpulens kafka up`` runs: one broker, or three replicating ones."""
+
+
+def local_kafka_ports(port: int, controller_port: int, brokers: int) -> list[tuple[int, int]]:
+    """(client port, controller port) of each node of a local cluster: node ``i`` listens on
+    ``port + 2i`` for clients and ``controller_port + 2i`` for the KRaft quorum."""
+    return [(port + 2 * i, controller_port + 2 * i) for i in range(brokers)]
+
+
 class LocalKafkaSettings(BaseModel):
-    """The single-node broker ``gpulens kafka up`` runs for the embedded default."""
+    """The local Kafka cluster ``gpulens kafka up`` runs for the embedded default: one broker, or
+    three combined broker+controller nodes replicating every topic (``brokers``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: str = "3.9.1"
+    brokers: int = 1
+    """``GPULENS_LOCAL_KAFKA__BROKERS``: 1 (the default) or 3; ``gpulens kafka up --brokers`` overrides it."""
     port: int = Field(default=9092, ge=1, le=65535)
+    """The client port of the first node; node ``i`` of a cluster listens on ``port + 2i``."""
     controller_port: int = Field(default=9093, ge=1, le=65535)
+    """The KRaft controller port of the first node; node ``i`` uses ``controller_port + 2i``."""
     heap_mb: int = Field(default=512, ge=128)
+    """Java heap of each node."""
     start_timeout_s: float = Field(default=90.0, gt=0)
     cache_dir: Path = Field(default_factory=_default_cache_dir)
     """Where the broker's jars are kept between runs (shared by every data directory)."""
+
+    @field_validator("brokers")
+    @classmethod
+    def _a_cluster_size(cls, value: int) -> int:
+        if value not in LOCAL_KAFKA_BROKERS:
+            raise ValueError("expected 1 (a single broker) or 3 (three brokers replicating every topic)")
+        return value
+
+    @field_validator("controller_port")
+    @classmethod
+    def _ports_apart(cls, value: int, info: ValidationInfo) -> int:
+        port, brokers = info.data.get("port"), info.data.get("brokers")
+        if port is None or brokers is None:  # reported on their own variables
+            return value
+        return check_local_kafka_ports(port, value, brokers)
+
+
+def check_local_kafka_ports(port: int, controller_port: int, brokers: int) -> int:
+    """``controller_port`` when every port of the layout (:func:`local_kafka_ports`) is distinct
+    and valid; else the ValueError that names the variables."""
+    used = [p for pair in local_kafka_ports(port, controller_port, brokers) for p in pair]
+    if max(used) > 65535 or len(set(used)) != len(used):
+        clients = ", ".join(str(c) for c, _ in local_kafka_ports(port, controller_port, brokers))
+        controllers = ", ".join(str(c) for _, c in local_kafka_ports(port, controller_port, brokers))
+        raise ValueError(
+            f"{brokers} node(s) listen on GPULENS_LOCAL_KAFKA__PORT + 2i ({clients}) and "
+            f"GPULENS_LOCAL_KAFKA__CONTROLLER_PORT + 2i ({controllers}): these must be distinct ports up to "
+            "65535 (e.g. PORT=9092 and CONTROLLER_PORT=9093)")
+    return controller_port
+
+
+class TopicSettings(BaseModel):
+    """How topics are created (``gpulens topics create``, and the workers, sink and watcher when one
+    is missing): ``GPULENS_TOPICS__REPLICATION_FACTOR`` and ``GPULENS_TOPICS__MIN_INSYNC_REPLICAS``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replication_factor: Literal["auto"] | int = "auto"
+    """Replicas per partition (1 to 16); ``auto``: 3, or the number of brokers when the cluster has fewer."""
+    min_insync_replicas: int = Field(default=2, ge=1, le=16)
+    """``min.insync.replicas`` of topics with 2 replicas or more (at most their replication factor):
+    an ``acks=all`` write (every gpulens producer's) is acknowledged once that many replicas have it."""
+
+    @field_validator("replication_factor", mode="before")
+    @classmethod
+    def _auto_or_a_number(cls, value: Any) -> Any:
+        text = str(value).strip()
+        if text == "auto":
+            return text
+        if not text.isdigit() or not 1 <= int(text) <= 16 or isinstance(value, bool | float):
+            raise ValueError("expected auto or a number of replicas from 1 to 16")
+        return int(text)
+
+    @field_validator("min_insync_replicas")
+    @classmethod
+    def _not_above_the_replicas(cls, value: int, info: ValidationInfo) -> int:
+        factor = info.data.get("replication_factor")
+        if isinstance(factor, int) and factor >= 2 and value > factor:
+            raise ValueError(f"at most GPULENS_TOPICS__REPLICATION_FACTOR ({factor}): with more, every acks=all "
+                             "write would fail")
+        return value
+
+    def resolve(self, brokers: int) -> tuple[int, int | None]:
+        """(replication factor, ``min.insync.replicas`` or None for the broker's default) of a topic
+        created on a cluster of ``brokers`` brokers."""
+        factor = min(3, max(1, brokers)) if self.replication_factor == "auto" else self.replication_factor
+        return factor, (min(self.min_insync_replicas, factor) if factor >= 2 else None)
+
+
+CLICKHOUSE_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+"""A ClickHouse name written unquoted (a cluster's, in ``ON CLUSTER``)."""
 
 
 class ClickHouseSettings(BaseModel):
@@ -167,12 +254,25 @@ class ClickHouseSettings(BaseModel):
     """Limit of every read query (``gpulens sql``, ``report``, the sink's endpoint); it is then cancelled."""
     query_max_memory_bytes: int = Field(default=2 * 1024**3, ge=16 * 1024**2)
     query_max_result_rows: int = Field(default=1_000_000, ge=1)
+    cluster: str = Field(default="", pattern=rf"^({CLICKHOUSE_IDENTIFIER})?$")
+    """The ClickHouse cluster (of the server's ``remote_servers``, one shard of replicas) whose every
+    replica holds the sink's tables: migrations run ``ON CLUSTER`` it with ``Replicated*MergeTree``
+    engines (docs/sink.md, "ClickHouse cluster mode"). Empty: one server."""
 
     @field_validator("url")
     @classmethod
     def _a_target(cls, value: str) -> str:
         if value:
             ClickHouseTarget.parse(value)
+        return value
+
+    @field_validator("cluster")
+    @classmethod
+    def _a_server_for_a_cluster(cls, value: str, info: ValidationInfo) -> str:
+        url = info.data.get("url", "")
+        if value and (not url or ClickHouseTarget.parse(url).scheme == "chdb"):
+            raise ValueError("a cluster needs a ClickHouse server: set GPULENS_CLICKHOUSE__URL to "
+                             "http(s)://host:port/db of one of its replicas (the embedded engine is one server)")
         return value
 
 
@@ -201,6 +301,7 @@ class CommonSettings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     producer: ProducerSettings = Field(default_factory=ProducerSettings)
     local_kafka: LocalKafkaSettings = Field(default_factory=LocalKafkaSettings)
+    topics: TopicSettings = Field(default_factory=TopicSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
 
     @field_validator("data_dir")

@@ -38,13 +38,48 @@ ruff check .
 lint-imports
 mypy .
 
-echo "== etcd and kube-apiserver for the real-server watcher tests (built once, then cached)"
+echo "== the real servers and tools the tests run, built once from the Go module proxy, then cached;"
+echo "   the four builds at the same time (logs in \$GPULENS_DATA_DIR/build-logs/):"
+echo "   kube: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (real-server tests)"
+echo "   prometheus: prometheus and promtool (Prometheus scrape tests)"
+echo "   alertmanager: Alertmanager (alert-forwarding tests)"
+echo "   helm: Helm and the ServiceMonitor CRD (chart tests)"
 # A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
-bash scripts/kube-build.sh
-echo "== prometheus and promtool for the Prometheus scrape tests (built once, then cached)"
-bash scripts/prometheus-build.sh
-echo "== Alertmanager for the alert-forwarding tests (built once, then cached)"
-bash scripts/alertmanager-build.sh
+build_logs=$GPULENS_DATA_DIR/build-logs
+mkdir -p "$build_logs"
+declare -A building=()
+builds_started=$SECONDS
+for name in kube prometheus alertmanager helm; do
+  bash "scripts/$name-build.sh" >"$build_logs/$name.out" 2>"$build_logs/$name.log" &
+  building[$name]=$!
+done
+build_failed=()
+next_beat=$((SECONDS + 60))
+while [ "${#building[@]}" -gt 0 ]; do
+  for name in "${!building[@]}"; do
+    kill -0 "${building[$name]}" 2>/dev/null && continue
+    status=0
+    wait "${building[$name]}" || status=$?
+    unset "building[$name]"
+    if [ "$status" -eq 0 ]; then
+      echo "== $name ready after $((SECONDS - builds_started))s: $(tail -n 1 "$build_logs/$name.out")"
+    else
+      echo "== $name build FAILED (exit $status); the end of $build_logs/$name.log:" >&2
+      tail -n 40 "$build_logs/$name.log" | sed "s/^/   $name: /" >&2
+      build_failed+=("$name")
+    fi
+  done
+  [ "${#building[@]}" -eq 0 ] && break
+  sleep 1
+  if [ "$SECONDS" -ge "$next_beat" ]; then
+    echo "== [$((SECONDS - builds_started))s] still building: ${!building[*]}"
+    next_beat=$((SECONDS + 60))
+  fi
+done
+if [ "${#build_failed[@]}" -gt 0 ]; then
+  echo "== failed builds: ${build_failed[*]}" >&2
+  exit 1
+fi
 
 echo "== starting the local Kafka broker"
 gpulens kafka up

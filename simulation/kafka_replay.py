@@ -14,6 +14,13 @@ then the output topics are read back and turned into FORMAT.md's report by the s
 :func:`simulation.replay.build_report` as in-process. Outputs are read deduplicated by their
 deterministic ids (at-least-once transport may deliver one twice after a worker restart). A
 :class:`ChaosPlan` kills, adds and removes workers and stops the broker while the driver sends.
+With ``sinks``, ``gpulens sink`` processes of one consumer group store the topics as well.
+
+On a replicated cluster (``gpulens kafka up --brokers 3``) :class:`LeaderChaos` SIGKILLs the
+broker that leads a partition of the replay's input, internal, changelog or output topics, watches
+the partition's leadership move to another replica, and restarts the broker once the cluster has
+it back in every in-sync replica set, one broker at a time; a chaos plan's outage is such a kill
+there (:meth:`KafkaReplay.run`).
 """
 
 from __future__ import annotations
@@ -37,9 +44,19 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from common.errors import UserError
-from common.kafka import AdminRequestFailed, BoundedProducer, ReadRecord, delete_prefixed, ensure_topics, read_to_end
+from common.kafka import (
+    AdminRequestFailed,
+    BoundedProducer,
+    KafkaException,
+    PartitionReplicas,
+    ReadRecord,
+    delete_prefixed,
+    ensure_topics,
+    partition_replicas,
+    read_to_end,
+)
 from common.processes import terminate_as_interrupt, uninterrupted
-from common.settings import CommonSettings, KafkaSettings, ProducerSettings, load_settings
+from common.settings import CommonSettings, KafkaSettings, ProducerSettings, SinkSettings, load_settings
 from schemas.codec import MessageError, decode
 from schemas.control import STATE_TOPICS, DeliveredOffsets, state_mark_value
 from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
@@ -50,6 +67,7 @@ from schemas.topics import (
     DEADLETTER,
     GPU_SAMPLES,
     INTERNAL_CONTROL,
+    INTERNAL_TOPICS,
     POD_LIFECYCLE,
     POD_WINDOWS,
     TopicSpec,
@@ -187,6 +205,7 @@ def child_env(settings: CommonSettings, prefix: str, data_dir: Path, extra: dict
     env.update({
         "GPULENS_KAFKA": json.dumps(kafka),
         "GPULENS_PRODUCER": json.dumps(settings.producer.model_dump(mode="json")),
+        "GPULENS_TOPICS": json.dumps(settings.topics.model_dump(mode="json")),
         "GPULENS_TOPIC_PREFIX": prefix,
         "GPULENS_DATA_DIR": str(data_dir),
         "GPULENS_LOG_FORMAT": "json",
@@ -295,7 +314,8 @@ class KafkaReplay:
 
     def __init__(self, scenario: Scenario, settings: CommonSettings, lateness_s: float = DEFAULT_LATENESS_S,
                  topic_prefix: str | None = None, node_partitions: int = DEFAULT_NODE_PARTITIONS,
-                 work_dir: Path | None = None, workers: int = 1, worker_settings: dict[str, str] | None = None) -> None:
+                 work_dir: Path | None = None, workers: int = 1, worker_settings: dict[str, str] | None = None,
+                 sinks: int = 0) -> None:
         self.scenario = scenario
         self.worker_settings = dict(worker_settings or {})
         """``GPULENS_*`` settings given to every worker on top of the replay's own."""
@@ -316,6 +336,10 @@ class KafkaReplay:
         self.removed: set[int] = set()
         for _ in range(workers):
             self.add_worker()
+        self.sink_group = f"{self.prefix}-sink"
+        """The sinks' consumer group."""
+        self.sinks: list[WorkerProcess] = [self._sink(index) for index in range(sinks)]
+        """``gpulens sink`` processes of one group (static members), started with the workers."""
         self.driver: KafkaFleetDriver | None = None
         self.end_mark: dict[str, Any] | None = None
         self.done_at_ms: int | None = None
@@ -339,19 +363,62 @@ class KafkaReplay:
         self.workers.append(worker)
         return worker
 
+    def _sink(self, index: int) -> WorkerProcess:
+        """A ``gpulens sink`` of the replay's group (not started), with the settings that store the
+        scenario whole (:func:`simulation.store.store_settings`: TTLs that keep its dates, its
+        prices). Each has its own embedded store under its data dir (chDB: one process per store)
+        unless the settings name a ClickHouse server, which they then share."""
+        from simulation.store import store_settings
+
+        stored, _lengthened = store_settings(self.scenario, load_settings(SinkSettings))
+        data_dir = self.work_dir / f"sink-{index}"
+        env = child_env(self.settings, self.prefix, data_dir, {
+            "GPULENS_GROUP_ID": self.sink_group,
+            "GPULENS_GROUP_INSTANCE_ID": f"{self.sink_group}-{index}",
+            "GPULENS_METRICS_PORT": "0",
+            "GPULENS_RAW_SAMPLE_TTL_DAYS": str(stored.raw_sample_ttl_days),
+            "GPULENS_STATE_TTL_DAYS": str(stored.state_ttl_days),
+            "GPULENS_ROLLUP_TTL_DAYS": str(stored.rollup_ttl_days),
+            "GPULENS_MAX_FUTURE_SKEW_S": repr(stored.max_future_skew_s),
+            "GPULENS_PRICES_USD_PER_GPU_HOUR": json.dumps(stored.prices_usd_per_gpu_hour),
+        })
+        if self.settings.clickhouse_target().embedded:
+            env["GPULENS_CLICKHOUSE__URL"] = f"chdb://{data_dir / 'clickhouse'}"
+        return WorkerProcess(env, self.work_dir / f"sink-{index}.log", ("sink",))
+
+    def sink_store_urls(self) -> list[str]:
+        """The ClickHouse target of each sink (one shared server, or an embedded store each)."""
+        return sorted({sink.env.get("GPULENS_CLICKHOUSE__URL", "") for sink in self.sinks})
+
     def active(self) -> list[tuple[int, WorkerProcess]]:
         """The workers meant to run (started and not removed)."""
         return [(i, w) for i, w in enumerate(self.workers) if i not in self.removed and w.starts]
 
     def start_workers(self) -> None:
-        for worker in self.workers:
+        for worker in [*self.workers, *self.sinks]:
             worker.start()
 
     def create_topics(self) -> None:
         node_topics = node_stage_topics(self.node_partitions)  # the samples with node-inputs' partition count
         names = {spec.suffix for spec in node_topics}
         ensure_topics(self.kafka, [*(spec for spec in ALL_TOPICS if spec.suffix not in names), *node_topics],
-                      self.prefix)
+                      self.prefix, self.settings.topics)
+
+    def partition_roles(self) -> dict[str, list[str]]:
+        """The replay's topics by role: what the producers write (``input``), what the workers pass
+        between their stages (``internal``), their tables' changelogs (``changelog``), what they
+        write for the sink and the readers (``output``)."""
+        from stream_jobs.faust_app import CLUSTER_TABLE, NODE_TABLE
+
+        outputs = {spec.suffix for spec in OUTPUT_TOPICS}
+        internal = {spec.suffix for spec in INTERNAL_TOPICS}
+        return {
+            "input": [spec.name(self.prefix) for spec in ALL_TOPICS
+                      if spec.suffix not in outputs and spec.suffix not in internal and spec is not DEADLETTER],
+            "internal": [spec.name(self.prefix) for spec in INTERNAL_TOPICS],
+            "changelog": [f"{self.app_id}-{table}-changelog" for table in (NODE_TABLE, CLUSTER_TABLE)],
+            "output": [spec.name(self.prefix) for spec in OUTPUT_TOPICS],
+        }
 
     def ticks(self) -> list[Tick]:
         return list(self.simulator.run())
@@ -388,16 +455,19 @@ class KafkaReplay:
         """What a process supervisor does with a worker that exited on its own: restart it when it
         asked to be (exit ``EXIT_STALLED``: a partition stalled), or, in a chaos run, whatever the
         exit (at most ``MAX_UNPLANNED_RESTARTS`` times); else fail the replay with its log."""
-        for index, worker in self.active():
+        running = [(f"worker {index}", worker) for index, worker in self.active()]
+        running += [(f"sink {index}", sink) for index, sink in enumerate(self.sinks) if sink.starts]
+        for name, worker in running:
             if worker.alive():
                 continue
             code = worker.process.returncode if worker.process else None
             if (not chaos and code != EXIT_STALLED) or self.unplanned_restarts >= MAX_UNPLANNED_RESTARTS:
-                raise self._worker_error(f"the stream worker stopped (exit {code})", worker)
+                raise self._worker_error(f"the {'sink' if worker.name == 'sink' else 'stream worker'} stopped "
+                                         f"(exit {code})", worker)
             self.unplanned_restarts += 1
             worker.start()
             pid = worker.process.pid if worker.process else None
-            say(f"worker {index} exited by itself (exit {code}); restarted (pid {pid})")
+            say(f"{name} exited by itself (exit {code}); restarted (pid {pid})")
 
     def read_outputs(self, done: dict[str, Any]) -> KafkaOutputs:
         outputs: list[Message] = []
@@ -437,7 +507,7 @@ class KafkaReplay:
     def close(self, keep_work_dir: bool = False) -> None:
         """Stop the workers and the driver; remove the work directory this replay made, unless
         ``keep_work_dir`` (a failed run: its workers' logs explain it)."""
-        for worker in self.workers:
+        for worker in [*self.workers, *self.sinks]:
             worker.stop()
         if self.driver is not None:
             self.driver.close()
@@ -509,6 +579,7 @@ class KafkaReplay:
     def _send_with_chaos(self, ticks: list[Tick], chaos: ChaosPlan, say: Callable[[str], None],
                          broker: BrokerControl | None) -> None:
         sent = 0
+        leaders: LeaderChaos | None = None
         for action in chaos.actions:
             self.send(ticks[sent:action.tick])
             sent = action.tick
@@ -539,6 +610,11 @@ class KafkaReplay:
                 if broker is None:
                     raise UserError("a broker outage needs the local broker (`gpulens kafka up`)")
                 time.sleep(action.delay_s)
+                if broker.brokers > 1:  # a replicated cluster: the leader of a partition dies instead
+                    leaders = leaders or LeaderChaos(broker, self.kafka, self.partition_roles())
+                    kill = leaders.kill(ROLES[len(leaders.kills) % len(ROLES)], chaos.outage_s, say)
+                    say(f"{where} {kill.describe()}")
+                    continue
                 started = time.monotonic()
                 broker.stop()
                 say(f"{where} broker stopped")
@@ -569,11 +645,125 @@ CONSUMING_LOG_LINE = "partition position"
 
 
 class BrokerControl(Protocol):
-    """Stops and starts the broker a chaos replay runs on (:class:`gpulens.kafka_local.LocalKafka`)."""
+    """Stops and starts the broker a chaos replay runs on, and each node of a cluster
+    (:class:`gpulens.kafka_local.LocalKafka`)."""
+
+    @property
+    def brokers(self) -> int: ...
 
     def stop(self) -> None: ...
 
     def start(self) -> None: ...
+
+    def kill_node(self, index: int) -> int: ...
+
+    def start_node(self, index: int, timeout_s: float = 90.0) -> int: ...
+
+
+ROLES = ("input", "internal", "changelog", "output")
+"""The roles of a replay's topics whose partition leaders :class:`LeaderChaos` kills."""
+
+
+@dataclass(frozen=True)
+class LeaderKill:
+    """One partition leader's broker SIGKILLed and restarted, and what the cluster did."""
+
+    role: str
+    topic: str
+    partition: int
+    broker: int
+    """The broker id killed (node ``broker - 1``)."""
+    pid: int
+    down_s: float
+    """From the SIGKILL to the restart."""
+    failover_s: float | None
+    """From the SIGKILL to the metadata naming another leader of the partition (None: not within ``down_s``)."""
+    new_leader: int | None
+    rejoin_s: float
+    """From the restart to the broker back in every partition's in-sync replicas."""
+    restarted_at: float
+    """``time.monotonic()`` when the broker answered again."""
+
+    def describe(self) -> str:
+        moved = (f"leadership moved to broker {self.new_leader} after {self.failover_s:.1f}s"
+                 if self.failover_s is not None else "no other leader while it was down")
+        return (f"leader kill: broker {self.broker} (pid {self.pid}), leader of {self.role} partition "
+                f"{self.topic}[{self.partition}]: {moved}; down {self.down_s:.1f}s, "
+                f"back in every in-sync replica set {self.rejoin_s:.1f}s after its restart")
+
+
+class LeaderChaos:
+    """Kills the broker leading a partition of a role (:data:`ROLES`), one broker at a time: before
+    each kill it waits until every partition of the cluster (``__consumer_offsets`` included) has all
+    its replicas in sync, so no partition ever has fewer than 2 replicas alive and ``acks=all``
+    writes with ``min.insync.replicas`` 2 go on throughout."""
+
+    def __init__(self, cluster: BrokerControl, kafka: KafkaSettings, topics: dict[str, list[str]],
+                 settle_timeout_s: float = 120.0) -> None:
+        self.cluster = cluster
+        self.kafka = kafka
+        self.topics = topics
+        self.settle_timeout_s = settle_timeout_s
+        self.kills: list[LeaderKill] = []
+
+    def _replicas(self, topics: list[str] | None = None) -> dict[tuple[str, int], PartitionReplicas]:
+        try:
+            return partition_replicas(self.kafka, topics, timeout_s=5.0)
+        except KafkaException:
+            return {}
+
+    def wait_in_sync(self, timeout_s: float | None = None) -> float:
+        """Until every partition has a leader and all its replicas in sync; the seconds it took."""
+        started = time.monotonic()
+        deadline = started + (timeout_s or self.settle_timeout_s)
+        while True:
+            state = self._replicas()
+            lagging = sorted(key for key, p in state.items() if p.leader < 0 or set(p.isr) != set(p.replicas))
+            if state and not lagging:
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise UserError(f"the cluster did not get every replica in sync within "
+                                f"{timeout_s or self.settle_timeout_s:.0f}s: {lagging[:5]}")
+            time.sleep(0.25)
+
+    def target(self, role: str) -> tuple[str, int, int]:
+        """(topic, partition, leader) of the role's partition to kill next: they take turns."""
+        state = self._replicas(self.topics[role])
+        partitions = sorted(key for key, p in state.items() if p.leader >= 0)
+        if not partitions:
+            raise UserError(f"no {role} partition with a leader among {self.topics[role]}")
+        topic, partition = partitions[sum(k.role == role for k in self.kills) % len(partitions)]
+        return topic, partition, state[(topic, partition)].leader
+
+    def kill(self, role: str, down_s: float, say: Callable[[str], None] = lambda line: None) -> LeaderKill:
+        """SIGKILL the leader of a ``role`` partition, keep it down ``down_s`` (at least until the
+        partition has another leader), restart it and wait until it is back in sync everywhere."""
+        self.wait_in_sync()
+        topic, partition, leader = self.target(role)
+        killed_at = time.monotonic()
+        pid = self.cluster.kill_node(leader - 1)
+        say(f"chaos: SIGKILL broker {leader} (pid {pid}), leader of {role} partition {topic}[{partition}]")
+        failover_s: float | None = None
+        new_leader: int | None = None
+        while True:
+            now = time.monotonic()
+            if failover_s is None:
+                current = self._replicas([topic]).get((topic, partition))
+                if current is not None and current.leader >= 0 and current.leader != leader:
+                    failover_s, new_leader = now - killed_at, current.leader
+                    say(f"chaos: {topic}[{partition}] is led by broker {new_leader} after {failover_s:.1f}s")
+            if now - killed_at >= down_s and (failover_s is not None or now - killed_at >= down_s + 60):
+                break
+            time.sleep(0.2)
+        down = time.monotonic() - killed_at
+        restarted = time.monotonic()
+        self.cluster.start_node(leader - 1)
+        answered = time.monotonic()
+        rejoin_s = (answered - restarted) + self.wait_in_sync()
+        kill = LeaderKill(role, topic, partition, leader, pid, down, failover_s, new_leader, rejoin_s, answered)
+        self.kills.append(kill)
+        say(f"chaos: broker {leader} restarted after {down:.1f}s down; in sync again {rejoin_s:.1f}s later")
+        return kill
 
 
 @dataclass(frozen=True)
@@ -667,7 +857,8 @@ def run_through_kafka(scenario: Scenario, bootstrap: str, lateness_s: float = DE
     if chaos_seed is not None:
         chaos = ChaosPlan.seeded(chaos_seed, sum(1 for _ in FleetSimulator(scenario).run()), kills, workers,
                                  outage_s)
+        outage = "partition leader's broker kill" if broker is not None and broker.brokers > 1 else "broker outage"
         say(f"chaos: seed {chaos_seed}, {len(chaos.kills)} SIGKILLs, {workers} workers"
-            f"{f', a {outage_s:.0f}s broker outage' if outage_s else ''}, read-ahead "
+            f"{f', a {outage_s:.0f}s {outage}' if outage_s else ''}, read-ahead "
             f"{CHAOS_READ_AHEAD_BYTES // 1024} KiB per node partition: {chaos.describe()}")
     return replay.run(chaos=chaos, say=say, broker=broker, store=store)

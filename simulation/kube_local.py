@@ -1,17 +1,38 @@
-"""A real Kubernetes control plane (etcd + kube-apiserver) on 127.0.0.1 for the watcher's tests.
+"""A real Kubernetes control plane on 127.0.0.1 for the tests: etcd, kube-apiserver and, on request,
+kube-controller-manager and kube-scheduler, with kubectl and Helm pointed at it.
 
 The watcher's simulated API server only shows what its authors believed; this runs the real
-thing. ``scripts/kube-build.sh`` builds (or finds cached under ``~/.cache/gpulens/kube/``) etcd and
-kube-apiserver from the Go module proxy. :class:`LocalKube` makes a self-signed CA, a serving
+thing. ``scripts/kube-build.sh`` builds (or finds cached under ``~/.cache/gpulens/kube/``) etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (one ``k8s.io/kubernetes``
+build) from the Go module proxy; ``scripts/helm-build.sh`` builds Helm and fetches the
+ServiceMonitor CRD (:func:`build_helm`). :class:`LocalKube` makes a self-signed CA, a serving
 certificate and a service-account key pair with ``openssl``, a static token file with two users
 (an admin in ``system:masters`` and ``gpulens-watcher``, bound to exactly the ClusterRole that
-``deploy/k8s/watcher.yaml`` ships), starts both servers in their own process sessions, waits for
-``/readyz`` and stops them by pid. :class:`KubeApi` is a small JSON-over-HTTPS client for the
-admin's writes (it needs no Kubernetes library; the watcher itself goes through its adapter).
+``deploy/k8s/watcher.yaml`` ships), starts the servers in their own process sessions, waits for
+``/readyz`` (``/healthz`` for the controller-manager and scheduler) and stops them by pid.
+:class:`KubeApi` is a small JSON-over-HTTPS client for the admin's writes (it needs no Kubernetes
+library; the watcher itself goes through its adapter). The apiserver runs its default admission
+plugins, PodSecurity among them, and allows privileged containers as kubeadm and managed clusters
+do (``--allow-privileged``), so PodSecurity alone judges them.
 
-There is no controller-manager, scheduler or kubelet: callers create each namespace's ``default``
-ServiceAccount (:meth:`LocalKube.ensure_namespace`), bind pods through ``pods/binding``, write pod
-status themselves and delete with ``gracePeriodSeconds=0``.
+No kubelet runs. Without the controller-manager, callers create each namespace's ``default``
+ServiceAccount (:meth:`LocalKube.ensure_namespace`); without the scheduler they bind pods through
+``pods/binding`` (:meth:`LocalKube.bind`). Either way they write pod status themselves and delete
+pods with ``gracePeriodSeconds=0``. The controller-manager runs every default controller except
+node lifecycle and node IPAM (no node sends heartbeats, so those would evict or taint every Node);
+a Node a test registers keeps the ``node.kubernetes.io/not-ready`` taint the apiserver gives it
+until the test removes it (:meth:`LocalKube.create_node` with ``schedulable=True``).
+
+Usage (the session fixture ``kube_cluster`` of ``tests/conftest.py`` is this)::
+
+    tools = build_helm()
+    with LocalKube(home, build_binaries(), helm=tools.helm,
+                   controller_manager=True, scheduler=True) as kube:
+        kube.apply_crd(tools.servicemonitor_crd)              # server-side apply, waits Established
+        kube.kubectl("apply", "--dry-run=server", "-f", "pod.yaml")      # the admin's kubeconfig
+        kube.kubectl("auth", "can-i", "list", "pods", user=WATCHER_USER)
+        kube.helm("install", "gpulens", "deploy/helm/gpulens", "-n", "gpulens", "--create-namespace")
+        done = kube.helm("lint", "deploy/helm/gpulens", check=False)      # CompletedProcess
 """
 
 from __future__ import annotations
@@ -40,11 +61,21 @@ from common.processes import pid_alive
 
 KUBE_VERSION = "1.37.2"
 ETCD_VERSION = "3.7.0"
+HELM_VERSION = "4.3.2"
+PROMETHEUS_OPERATOR_VERSION = "0.85.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kube-build.sh"
+HELM_BUILD_SCRIPT = REPO_ROOT / "scripts" / "helm-build.sh"
+KUBE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+SERVICEMONITOR_CRD = "monitoring.coreos.com_servicemonitors.yaml"
 WATCHER_MANIFEST = REPO_ROOT / "deploy" / "k8s" / "watcher.yaml"
 WATCHER_USER = "gpulens-watcher"
 ADMIN_USER = "gpulens-admin"
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# kube-controller-manager's controllers: every default one except those that act on kubelet
+# heartbeats or node CIDRs, which no node here sends or needs
+CONTROLLERS = "*,-node-lifecycle-controller,-node-ipam-controller"
 
 Obj = dict[str, Any]
 
@@ -60,20 +91,61 @@ class KubeApiError(PermanentError):
         self.body = body
 
 
-def build_binaries(progress: bool = True) -> Path:
-    """The directory holding ``etcd`` and ``kube-apiserver``, built on first use (10-30 min)."""
-    env = {**os.environ, "GPULENS_KUBE_VERSION": KUBE_VERSION, "GPULENS_ETCD_VERSION": ETCD_VERSION}
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                            stderr=None if progress else subprocess.PIPE, text=True, env=env, check=False)
+class KubeToolError(PermanentError):
+    """kubectl or helm exited non-zero where the caller asked it to succeed."""
+
+    def __init__(self, done: subprocess.CompletedProcess[str]) -> None:
+        command = " ".join(str(arg) for arg in done.args)
+        super().__init__(f"{command}: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-1500:]}")
+        self.done = done
+
+
+def _run_build(script: Path, env: dict[str, str], required: tuple[str, ...], progress: bool) -> Path:
+    """Run a build script, which prints its output directory last; that directory must hold ``required``."""
+    result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE,
+                            stderr=None if progress else subprocess.PIPE, text=True,
+                            env={**os.environ, **env}, check=False)
     if result.returncode != 0:
         detail = (result.stderr or "").strip().splitlines()[-5:] if not progress else []
-        raise ControlPlaneError(f"{BUILD_SCRIPT.name} failed (exit {result.returncode})"
+        raise ControlPlaneError(f"{script.name} failed (exit {result.returncode})"
                                 + (": " + " | ".join(detail) if detail else "; see its output above"))
     lines = result.stdout.strip().splitlines()
     directory = Path(lines[-1]) if lines else Path()
-    if not (directory / "kube-apiserver").is_file() or not (directory / "etcd").is_file():
-        raise ControlPlaneError(f"{BUILD_SCRIPT.name} printed {directory}, which lacks etcd or kube-apiserver")
+    missing = [name for name in required if not (directory / name).is_file()]
+    if missing:
+        raise ControlPlaneError(f"{script.name} printed {directory}, which lacks {', '.join(missing)}")
     return directory
+
+
+def build_binaries(progress: bool = True) -> Path:
+    """The directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+    kubectl (:data:`KUBE_BINARIES`), built on first use (15-40 min on 2 cores)."""
+    return _run_build(BUILD_SCRIPT, {"GPULENS_KUBE_VERSION": KUBE_VERSION, "GPULENS_ETCD_VERSION": ETCD_VERSION},
+                      KUBE_BINARIES, progress)
+
+
+@dataclass(frozen=True)
+class HelmTools:
+    """What ``scripts/helm-build.sh`` leaves in its directory."""
+
+    directory: Path
+
+    @property
+    def helm(self) -> Path:
+        return self.directory / "helm"
+
+    @property
+    def servicemonitor_crd(self) -> Path:
+        """prometheus-operator's ServiceMonitor CustomResourceDefinition, as the module ships it."""
+        return self.directory / SERVICEMONITOR_CRD
+
+
+def build_helm(progress: bool = True) -> HelmTools:
+    """Helm (:data:`HELM_VERSION`) and the ServiceMonitor CRD, built or fetched on first use."""
+    directory = _run_build(HELM_BUILD_SCRIPT, {"GPULENS_HELM_VERSION": HELM_VERSION,
+                                               "GPULENS_PROMETHEUS_OPERATOR_VERSION": PROMETHEUS_OPERATOR_VERSION},
+                           ("helm", SERVICEMONITOR_CRD), progress)
+    return HelmTools(directory)
 
 
 def free_port() -> int:
@@ -134,19 +206,31 @@ class _Server:
 
 
 class LocalKube:
-    """etcd and kube-apiserver under ``home`` (certificates, tokens, data, logs, pid files)."""
+    """etcd and kube-apiserver under ``home`` (certificates, tokens, data, logs, pid files); with
+    ``controller_manager``/``scheduler`` also those, started after the apiserver (or later through
+    :meth:`start_controller_manager` and :meth:`start_scheduler`). ``helm`` is the Helm binary
+    :meth:`helm` runs (:func:`build_helm`); kubectl comes from ``binaries``."""
 
-    def __init__(self, home: Path, binaries: Path, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, home: Path, binaries: Path, start_timeout_s: float = 120.0, *,
+                 helm: Path | None = None, controller_manager: bool = False, scheduler: bool = False) -> None:
         self.home = home
         self.binaries = binaries
         self.start_timeout_s = start_timeout_s
+        self.helm_path = helm
+        self.with_controller_manager = controller_manager
+        self.with_scheduler = scheduler
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.port = free_port()
+        self.controller_manager_port = free_port()
+        self.scheduler_port = free_port()
         self.admin_token = secrets.token_hex(16)
         self.watcher_token = secrets.token_hex(16)
         self._etcd = _Server("etcd", home / "etcd.pid", home / "etcd.log")
         self._apiserver = _Server("kube-apiserver", home / "kube-apiserver.pid", home / "kube-apiserver.log")
+        self._controller_manager = _Server("kube-controller-manager", home / "kube-controller-manager.pid",
+                                           home / "kube-controller-manager.log")
+        self._scheduler = _Server("kube-scheduler", home / "kube-scheduler.pid", home / "kube-scheduler.log")
 
     # ------------------------------------------------------------------ addresses and credentials
 
@@ -162,6 +246,10 @@ class LocalKube:
     def ca_file(self) -> Path:
         return self.home / "ca.crt"
 
+    @property
+    def kubectl_path(self) -> Path:
+        return self.binaries / "kubectl"
+
     def admin(self) -> KubeApi:
         return KubeApi(self.url, self.admin_token, self.ca_file)
 
@@ -169,7 +257,8 @@ class LocalKube:
         return KubeApi(self.url, self.watcher_token, self.ca_file)
 
     def kubeconfig(self, user: str = WATCHER_USER) -> Path:
-        """A kubeconfig file for ``user`` (``gpulens-watcher`` or ``gpulens-admin``)."""
+        """A kubeconfig file for ``user`` (``gpulens-watcher`` or ``gpulens-admin``; anyone else is
+        reached by impersonation, ``kubectl --as``), written whole (tools read it concurrently)."""
         token = self.watcher_token if user == WATCHER_USER else self.admin_token
         path = self.home / f"kubeconfig-{user}"
         config = {
@@ -179,7 +268,9 @@ class LocalKube:
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "gpulens-test", "context": {"cluster": "gpulens-test", "user": user}}],
         }
-        path.write_text(yaml.safe_dump(config))
+        partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        partial.write_text(yaml.safe_dump(config))
+        partial.replace(path)
         return path
 
     # ------------------------------------------------------------------ lifecycle
@@ -191,6 +282,10 @@ class LocalKube:
         self._wait(self._etcd, self._etcd_ready)
         self.start_apiserver()
         self._grant_watcher_role()
+        if self.with_controller_manager:
+            self.start_controller_manager()
+        if self.with_scheduler:
+            self.start_scheduler()
         return self
 
     def start_apiserver(self) -> None:
@@ -204,7 +299,23 @@ class LocalKube:
         self.stop_apiserver()
         self.start_apiserver()
 
+    def start_controller_manager(self) -> None:
+        self._spawn(self._controller_manager, self._controller_manager_command())
+        self._wait(self._controller_manager, lambda: self._healthy(self.controller_manager_port))
+
+    def stop_controller_manager(self) -> None:
+        self._terminate(self._controller_manager)
+
+    def start_scheduler(self) -> None:
+        self._spawn(self._scheduler, self._scheduler_command())
+        self._wait(self._scheduler, lambda: self._healthy(self.scheduler_port))
+
+    def stop_scheduler(self) -> None:
+        self._terminate(self._scheduler)
+
     def stop(self) -> None:
+        self._terminate(self._scheduler)
+        self._terminate(self._controller_manager)
         self._terminate(self._apiserver)
         self._terminate(self._etcd)
 
@@ -215,7 +326,46 @@ class LocalKube:
         self.stop()
 
     def pids(self) -> list[int]:
-        return [pid for server in (self._etcd, self._apiserver) if (pid := self._pid(server)) is not None]
+        return [pid for server in (self._etcd, self._apiserver, self._controller_manager, self._scheduler)
+                if (pid := self._pid(server)) is not None]
+
+    # ------------------------------------------------------------------ kubectl and helm
+
+    def kubectl(self, *args: str, user: str = ADMIN_USER, stdin: str | None = None, check: bool = True,
+                timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """``kubectl --kubeconfig <user's> ARGS``; ``check`` raises :class:`KubeToolError` on a non-zero exit."""
+        return self._tool([str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig(user)), *args],
+                          user, stdin, check, timeout_s)
+
+    def helm(self, *args: str, user: str = ADMIN_USER, stdin: str | None = None, check: bool = True,
+             timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
+        """``helm --kubeconfig <user's> ARGS``, with Helm's cache, config and data under ``home``."""
+        if self.helm_path is None:
+            raise ControlPlaneError("LocalKube was made without helm= (build_helm().helm)")
+        return self._tool([str(self.helm_path), "--kubeconfig", str(self.kubeconfig(user)), *args],
+                          user, stdin, check, timeout_s)
+
+    def apply_crd(self, path: Path, timeout_s: float = 60.0) -> list[str]:
+        """Server-side apply of the CustomResourceDefinitions in ``path`` (large CRDs do not fit the
+        annotation client-side apply writes), then wait until each is Established. Returns their names."""
+        names = [doc["metadata"]["name"] for doc in yaml.safe_load_all(path.read_text())
+                 if doc and doc.get("kind") == "CustomResourceDefinition"]
+        self.kubectl("apply", "--server-side", "--field-manager=gpulens-tests", "-f", str(path))
+        self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout_s:.0f}s",
+                     *(f"customresourcedefinition/{name}" for name in names), timeout_s=timeout_s + 30)
+        return names
+
+    def _tool(self, command: list[str], user: str, stdin: str | None, check: bool,
+              timeout_s: float) -> subprocess.CompletedProcess[str]:
+        state = self.home / "tools"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig(user)), "KUBERC": "off",
+               "KUBECACHEDIR": str(state / "kube-cache"), "HELM_CACHE_HOME": str(state / "helm-cache"),
+               "HELM_CONFIG_HOME": str(state / "helm-config"), "HELM_DATA_HOME": str(state / "helm-data")}
+        done = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env,
+                              timeout=timeout_s, check=False)
+        if check and done.returncode != 0:
+            raise KubeToolError(done)
+        return done
 
     # ------------------------------------------------------------------ cluster helpers
 
@@ -233,14 +383,20 @@ class LocalKube:
                 if exc.status != 409:
                     raise
 
-    def create_node(self, node: Obj) -> Obj:
-        """Create a node and write its status (capacity, conditions) as a kubelet would."""
+    def create_node(self, node: Obj, schedulable: bool = False) -> Obj:
+        """Create a node and write its status (capacity, conditions) as a kubelet would. The
+        apiserver gives every new Node the ``node.kubernetes.io/not-ready`` NoSchedule taint;
+        ``schedulable`` removes it, as the node lifecycle controller does once a kubelet reports
+        Ready (that controller does not run here), so the scheduler may bind pods to the node."""
         api = self.admin()
         body = _for_create(node, "Node")
         created = api.create("/api/v1/nodes", body)
+        name = created["metadata"]["name"]
         if node.get("status"):
-            created = api.merge_patch(f"/api/v1/nodes/{created['metadata']['name']}/status",
-                                      {"status": node["status"]})
+            created = api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": node["status"]})
+        if schedulable:
+            taints = [taint for taint in created["spec"].get("taints", []) if taint["key"] != NOT_READY_TAINT]
+            created = api.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": taints or None}})
         return created
 
     def create_pod(self, pod: Obj) -> Obj:
@@ -324,13 +480,51 @@ class LocalKube:
             "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
             f"--tls-cert-file={home / 'server.crt'}", f"--tls-private-key-file={home / 'server.key'}",
             f"--client-ca-file={home / 'ca.crt'}", f"--token-auth-file={home / 'tokens.csv'}",
+            # the front-proxy settings kubeadm writes: the apiserver publishes them in
+            # kube-system/extension-apiserver-authentication, which the controller-manager's and
+            # scheduler's delegated authentication read (without them, each logs an error a second)
+            f"--requestheader-client-ca-file={home / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             "--authorization-mode=RBAC",
+            # as kubeadm and managed clusters run it: privileged containers are PodSecurity's to judge
+            "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={home / 'sa.pub'}",
             f"--service-account-signing-key-file={home / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/24",
             f"--cert-dir={home / 'apiserver-certs'}", "--profiling=false", "--v=1",
         ]
+
+    def _component_flags(self, port: int) -> list[str]:
+        """What kube-controller-manager and kube-scheduler share: the admin's kubeconfig for their
+        API calls and for delegated authentication and authorization, and a secure port serving
+        the apiserver's certificate (valid for 127.0.0.1, signed by the test CA)."""
+        kubeconfig = self.kubeconfig(ADMIN_USER)
+        return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1", f"--secure-port={port}",
+                f"--tls-cert-file={self.home / 'server.crt'}", f"--tls-private-key-file={self.home / 'server.key'}",
+                "--leader-elect=false", "--v=1"]
+
+    def _controller_manager_command(self) -> list[str]:
+        home = self.home
+        return [str(self.binaries / "kube-controller-manager"), *self._component_flags(self.controller_manager_port),
+                f"--controllers={CONTROLLERS}",
+                f"--root-ca-file={home / 'ca.crt'}", f"--service-account-private-key-file={home / 'sa.key'}",
+                f"--cluster-signing-cert-file={home / 'ca.crt'}", f"--cluster-signing-key-file={home / 'ca.key'}"]
+
+    def _scheduler_command(self) -> list[str]:
+        return [str(self.binaries / "kube-scheduler"), *self._component_flags(self.scheduler_port)]
+
+    def _healthy(self, port: int) -> bool:
+        """``/healthz`` on a component's secure port (always allowed, even anonymously)."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=2, context=context) as response:
+                return bool(response.read().decode().strip() == "ok")
+        except (OSError, ValueError):
+            return False
 
     def _spawn(self, server: _Server, command: list[str]) -> None:
         if (pid := self._pid(server)) is not None:

@@ -21,6 +21,7 @@ from schemas.outputs import DeadLetterReason
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
 from sinks import sample_json
 from sinks.clickhouse import StoreRejected
+from sinks.cluster import JOURNAL_SYNC
 from sinks.ddl import DATETIME_MAX, TtlDays
 from sinks.migrations import TTL_TABLES
 from sinks.rows import PLAIN_TYPES, Decoded, Plain, Row, TableColumns, Tombstone, rows_for, tables_for
@@ -377,8 +378,10 @@ class BatchWriter:
 
     def __init__(self, store: Store, metrics: SinkMetrics, topic_prefix: str, ttl: TtlDays | None = None,
                  now: Callable[[], datetime] | None = None,
-                 max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S) -> None:
+                 max_future_skew_s: float = DEFAULT_MAX_FUTURE_SKEW_S, replicated: bool = False) -> None:
         self.store = store
+        self.replicated = replicated
+        """Cluster mode: the journal is a Replicated table, synced before it is read (:data:`JOURNAL_SYNC`)."""
         self.metrics = metrics
         self.prefix = topic_prefix
         self.now = now or _now
@@ -503,6 +506,8 @@ class BatchWriter:
         would otherwise wait for its own query behind the insert in flight)."""
         if not starts:
             return {}
+        if self.replicated:
+            self.store.command(JOURNAL_SYNC)
         result = self.store.query(
             "SELECT topic, partition, first_offset, last_offset, batch_group, min(planned_at) FROM sink_batches "
             "WHERE has({keys:Array(Tuple(String, UInt16))}, (topic, partition)) AND last_offset >= {offset:UInt64} "

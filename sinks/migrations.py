@@ -46,6 +46,7 @@ from sinks import migration_additions as additions
 from sinks import migration_core as core
 from sinks import migration_rebuilds as rebuilds
 from sinks.clickhouse import ClickHouseStore
+from sinks.cluster import ClusterStore
 from sinks.ddl import TtlDays
 
 log = get_logger(__name__)
@@ -125,9 +126,13 @@ def applied_versions(store: ClickHouseStore) -> set[int]:
     return {int(str(row[0])) for row in store.query("SELECT version FROM schema_migrations").rows}
 
 
-def migrate(store: ClickHouseStore, ttl: TtlDays | None = None) -> list[int]:
-    """Apply every missing migration in order; returns the versions applied now (idempotent)."""
+def migrate(store: ClickHouseStore, ttl: TtlDays | None = None, cluster: str = "") -> list[int]:
+    """Apply every missing migration in order; returns the versions applied now (idempotent).
+    ``cluster``: run every statement on each replica of that ClickHouse cluster, with replicated
+    engines (:mod:`sinks.cluster`); empty: one server."""
     ttl = ttl or TtlDays()
+    if cluster:
+        store = ClusterStore(store, cluster)
     done = applied_versions(store)
     applied: list[int] = []
     for migration in MIGRATIONS:

@@ -20,6 +20,7 @@ from common.settings import SinkSettings
 from schemas.topics import DEADLETTER
 from sinks.batches import FlushOutcome
 from sinks.clickhouse import ClickHouseStore, describe_target, open_store
+from sinks.cluster import check_cluster, unreplicated_tables
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
 from sinks.query_server import QueryServer
@@ -49,12 +50,28 @@ def prepare_store(settings: SinkSettings) -> ClickHouseStore:
         raise UserError(unkeepable)
     url = settings.clickhouse_url()
     store = open_store(url)
-    applied = migrate(store, ttl)
+    cluster = settings.clickhouse.cluster
+    if cluster:
+        prepare_cluster(store, cluster)
+    applied = migrate(store, ttl, cluster)
     store.forget_schema()
     priced = load_prices(store, settings.prices_usd_per_gpu_hour)
     log.info("clickhouse ready", target=describe_target(url), server_version=store.server_version,
              migrations_applied=applied, prices=priced)
     return store
+
+
+def prepare_cluster(store: ClickHouseStore, cluster: str) -> None:
+    """Refuse a cluster the server does not know, one of several shards, or a database whose tables
+    single-server mode created (they would hold data on one replica only)."""
+    replicas = check_cluster(store, cluster)
+    stray = unreplicated_tables(store)
+    if stray:
+        raise UserError(
+            f"GPULENS_CLICKHOUSE__CLUSTER={cluster}, but tables {', '.join(stray)} of this database are not "
+            "replicated (created by single-server mode): use a new database for cluster mode, or convert them "
+            "to Replicated engines first (docs/sink.md, \"ClickHouse cluster mode\")")
+    log.info("clickhouse cluster", cluster=cluster, replicas=replicas)
 
 
 @contextmanager
@@ -78,7 +95,7 @@ def running_services(settings: SinkSettings, store: ClickHouseStore, registry: M
 def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, create_topics: bool = True) -> FlushOutcome:
     """The whole sink process: returns totals when stopped (SIGTERM/SIGINT) or idle."""
     if create_topics:
-        ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix)
+        ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix, settings.topics)
     store = prepare_store(settings)
     registry = MetricsRegistry()
     sink = ClickHouseSink(settings, store, registry)

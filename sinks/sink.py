@@ -160,7 +160,8 @@ class ClickHouseSink:
         self.registry = registry or MetricsRegistry()
         self.metrics = SinkMetrics(self.registry)
         self.writer = BatchWriter(store, self.metrics, settings.topic_prefix, TtlDays.from_settings(settings),
-                                  max_future_skew_s=settings.max_future_skew_s)
+                                  max_future_skew_s=settings.max_future_skew_s,
+                                  replicated=bool(settings.clickhouse.cluster))
         self.clock = clock
         self.topics = [spec.name(settings.topic_prefix) for spec in SINK_TOPICS]
         self.grouped_topics = {GPU_SAMPLES.name(settings.topic_prefix)}

@@ -9,14 +9,14 @@ its rule in :mod:`stream_jobs.rules` (``CATALOGUE``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, get_args
 
 from schemas.outputs import KNOWN_ALERT_TYPES, Alert, AlertSubject, AlertType, Severity, SubjectKind
+from stream_jobs.json_types import JsonDict, JsonObject, JsonValue, as_float, as_object, as_str
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
-Details = dict[str, Any]
+Details = JsonDict
 """An alert's ``details``: JSON values by name (``schemas.outputs.Alert.details``)."""
 
 DOCS = "docs/alerts.md"
@@ -63,19 +63,31 @@ class OpenAlert:
     cost: IdleCost | None = None
     """``idle_node`` only: when the node went idle and what it costs an hour."""
 
-    def to_dict(self) -> dict[str, Any]:
-        data = {"id": self.id, "type": self.type, "severity": self.severity, "subject": self.subject.model_dump(),
-                "started_at": self.started_at, "summary": self.summary, "details": self.details}
+    def to_dict(self) -> JsonDict:
+        data: JsonDict = {"id": self.id, "type": self.type, "severity": self.severity,
+                          "subject": self.subject.model_dump(), "started_at": self.started_at,
+                          "summary": self.summary, "details": self.details}
         if self.cost is not None:
             data |= {"idle_since_ts": self.cost.since_ts, "usd_per_hour": self.cost.usd_per_hour}
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> OpenAlert:
-        cost = IdleCost(data["idle_since_ts"], data["usd_per_hour"]) if "usd_per_hour" in data else None
-        return cls(id=data["id"], type=data["type"], severity=data["severity"],
-                   subject=AlertSubject.model_validate(data["subject"]), started_at=data["started_at"],
-                   summary=data["summary"], details=dict(data["details"]), cost=cost)
+    def from_dict(cls, data: JsonObject) -> OpenAlert:
+        cost = (IdleCost(as_float(data["idle_since_ts"]), as_float(data["usd_per_hour"])) if "usd_per_hour" in data
+                else None)
+        return cls(id=as_str(data["id"]), type=as_str(data["type"]), severity=_severity(data["severity"]),
+                   subject=AlertSubject.model_validate(data["subject"]), started_at=as_float(data["started_at"]),
+                   summary=as_str(data["summary"]), details=dict(as_object(data["details"])), cost=cost)
+
+
+_SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+
+
+def _severity(value: JsonValue) -> Severity:
+    for severity in _SEVERITIES:
+        if value == severity:
+            return severity
+    raise ValueError(f"state document: {value!r} is not a severity (one of {', '.join(_SEVERITIES)})")
 
 
 def subject(kind: SubjectKind, namespace: str | None = None, name: str | None = None, node: str | None = None,

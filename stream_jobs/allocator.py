@@ -31,17 +31,46 @@ State is plain JSON-serialisable data (:meth:`AllocatorTracker.to_dict`).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from schemas.messages import AllocatorDevice, GpuReading, WorkloadAllocator
 from schemas.outputs import Alert
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
+from stream_jobs.json_types import (
+    JsonDict,
+    JsonValue,
+    as_array,
+    as_float,
+    as_int,
+    as_object,
+    float_map,
+    int_map,
+    optional_int,
+    optional_object,
+    rebuild,
+    record_map,
+)
 from stream_jobs.timeutil import EPS, window_start
 
 
-def _key(*parts: Any) -> str:
-    return "|".join(str(p) for p in parts)
+def _key(*parts: str) -> str:
+    return "|".join(parts)
+
+
+@dataclass
+class AllocatorWindow:
+    """One pod's figures on one GPU in one window (JSON form: its fields, in this order)."""
+
+    ws: float
+    """The window's start (epoch seconds)."""
+    unused_max: int = 0
+    retries: int = 0
+    ooms: int = 0
+    reserved: int = 0
+    """At the window's last report, like ``allocated``."""
+    allocated: int = 0
 
 
 class PodIdentity(NamedTuple):
@@ -59,11 +88,11 @@ class AllocatorTracker:
         self.node = node
         self.thresholds = thresholds
         self.window_s = window_s
-        self.gpus: dict[str, dict[str, list[Any]]] = {}
+        self.gpus: dict[str, dict[str, list[int | None]]] = {}
         """pod uid -> GPU uuid -> [NVML index, memory total bytes] from the samples."""
         self.last: dict[str, list[int]] = {}
         """pod|gpu -> [retries total, OOMs total] of the previous report."""
-        self.windows: dict[str, dict[str, Any]] = {}
+        self.windows: dict[str, AllocatorWindow] = {}
         self.marks: dict[str, list[list[float]]] = {}
         """pod|gpu -> [time, retries total, OOMs total] of the reports within the rule's window."""
         self.over_since: dict[str, float] = {}
@@ -114,11 +143,11 @@ class AllocatorTracker:
         self.last[_key(uid, gpu)] = [retries, ooms]
         unused = max(device.reserved_bytes - device.allocated_bytes, 0)
         ws = window_start(ts, self.window_s)
-        w = self.windows.setdefault(_key(uid, gpu, repr(ws)), {"ws": ws, "unused_max": 0, "retries": 0, "ooms": 0})
-        w.update(reserved=device.reserved_bytes, allocated=device.allocated_bytes)
-        w["unused_max"] = max(w["unused_max"], unused)
-        w["retries"] += new_retries
-        w["ooms"] += new_ooms
+        w = self.windows.setdefault(_key(uid, gpu, repr(ws)), AllocatorWindow(ws))
+        w.reserved, w.allocated = device.reserved_bytes, device.allocated_bytes
+        w.unused_max = max(w.unused_max, unused)
+        w.retries += new_retries
+        w.ooms += new_ooms
         life = self.life.setdefault(uid, {"unused_max": 0, "retries": 0, "ooms": 0})
         life["unused_max"] = max(life["unused_max"], unused)
         life["retries"] += new_retries
@@ -153,17 +182,17 @@ class AllocatorTracker:
 
     # ------------------------------------------------------------------ outputs
 
-    def window_figures(self, pod_uid: str, gpu: str, ws: float) -> dict[str, Any]:
+    def window_figures(self, pod_uid: str, gpu: str, ws: float) -> dict[str, int]:
         """The ``PodWindow`` fields of one window (empty: no report in it); forgets them."""
         w = self.windows.pop(_key(pod_uid, gpu, repr(ws)), None)
         if w is None:
             return {}
-        return {"alloc_reserved_bytes": w["reserved"], "alloc_allocated_bytes": w["allocated"],
-                "max_reserved_unused_bytes": w["unused_max"], "alloc_retries": w["retries"], "alloc_ooms": w["ooms"]}
+        return {"alloc_reserved_bytes": w.reserved, "alloc_allocated_bytes": w.allocated,
+                "max_reserved_unused_bytes": w.unused_max, "alloc_retries": w.retries, "alloc_ooms": w.ooms}
 
     def forget_windows(self, before: float) -> None:
         """Drop figures of windows ending at or before ``before`` that no sampled window took."""
-        for key in [k for k, w in self.windows.items() if w["ws"] + self.window_s <= before + EPS]:
+        for key in [k for k, w in self.windows.items() if w.ws + self.window_s <= before + EPS]:
             del self.windows[key]
 
     def end_pod(self, pod_uid: str, ts: float, why: str) -> list[Alert]:
@@ -179,7 +208,7 @@ class AllocatorTracker:
         self.life.pop(pod_uid, None)
         return out
 
-    def usage(self, pod_uid: str) -> dict[str, Any]:
+    def usage(self, pod_uid: str) -> dict[str, int]:
         """The pod's ``PodUsage`` fields (empty: it reported no allocator figures)."""
         life = self.life.get(pod_uid)
         if life is None:
@@ -189,15 +218,33 @@ class AllocatorTracker:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "last": self.last, "windows": self.windows, "marks": self.marks,
-                "over_since": self.over_since, "rules": rules.table_to_dict(self.rules), "life": self.life,
-                "counters": self.counters}
+    def to_dict(self) -> JsonDict:
+        return {"gpus": self.gpus, "last": self.last, "windows": {key: vars(w) for key, w in self.windows.items()},
+                "marks": self.marks, "over_since": self.over_since, "rules": rules.table_to_dict(self.rules),
+                "life": self.life, "counters": self.counters}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None, node: str, thresholds: Thresholds,
-                  window_s: float) -> AllocatorTracker:
+    def from_dict(cls, value: JsonValue, node: str, thresholds: Thresholds, window_s: float) -> AllocatorTracker:
         tracker = cls(node, thresholds, window_s)
-        for name, value in (data or {}).items():
-            setattr(tracker, name, rules.table_from_dict(value) if name == "rules" else value)
+        data = optional_object(value) or {}
+        if "gpus" in data:
+            tracker.gpus = {uid: {uuid: [optional_int(item) for item in as_array(known)]
+                                  for uuid, known in as_object(gpus).items()}
+                            for uid, gpus in as_object(data["gpus"]).items()}
+        if "last" in data:
+            tracker.last = {key: [as_int(total) for total in as_array(totals)]
+                            for key, totals in as_object(data["last"]).items()}
+        if "windows" in data:
+            tracker.windows = record_map(data["windows"], lambda w: rebuild(AllocatorWindow, w))
+        if "marks" in data:
+            tracker.marks = {key: [[as_float(item) for item in as_array(mark)] for mark in as_array(marks)]
+                             for key, marks in as_object(data["marks"]).items()}
+        if "over_since" in data:
+            tracker.over_since = float_map(data["over_since"])
+        if "rules" in data:
+            tracker.rules = rules.table_from_dict(as_object(data["rules"]))
+        if "life" in data:
+            tracker.life = record_map(data["life"], int_map)
+        if "counters" in data:
+            tracker.counters = int_map(data["counters"])
         return tracker

@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
 
 from common.logs import get_logger
 from schemas.codec import MessageError, validate
 from schemas.messages import Message
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
-from stream_jobs.delivery import Confirmable, Delivery, offer_forwarded, saved_position, state_position
+from stream_jobs.delivery import (
+    AgentStream,
+    Confirmable,
+    ConsumedEvent,
+    Delivery,
+    EventStream,
+    Sender,
+    offer_forwarded,
+    saved_position,
+    state_position,
+)
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.json_types import JsonDict, as_int, int_map, optional_object
+from stream_jobs.offset_guard import Consumed
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import (
     ClusterGate,
@@ -45,22 +57,22 @@ class ClusterAgent:
     delivery: Delivery
     config: EngineConfig
     topic_name: str
-    control_topic: Any
+    control_topic: Sender
     table: ChunkedStore
     durable: Confirmable
     node_partitions: int
     lateness_s: float
     checkpoint_interval_s: float
     observer: OutputObserver | None = None
-    gate: ClusterGate[Any] | None = None
+    gate: ClusterGate[ConsumedEvent] | None = None
     stages: ClusterStages | None = None
     done: dict[str, int] | None = None
     """The stats of the end mark processed, once it was (said again after a restart)."""
     checkpointed_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.unacked: list[Any] = []
-        self.futures: list[Any] = []
+        self.unacked: list[Consumed] = []
+        self.futures: list[Awaitable[object]] = []
         self.next_offset: int | None = None
         """The cluster-inputs offset after the last record processed."""
 
@@ -68,7 +80,7 @@ class ClusterAgent:
         """The cluster-inputs position the saved state was written at (None: none)."""
         return saved_position(self.table.get("cluster"))
 
-    def _position(self, gate: ClusterGate[Any]) -> int | None:
+    def _position(self, gate: ClusterGate[ConsumedEvent]) -> int | None:
         """The offset of the first record the stage's state does not hold (:func:`state_position`):
         parked records, node outputs and marks count."""
         return state_position([*(p.token for p in gate.records.values()), *(p.token for p in gate.outputs.values()),
@@ -83,17 +95,19 @@ class ClusterAgent:
         self.futures = []
         self.next_offset = None
 
-    def _restore(self) -> tuple[ClusterGate[Any], ClusterStages]:
+    def _restore(self) -> tuple[ClusterGate[ConsumedEvent], ClusterStages]:
         if self.gate is None or self.stages is None:
-            record = self.table.get("cluster") or {}
-            meta = record.get("progress") or {}
-            saved = record.get("stage")
-            self.gate = ClusterGate(self.node_partitions, int(meta.get("seq", 0)), meta.get("applied"))
+            record = optional_object(self.table.get("cluster")) or {}
+            meta = optional_object(record.get("progress")) or {}
+            saved = optional_object(record.get("stage"))
+            applied, done = meta.get("applied"), meta.get("done")
+            self.gate = ClusterGate(self.node_partitions, as_int(meta.get("seq", 0)),
+                                    None if applied is None else int_map(applied))
             self.stages = ClusterStages.from_dict(saved, self.config) if saved else ClusterStages(self.config)
-            self.done = meta.get("done")
+            self.done = None if done is None else int_map(done)
         return self.gate, self.stages
 
-    async def _offer(self, gate: ClusterGate[Any], event: Any) -> bool | None:
+    async def _offer(self, gate: ClusterGate[ConsumedEvent], event: ConsumedEvent) -> bool | None:
         """Park the event's record(s) or mark; False: a duplicate; None: not a stream-jobs record
         (dead-lettered)."""
         try:
@@ -116,7 +130,7 @@ class ClusterAgent:
             await self.delivery.send(self.control_topic, None, done_envelope(mark.seq, self.done))
         return accepted
 
-    async def run(self, stream: Any) -> None:
+    async def run(self, stream: AgentStream) -> None:
         events = stream.noack()
         delivery, metrics = self.delivery, self.delivery.metrics
         async for event in events.events():
@@ -141,8 +155,8 @@ class ClusterAgent:
                 metrics.marks.labels("cluster").inc()
                 metrics.stage_seconds.labels("cluster").observe(time.perf_counter() - started)
 
-    async def _mark(self, stage: ClusterStages, mark: Mark, direct: list[Parked[Any]],
-                    outs: list[ParkedOutputs[Any]]) -> None:
+    async def _mark(self, stage: ClusterStages, mark: Mark, direct: list[Parked[ConsumedEvent]],
+                    outs: list[ParkedOutputs[ConsumedEvent]]) -> None:
         for parked in direct:
             message = await self.delivery.released_input(parked, mark)
             if message is not None:
@@ -164,7 +178,7 @@ class ClusterAgent:
             self.futures.append(await self.delivery.publish(m))
         self.delivery.metrics.watermark_lag.labels("cluster").set(max(0.0, time.time() - wm))
 
-    async def _checkpoint(self, events: Any, gate: ClusterGate[Any], stage: ClusterStages,
+    async def _checkpoint(self, events: EventStream, gate: ClusterGate[ConsumedEvent], stage: ClusterStages,
                           end: Mark | None, stats: dict[str, int]) -> None:
         """As ``NodeAgent._checkpoint`` (nothing written when the partition was revoked meanwhile);
         after an end mark, also say ``done`` on the control topic."""
@@ -173,7 +187,7 @@ class ClusterAgent:
         if self.gate is not gate:  # revoked (a new gate is made only for the next event)
             log.info("cluster partition revoked during its checkpoint; state not written")
             return
-        progress = {**gate.progress(), "position": self._position(gate)}
+        progress: JsonDict = {**gate.progress(), "position": self._position(gate)}
         if end is not None:
             self.done = stats
             progress["done"] = stats

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from schemas.messages import MAX_USD, K8sEvent, Message, NodeState, PodState, WorkloadProgress, WorkloadState
 from schemas.outputs import PodLifecycle
 from stream_jobs import rules
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.json_types import JsonDict, JsonObject, as_object, float_map, int_map, record_map
 from stream_jobs.mig_rules import MigTracker
 from stream_jobs.node_stage import pod_end_reason
 from stream_jobs.shared_vram import VramTracker
@@ -66,6 +66,9 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
 }
 _MAX_REASONS = 20
 _DONE_KEEP = 5000
+_NO_USAGE = PodUsage(pod_uid="", node="", ts=from_epoch(0.0))
+"""The usage of a pod no node stage reported on (it never ran on a sampled node): nothing measured,
+so no model, no idle time, a cost factor of 1."""
 
 
 def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
@@ -297,10 +300,10 @@ class ClusterStage(Stage):
         pending_s = max((scheduled if scheduled is not None else end) - pod.created, 0.0)
         running_s = max(end - scheduled, 0.0) if scheduled is not None else 0.0
         gpu_hours = pod.gpus * running_s / 3600.0
-        usage = pod.usage or {}
+        usage = _NO_USAGE if pod.usage is None else PodUsage.model_validate(pod.usage)
         node = self.nodes.get(pod.node or "")
-        model = usage.get("gpu_model") or (node.gpu_product if node is not None else None)
-        factor = usage["cost_units_s"] / usage["unit_s"] if usage.get("unit_s") else 1.0
+        model = usage.gpu_model or (node.gpu_product if node is not None else None)
+        factor = usage.cost_units_s / usage.unit_s if usage.unit_s else 1.0
         cost = gpu_hours * self.config.price(model) * factor
         steps = pod.steps
         reason = pod.end_reason or ("Running" if scheduled is not None else "Pending")
@@ -311,12 +314,12 @@ class ClusterStage(Stage):
             started_at=from_epoch(pod.started) if pod.started is not None else None,
             finished_at=from_epoch(pod.end) if pod.end is not None else None,
             pending_reasons=list(pod.reasons), pending_s=pending_s, running_s=running_s, gpu_hours=gpu_hours,
-            idle_gpu_hours=usage.get("idle_s", 0.0) / 3600.0, peak_mem_bytes=usage.get("peak_mem_bytes"),
-            avg_sm_util_pct=min(100.0, usage["util_s"] / usage["data_s"]) if usage.get("data_s") else None,
+            idle_gpu_hours=usage.idle_s / 3600.0, peak_mem_bytes=usage.peak_mem_bytes,
+            avg_sm_util_pct=min(100.0, usage.util_s / usage.data_s) if usage.data_s else None,
             cost_usd=min(cost, MAX_USD), end_reason=reason,  # type: ignore[arg-type]
             steps=steps, cost_per_step_usd=cost / steps if steps else None,
-            max_reserved_unused_bytes=usage.get("max_reserved_unused_bytes"), alloc_retries=usage.get("alloc_retries"),
-            alloc_ooms=usage.get("alloc_ooms"),
+            max_reserved_unused_bytes=usage.max_reserved_unused_bytes, alloc_retries=usage.alloc_retries,
+            alloc_ooms=usage.alloc_ooms,
         ))
         if pod.end is not None:
             self.done[uid] = pod.end
@@ -504,7 +507,7 @@ class ClusterStage(Stage):
 
     # ------------------------------------------------------------------ checkpoint
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             **self._driving_dict(), "nodes": records_to_dict(self.nodes), "pods": records_to_dict(self.pods),
             "workloads": records_to_dict(self.workloads),
@@ -515,17 +518,17 @@ class ClusterStage(Stage):
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> ClusterStage:
+    def from_dict(cls, data: JsonObject, config: EngineConfig) -> ClusterStage:
         stage = cls(config)
         stage._restore_driving(data)
-        stage.cap = CapacityState.from_dict(data["cap"])
-        stage.nodes = {name: ClusterNode.from_dict(n) for name, n in data["nodes"].items()}
-        stage.pods = {uid: ClusterPod.from_dict(p) for uid, p in data["pods"].items()}
-        stage.early = {uid: SideInputs.from_dict(e) for uid, e in data["early"].items()}
-        stage.summaries = {name: NodeSampleSummary.from_dict(x) for name, x in data["summaries"].items()}
-        stage.done, stage.counters = data["done"], data["counters"]
-        stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
-        stage.workloads = {uid: Workload.from_dict(w) for uid, w in data.get("workloads", {}).items()}
+        stage.cap = CapacityState.from_dict(as_object(data["cap"]))
+        stage.nodes = record_map(data["nodes"], ClusterNode.from_dict)
+        stage.pods = record_map(data["pods"], ClusterPod.from_dict)
+        stage.early = record_map(data["early"], SideInputs.from_dict)
+        stage.summaries = record_map(data["summaries"], NodeSampleSummary.from_dict)
+        stage.done, stage.counters = float_map(data["done"]), int_map(data["counters"])
+        stage.alerting |= record_map(data["alerting"], rules.table_from_dict)
+        stage.workloads = record_map(data.get("workloads", {}), Workload.from_dict)
         stage.mig = MigTracker.from_dict(data.get("mig"))
         stage.vram = VramTracker(data.get("vram"))
         return stage

@@ -14,11 +14,11 @@ Node names and pod uids are unique only within a cluster, so nothing of two clus
 
 from __future__ import annotations
 
-from typing import Any
-
 from schemas.messages import DEFAULT_CLUSTER, Message, scoped_key
 from stream_jobs.cluster_stage import ClusterStage
 from stream_jobs.config import EngineConfig
+from stream_jobs.json_types import JsonDict, JsonObject, record_map
+from stream_jobs.reorder import Source
 from stream_jobs.scoping import stamped
 from stream_jobs.stage import Rejected
 from stream_jobs.state import ClusterPod
@@ -38,7 +38,7 @@ class ClusterStages:
             stage = self.stages[cluster] = ClusterStage(self.config)
         return stage
 
-    def submit(self, message: Message, source: Any = None) -> None:
+    def submit(self, message: Message, source: Source | None = None) -> None:
         self.stage(message.cluster).submit(message, source)
 
     def take_rejected(self) -> list[Rejected]:
@@ -65,13 +65,13 @@ class ClusterStages:
         """Every cluster's pods, by cluster-scoped uid (a view for inspection; the stages own them)."""
         return {scoped_key(name, uid): pod for name, stage in self.stages.items() for uid, pod in stage.pods.items()}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"clusters": {name: stage.to_dict() for name, stage in sorted(self.stages.items())}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> ClusterStages:
+    def from_dict(cls, data: JsonObject, config: EngineConfig) -> ClusterStages:
         """Also reads the state of a version without clusters (one stage's dict: the ``default`` cluster)."""
         stages = cls(config)
         saved = data.get("clusters", {DEFAULT_CLUSTER: data})
-        stages.stages = {name: ClusterStage.from_dict(state, config) for name, state in saved.items()}
+        stages.stages = record_map(saved, lambda state: ClusterStage.from_dict(state, config))
         return stages

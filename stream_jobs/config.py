@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from common.settings import Thresholds as Thresholds
 from common.settings import WorkerSettings
+from stream_jobs.json_types import JsonDict, JsonObject, as_array, as_float, as_object, as_str
 
 _MIG_SUFFIX = re.compile(r"[\s-]+MIG[\s-]+\S+\s*$")
 
@@ -65,15 +65,18 @@ class EngineConfig:
             self._price_of[model] = usd
         return usd
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self) -> JsonDict:
+        data: JsonDict = {
             "window_s": self.window_s,
             "sample_interval_s": self.sample_interval_s,
             "prices_usd_per_gpu_hour": dict(self.prices_usd_per_gpu_hour),
             "thresholds": self.thresholds.to_dict(),
             "max_skew_s": self.max_skew_s,
             "horizon_s": self.horizon_s,
-        } | ({} if self.accept_clusters is None else {"accept_clusters": sorted(self.accept_clusters)})
+        }
+        if self.accept_clusters is not None:
+            data["accept_clusters"] = sorted(self.accept_clusters)
+        return data
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> EngineConfig:
@@ -84,13 +87,15 @@ class EngineConfig:
                    accept_clusters=settings.accepted_clusters())
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EngineConfig:
+    def from_dict(cls, data: JsonObject) -> EngineConfig:
+        accept = data.get("accept_clusters")
         return cls(
-            window_s=float(data.get("window_s", 60.0)),
-            sample_interval_s=float(data.get("sample_interval_s", 10.0)),
-            prices_usd_per_gpu_hour=dict(data.get("prices_usd_per_gpu_hour", {})),
+            window_s=float(as_float(data.get("window_s", 60.0))),
+            sample_interval_s=float(as_float(data.get("sample_interval_s", 10.0))),
+            prices_usd_per_gpu_hour={model: as_float(usd) for model, usd
+                                     in as_object(data.get("prices_usd_per_gpu_hour", {})).items()},
             thresholds=Thresholds.model_validate(data.get("thresholds", {})),
-            max_skew_s=float(data.get("max_skew_s", 600.0)),
-            horizon_s=float(data.get("horizon_s", 86400.0)),
-            accept_clusters=None if data.get("accept_clusters") is None else frozenset(data["accept_clusters"]),
+            max_skew_s=float(as_float(data.get("max_skew_s", 600.0))),
+            horizon_s=float(as_float(data.get("horizon_s", 86400.0))),
+            accept_clusters=None if accept is None else frozenset(as_str(name) for name in as_array(accept)),
         )

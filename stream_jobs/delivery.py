@@ -6,8 +6,9 @@ inputs out of the event-time bounds, and acknowledge what they finished. One obj
 things for all three, so the exactly-once rules (acknowledge only after delivery and checkpoint,
 in offset order) live in one place; the agents only decide *when*.
 
-It takes faust's streams, events and topics as opaque objects (``send``, ``ack``, ``message``)
-and does not import faust (``stream_jobs.faust_app`` is the adapter).
+It takes faust's streams, events and topics as what it uses of them (:class:`AgentStream`,
+:class:`ConsumedEvent`, :class:`Sender`) and does not import faust (``stream_jobs.faust_app`` is
+the adapter).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import orjson
 
@@ -28,8 +29,9 @@ from schemas.dead_letters import dead_letter_headers
 from schemas.messages import Message, scoped_key
 from schemas.outputs import Alert, DeadLetterReason, PodLifecycle, PodWindow
 from stream_jobs.config import EngineConfig
-from stream_jobs.offset_guard import OffsetGuard, WorkerMetrics
-from stream_jobs.offsets import EXIT_STALLED
+from stream_jobs.json_types import JsonValue, as_int, optional_object
+from stream_jobs.offset_guard import Consumed, ConsumedRecord, OffsetGuard, WorkerMetrics
+from stream_jobs.offsets import EXIT_STALLED, TopicPartition
 from stream_jobs.pipeline import INPUT_TOPICS, dead_letter, decode_record, event_time_error, wire_error
 from stream_jobs.stage import Rejected
 from stream_jobs.timeutil import from_epoch
@@ -57,7 +59,39 @@ def exit_for_restart(reason: str) -> NoReturn:
     os._exit(EXIT_STALLED)
 
 
-def state_position(parked: Iterable[Any], next_offset: int | None) -> int | None:
+class ConsumedEvent(Consumed, Protocol):
+    """A consumed event as the agents read it (faust's ``Event``, the runtime's ``DirectEvent``): its
+    record and its value (the record's bytes: the worker's topics have no serializer)."""
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+class EventStream(Protocol):
+    """An agent's events as the runtime hands them over, each acknowledged explicitly."""
+
+    def events(self) -> AsyncIterator[ConsumedEvent]: ...
+
+    async def ack(self, event: Consumed) -> None: ...
+
+
+class AgentStream(Protocol):
+    """What an agent's ``run`` is given (the runtime's ``Inbox``, read as faust's stream would be)."""
+
+    def noack(self) -> EventStream: ...
+
+
+class Sender(Protocol):
+    """A topic the worker writes to (``faust_port.DirectSender``): ``send`` hands a record to the
+    producer and returns its delivery, a future to await."""
+
+    async def send(self, *, key: bytes | None, value: bytes, partition: int | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[object]: ...
+
+    def get_topic_name(self) -> str: ...
+
+
+def state_position(parked: Iterable[Consumed], next_offset: int | None) -> int | None:
     """The offset of the first stage input a checkpoint's state does not hold: the earliest of the
     ``parked`` events (consumed, not applied yet), else ``next_offset`` (after the last event
     processed); None before any. Saved in the state's progress (see :func:`saved_position`)."""
@@ -67,11 +101,12 @@ def state_position(parked: Iterable[Any], next_offset: int | None) -> int | None
     return min(offsets, default=None)
 
 
-def saved_position(state: dict[str, Any] | None, name: str = "position") -> int | None:
+def saved_position(state: JsonValue, name: str = "position") -> int | None:
     """The :func:`state_position` a saved stage state was written at (None: none saved); ``name``:
     which of its input topics' positions (``position``: the stage's internal topic)."""
-    position = ((state or {}).get("progress") or {}).get(name)
-    return None if position is None else int(position)
+    progress = optional_object((optional_object(state) or {}).get("progress")) or {}
+    position = progress.get(name)
+    return None if position is None else as_int(position)
 
 
 class SharedAck:
@@ -79,16 +114,20 @@ class SharedAck:
     is acknowledged when the last of them is done (acknowledging it at the first could commit past
     records still parked, which a crash would then lose)."""
 
-    def __init__(self, event: Any) -> None:
+    def __init__(self, event: ConsumedEvent) -> None:
         self.event = event
         self.left = 0
 
     @property
-    def message(self) -> Any:
+    def message(self) -> ConsumedRecord:
         return self.event.message
 
+    @property
+    def value(self) -> bytes | None:
+        return self.event.value
 
-def offer_forwarded(gate: InputGate[Any], envelope: ForwardedRecords, event: Any) -> bool:
+
+def offer_forwarded(gate: InputGate[ConsumedEvent], envelope: ForwardedRecords, event: ConsumedEvent) -> bool:
     """Park the forwarded records of an envelope (``r``: one, ``b``: several); False when every
     one of them was applied or is parked already (a duplicate: acknowledge the event now)."""
     records = envelope.records
@@ -112,29 +151,29 @@ class Delivery:
     config: EngineConfig
     metrics: WorkerMetrics
     offsets: OffsetGuard
-    deadletter_topic: Any
-    out_topics: dict[type[Message], Any]
+    deadletter_topic: Sender
+    out_topics: dict[type[Message], Sender]
     """Public output topic by message class."""
     compacted: set[str]
     """Input topics that are compacted (their offsets may have holes)."""
     budget: LetterBudget = field(default_factory=LetterBudget)
     """How many dead letters this worker writes a second (:class:`LetterBudget`)."""
 
-    async def admit(self, event: Any) -> bool:
+    async def admit(self, event: ConsumedEvent) -> bool:
         """Whether to process a consumed event (:class:`OffsetGuard`)."""
         message = event.message
         return await self.offsets.admit(message.tp, message.offset, message.topic in self.compacted, event,
                                         message.timestamp)
 
-    def pause(self, tp: Any) -> None:
+    def pause(self, tp: TopicPartition) -> None:
         """Stop fetching the consumed partition ``tp`` (:meth:`OffsetGuard.pause`)."""
         self.offsets.pause(tp)
 
-    async def resume(self, tp: Any) -> None:
+    async def resume(self, tp: TopicPartition) -> None:
         """Fetch ``tp`` again from the next record to admit (:meth:`OffsetGuard.resume`)."""
         await self.offsets.resume(tp)
 
-    async def ack(self, events: Any, event: Any) -> None:
+    async def ack(self, events: EventStream, event: Consumed) -> None:
         """The event is done; acknowledge it and what waited for it (offset order, see AckOrder).
         A :class:`SharedAck` is one of its envelope's records: the envelope is done with the last."""
         if isinstance(event, SharedAck):
@@ -145,15 +184,15 @@ class Delivery:
         for ready in self.offsets.done(event.message.tp, event.message.offset, event):
             await events.ack(ready)
 
-    async def send(self, topic: Any, key: str | None, value: bytes, partition: int | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> Any:
+    async def send(self, topic: Sender, key: str | None, value: bytes, partition: int | None = None,
+                   headers: list[tuple[str, bytes]] | None = None) -> Awaitable[object]:
         """Hand a record to the producer; returns its delivery (a future to await)."""
         fut = await topic.send(key=key.encode() if key is not None else None, value=value, partition=partition,
                                headers=headers)
         self.metrics.record_out(topic.get_topic_name())
         return fut
 
-    async def publish(self, message: Message) -> Any:
+    async def publish(self, message: Message) -> Awaitable[object]:
         """Send a stage output to its public topic; returns its delivery."""
         return await self.send(self.out_topics[type(message)], output_key(message), encode(message),
                                headers=list(WIRE_HEADERS))
@@ -179,7 +218,7 @@ class Delivery:
                     error=letter.error[:500])
         self.budget.say()
 
-    async def internal_letter(self, event: Any, error: str) -> None:
+    async def internal_letter(self, event: ConsumedEvent, error: str) -> None:
         """Dead-letter a record of an internal topic (node-inputs, cluster-inputs) the stage cannot
         read: none the workers write, so a writer with access to the topic (or a bug) put it there."""
         message = event.message
@@ -192,9 +231,9 @@ class Delivery:
         for r in rejected:
             if r.source is not None:
                 topic, partition, offset = r.source[0], r.source[1], r.source[2]
-                await self.dead_letter(str(topic), int(partition), int(offset), None, r.value, r.error, r.reason)
+                await self.dead_letter(str(topic), as_int(partition), as_int(offset), None, r.value, r.error, r.reason)
 
-    async def released_input(self, parked: Parked[Any], mark: Mark) -> Message | None:
+    async def released_input(self, parked: Parked[ConsumedEvent], mark: Mark) -> Message | None:
         """An input record a mark released, or None when it is dead-lettered: invalid (a record the
         stage read itself, :class:`~stream_jobs.watermark.ReadRecord`, decoded as the route decodes; a forwarded one
         validated again from its copy, which the route made sure reads the same) or with its event
@@ -232,7 +271,7 @@ class Delivery:
         return None
 
 
-def _copy_bytes(value: Any) -> bytes | None:
+def _copy_bytes(value: dict[str, object]) -> bytes | None:
     """A forwarded record's copy as JSON again, for its dead letter (never raises)."""
     try:
         return orjson.dumps(value)

@@ -383,7 +383,9 @@ def make_app(settings: WorkerSettings) -> Any:
         # outputs and checkpoints are JSON, and writing them uncompressed cost it more than lz4 does
         producer_compression_type=None if settings.producer.compression == "none" else settings.producer.compression,
         table_standby_replicas=0,
-        topic_replication_factor=1,
+        # for the one topic faust creates itself (its leader topic): the factor stream_jobs.service
+        # resolved for the cluster when it created the others (1 where none was resolved)
+        topic_replication_factor=settings.topics.resolve(brokers=1)[0],
         web_enabled=settings.web_port > 0,
         web_port=settings.web_port or 6066,
         web_bind=str(settings.web_bind),

@@ -22,11 +22,12 @@ alerts. State is plain JSON-serialisable data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from schemas.outputs import Alert, MigGpuLayout
 from stream_jobs import rules
 from stream_jobs.config import Thresholds
+from stream_jobs.json_types import JsonDict, JsonValue, as_array, as_object, float_map, optional_object
 from stream_jobs.mig import (
     MigInstance,
     MigTable,
@@ -42,12 +43,12 @@ from stream_jobs.state import ClusterPod
 _MAX_CANDIDATES = 20
 
 
-def _table(gpu: dict[str, Any]) -> MigTable | None:
-    return table_for(gpu["model"], gpu.get("mem_total_bytes"), [i["profile"] for i in gpu["instances"]])
+def _table(gpu: MigGpuLayout) -> MigTable | None:
+    return table_for(gpu.model, gpu.mem_total_bytes, [i.profile for i in gpu.instances])
 
 
-def _instances(gpu: dict[str, Any]) -> list[MigInstance]:
-    return [MigInstance(i["profile"], i["start"], i["used"]) for i in gpu["instances"]]
+def _instances(gpu: MigGpuLayout) -> list[MigInstance]:
+    return [MigInstance(i.profile, i.start, i.used) for i in gpu.instances]
 
 
 def _mig_request(requests: dict[str, int]) -> tuple[str, int] | None:
@@ -59,17 +60,32 @@ def _mig_request(requests: dict[str, int]) -> tuple[str, int] | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Assessment:
+    """Where a pending pod's MIG instances could come from (:meth:`MigTracker._assess`)."""
+
+    hostable: bool
+    relayout_node: bool
+    fleet: bool
+    figures: JsonDict
+    """Re-layout candidates and slice counts: the alert's details."""
+
+
 class MigTracker:
     def __init__(self) -> None:
-        self.layouts: dict[str, list[dict[str, Any]]] = {}
+        self.layouts: dict[str, list[MigGpuLayout]] = {}
+        self._layout_docs: dict[str, list[JsonDict]] = {}
+        """The layouts' JSON form (checkpoints), written once per summary."""
         self.idle_since: dict[str, float] = {}
-        self.snapshot: dict[str, Any] | None = None
+        self.snapshot: JsonDict | None = None
 
     def on_summary(self, node: str, layouts: list[MigGpuLayout] | None) -> None:
         if layouts:
-            self.layouts[node] = [g.model_dump(mode="json") for g in layouts]
+            self.layouts[node] = list(layouts)
+            self._layout_docs[node] = [g.model_dump(mode="json") for g in layouts]
         else:
             self.layouts.pop(node, None)
+            self._layout_docs.pop(node, None)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -93,25 +109,25 @@ class MigTracker:
         return self._rule(t, [(n, g) for n, g in gpus if n in schedulable], pending, thresholds, table,
                           why_not_pending)
 
-    def _track_idle(self, t: float, gpus: list[tuple[str, dict[str, Any]]]) -> None:
+    def _track_idle(self, t: float, gpus: list[tuple[str, MigGpuLayout]]) -> None:
         seen = set()
         for node, gpu in gpus:
-            for inst in gpu["instances"]:
-                key = f"{node}/{gpu['gpu_uuid']}/{inst['profile']}@{inst['start']}"
+            for inst in gpu.instances:
+                key = f"{node}/{gpu.gpu_uuid}/{inst.profile}@{inst.start}"
                 seen.add(key)
-                if inst["used"]:
+                if inst.used:
                     self.idle_since.pop(key, None)
                 else:
                     self.idle_since.setdefault(key, t)
         for key in set(self.idle_since) - seen:
             del self.idle_since[key]
 
-    def _figures(self, t: float, gpus: list[tuple[str, dict[str, Any]]], demand: dict[str, int]) -> dict[str, Any]:
+    def _figures(self, t: float, gpus: list[tuple[str, MigGpuLayout]], demand: dict[str, int]) -> JsonDict:
         free_c = free_m = 0
         free_by_profile: dict[str, int] = {}
         relayout: dict[str, int] = {}
         by_node: dict[str, dict[str, int]] = {}
-        windows = []
+        windows: list[JsonDict] = []
         for node, gpu in gpus:
             table = _table(gpu)
             if table is None:
@@ -125,13 +141,13 @@ class MigTracker:
                 here[profile] = here.get(profile, 0) + n
             for profile, n in fig.relayout_counts.items():
                 relayout[profile] = relayout.get(profile, 0) + n
-            instances = []
-            for inst in gpu["instances"]:
-                since = self.idle_since.get(f"{node}/{gpu['gpu_uuid']}/{inst['profile']}@{inst['start']}")
-                instances.append({"profile": inst["profile"], "start": inst["start"], "used": inst["used"],
-                                  "uuid": inst.get("uuid"), "idle_s": None if since is None else t - since})
+            instances: list[JsonDict] = []
+            for inst in gpu.instances:
+                since = self.idle_since.get(f"{node}/{gpu.gpu_uuid}/{inst.profile}@{inst.start}")
+                instances.append({"profile": inst.profile, "start": inst.start, "used": inst.used,
+                                  "uuid": inst.uuid, "idle_s": None if since is None else t - since})
             windows.append({
-                "node": node, "gpu_index": gpu["gpu_index"], "gpu_uuid": gpu["gpu_uuid"], "profile_table": table.name,
+                "node": node, "gpu_index": gpu.gpu_index, "gpu_uuid": gpu.gpu_uuid, "profile_table": table.name,
                 "instances": instances, "free_compute_slices": fig.free_compute_slices,
                 "free_memory_slices": fig.free_memory_slices, "largest_creatable_profile": fig.largest_creatable,
                 "largest_after_relayout": fig.largest_after_relayout,
@@ -146,12 +162,12 @@ class MigTracker:
 
     # ------------------------------------------------------------------ mig_fragmentation
 
-    def _assess(self, gpus: list[tuple[str, dict[str, Any]]], profile: str, count: int) -> dict[str, Any]:
+    def _assess(self, gpus: list[tuple[str, MigGpuLayout]], profile: str, count: int) -> _Assessment:
         """Where ``count`` instances of ``profile`` could come from: empty ones now, re-layouts per
         node, and the free slices summed over the fleet's GPUs of a table that has the profile."""
         empty_by_node: dict[str, int] = {}
         relayout_by_node: dict[str, int] = {}
-        candidates: list[dict[str, Any]] = []
+        candidates: list[JsonDict] = []
         free_c = free_m = 0
         need_c = need_m = 0
         for node, gpu in gpus:
@@ -172,16 +188,17 @@ class MigTracker:
                 span = set(range(starts[0], starts[0] + wanted.memory_slices))
                 destroy = [f"{i.profile}@{i.start}" for i in instances if not i.used
                            and span & set(range(i.start, i.start + (table.profile(i.profile) or wanted).memory_slices))]
-                candidates.append({"node": node, "gpu_index": gpu["gpu_index"], "gpu_uuid": gpu["gpu_uuid"],
+                candidates.append({"node": node, "gpu_index": gpu.gpu_index, "gpu_uuid": gpu.gpu_uuid,
                                    "start": starts[0], "destroy": destroy, "free_compute_slices": c,
                                    "free_memory_slices": m})
-        return {"hostable": any(n >= count for n in empty_by_node.values()),
-                "relayout_node": any(n >= count for n in relayout_by_node.values()),
-                "fleet": need_c > 0 and free_c >= need_c and free_m >= need_m,
-                "candidates": candidates[:_MAX_CANDIDATES], "free_compute_slices": free_c,
-                "free_memory_slices": free_m, "need_compute_slices": need_c, "need_memory_slices": need_m}
+        return _Assessment(hostable=any(n >= count for n in empty_by_node.values()),
+                           relayout_node=any(n >= count for n in relayout_by_node.values()),
+                           fleet=need_c > 0 and free_c >= need_c and free_m >= need_m,
+                           figures={"relayout_candidates": candidates[:_MAX_CANDIDATES],
+                                    "free_compute_slices": free_c, "free_memory_slices": free_m,
+                                    "need_compute_slices": need_c, "need_memory_slices": need_m})
 
-    def _rule(self, t: float, gpus: list[tuple[str, dict[str, Any]]], pending: Sequence[ClusterPod],
+    def _rule(self, t: float, gpus: list[tuple[str, MigGpuLayout]], pending: Sequence[ClusterPod],
               th: Thresholds, table: rules.RuleTable, why_not_pending: Callable[[str], str]) -> list[Alert]:
         out: list[Alert] = []
         waiting: set[str] = set()
@@ -192,24 +209,25 @@ class MigTracker:
             profile, count = want
             waiting.add(pod.uid)
             found = self._assess(gpus, profile, count)
-            figures = {"relayout_candidates": found["candidates"]} | {
-                key: found[key] for key in ("free_compute_slices", "free_memory_slices", "need_compute_slices",
-                                            "need_memory_slices")}
-            context = rules.MigWaiting(pod, profile, count, found["hostable"], found["relayout_node"], found["fleet"],
-                                       figures)
+            context = rules.MigWaiting(pod, profile, count, found.hostable, found.relayout_node, found.fleet,
+                                       found.figures)
             out += rules.step(rules.MIG_FRAGMENTATION, table, pod.uid, context, t, th)
         return out + rules.sweep(table, waiting, t, why_not_pending)
 
     # ------------------------------------------------------------------ checkpoint
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"layouts": self.layouts, "idle_since": self.idle_since, "snapshot": self.snapshot}
+    def to_dict(self) -> JsonDict:
+        return {"layouts": self._layout_docs, "idle_since": self.idle_since, "snapshot": self.snapshot}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> MigTracker:
+    def from_dict(cls, value: JsonValue) -> MigTracker:
         tracker = cls()
+        data = optional_object(value)
         if data:
-            tracker.layouts = data.get("layouts", {})
-            tracker.idle_since = data.get("idle_since", {})
-            tracker.snapshot = data.get("snapshot")
+            for node, docs in as_object(data.get("layouts", {})).items():
+                tracker._layout_docs[node] = [dict(as_object(doc)) for doc in as_array(docs)]
+                tracker.layouts[node] = [MigGpuLayout.model_validate(doc) for doc in tracker._layout_docs[node]]
+            tracker.idle_since = float_map(data.get("idle_since", {}))
+            snapshot = optional_object(data.get("snapshot"))
+            tracker.snapshot = None if snapshot is None else dict(snapshot)
         return tracker

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from common.logs import get_logger
 from schemas.codec import encode
@@ -33,15 +32,22 @@ from schemas.messages import DEFAULT_CLUSTER, GpuSample, Message
 from schemas.topics import GPU_SAMPLES
 from stream_jobs.config import EngineConfig
 from stream_jobs.delivery import (
+    AgentStream,
     Confirmable,
+    ConsumedEvent,
     Delivery,
+    EventStream,
+    Sender,
     offer_forwarded,
     saved_position,
     state_position,
 )
 from stream_jobs.fleet_metrics import OutputObserver
 from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.json_types import JsonDict, as_int, as_object, int_map, optional_object
 from stream_jobs.node_stage import NodeStage
+from stream_jobs.offset_guard import Consumed
+from stream_jobs.offsets import TopicPartition
 from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import (
@@ -75,29 +81,29 @@ def node_state_partition(key: bytes) -> int:
 class NodePartition:
     """One node-inputs partition: its gate and the stages of the nodes keyed to it."""
 
-    gate: InputGate[Any]
+    gate: InputGate[ConsumedEvent]
     stages: dict[str, NodeStage] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
-    unacked: list[Any] = field(default_factory=list)
+    unacked: list[Consumed] = field(default_factory=list)
     """Events processed since the last checkpoint, acknowledged when it is written: those applied,
     and also state marks and duplicates (a record or mark applied before). Acknowledged at once, a
     duplicate would let the committed offset pass the position the last checkpoint saved, and a
     restart would take the saved state for one older than the commits (a false "restored state is
     older" and a needless re-read)."""
-    futures: list[Any] = field(default_factory=list)
+    futures: list[Awaitable[object]] = field(default_factory=list)
     """Deliveries of outputs sent since the last checkpoint."""
     checkpointed_at: float = 0.0
     next_offset: int | None = None
     """The node-inputs offset after the last record processed."""
     next_sample_offset: int | None = None
     """The samples offset after the last sample read."""
-    waiting: list[tuple[Mark, Any]] = field(default_factory=list)
+    waiting: list[tuple[Mark, ConsumedEvent]] = field(default_factory=list)
     """Marks (with their events) waiting for the partition's samples they cover, in order."""
     state_ts: dict[str, float] = field(default_factory=dict)
     """Per cluster: pod and node state is complete up to here (the latest state mark's time)."""
     sample_ts: dict[str, float] = field(default_factory=dict)
     """Per node key: the time of the node's latest sample applied (a node's agent sends in order)."""
-    samples_tp: Any = None
+    samples_tp: TopicPartition | None = None
     """The samples partition as the consumer names it (its records' ``message.tp``), once one is read."""
     read_ahead_bytes: int = 0
     """Bytes of the samples parked in the gate: read, not yet released by a mark."""
@@ -107,8 +113,8 @@ class NodePartition:
     def positions(self, node_topic: str) -> tuple[int | None, int | None]:
         """Per topic read, node-inputs (``node_topic``) and samples: the offset of its first record
         the stages' state does not hold (:func:`state_position`), in one pass over what waits."""
-        node: list[Any] = []
-        samples: list[Any] = []
+        node: list[Consumed] = []
+        samples: list[Consumed] = []
         for token in (*(parked.token for parked in self.gate.records.values()), *(e for _mark, e in self.waiting)):
             (node if token.message.topic == node_topic else samples).append(token)
         return state_position(node, self.next_offset), state_position(samples, self.next_sample_offset)
@@ -133,7 +139,7 @@ class NodeAgent:
     delivery: Delivery
     config: EngineConfig
     topic_name: str
-    cluster_topic: Any
+    cluster_topic: Sender
     table: ChunkedStore
     durable: Confirmable
     lateness_s: float
@@ -162,16 +168,18 @@ class NodeAgent:
     def _part(self, partition: int) -> NodePartition:
         part = self.parts.get(partition)
         if part is None:
-            saved = self.table.get(state_key(partition)) or {}
-            progress = saved.get("progress", {})
-            part = NodePartition(InputGate(int(progress.get("seq", 0)), progress.get("applied")),
-                                 stats=dict(saved.get("stats", {})))
-            for node, state in saved.get("stages", {}).items():
-                part.stages[node] = NodeStage.from_dict(state, self.config)
+            saved = optional_object(self.table.get(state_key(partition))) or {}
+            progress = as_object(saved.get("progress", {}))
+            applied = progress.get("applied")
+            gate: InputGate[ConsumedEvent] = InputGate(as_int(progress.get("seq", 0)),
+                                                       None if applied is None else int_map(applied))
+            part = NodePartition(gate, stats=int_map(saved.get("stats", {})))
+            for node, state in as_object(saved.get("stages", {})).items():
+                part.stages[node] = NodeStage.from_dict(as_object(state), self.config)
             self.parts[partition] = part
         return part
 
-    async def run(self, stream: Any) -> None:
+    async def run(self, stream: AgentStream) -> None:
         events = stream.noack()
         delivery, metrics = self.delivery, self.delivery.metrics
         async for event in events.events():
@@ -237,6 +245,8 @@ class NodeAgent:
         waits for samples not read yet, or when marks have released half of what was parked. The
         marks come on node-inputs, which never pauses, so a paused partition is always woken."""
         metrics = self.delivery.metrics
+        if part.samples_tp is None:  # no sample read yet: nothing to pause or resume
+            return
         if part.read_ahead_bytes > self.read_ahead_bytes and not part.waiting:
             metrics.read_ahead.labels(str(partition)).set(part.read_ahead_bytes)
             if not part.paused:
@@ -251,7 +261,7 @@ class NodeAgent:
                      waiting_marks=len(part.waiting))
             await self.delivery.resume(part.samples_tp)
 
-    async def _release(self, events: Any, partition: int, part: NodePartition) -> None:
+    async def _release(self, events: EventStream, partition: int, part: NodePartition) -> None:
         """Process the waiting marks whose samples are read, in order."""
         metrics = self.delivery.metrics
         tp = tp_key(self.samples_topic, partition)
@@ -269,7 +279,8 @@ class NodeAgent:
             metrics.marks.labels("node").inc()
             metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
 
-    async def _mark(self, partition: int, part: NodePartition, mark: Mark, released: list[Parked[Any]]) -> None:
+    async def _mark(self, partition: int, part: NodePartition, mark: Mark,
+                    released: list[Parked[ConsumedEvent]]) -> None:
         metrics = self.delivery.metrics
         for parked in released:
             message = await self.delivery.released_input(parked, mark)
@@ -305,7 +316,7 @@ class NodeAgent:
             await self.delivery.rejected(stage.take_rejected())
         if self.observer is not None:
             self.observer.observe(outputs)
-        public: list[Any] = []
+        public: list[Awaitable[object]] = []
         internal: list[tuple[str, bytes]] = []
         for message in outputs:
             if isinstance(message, NodeSummary | PodUsage):
@@ -341,7 +352,7 @@ class NodeAgent:
         await self.delivery.dead_letter(record.topic, partition, record.offset, record.key, record.raw, error)
         return False
 
-    async def _checkpoint(self, events: Any, partition: int, part: NodePartition) -> None:
+    async def _checkpoint(self, events: EventStream, partition: int, part: NodePartition) -> None:
         """Outputs delivered -> state written -> inputs acknowledged, in this order: a crash at any
         point replays from the previous checkpoint and only repeats outputs (same ids).
 
@@ -355,7 +366,7 @@ class NodeAgent:
             log.info("node partition revoked during its checkpoint; state not written", partition=partition)
             return
         position, sample_position = part.positions(self.topic_name)
-        progress = {**part.gate.progress(), "position": position, "sample_position": sample_position}
+        progress: JsonDict = {**part.gate.progress(), "position": position, "sample_position": sample_position}
         self.table[state_key(partition)] = {
             "progress": progress, "stats": part.stats,
             "stages": {node: stage.to_dict() for node, stage in sorted(part.stages.items())}}

@@ -18,8 +18,6 @@ State is plain JSON-serialisable data (:meth:`to_dict` / :meth:`from_dict`).
 
 from __future__ import annotations
 
-from typing import Any
-
 from common.logs import get_logger
 from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, WorkloadAllocator
 from schemas.outputs import SharedGpuState
@@ -28,6 +26,7 @@ from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary
+from stream_jobs.json_types import JsonDict, JsonObject, as_object, as_str, float_map, int_map, record_map
 from stream_jobs.mig import layouts_from_sample
 from stream_jobs.scoping import stamped
 from stream_jobs.shared_vram import NoisyNeighbours, replicas_per_gpu
@@ -206,7 +205,7 @@ class NodeStage(Stage):
         info = self.info
         recent = [t for t in pod.restart_times if t > ts - th.crashloop_window + EPS]
         if pod.crash is None and recent and len(recent) >= th.crashloop_restarts:
-            details = {
+            details: alerts.Details = {
                 "restarts_in_window": len(recent), "restarts_total": pod.restarts,
                 "window_s": th.crashloop_window, "driver_version": info.driver_version,
                 "cuda_driver_version": info.cuda_driver_version, "image": pod.image,
@@ -303,7 +302,7 @@ class NodeStage(Stage):
             if g.alert is None:
                 what = (f"GPU {reading.health}" if reading.health in ("lost", "error")
                         else "critical XID " + ", ".join(str(x.xid) for x in critical))
-                details = {
+                details: alerts.Details = {
                     "gpu_index": reading.index, "health": reading.health, "reason": reading.health_reason,
                     "xids": [{"xid": x.xid, "critical": x.critical, "message": x.message} for x in reading.xids],
                     "model": reading.model,
@@ -430,7 +429,7 @@ class NodeStage(Stage):
 
     # ------------------------------------------------------------------ checkpoint
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "node": self.node, "cluster": self.cluster, **self._driving_dict(),
             "info": self.info.to_dict(),
@@ -443,18 +442,18 @@ class NodeStage(Stage):
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], config: EngineConfig) -> NodeStage:
-        stage = cls(data["node"], config, data.get("cluster", DEFAULT_CLUSTER))
+    def from_dict(cls, data: JsonObject, config: EngineConfig) -> NodeStage:
+        stage = cls(as_str(data["node"]), config, as_str(data.get("cluster", DEFAULT_CLUSTER)))
         stage._restore_driving(data)
-        stage.info = NodeInfo.from_dict(data["info"])
-        stage.pods = {uid: NodePod.from_dict(pod) for uid, pod in data["pods"].items()}
-        stage.ended = data["ended"]
-        stage.gpus = {uuid: GpuHealth.from_dict(g) for uuid, g in data["gpus"].items()}
-        stage.last_sample = data["last_sample"]
-        stage.usage = {uid: PodGpuUsage.from_dict(u) for uid, u in data["usage"].items()}
-        stage.windows = {key: PodGpuWindow.from_dict(w) for key, w in data["windows"].items()}
-        stage.alerting |= {name: rules.table_from_dict(table) for name, table in data["alerting"].items()}
-        stage.counters = data["counters"]
+        stage.info = NodeInfo.from_dict(as_object(data["info"]))
+        stage.pods = record_map(data["pods"], NodePod.from_dict)
+        stage.ended = float_map(data["ended"])
+        stage.gpus = record_map(data["gpus"], GpuHealth.from_dict)
+        stage.last_sample = float_map(data["last_sample"])
+        stage.usage = record_map(data["usage"], PodGpuUsage.from_dict)
+        stage.windows = record_map(data["windows"], PodGpuWindow.from_dict)
+        stage.alerting |= record_map(data["alerting"], rules.table_from_dict)
+        stage.counters = int_map(data["counters"])
         stage.allocator = AllocatorTracker.from_dict(data.get("allocator"), stage.node, config.thresholds,
                                                      config.window_s)
         stage.shared = NoisyNeighbours(data.get("shared"))

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, Protocol
+from typing import Protocol
 
 from common.logs import get_logger
 from common.metrics import Counter, MetricsRegistry
+from stream_jobs.json_types import JsonValue
 from stream_jobs.offsets import AckOrder, PartitionStalled, Positions, TopicPartition
 
 log = get_logger(__name__)
@@ -71,6 +72,38 @@ class WorkerMetrics:
         series.inc()
 
 
+class ConsumedRecord(Protocol):
+    """A consumed record as faust's ``Message`` describes it: where it was read, its key and its
+    broker timestamp (epoch seconds)."""
+
+    @property
+    def tp(self) -> TopicPartition: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def timestamp(self) -> float | None: ...
+
+
+class Consumed(Protocol):
+    """What an agent acknowledges: a consumed event (faust's ``Event``), or a token standing for one
+    (:class:`stream_jobs.delivery.SharedAck`). :class:`OffsetGuard` keeps it until it may be
+    acknowledged (:class:`~stream_jobs.offsets.AckOrder`)."""
+
+    @property
+    def message(self) -> ConsumedRecord: ...
+
+
 class ConsumerPort(Protocol):
     """What :class:`OffsetGuard` needs from the consumer."""
 
@@ -94,7 +127,7 @@ class ConsumerPort(Protocol):
         """False while the group rebalances or the consumer's flow is stopped (no records come
         then, by design: not a stall)."""
 
-    def unsettled_state(self) -> dict[str, Any]:
+    def unsettled_state(self) -> Mapping[str, JsonValue]:
         """What keeps the consumer unsettled, for the log (e.g. ``rebalancing``, ``flow_active``)."""
 
     def recovery_idle_s(self) -> float | None:
@@ -139,7 +172,7 @@ class OffsetGuard:
         self._unsettled_said = 0.0
         self.metrics = metrics or WorkerMetrics()
         self.positions = Positions(wall_clock=wall_clock)
-        self.acks: AckOrder[Any] = AckOrder()
+        self.acks: AckOrder[Consumed] = AckOrder()
         self._revoked: set[TopicPartition] = set()
         self.watched: set[str] | None = None if watched is None else set(watched)
         """Topics whose partitions :meth:`watch` checks (None: all owned)."""
@@ -201,7 +234,7 @@ class OffsetGuard:
         if target is not None and tp in self.positions.owned:
             await self.port.seek(tp, target)
 
-    async def admit(self, tp: TopicPartition, offset: int, compacted: bool, token: Any,
+    async def admit(self, tp: TopicPartition, offset: int, compacted: bool, token: Consumed,
                     timestamp: float | None = None) -> bool:
         """``timestamp``: the record's broker timestamp, epoch seconds (see :meth:`Positions.admit`)."""
         if tp not in self.positions.owned:
@@ -263,7 +296,7 @@ class OffsetGuard:
         log.info("partition position", topic=tp.topic, partition=tp.partition, committed=committed, start=start)
         return start
 
-    def done(self, tp: TopicPartition, offset: int, token: Any) -> list[Any]:
+    def done(self, tp: TopicPartition, offset: int, token: Consumed) -> list[Consumed]:
         return self.acks.done(tp, offset, token)
 
     async def _seek_back(self, tp: TopicPartition, target: int) -> None:
@@ -288,7 +321,8 @@ class OffsetGuard:
             idle_s = self.port.recovery_idle_s()
             if idle_s is not None and idle_s >= self.give_up_s:
                 # a long restore goes on (restarting would start it over), one that reads nothing does not
-                log.error("restore read nothing; giving up", idle_s=round(idle_s), **self.port.unsettled_state())
+                log.error("restore read nothing; giving up", exc_info=False, idle_s=round(idle_s),
+                          **self.port.unsettled_state())
                 raise PartitionStalled(f"restoring the stage tables read no record for {idle_s:.0f}s although "
                                        f"records remain: restarting from the checkpoints")
             return
@@ -336,12 +370,13 @@ class OffsetGuard:
         log.warning("stall check did not finish; retrying", topic=tp.topic, partition=tp.partition, reason=why,
                     stalled_s=round(now - since, 1))
 
-    def _give_up_if_due(self, tp: TopicPartition, now: float, since: float, detail: str, **fields: Any) -> None:
+    def _give_up_if_due(self, tp: TopicPartition, now: float, since: float, detail: str, **fields: int | str) -> None:
         """Raise :class:`PartitionStalled` once ``tp`` has been stalled since ``since`` for
         ``give_up_s`` (``fields``: for the log line)."""
         if now - since >= self.give_up_s:
             log.error("partition stalled: its records do not come although the log holds them; restarting",
-                      topic=tp.topic, partition=tp.partition, **fields, stalled_s=round(now - since, 1))
+                      exc_info=False, topic=tp.topic, partition=tp.partition, **fields,
+                      stalled_s=round(now - since, 1))
             raise PartitionStalled(f"{tp.topic}:{tp.partition} admitted nothing for {now - since:.0f}s ({detail})")
 
     async def _check_stall(self, tp: TopicPartition, now: float, end: int) -> None:

@@ -15,7 +15,6 @@ import math
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
 
 import orjson
 
@@ -45,7 +44,9 @@ from schemas.topics import (
 from stream_jobs.clusters import ClusterStages
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import NodeSummary, PodUsage
+from stream_jobs.json_types import JsonDict, JsonObject, as_object, int_map, optional_int, record_map
 from stream_jobs.node_stage import NodeStage
+from stream_jobs.reorder import Source
 from stream_jobs.scoping import node_key
 from stream_jobs.stage import Rejected
 from stream_jobs.timeutil import epoch, iso
@@ -117,9 +118,9 @@ def wire_error(suffix: str, value: bytes, message: Message) -> MessageError | No
     return MessageError(f"{number!r} is not a finite number within 64 bits", where, DeadLetterReason.OUT_OF_RANGE)
 
 
-def _out_of_range(value: Any, path: str) -> tuple[str, Any] | None:
-    """The first (path, number) in ``value`` that is an integer beyond orjson's range or a float
-    that is not finite."""
+def _out_of_range(value: object, path: str) -> tuple[str, int | float] | None:
+    """The first (path, number) in ``value`` (a model's ``model_dump``: any value, only numbers and
+    containers are looked into) that is an integer beyond orjson's range or a float that is not finite."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -128,7 +129,7 @@ def _out_of_range(value: Any, path: str) -> tuple[str, Any] | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else (path, value)
     if isinstance(value, dict):
-        items: Iterable[tuple[Any, Any]] = value.items()
+        items: Iterable[tuple[object, object]] = value.items()
     elif isinstance(value, list | tuple):
         items = enumerate(value)
     else:
@@ -192,7 +193,7 @@ class LocalPipeline:
         self.outputs: list[Message] = []
         self.deadletters: list[DeadLetter] = []
         self.counters: dict[str, int] = {"records": 0, "tombstones": 0, "deadletters": 0}
-        self._rejected_seen: set[tuple[Any, ...]] = set()
+        self._rejected_seen: set[tuple[str | int | None, ...]] = set()
         self._at = datetime.fromtimestamp(0, UTC)
         """The time of the last record fed (a dead letter's ``at``)."""
 
@@ -227,7 +228,7 @@ class LocalPipeline:
         self.counters["deadletters"] += 1
         self.deadletters.append(dead_letter(error, topic, value, at, partition, offset, reason))
 
-    def submit(self, message: Message, source: Any = None) -> None:
+    def submit(self, message: Message, source: Source | None = None) -> None:
         """``source``: where ``message`` came from (named by its dead letter should a stage fail to
         apply it): ``[topic, partition, offset, n]``, ``n`` the record's number in this pipeline."""
         for stage, key in route(message):
@@ -254,7 +255,7 @@ class LocalPipeline:
             if identity in self._rejected_seen:
                 continue
             self._rejected_seen.add(identity)
-            topic, partition, offset = r.source[0], r.source[1], r.source[2]
+            topic, partition, offset = r.source[0], optional_int(r.source[1]), optional_int(r.source[2])
             self._dead_letter(r.error, str(topic), r.value, self._at, partition, offset, r.reason)
 
     def advance(self, watermark: float) -> None:
@@ -273,14 +274,14 @@ class LocalPipeline:
         self._collect(self.cluster.flush(end))
         self._collect_rejected(self.cluster.take_rejected())
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         late = sum(stage.counters["late_samples"] for stage in self.nodes.values())
         gaps = sum(stage.counters["gaps"] for stage in self.nodes.values())
         return {"deadletters": self.counters["deadletters"], "late_samples_dropped": late, "sample_gaps": gaps}
 
     # ------------------------------------------------------------------ checkpoint
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """The whole pipeline's state as plain data (what the faust tables hold, per key)."""
         return {
             "nodes": {name: stage.to_dict() for name, stage in sorted(self.nodes.items())},
@@ -289,11 +290,11 @@ class LocalPipeline:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], config: EngineConfig, topic_prefix: str = "gpulens") -> LocalPipeline:
+    def from_dict(cls, data: JsonObject, config: EngineConfig, topic_prefix: str = "gpulens") -> LocalPipeline:
         pipeline = cls(config, topic_prefix)
-        pipeline.nodes = {name: NodeStage.from_dict(state, config) for name, state in data["nodes"].items()}
-        pipeline.cluster = ClusterStages.from_dict(data["cluster"], config)
-        pipeline.counters = dict(data["counters"])
+        pipeline.nodes = record_map(data["nodes"], lambda state: NodeStage.from_dict(state, config))
+        pipeline.cluster = ClusterStages.from_dict(as_object(data["cluster"]), config)
+        pipeline.counters = int_map(data["counters"])
         for stage in [*pipeline.nodes.values(), *pipeline.cluster.stages.values()]:  # not restorable: letters
             pipeline._collect_rejected(stage.take_rejected())
         return pipeline

@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from common.logs import get_logger
 from schemas.codec import MessageError
-from stream_jobs.delivery import Delivery, exit_for_restart
+from stream_jobs.delivery import AgentStream, ConsumedEvent, Delivery, EventStream, Sender, exit_for_restart
 from stream_jobs.pipeline import TombstoneSkipped, decode_record, route
 from stream_jobs.watermark import Mark, MarkHold, decode_envelope, record_envelope, records_envelopes
 
@@ -42,10 +42,10 @@ class InFlight:
     """Forwarded copies (and marks) on their way: what to count consumed and acknowledge once they
     are delivered."""
 
-    delivered: asyncio.Future[Any]
-    records: list[tuple[Any, str, int, int]]
+    delivered: asyncio.Future[list[object]]
+    records: list[tuple[ConsumedEvent, str, int, int]]
     """The routed input records: (event, topic, partition, offset)."""
-    marks: list[Any]
+    marks: list[ConsumedEvent]
     """The control records of the forwarded marks."""
 
 
@@ -66,9 +66,9 @@ class RouteTopics:
     input_names: dict[str, str]
     """Input topic name -> its suffix (``gpu.samples.v1``...)."""
     control_name: str
-    node_topic: Any
-    cluster_topic: Any
-    control_topic: Any
+    node_topic: Sender
+    cluster_topic: Sender
+    control_topic: Sender
     node_partitions: int
     node_partition: Callable[[bytes], int]
     """The node-inputs partition of a node key (the producer's own partitioner: a node's records
@@ -80,18 +80,18 @@ class RouteAgent:
     delivery: Delivery
     topics: RouteTopics
     committed_offsets: CommittedOffsets
-    hold: MarkHold = field(init=False)
-    state_hold: MarkHold = field(init=False)
+    hold: MarkHold[ConsumedEvent] = field(init=False)
+    state_hold: MarkHold[ConsumedEvent] = field(init=False)
     """State marks (``schemas.control``), held like marks until the pod and node records they
     cover are consumed, then forwarded to every node-inputs partition."""
-    _events: Any = None
+    _events: EventStream | None = None
     _forward_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _pending: list[tuple[Any, str, int, int]] = field(default_factory=list)
+    _pending: list[tuple[ConsumedEvent, str, int, int]] = field(default_factory=list)
     """Routed input records whose forwarded copies are not yet known to be delivered."""
     _outbox: dict[int | None, list[bytes]] = field(default_factory=dict)
     """Forwarded copies of the pending records not sent yet, by node-inputs partition (None:
     cluster-inputs)."""
-    _marks_pending: list[tuple[list[Any], Any]] = field(default_factory=list)
+    _marks_pending: list[tuple[list[Awaitable[object]], ConsumedEvent]] = field(default_factory=list)
     """Forwarded marks (their copies' deliveries, the control record) not yet acknowledged."""
     _in_flight: deque[InFlight] = field(default_factory=deque)
     """Sent batches, oldest first, not yet counted consumed (:meth:`_settle`)."""
@@ -102,7 +102,7 @@ class RouteAgent:
     def __post_init__(self) -> None:
         self.hold, self.state_hold = self._holds()
 
-    def _holds(self) -> tuple[MarkHold, MarkHold]:
+    def _holds(self) -> tuple[MarkHold[ConsumedEvent], MarkHold[ConsumedEvent]]:
         """Marks and state marks wait for the inputs this route reads (not the samples: each node
         partition reads its own and holds a mark until it has)."""
         topics = frozenset(self.topics.input_names)
@@ -142,7 +142,7 @@ class RouteAgent:
                     self._group_committed[key] = max(self._group_committed.get(key, 0), off)
         await self._release_marks()
 
-    async def run(self, stream: Any) -> None:
+    async def run(self, stream: AgentStream) -> None:
         events = self._events = stream.noack()
         delivery = self.delivery
         async for event in events.events():
@@ -192,6 +192,9 @@ class RouteAgent:
     async def _count_delivered(self, wait: bool) -> None:
         """Count consumed and acknowledge the delivered batches, oldest first (``wait``: wait for
         the oldest one)."""
+        events = self._events
+        if events is None:  # nothing was sent yet
+            return
         while self._in_flight and (wait or self._in_flight[0].delivered.done()):
             batch = self._in_flight.popleft()
             wait = False
@@ -202,11 +205,11 @@ class RouteAgent:
             for event, topic, partition, offset in batch.records:
                 self.hold.consume(topic, partition, offset)
                 self.state_hold.consume(topic, partition, offset)
-                await self.delivery.ack(self._events, event)
+                await self.delivery.ack(events, event)
             for token in batch.marks:
-                await self.delivery.ack(self._events, token)
+                await self.delivery.ack(events, token)
 
-    def _on_delivered(self, _delivered: asyncio.Future[Any]) -> None:
+    def _on_delivered(self, _delivered: asyncio.Future[list[object]]) -> None:
         """A batch arrived: forward the marks it completes now, not when the next record comes."""
         waking = self._wake_task is not None and not self._wake_task.done()
         if waking or not self._marks_held():
@@ -227,7 +230,7 @@ class RouteAgent:
     def _marks_held(self) -> bool:
         return bool(self.hold.held or self.state_hold.held)
 
-    async def _send_outbox(self) -> list[Any]:
+    async def _send_outbox(self) -> list[Awaitable[object]]:
         """Send the forwarded copies of the pending records, grouped per stage partition."""
         outbox, self._outbox = self._outbox, {}
         futures = []
@@ -269,7 +272,7 @@ class RouteAgent:
             target = None if stage == "cluster" else self.topics.node_partition(str(node).encode())
             self._outbox.setdefault(target, []).append(envelope)
 
-    async def _forward_mark(self, mark: Mark, cluster: bool = True) -> list[Any]:
+    async def _forward_mark(self, mark: Mark, cluster: bool = True) -> list[Awaitable[object]]:
         """Send the mark to every node-inputs partition and (``cluster``) to cluster-inputs; the
         deliveries."""
         value = mark.encode()

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from schemas.outputs import Alert, AlertSubject
 from stream_jobs import alerts
 from stream_jobs.alerts import AlertKind, Details, IdleCost, OpenAlert
 from stream_jobs.config import Thresholds
+from stream_jobs.json_types import JsonDict, JsonObject, as_object, optional_float, optional_object
 from stream_jobs.timeutil import elapsed
 
 C = TypeVar("C")
@@ -101,13 +102,13 @@ class RuleState:
     since: float | None = None
     alert: OpenAlert | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"since": self.since, "alert": None if self.alert is None else self.alert.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RuleState:
-        alert = data["alert"]
-        return cls(since=data["since"], alert=None if alert is None else OpenAlert.from_dict(alert))
+    def from_dict(cls, data: JsonObject) -> RuleState:
+        alert = optional_object(data["alert"])
+        return cls(since=optional_float(data["since"]), alert=None if alert is None else OpenAlert.from_dict(alert))
 
 
 RuleTable = dict[str, RuleState]
@@ -170,9 +171,9 @@ def sweep(table: RuleTable, live: Iterable[str], t: float, reason: Callable[[str
     return out
 
 
-def table_to_dict(table: RuleTable) -> dict[str, Any]:
+def table_to_dict(table: RuleTable) -> JsonDict:
     return {key: state.to_dict() for key, state in table.items()}
 
 
-def table_from_dict(data: Mapping[str, Any]) -> RuleTable:
-    return {key: RuleState.from_dict(value) for key, value in data.items()}
+def table_from_dict(data: JsonObject) -> RuleTable:
+    return {key: RuleState.from_dict(as_object(value)) for key, value in data.items()}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from schemas.messages import AllocatorDevice, GpuReading
 from schemas.outputs import AlertSubject
@@ -25,6 +24,7 @@ from stream_jobs.alerts import AlertKind, IdleCost, OpenAlert
 from stream_jobs.alerts import Details as Details
 from stream_jobs.attribution import Share
 from stream_jobs.config import Thresholds
+from stream_jobs.json_types import JsonObject, as_array, as_object
 from stream_jobs.rule_engine import Declaration as Declaration
 from stream_jobs.rule_engine import EventRule as EventRule
 from stream_jobs.rule_engine import Resolution as Resolution
@@ -73,7 +73,7 @@ def _pod_gpu_subject(c: PodGpu) -> AlertSubject:
 def _idle_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
     share, th = c.share, c.thresholds
     held = share.processes > 0 or (share.mem_bytes or 0) > 0
-    details = {
+    details: Details = {
         "idle_class": "vram_held" if held else "no_process", "gpu_index": c.reading.index,
         "util_pct": share.util_pct, "threshold_pct": th.idle_util_pct, "mem_used_bytes": share.mem_bytes,
         "processes": share.processes, "idle_since": iso(since),
@@ -105,8 +105,9 @@ def _vram_pressure(c: PodGpu) -> bool | None:
 def _vram_describe(c: PodGpu, since: float, t: float) -> tuple[str, Details]:
     pct = c.mem_used_pct or 0.0
     total = c.reading.mem_total_bytes or 0
-    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
-               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct}
+    details: Details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes,
+                        "mem_total_bytes": total, "mem_used_pct": round(pct, 2),
+                        "threshold_pct": c.thresholds.vram_pressure_pct}
     summary = (f"{c.namespace}/{c.pod}: GPU {c.reading.index} on {c.node} at {pct:.1f}% "
                f"of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}")
     return summary, details
@@ -143,8 +144,8 @@ class IdleNode:
 
 def _idle_node_describe(c: IdleNode, since: float, t: float) -> tuple[str, Details]:
     burned = c.usd_per_hour * (t - since) / 3600.0
-    details = {"gpus": c.physical_gpus, "idle_since": iso(since), "cost_usd_burned": round(burned, 4),
-               "usd_per_hour": round(c.usd_per_hour, 4), "gpu_model": c.gpu_model}
+    details: Details = {"gpus": c.physical_gpus, "idle_since": iso(since), "cost_usd_burned": round(burned, 4),
+                        "usd_per_hour": round(c.usd_per_hour, 4), "gpu_model": c.gpu_model}
     summary = (f"{c.node}: none of its {c.physical_gpus} GPUs allocated for "
                f"{fmt_duration(t - since)} (${burned:.2f} burned) - scale-to-zero candidate")
     return summary, details
@@ -365,7 +366,7 @@ def _allocator_describe(c: AllocatorGpu, since: float, t: float) -> tuple[str, D
     after = c.thresholds.allocator_fragmentation_after
     total = c.gpu_mem_total_bytes or 0
     pct = c.reserved_unused_pct or 0.0
-    details = {
+    details: Details = {
         "gpu_index": c.gpu_index, "device": c.device.device, "reserved_bytes": c.device.reserved_bytes,
         "allocated_bytes": c.device.allocated_bytes, "reserved_unused_bytes": c.reserved_unused_bytes,
         "reserved_unused_pct": round(pct, 2), "gpu_mem_total_bytes": total,
@@ -418,21 +419,22 @@ class MigWaiting:
     """Destroying the empty instances of one node's GPUs would make room for all of them."""
     fleet: bool
     """The free compute and memory slices of the fleet's GPUs add up to them."""
-    figures: Mapping[str, Any]
+    figures: JsonObject
     """Candidates and slice counts for the details (``mig_rules``)."""
 
 
 def _mig_describe(c: MigWaiting, since: float, t: float) -> tuple[str, Details]:
-    candidates = c.figures.get("relayout_candidates") or []
-    where = (f"a re-layout of {candidates[0]['node']} GPU {candidates[0]['gpu_index']} could host it"
+    candidates = as_array(c.figures.get("relayout_candidates") or [])
+    first = as_object(candidates[0]) if candidates else {}
+    where = (f"a re-layout of {first['node']} GPU {first['gpu_index']} could host it"
              if c.relayout_node and candidates else
              f"{c.figures['free_compute_slices']} compute and {c.figures['free_memory_slices']} memory slices are "
              f"free across the fleet")
     summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.count} x MIG {c.profile}; none is free as partitioned "
                f"for {fmt_duration(t - since)}, but {where}")
-    details = {"profile": c.profile, "count": c.count, "request": c.pod.requests,
-               "fits_after_relayout_on_one_node": c.relayout_node, "fits_fleet_free_slices": c.fleet,
-               **c.figures}
+    details: Details = {"profile": c.profile, "count": c.count, "request": c.pod.requests,
+                        "fits_after_relayout_on_one_node": c.relayout_node, "fits_fleet_free_slices": c.fleet,
+                        **c.figures}
     return summary, details
 
 
@@ -456,7 +458,7 @@ class VramWaiting:
     need_bytes: int
     free_bytes: int
     largest_free_bytes: int
-    gpus: tuple[Mapping[str, Any], ...]
+    gpus: tuple[JsonObject, ...]
     """The shared GPUs with the most free VRAM, with their tenants (for the details)."""
     shared_gpus: int
 
@@ -466,8 +468,9 @@ def _vram_frag_describe(c: VramWaiting, since: float, t: float) -> tuple[str, De
     summary = (f"{c.pod.namespace}/{c.pod.name} needs {c.need_bytes / gib:.1f} GiB of VRAM on a shared GPU; "
                f"{c.free_bytes / gib:.1f} GiB are free over {c.shared_gpus} shared GPUs but at most "
                f"{c.largest_free_bytes / gib:.1f} GiB on one, for {fmt_duration(t - since)}")
-    details = {"need_bytes": c.need_bytes, "free_vram_bytes": c.free_bytes,
-               "largest_free_bytes": c.largest_free_bytes, "shared_gpus": c.shared_gpus, "gpus": list(c.gpus)}
+    details: Details = {"need_bytes": c.need_bytes, "free_vram_bytes": c.free_bytes,
+                        "largest_free_bytes": c.largest_free_bytes, "shared_gpus": c.shared_gpus,
+                        "gpus": list(c.gpus)}
     return summary, details
 
 
@@ -494,7 +497,7 @@ class SharedGpuPressure:
     """At or above ``vram_pressure_pct`` (None: no memory figure)."""
     noisy: tuple[str, str, int | None, int] | None
     """``(namespace, name, memory now, growth since the last sample below)`` of the pod that grew most."""
-    neighbours: tuple[Mapping[str, Any], ...]
+    neighbours: tuple[JsonObject, ...]
     thresholds: Thresholds
 
 
@@ -503,9 +506,10 @@ def _noisy_describe(c: SharedGpuPressure, since: float, t: float) -> tuple[str, 
     namespace, name, mem, growth = c.noisy
     total = c.reading.mem_total_bytes or 0
     pct = c.mem_used_pct or 0.0
-    details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes, "mem_total_bytes": total,
-               "mem_used_pct": round(pct, 2), "threshold_pct": c.thresholds.vram_pressure_pct,
-               "growth_bytes": growth, "pod_mem_bytes": mem, "neighbours": list(c.neighbours)}
+    details: Details = {"gpu_index": c.reading.index, "mem_used_bytes": c.reading.mem_used_bytes,
+                        "mem_total_bytes": total, "mem_used_pct": round(pct, 2),
+                        "threshold_pct": c.thresholds.vram_pressure_pct, "growth_bytes": growth,
+                        "pod_mem_bytes": mem, "neighbours": list(c.neighbours)}
     summary = (f"{namespace}/{name} grew by {growth / 2**30:.1f} GiB and pushed shared GPU {c.reading.index} on "
                f"{c.node} to {pct:.1f}% of {total / 2**30:.0f} GiB VRAM for {fmt_duration(t - since)}; "
                f"{len(c.neighbours)} neighbour(s) share it")

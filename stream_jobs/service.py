@@ -1,7 +1,8 @@
 """The whole worker process, as ``gpulens worker`` starts it: its topics, its metrics, its faust app.
 
 A worker creates the topics it reads and writes if they are missing (idempotent), with the
-node-inputs partition count, and its tables' changelogs; a broker that does not answer yet (a
+node-inputs partition count, and its tables' changelogs, replicated as ``GPULENS_TOPICS__*`` say
+(3 replicas and ``min.insync.replicas`` 2 on a cluster of 3 brokers or more); a broker that does not answer yet (a
 broker restart, a worker started first) is waited for by :class:`common.backoff.Backoff` for up to
 ``broker_wait_s``, then the worker gives up naming the broker. Partition counts that differ from
 its own end it with a config error naming the setting: the node stage reads partition p of the
@@ -38,8 +39,9 @@ def create_topics(settings: WorkerSettings) -> TopicReport:
     while True:
         try:
             report = ensure_topics(settings.kafka, node_stage_topics(settings.node_input_partitions),
-                                   settings.topic_prefix, timeout_s=TOPIC_CALL_TIMEOUT_S)
-            ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), timeout_s=TOPIC_CALL_TIMEOUT_S)
+                                   settings.topic_prefix, settings.topics, timeout_s=TOPIC_CALL_TIMEOUT_S)
+            ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), settings.topics,
+                          timeout_s=TOPIC_CALL_TIMEOUT_S)
             return report
         except BrokerUnavailable as exc:
             remaining = deadline - time.monotonic()
@@ -58,6 +60,9 @@ def run_worker(settings: WorkerSettings) -> None:
         raise ConfigError(f"GPULENS_NODE_INPUT_PARTITIONS ({settings.node_input_partitions}) must be the partition "
                           f"count of {GPU_SAMPLES.name(settings.topic_prefix)}, and the internal topics must have "
                           f"it too: {'; '.join(report.mismatched)}")
+    # the topics faust creates itself (its leader topic) get the replication the others got
+    settings = settings.model_copy(update={"topics": settings.topics.model_copy(
+        update={"replication_factor": report.replication_factor})})
     metrics = WorkerMetrics()
     fleet = FleetSeries(metrics.registry, settings.fleet_metrics_max_series)
     if settings.metrics_port:

@@ -10,7 +10,7 @@ instants and when the watermark moves differs, and those are the hooks below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import orjson
 
@@ -20,7 +20,8 @@ from schemas.messages import Message
 from schemas.outputs import DeadLetterReason
 from stream_jobs.config import EngineConfig
 from stream_jobs.internal import kept
-from stream_jobs.reorder import ReorderBuffer
+from stream_jobs.json_types import JsonDict, JsonObject, as_object, optional_float
+from stream_jobs.reorder import ReorderBuffer, Source
 from stream_jobs.timeutil import epoch
 
 log = get_logger(__name__)
@@ -34,7 +35,7 @@ class Rejected:
     """An input a stage could not apply (its code failed on it: ``unappliable``) or could not restore
     from a checkpoint (``invalid``): the stream goes on without it, and the driver dead-letters it."""
 
-    source: Any
+    source: Source | None
     """Where it came from, as given to :meth:`Stage.submit` (None: an internal input)."""
     error: str
     reason: DeadLetterReason
@@ -60,14 +61,14 @@ class Stage:
         self.config = config
         self.wm: float | None = None
         """Event time (epoch seconds) up to which every input was applied."""
-        self.buffer = ReorderBuffer()
+        self.buffer: ReorderBuffer[Message] = ReorderBuffer()
         self._out: list[Message] = []
         self.rejected: list[Rejected] = []
         """Inputs not applied (:class:`Rejected`), until the driver takes them (:meth:`take_rejected`)."""
 
     # ------------------------------------------------------------------ driving
 
-    def submit(self, message: Message, source: Any = None) -> None:
+    def submit(self, message: Message, source: Source | None = None) -> None:
         """Take one input: buffered until the watermark passes it, or handed to :meth:`_late`.
         ``source``: where it came from (plain data: ``[topic, partition, offset]``), named in its dead
         letter if the stage fails to apply it."""
@@ -113,7 +114,7 @@ class Stage:
         out, self.rejected = self.rejected, []
         return out
 
-    def _reject(self, message: Message, source: Any, exc: Exception) -> None:
+    def _reject(self, message: Message, source: Source | None, exc: Exception) -> None:
         error = f"the {self.NAME} failed to apply it: {type(exc).__name__}: {exc}"
         log.error("input not applied", stage=self.NAME, source=source, error=error, exc_info=True)
         self.rejected.append(Rejected(source, error, DeadLetterReason.UNAPPLIABLE, message_bytes(message)))
@@ -150,12 +151,12 @@ class Stage:
 
     # ------------------------------------------------------------------ checkpoint
 
-    def _driving_dict(self) -> dict[str, Any]:
+    def _driving_dict(self) -> JsonDict:
         return {"wm": self.wm, "buffer": self.buffer.to_dict()}
 
-    def _restore_driving(self, data: dict[str, Any]) -> None:
-        self.wm = data["wm"]
-        self.buffer = ReorderBuffer.from_dict(data["buffer"], {k: v[1] for k, v in self.KINDS.items()})
+    def _restore_driving(self, data: JsonObject) -> None:
+        self.wm = optional_float(data["wm"])
+        self.buffer = ReorderBuffer.from_dict(as_object(data["buffer"]), {k: v[1] for k, v in self.KINDS.items()})
         for payload, source, error in self.buffer.unrestorable:
             log.error("buffered input not restored", stage=self.NAME, source=source, error=error)
             self.rejected.append(Rejected(source, error, DeadLetterReason.INVALID, orjson.dumps(payload)))

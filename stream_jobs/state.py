@@ -18,26 +18,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from schemas.messages import MAX_USD
 from schemas.outputs import ClusterCapacity, PodWindow
 from stream_jobs.alerts import OpenAlert
 from stream_jobs.internal import PodUsage
+from stream_jobs.json_types import (
+    JsonDict,
+    JsonObject,
+    JsonValue,
+    as_array,
+    as_int,
+    as_object,
+    optional_float,
+    optional_object,
+    rebuild,
+)
 from stream_jobs.timeutil import from_epoch, iso, stable_id
 
 
-def _fields(record: Any) -> dict[str, Any]:
-    """A dataclass record's fields, name -> value, as they are (see the module docstring)."""
+def _fields(record: object) -> JsonDict:
+    """A dataclass record's fields, name -> value, as they are (see the module docstring): every
+    record here holds JSON values only, except the fields its own ``to_dict`` converts."""
     return dict(vars(record))
 
 
-def _open_alert_dict(alert: OpenAlert | None) -> dict[str, Any] | None:
+def _open_alert_dict(alert: OpenAlert | None) -> JsonDict | None:
     return None if alert is None else alert.to_dict()
 
 
-def _open_alert(data: Mapping[str, Any] | None) -> OpenAlert | None:
-    return None if data is None else OpenAlert.from_dict(data)
+def _open_alert(data: JsonValue) -> OpenAlert | None:
+    return None if data is None else OpenAlert.from_dict(as_object(data))
 
 
 def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
@@ -132,12 +143,12 @@ class PodGpuWindow:
             avg_power_w=self.power_w_s / self.power_data_s if self.power_data_s else None,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PodGpuWindow:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> PodGpuWindow:
+        return rebuild(cls, data)
 
 
 @dataclass(frozen=True)
@@ -167,17 +178,18 @@ class CapacitySnapshot:
     queued_workloads: int = 0
     queued_demand: int = 0
     parts: tuple[SamplePart, ...] = ()
-    fragmentation: Mapping[str, Any] = field(default_factory=dict)
+    fragmentation: JsonObject = field(default_factory=dict)
     """The MIG and shared-VRAM figures (``ClusterCapacity``'s ``mig_*`` and ``shared_*`` fields, from
     ``mig_rules`` and ``shared_vram``); empty on a fleet without MIG or shared GPUs."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self) | {"free_by_node": dict(self.free_by_node), "parts": [_fields(p) for p in self.parts]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CapacitySnapshot:
-        parts = tuple(SamplePart(**part) for part in data["parts"])
-        return cls(**{**data, "free_by_node": dict(data["free_by_node"]), "parts": parts})
+    def from_dict(cls, data: JsonObject) -> CapacitySnapshot:
+        parts = tuple(rebuild(SamplePart, as_object(part)) for part in as_array(data["parts"]))
+        free_by_node = {node: as_int(free) for node, free in as_object(data["free_by_node"]).items()}
+        return rebuild(cls, data, free_by_node=free_by_node, parts=parts)
 
 
 @dataclass
@@ -209,7 +221,9 @@ class CapacityWindow:
 
     def message(self, width_s: float) -> ClusterCapacity:
         snap = self.last or CapacitySnapshot()
-        return ClusterCapacity(
+        # validated as a whole: the fragmentation figures are JSON (kept in state) that the contract
+        # reads into its MIG and shared-GPU fields
+        return ClusterCapacity.model_validate(dict(
             window_id=stable_id("capacity", self.window_start), window_start=from_epoch(self.window_start),
             window_end=from_epoch(self.window_start + width_s), gpus_total=snap.total,
             gpus_allocated=snap.allocated, gpus_busy=snap.busy, gpus_idle_allocated=snap.idle,
@@ -218,16 +232,16 @@ class CapacityWindow:
             gpu_s_total=self.gpu_s_total, gpu_s_allocated=self.gpu_s_allocated, gpu_s_busy=self.gpu_s_busy,
             gpu_s_idle_allocated=self.gpu_s_idle, gpu_s_free=self.gpu_s_free, stranded_gpus_max=self.stranded_max,
             queued_workloads=snap.queued_workloads, queued_gpu_demand=snap.queued_demand,
-            **dict(snap.fragmentation),
-        )
+            **snap.fragmentation,
+        ))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self) | {"last": None if self.last is None else self.last.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CapacityWindow:
-        last = data["last"]
-        return cls(**{**data, "last": None if last is None else CapacitySnapshot.from_dict(last)})
+    def from_dict(cls, data: JsonObject) -> CapacityWindow:
+        last = optional_object(data["last"])
+        return rebuild(cls, data, last=None if last is None else CapacitySnapshot.from_dict(last))
 
 
 @dataclass
@@ -242,19 +256,20 @@ class CapacityState:
     windows: dict[str, CapacityWindow] = field(default_factory=dict)
     """Open windows by ``repr(window_start)``."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"integrated_to": self.integrated_to,
                 "snapshot": None if self.snapshot is None else self.snapshot.to_dict(),
                 "last_instant": self.last_instant,
                 "windows": {key: w.to_dict() for key, w in self.windows.items()}}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CapacityState:
-        snapshot = data["snapshot"]
-        return cls(integrated_to=data["integrated_to"],
+    def from_dict(cls, data: JsonObject) -> CapacityState:
+        snapshot = optional_object(data["snapshot"])
+        return cls(integrated_to=optional_float(data["integrated_to"]),
                    snapshot=None if snapshot is None else CapacitySnapshot.from_dict(snapshot),
-                   last_instant=data["last_instant"],
-                   windows={key: CapacityWindow.from_dict(w) for key, w in data["windows"].items()})
+                   last_instant=optional_float(data["last_instant"]),
+                   windows={key: CapacityWindow.from_dict(as_object(window))
+                            for key, window in as_object(data["windows"]).items()})
 
 
 @dataclass
@@ -284,12 +299,12 @@ class PodGpuUsage:
             samples=self.samples, share_estimated=self.share_estimated,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PodGpuUsage:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> PodGpuUsage:
+        return rebuild(cls, data)
 
 
 @dataclass
@@ -305,12 +320,12 @@ class NodeInfo:
     replicas_per_gpu: float = 1.0
     """``nvidia.com/gpu`` units the node advertises per GPU: above 1, its GPUs are shared (time-slicing)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NodeInfo:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> NodeInfo:
+        return rebuild(cls, data)
 
 
 @dataclass
@@ -320,12 +335,12 @@ class GpuHealth:
     alert: OpenAlert | None = None
     bad_ts: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"alert": _open_alert_dict(self.alert), "bad_ts": self.bad_ts}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuHealth:
-        return cls(alert=_open_alert(data["alert"]), bad_ts=data["bad_ts"])
+    def from_dict(cls, data: JsonObject) -> GpuHealth:
+        return cls(alert=_open_alert(data["alert"]), bad_ts=optional_float(data["bad_ts"]))
 
 
 RESTARTS_KEPT = 100
@@ -354,12 +369,12 @@ class NodePod:
     crash: OpenAlert | None = None
     """The open ``crashloop_gpu`` alert."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return _fields(self) | {"crash": _open_alert_dict(self.crash)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NodePod:
-        return cls(**{**data, "crash": _open_alert(data.get("crash"))})
+    def from_dict(cls, data: JsonObject) -> NodePod:
+        return rebuild(cls, data, crash=_open_alert(data.get("crash")))
 
 
 # ---------------------------------------------------------------------- cluster stage records
@@ -377,8 +392,8 @@ class ClusterNode:
     gpu_product: str | None = None
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClusterNode:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> ClusterNode:
+        return rebuild(cls, data)
 
 
 @dataclass
@@ -389,14 +404,14 @@ class SideInputs:
     reasons: list[str] = field(default_factory=list)
     """Distinct scheduler reasons, the last ``cluster_stage._MAX_REASONS``."""
     last_reason: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: JsonDict | None = None
     """The pod's ``PodUsage`` from the node stage (JSON form), once it left the node."""
     steps: float | None = None
     """Training steps reported (the largest total)."""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SideInputs:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> SideInputs:
+        return rebuild(cls, data)
 
 
 @dataclass
@@ -425,8 +440,8 @@ class ClusterPod(SideInputs):
     """The end was inferred from its node leaving (its own state may still say otherwise)."""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClusterPod:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> ClusterPod:
+        return rebuild(cls, data)
 
 
 @dataclass
@@ -452,9 +467,12 @@ class Workload:
     """``deleted`` / ``finished`` / ``inactive`` once it ended (kept until its alerts resolve)."""
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Workload:
-        sets = [(int(count), dict(request)) for count, request in data["sets"]]
-        return cls(**{**data, "sets": sets})
+    def from_dict(cls, data: JsonObject) -> Workload:
+        sets = []
+        for entry in as_array(data["sets"]):
+            count, request = as_array(entry)
+            sets.append((as_int(count), {name: as_int(gpus) for name, gpus in as_object(request).items()}))
+        return rebuild(cls, data, sets=sets)
 
 
 @dataclass
@@ -467,10 +485,14 @@ class NodeSampleSummary:
     idle_gpus: int
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NodeSampleSummary:
-        return cls(**data)
+    def from_dict(cls, data: JsonObject) -> NodeSampleSummary:
+        return rebuild(cls, data)
 
 
-def records_to_dict(records: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+ClusterRecord = ClusterNode | SideInputs | Workload | NodeSampleSummary
+"""A record the cluster stage keeps by key (a ``ClusterPod`` is a ``SideInputs``)."""
+
+
+def records_to_dict(records: Mapping[str, ClusterRecord]) -> JsonDict:
     """``{key: dataclass}`` -> its JSON form."""
     return {key: _fields(record) for key, record in records.items()}

@@ -15,9 +15,10 @@ stored as plain JSON under ``<key>``, as before chunking existed.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any
 
 import orjson
+
+from stream_jobs.json_types import JsonValue
 
 MAX_STATE_RECORD_BYTES = 512 * 1024
 """Default chunk size: half the broker's default maximum message size, leaving room for the key
@@ -32,13 +33,13 @@ begins with one of its own keys."""
 class ChunkedStore:
     """JSON documents in ``table`` (bytes keys and values), no record above ``max_record_bytes``."""
 
-    def __init__(self, table: MutableMapping[bytes, Any], max_record_bytes: int = MAX_STATE_RECORD_BYTES) -> None:
+    def __init__(self, table: MutableMapping[bytes, bytes], max_record_bytes: int = MAX_STATE_RECORD_BYTES) -> None:
         if max_record_bytes < 64:
             raise ValueError("max_record_bytes must be at least 64")
         self.table = table
         self.max_record_bytes = max_record_bytes
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> JsonValue:
         raw = self.table.get(key.encode())
         if raw is None:
             return None
@@ -53,7 +54,7 @@ class ChunkedStore:
             parts.append(part)
         return orjson.loads(b"".join(parts))
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: JsonValue) -> None:
         data = orjson.dumps(value)
         previous = self._head(key)
         if len(data) <= self.max_record_bytes:

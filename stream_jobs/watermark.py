@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeGuard, TypeVar
+from typing import Generic, TypeGuard, TypeVar
 
 import orjson
 
 from schemas.control import STATE_MARK_KIND
 from schemas.messages import DEFAULT_CLUSTER
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, WORKLOAD_PROGRESS
+from stream_jobs.json_types import JsonDict, JsonObject, as_float, as_int, as_object
 
 T = TypeVar("T")
 
@@ -74,7 +75,7 @@ class Mark:
     state: bool = False
     cluster: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         if self.state:
             return {"k": STATE_MARK_KIND, "seq": self.seq, "ts": self.ts, "cluster": self.cluster, "off": self.offsets}
         return {"k": "m", "seq": self.seq, "ts": self.ts, "off": self.offsets, "end": self.end}
@@ -83,11 +84,11 @@ class Mark:
         return orjson.dumps(self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Mark:
+    def from_dict(cls, data: JsonObject) -> Mark:
         off = data.get("off")
         state = data.get("k") == STATE_MARK_KIND
-        return cls(seq=int(data["seq"]), ts=float(data["ts"]),
-                   offsets=None if off is None else {str(k): int(v) for k, v in off.items()},
+        return cls(seq=as_int(data["seq"]), ts=float(as_float(data["ts"])),
+                   offsets=None if off is None else {str(k): as_int(v) for k, v in as_object(off).items()},
                    end=bool(data.get("end", False)), state=state,
                    cluster=str(data.get("cluster") or DEFAULT_CLUSTER) if state else None)
 
@@ -237,18 +238,19 @@ def output_envelopes(partition: int, seq: int, outputs: list[tuple[str, bytes]],
             for index, run in enumerate(chunked(items, limit))]
 
 
-def _node_outputs(data: dict[str, Any]) -> NodeOutputs:
+def _node_outputs(data: dict[str, object]) -> NodeOutputs:
     """An output envelope; one holding a single output in the form written before outputs were
     grouped (``c`` and ``v``) reads as well."""
-    if "outs" in data:
-        if not isinstance(data["outs"], list):
-            raise ValueError("an output envelope without its list of outputs")
-        outputs = [(str(kind), value) for kind, value in data["outs"]]
-    else:
-        outputs = [(str(data["c"]), data["v"])]
-    if not all(isinstance(value, dict) for _kind, value in outputs):
+    outs = data["outs"] if "outs" in data else [[data["c"], data["v"]]]
+    if not isinstance(outs, list):
+        raise ValueError("an output envelope without its list of outputs")
+    outputs = [(str(kind), value) for kind, value in outs if isinstance(value, dict)]
+    if len(outputs) < len(outs):
         raise ValueError("an output that is not a JSON object")
-    return NodeOutputs(partition=int(data["P"]), seq=int(data["seq"]), index=int(data["i"]), outputs=outputs)
+    partition, seq, index = data["P"], data["seq"], data["i"]
+    if not (_is_int(partition) and _is_int(seq) and _is_int(index)):
+        raise ValueError("an output envelope without its partition, mark and index")
+    return NodeOutputs(partition=partition, seq=seq, index=index, outputs=outputs)
 
 
 def node_mark_envelope(partition: int, mark: Mark, stats: dict[str, int]) -> bytes:
@@ -259,9 +261,11 @@ def done_envelope(seq: int, stats: dict[str, int]) -> bytes:
     return orjson.dumps({"k": "done", "seq": seq, "stats": stats})
 
 
-def decode_envelope(value: bytes) -> Envelope:
+def decode_envelope(value: bytes | None) -> Envelope:
     """An internal record as the stages read it, by its kind (``k``). Raises :class:`ValueError`,
     :class:`KeyError` or :class:`TypeError` for what no worker writes."""
+    if value is None:
+        raise ValueError("a record without a value (a tombstone)")
     data = orjson.loads(value)
     if not isinstance(data, dict) or "k" not in data:
         raise ValueError("not a stream-jobs envelope")
@@ -282,11 +286,12 @@ def decode_envelope(value: bytes) -> Envelope:
 
 
 @dataclass
-class MarkHold:
-    """The route stage's marks, held until the inputs they cover have been consumed."""
+class MarkHold(Generic[T]):
+    """The route stage's marks, held until the inputs they cover have been consumed, each with its
+    token (the control record to acknowledge once it is forwarded)."""
 
     consumed: dict[str, int] = field(default_factory=dict)
-    held: list[tuple[Mark, Any]] = field(default_factory=list)
+    held: list[tuple[Mark, T]] = field(default_factory=list)
     topics: frozenset[str] | None = None
     """The input topics whose partitions a mark waits for (None: every one it names). The route
     does not read ``gpu.samples.v1``: each node partition waits for its own samples."""
@@ -296,7 +301,7 @@ class MarkHold:
         if offset > self.consumed.get(key, -1):
             self.consumed[key] = offset
 
-    def hold(self, mark: Mark, token: Any) -> None:
+    def hold(self, mark: Mark, token: T) -> None:
         self.held.append((mark, token))
 
     def missing(self, mark: Mark, committed: dict[str, int]) -> dict[str, int]:
@@ -309,7 +314,7 @@ class MarkHold:
                 if max(self.consumed.get(tp, -1), committed.get(tp, 0) - 1) < off
                 and (self.topics is None or tp.rpartition(":")[0] in self.topics)}
 
-    def ready(self, committed: dict[str, int]) -> list[tuple[Mark, Any]]:
+    def ready(self, committed: dict[str, int]) -> list[tuple[Mark, T]]:
         """Marks now released, in order (a mark never overtakes an earlier one)."""
         out = []
         while self.held and not self.missing(self.held[0][0], committed):
@@ -396,7 +401,7 @@ class InputGate(Generic[T]):
         self.applied_seq = max(self.applied_seq, mark.seq)
         return out
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> JsonDict:
         return {"seq": self.applied_seq, "applied": dict(self.applied)}
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
+from simulation.kube_local import HelmTools, LocalKube, build_binaries, build_helm
 
 os.environ.setdefault("GPULENS_CLUSTER", "default")  # the agent and watcher require it against real APIs
 # report and advise count the period's dead letters on Kafka; tests that read their output turn it on
@@ -50,3 +51,21 @@ def prometheus_dir() -> Path:
                            text=True, timeout=3600, check=False)
     assert build.returncode == 0, f"scripts/prometheus-build.sh failed:\n{build.stderr[-4000:]}"
     return Path(build.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def helm_tools() -> HelmTools:
+    """Helm and prometheus-operator's ServiceMonitor CRD (scripts/helm-build.sh: cached after the
+    first build, which scripts/test.sh does before the tests). A failed build fails the tests."""
+    return build_helm(progress=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory, helm_tools: HelmTools) -> Iterator[LocalKube]:
+    """A real control plane shared by the session: etcd, kube-apiserver, kube-controller-manager
+    (without node lifecycle) and kube-scheduler, with ``kube.kubectl(...)`` and ``kube.helm(...)``
+    (simulation/kube_local.py). No Node is registered: pods stay Pending unless a test registers
+    one, and a test that does taints it for its own pods and deletes it at the end."""
+    with LocalKube(tmp_path_factory.mktemp("kube-cluster"), build_binaries(), helm=helm_tools.helm,
+                   controller_manager=True, scheduler=True) as plane:
+        yield plane

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import kafka as ck
+from common.settings import TopicSettings
 from gpulens.check.core import Context, Result, State
 from schemas.outputs import DeadLetterReason
 from schemas.topics import ALL_TOPICS, DEADLETTER, INTERNAL_TOPICS
@@ -112,11 +113,13 @@ def topics(ctx: Context) -> list[Result]:
         results.append(Result("topics", State.OK, f"{survey.wanted} topics under prefix {prefix!r} with their "
                               "partitions and cleanup policy"))
     if survey.replication:
-        results.append(_replication(survey.replication, len(metadata.brokers)))
+        results.append(_replication(survey.replication, len(metadata.brokers), ctx.settings.topics))
     return results
 
 
-def _replication(replication: dict[str, tuple[int, int]], brokers: int) -> Result:
+def _replication(replication: dict[str, tuple[int, int]], brokers: int, wanted: TopicSettings) -> Result:
+    """The replicas and ``min.insync.replicas`` of the topics against what ``gpulens topics create``
+    gives them on this cluster (``GPULENS_TOPICS__*``: by default 3, or one per broker on fewer, and 2)."""
     factors = sorted({f for f, _ in replication.values()})
     isr = sorted({m for _, m in replication.values()})
     text = f"replication factor {'/'.join(map(str, factors))}, min.insync.replicas {'/'.join(map(str, isr))}, " \
@@ -127,13 +130,21 @@ def _replication(replication: dict[str, tuple[int, int]], brokers: int) -> Resul
                       "factor of " + ", ".join(impossible) + " (every acks=all write fails)",
                       "lower min.insync.replicas of those topics or raise their replication factor "
                       "(kafka-reassign-partitions)")
-    if brokers > 1 and 1 in factors:
-        single = sorted(n for n, (f, _) in replication.items() if f == 1)
-        return Result("replication", State.WARN, f"{text}: {len(single)} topic(s) with one replica on "
-                      "a multi-broker cluster lose data with their broker",
-                      "raise their replication factor to 3 (kafka-reassign-partitions) and "
-                      "min.insync.replicas to 2; new topics: `gpulens topics create` on a cluster whose "
-                      "default.replication.factor is 3")
+    factor, min_insync = wanted.resolve(brokers)
+    fewer = sorted(n for n, (f, _) in replication.items() if f < factor)
+    if fewer:
+        loses = " lose data with their broker" if 1 in factors else " stop taking writes sooner"
+        return Result("replication", State.WARN, f"{text}: {len(fewer)} topic(s) with fewer than {factor} "
+                      f"replicas (GPULENS_TOPICS__REPLICATION_FACTOR {wanted.replication_factor}){loses}",
+                      f"raise their replication factor to {factor} (kafka-reassign-partitions) and "
+                      f"min.insync.replicas to {min_insync or 1} (kafka-configs --alter); new topics get them "
+                      "from `gpulens topics create`")
+    weak = sorted(n for n, (f, m) in replication.items() if min_insync is not None and f >= 2 and m < min_insync)
+    if weak:
+        return Result("replication", State.WARN, f"{text}: {len(weak)} topic(s) with min.insync.replicas below "
+                      f"{min_insync} (GPULENS_TOPICS__MIN_INSYNC_REPLICAS): their acks=all writes are acknowledged "
+                      "by fewer replicas, and lost if those die",
+                      f"kafka-configs --alter --add-config min.insync.replicas={min_insync} on those topics")
     return Result("replication", State.OK, text)
 
 

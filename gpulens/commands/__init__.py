@@ -30,7 +30,7 @@ PART_COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "Run everything on a simulated live fleet: Kafka, agents, watcher, workers, sink, live view."),
     "top": ("demo", "Live terminal view of the fleet, read from the pipeline's topics."),
     "check": ("check", "Check an installation: Kafka, groups, dead letters, ClickHouse, freshness, Kubernetes."),
-    "kafka": ("kafka", "Run the local single-node Kafka broker (KRaft) for the embedded default."),
+    "kafka": ("kafka", "Run the local Kafka (KRaft; one broker, or three with --brokers 3) for the embedded default."),
     "topics": ("topics", "Kafka topics of this install."),
     "schemas": ("schemas", "JSON Schema documents of every topic."),
     "config": ("config", "Configuration."),

@@ -67,7 +67,7 @@ def run_watcher(settings: WatcherSettings, *, to_stdout: bool = False, stop: thr
     else:
         try:
             ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS,
-                                           INTERNAL_CONTROL), settings.topic_prefix)
+                                           INTERNAL_CONTROL), settings.topic_prefix, settings.topics)
         except BrokerUnavailable as exc:
             raise broker_unavailable(exc, also="use --stdout") from None
         except Exception as exc:  # e.g. no ACL to create or describe topics: they may well exist already

@@ -4,18 +4,24 @@ guard, the group's committed offsets), for unit tests of the agents without a br
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 from stream_jobs.config import EngineConfig
 from stream_jobs.delivery import Delivery
 from stream_jobs.offset_guard import WorkerMetrics
 
 
+class TP(NamedTuple):
+    topic: str
+    partition: int
+
+
 class Message:
     def __init__(self, topic: str, partition: int, offset: int, key: bytes | None = None) -> None:
         self.topic, self.partition, self.offset, self.key = topic, partition, offset, key
-        self.tp = (topic, partition)
-        self.timestamp = None
+        self.tp = TP(topic, partition)
+        self.timestamp: float | None = None
 
 
 class Event:
@@ -51,8 +57,15 @@ class Metrics(WorkerMetrics):
 
 
 class Events:
+    """An agent's events as far as acknowledgements go (none to read)."""
+
     def __init__(self) -> None:
         self.acked: list[Any] = []
+
+    async def events(self) -> AsyncIterator[Event]:
+        none: tuple[Event, ...] = ()
+        for event in none:
+            yield event
 
     async def ack(self, event: Any) -> None:
         self.acked.append(event)
@@ -69,7 +82,7 @@ class Topic:
     def get_topic_name(self) -> str:
         return self.name
 
-    async def send(self, key: bytes | None, value: bytes, partition: int | None = None, headers: Any = None) -> Any:
+    async def send(self, *, key: bytes | None, value: bytes, partition: int | None = None, headers: Any = None) -> Any:
         self.log.append((self.name, partition, value))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         future.set_result(None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 
+from stream_jobs.json_types import as_int, int_map
 from stream_jobs.watermark import (
     ClusterGate,
     ForwardedRecord,
@@ -72,8 +73,8 @@ def test_redelivered_records_and_marks_are_recognised() -> None:
     assert gate.offer(rec(SAMPLES, 0, 1), 1)
     assert not gate.offer(rec(SAMPLES, 0, 1), 2), "a duplicate of a parked record"
     gate.release(Mark(7, 10.0, None))  # a clock mark covers everything parked
-    restored: InputGate[int] = InputGate(**{"applied_seq": gate.progress()["seq"],
-                                            "applied": gate.progress()["applied"]})
+    progress = gate.progress()
+    restored: InputGate[int] = InputGate(as_int(progress["seq"]), int_map(progress["applied"]))
     assert not restored.offer(rec(SAMPLES, 0, 1), 3), "already applied before the restart"
     assert restored.offer(rec(SAMPLES, 0, 2), 4)
     assert not restored.is_new(7) and restored.is_new(8)
@@ -120,7 +121,7 @@ def test_a_marks_outputs_travel_in_few_envelopes_in_order_none_oversized() -> No
 
 
 def test_route_holds_a_mark_until_its_offsets_are_consumed() -> None:
-    hold = MarkHold()
+    hold: MarkHold[str] = MarkHold()
     hold.hold(Mark(1, 0.0, {f"{SAMPLES}:0": 3, f"{PODS}:2": 0}), "m1")
     hold.hold(Mark(2, 10.0, {f"{SAMPLES}:0": 5}), "m2")
     hold.consume(SAMPLES, 0, 3)
@@ -134,7 +135,7 @@ def test_route_holds_a_mark_until_its_offsets_are_consumed() -> None:
 
 def test_route_does_not_hold_a_mark_for_the_samples_it_does_not_read() -> None:
     """Each node partition reads its samples and holds the mark there; the route waits for its own inputs."""
-    hold = MarkHold(topics=frozenset({PODS}))
+    hold: MarkHold[str] = MarkHold(topics=frozenset({PODS}))
     hold.hold(Mark(1, 0.0, {f"{SAMPLES}:0": 3, f"{PODS}:2": 0}), "m1")
     assert hold.missing(hold.held[0][0], {}) == {f"{PODS}:2": 0}
     hold.consume(PODS, 2, 0)

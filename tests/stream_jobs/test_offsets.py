@@ -132,10 +132,26 @@ class FaustLikeConsumer:
 
 
 class Rec:
-    """A consumed record as the stream hands it to an agent (the token acknowledged later)."""
+    """A consumed record as the stream hands it to an agent (the token acknowledged later): the
+    event and its record (``message``) in one."""
+
+    key: bytes | None = None
+    timestamp: float | None = None
 
     def __init__(self, tp: TP, offset: int) -> None:
         self.tp, self.offset = tp, offset
+
+    @property
+    def message(self) -> Rec:
+        return self
+
+    @property
+    def topic(self) -> str:
+        return self.tp.topic
+
+    @property
+    def partition(self) -> int:
+        return self.tp.partition
 
 
 async def consume(consumer: FaustLikeConsumer, guard: OffsetGuard, compacted: bool = False, batch: int = 7,
@@ -162,7 +178,7 @@ async def consume(consumer: FaustLikeConsumer, guard: OffsetGuard, compacted: bo
         if len(pending) > hold:
             for done in reversed(pending):
                 for ready in guard.done(done.tp, done.offset, done):
-                    consumer.ack(ready.offset)
+                    consumer.ack(ready.message.offset)
             pending = []
         consumer.commit()
         unprocessed = [o for o in consumer.log if first <= o < consumer.commits[-1] and o not in processed] \
@@ -580,7 +596,7 @@ def test_a_paused_partition_is_not_taken_for_stalled_and_resumes_where_it_left_o
             rec = Rec(SAMPLES, offset)
             assert await guard.admit(SAMPLES, offset, False, rec)
             for ready in guard.done(SAMPLES, offset, rec):
-                consumer.ack(ready.offset)
+                consumer.ack(ready.message.offset)
         consumer.commit()
         consumer.queue.clear()  # 3 and 4: fetched, then dropped by faust when the partition paused
         guard.pause(SAMPLES)

@@ -54,10 +54,12 @@ def test_the_stream_check_holds_without_the_contracts_bounds() -> None:
     inf = WorkloadProgress.model_construct(pod_uid="p", namespace="a", pod="b", ts=at, steps_total=math.inf)
     error = wire_error("workload.progress.v1", b'{"steps_total": 1e309}', inf)
     assert error is not None and error.code == DeadLetterReason.OUT_OF_RANGE
-    big = PodState.model_construct(uid="x", namespace="a", name="b", ts=at, gpu_requests={"nvidia.com/gpu": 10**20})
+    big = PodState.model_construct(uid="x", namespace="a", name="b", ts=at, phase="Pending", created_at=at,
+                                   gpu_requests={"nvidia.com/gpu": 10**20})
     error = wire_error("k8s.pods.v1", b'{"gpu_requests": {"nvidia.com/gpu": 1e20}}', big)
     assert error is not None and error.code == DeadLetterReason.OUT_OF_RANGE and error.field_path.startswith("gpu_req")
-    fine = PodState.model_construct(uid="x", namespace="a", name="b", ts=at, gpu_requests={"nvidia.com/gpu": 2**64 - 1})
+    fine = PodState.model_construct(uid="x", namespace="a", name="b", ts=at, phase="Pending", created_at=at,
+                                    gpu_requests={"nvidia.com/gpu": 2**64 - 1})
     assert wire_error("k8s.pods.v1", b'{"gpu_requests": {"nvidia.com/gpu": 18446744073709551615}}', fine) is None
     nan = wire_error("k8s.pods.v1", b'{"restarts": NaN}', fine)
     assert nan is not None and nan.code == DeadLetterReason.OUT_OF_RANGE, "orjson refuses NaN: the route must too"
@@ -90,9 +92,9 @@ def test_a_buffered_record_that_no_longer_restores_is_dead_lettered() -> None:
     stage = NodeStage("gpu-a", EngineConfig())
     stage.submit(GpuSample(node="gpu-a", ts=T0, agent_boot_id="boot", seq=1, sample_interval_s=10.0),
                  ["p.gpu.samples.v1", 3, 41])
-    saved = stage.to_dict()
+    saved = orjson.loads(orjson.dumps(stage.to_dict()))
     saved["buffer"]["items"][0][4]["sample_interval_s"] = -1.0  # what today's contract refuses
-    restored = NodeStage.from_dict(orjson.loads(orjson.dumps(saved)), EngineConfig())
+    restored = NodeStage.from_dict(saved, EngineConfig())
     (rejected,) = restored.take_rejected()
     assert (rejected.source, rejected.reason) == (["p.gpu.samples.v1", 3, 41], DeadLetterReason.INVALID)
     assert len(restored.buffer) == 0

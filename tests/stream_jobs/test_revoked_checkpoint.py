@@ -20,6 +20,8 @@ NODE_INPUTS = "p.internal.node-inputs.v1"
 class _Event:
     """A consumed record as an agent holds it (its offset is what the state's position needs)."""
 
+    value: bytes | None = None
+
     def __init__(self, offset: int) -> None:
         self.message = type("Message", (), {"offset": offset, "topic": NODE_INPUTS})()
 
@@ -60,10 +62,10 @@ def _node_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deliver
     async def scenario() -> None:
         part = agent._part(3)
         output: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        part.futures, part.unacked = [output], ["input record"]
+        part.futures, part.unacked = [output], ["input record"]  # type: ignore[list-item]
         part.next_offset = 42
         part.gate.offer(ForwardedRecord("p.k8s.pods.v1", "k8s.pods.v1", 0, 7, {}), _Event(40))  # parked
-        checkpoint = asyncio.ensure_future(agent._checkpoint(None, 3, part))
+        checkpoint = asyncio.ensure_future(agent._checkpoint(None, 3, part))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         if revoke:
             agent.revoke(3)  # a rebalance while the output's delivery is awaited
@@ -91,9 +93,9 @@ def _cluster_checkpoint(revoke: bool) -> tuple[dict[bytes, Any], _Durable, _Deli
     async def scenario() -> None:
         gate, stages = agent._restore()
         output: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        agent.futures, agent.unacked = [output], ["node output"]
+        agent.futures, agent.unacked = [output], ["node output"]  # type: ignore[list-item]
         agent.next_offset = 12
-        checkpoint = asyncio.ensure_future(agent._checkpoint(None, gate, stages, None, {}))
+        checkpoint = asyncio.ensure_future(agent._checkpoint(None, gate, stages, None, {}))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         if revoke:
             agent.revoke()

@@ -30,7 +30,7 @@ class SlowTopic:
     def get_topic_name(self) -> str:
         return self.name
 
-    async def send(self, key: bytes | None, value: bytes, partition: int | None, headers: Any) -> Any:
+    async def send(self, *, key: bytes | None, value: bytes, partition: int | None = None, headers: Any = None) -> Any:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.log.append((self.name, partition, value, future))
         return future
