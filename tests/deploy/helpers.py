@@ -10,9 +10,10 @@ that receives it.
 from __future__ import annotations
 
 import re
+import time
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,13 @@ def compose_command(service: dict[str, Any]) -> list[str]:
 def gpulens_services(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Compose services that run the gpulens image."""
     return {name: svc for name, svc in spec["services"].items() if str(svc.get("image", "")).startswith("gpulens")}
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 90.0) -> Any:
+    """The first truthy value of ``probe``, polled until ``timeout_s``; else fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := probe():
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")

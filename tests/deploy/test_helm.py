@@ -36,7 +36,15 @@ import yaml
 from common.settings import ConfigError, Thresholds, load_settings
 from simulation.kube_local import HelmTools, LocalKube
 from tests.conftest import REPO_ROOT
-from tests.deploy.helpers import component_args, containers, is_setting, pod_template, settings_for, workloads
+from tests.deploy.helpers import (
+    component_args,
+    containers,
+    is_setting,
+    pod_template,
+    settings_for,
+    wait_for,
+    workloads,
+)
 
 CHART = REPO_ROOT / "deploy" / "helm" / "gpulens"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -180,13 +188,6 @@ def enforced(kube: LocalKube, namespace: str) -> None:
     wait_for(f"PodSecurity enforcing in {namespace}", refused, timeout_s=30)
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := probe():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 # --------------------------------------------------------------------------- offline: lint, template, schema

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from simulation.kube_local import HELM_VERSION, KUBE_VERSION, WATCHER_USER, HelmTools, KubeApiError, LocalKube
+from tests.deploy.helpers import wait_for
 
 Obj = dict[str, Any]
 TEST_TAINT = "gpulens.test/kube-tools"
@@ -26,13 +26,6 @@ TEST_TAINT = "gpulens.test/kube-tools"
 there, never a pod another test's Deployment makes in the shared cluster."""
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := probe():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def unique(prefix: str) -> str:
