@@ -528,6 +528,12 @@ class Thresholds(BaseModel):
             raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
                 type=PydanticCustomError("unknown_threshold", "unknown threshold; known: {known}", {"known": known}),
                 loc=(str(key),), input=data[key]) for key in unknown])
+        twice = [key for key, name in names.items() if name != key and name in data]
+        if twice:
+            raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
+                type=PydanticCustomError("threshold_twice", "given twice: as {name} and as {key}",
+                                         {"name": str(names[key]), "key": str(key)}),
+                loc=(str(key),), input=data[key]) for key in twice])
         return {names[key]: value for key, value in data.items()}
 
     @field_validator("*", mode="after")

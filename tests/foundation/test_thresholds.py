@@ -31,6 +31,14 @@ def test_an_unknown_threshold_fails_at_load_naming_it_and_the_known_ones(
         load_settings(WorkerSettings)
 
 
+def test_a_duration_given_in_both_spellings_fails_rather_than_one_winning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPULENS_THRESHOLDS__IDLE_AFTER", "1800")
+    monkeypatch.setenv("GPULENS_THRESHOLDS__IDLE_AFTER_S", "1700")
+    with pytest.raises(ConfigError, match=r"GPULENS_THRESHOLDS__IDLE_AFTER_S: given twice: as idle_after and as "
+                                          r"idle_after_s"):
+        load_settings(WorkerSettings)
+
+
 @pytest.mark.parametrize("variable, value", [
     ("GPULENS_THRESHOLDS__VRAM_PRESSURE_PCT", "900"),
     ("GPULENS_THRESHOLDS", '{"vram_pressure_pct": 900}'),
