@@ -42,7 +42,11 @@ def gpu_sample(gpus: int = 8, node: str = "gpu-a") -> m.GpuSample:
             )
         )
     return m.GpuSample(node=node, ts=TS, agent_boot_id="b0c3e2d1-0000-4000-8000-000000000001", seq=42,
-                       sample_interval_s=10.0, driver_version="550.54.15", cuda_driver_version="12.4", gpus=readings)
+                       sample_interval_s=10.0, driver_version="550.54.15", cuda_driver_version="12.4", gpus=readings,
+                       dra_allocations=[m.DraAllocation(
+                           driver="gpu.nvidia.com", pool=node, device="gpu-0", namespace="research",
+                           pod="train-llm-0", container="trainer", claim_namespace="research",
+                           claim_name="train-llm-0-gpu-x7k2p", cdi_ids=["k8s.gpu.nvidia.com/device=gpu-0"])])
 
 
 def all_examples() -> dict[str, m.Message]:
@@ -62,7 +66,11 @@ def all_examples() -> dict[str, m.Message]:
         "k8s.nodes.v1": m.NodeState(node="gpu-a", ts=TS, gpu_capacity={"nvidia.com/gpu": 8},
                                     gpu_allocatable={"nvidia.com/gpu": 8}, gpu_product="NVIDIA-H100-80GB-HBM3",
                                     gpu_memory_bytes=80 * GIB, ready=True,
-                                    taints=[m.Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")]),
+                                    taints=[m.Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")],
+                                    dra_devices=[m.DraDevice(
+                                        driver="gpu.nvidia.com", pool="gpu-a", device="gpu-0", resource="nvidia.com/gpu",
+                                        uuid="GPU-gpu-a-0000-5a1c-4c3e-9b2f-1d0e8a7b6c5d", model="NVIDIA H100 80GB HBM3",
+                                        memory_bytes=80 * GIB, physical_gpu="GPU-gpu-a-0000-5a1c-4c3e-9b2f-1d0e8a7b6c5d")]),
         "k8s.events.v1": m.K8sEvent(uid="e-1", ts=TS, category="scheduling_failed", reason="FailedScheduling",
                                     message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
                                     type="Warning", involved_kind="Pod", involved_uid="p-4",

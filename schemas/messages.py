@@ -321,6 +321,59 @@ def _distinct_gpus(gpus: list[Any]) -> list[Any]:
     return gpus
 
 
+# --------------------------------------------------------------------------- DRA devices
+
+MAX_DRA_DEVICES = 1024
+"""GPU devices one node publishes through DRA ResourceSlices: 16 GPUs, each as a whole device and
+partitions (dynamic MIG publishes every placement a GPU allows, up to about 50)."""
+MAX_DRA_ALLOCATIONS = 1024
+"""DRA devices the kubelet reports for one node's containers in one sample."""
+MAX_CDI_IDS = 16
+"""CDI device ids of one allocated DRA device."""
+
+
+class DraDeviceRef(Part):
+    """A device as Dynamic Resource Allocation names it: ``(driver, pool, device)`` is unique in a
+    cluster (a ResourceSlice's ``spec.driver``, ``spec.pool.name`` and ``devices[].name``)."""
+
+    driver: K8sName
+    pool: K8sName
+    device: DnsLabel
+
+
+class DraDevice(DraDeviceRef):
+    """A GPU device a node publishes in its ResourceSlices, mapped by the watcher's driver table
+    (docs/dra.md): what it counts as, and how NVML knows it (its UUID)."""
+
+    resource: QualifiedName = Field(
+        description="The extended-resource name the device counts as (nvidia.com/gpu, nvidia.com/mig-1g.10gb), "
+        "so DRA capacity and demand read like the device plugin's")
+    uuid: Identifier | None = Field(None, description="The GPU or MIG device UUID NVML reports; absent when the "
+                                    "driver publishes none")
+    model: ShortText | None = None
+    mig_profile: ShortText | None = None
+    mig_parent_uuid: Identifier | None = None
+    memory_bytes: GpuMemoryBytes | None = None
+    physical_gpu: Identifier | None = Field(
+        None, description="The physical GPU the device is or is part of (its UUID, or the counter set partitions "
+        "share): partitions of one GPU count once in capacity")
+    multi_allocatable: bool = Field(False, description="Several claims may share the device (consumable capacity)")
+
+
+class DraAllocation(DraDeviceRef):
+    """One DRA device the kubelet gave a container, as PodResources' ``dynamic_resources`` reports
+    it: the node stage resolves it to a GPU through the node's :class:`DraDevice` list."""
+
+    namespace: DnsLabel
+    pod: K8sName
+    container: DnsLabel
+    claim_namespace: DnsLabel
+    claim_name: K8sName
+    cdi_ids: list[Text] = Field(default_factory=list, max_length=MAX_CDI_IDS)
+    share_id: Identifier | None = Field(None, description="The share of a device several claims hold (consumable "
+                                        "capacity); absent for a device held whole")
+
+
 DistinctGpus = Annotated[list[GpuReading], AfterValidator(_distinct_gpus)]
 """A sample's readings: at most :data:`MAX_GPUS_PER_SAMPLE`, each GPU once (``inconsistent`` otherwise)."""
 
@@ -337,6 +390,9 @@ class GpuSample(Message):
     cuda_driver_version: ShortText | None = None
     gpus: DistinctGpus = Field(default_factory=list, max_length=MAX_GPUS_PER_SAMPLE)
     errors: list[Text] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    dra_allocations: list[DraAllocation] = Field(
+        default_factory=list, max_length=MAX_DRA_ALLOCATIONS,
+        description="DRA devices the kubelet gave the node's containers (PodResources dynamic_resources)")
 
 
 # --------------------------------------------------------------------------- k8s.pods.v1
@@ -433,6 +489,9 @@ class NodeState(Message):
     unschedulable: bool = False
     taints: list[Taint] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
     labels: Labels = Field(default_factory=dict)
+    dra_devices: list[DraDevice] = Field(
+        default_factory=list, max_length=MAX_DRA_DEVICES,
+        description="GPU devices the node publishes through DRA ResourceSlices (docs/dra.md)")
     deleted: bool = False
     truncated: bool = False
     """Set when the watcher cut what it publishes to the contract's bounds (labels over budget, text
@@ -632,7 +691,7 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("MAX_POD_COUNT", "max", MAX_POD_COUNT, ("PodSetDemand.count",),
           "Kubernetes supports 150,000 pods per cluster", _OUT_OF_RANGE),
     Bound("MAX_GPU_MEMORY_BYTES", "max", MAX_GPU_MEMORY_BYTES, ("PodState.vram_request_bytes",
-          "NodeState.gpu_memory_bytes"), "16 TiB per GPU: sums over a cluster's pods stay within 64 bits",
+          "NodeState.gpu_memory_bytes", "DraDevice.memory_bytes"), "16 TiB per GPU: sums over a cluster's pods stay within 64 bits",
           _OUT_OF_RANGE),
     Bound("MAX_ALLOCATOR_BYTES", "max", MAX_ALLOCATOR_BYTES, ("AllocatorDevice.*_bytes",), "1 PiB", _OUT_OF_RANGE),
     Bound("MAX_ALLOCATOR_COUNT", "max", MAX_ALLOCATOR_COUNT, ("AllocatorDevice.alloc_retries_total",
@@ -648,18 +707,20 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("MAX_DNS_LABEL_CHARS", "chars", MAX_DNS_LABEL_CHARS, (
         "*.cluster", "PodRef.namespace", "PodRef.container", "GpuProcess.pod_namespace",
         "GpuProcess.container_name", "ContainerState.name", "PodState.namespace", "K8sEvent.involved_namespace",
-        "PodSetDemand.name", "WorkloadState.namespace", "WorkloadProgress.namespace", "WorkloadAllocator.namespace"),
+        "PodSetDemand.name", "WorkloadState.namespace", "WorkloadProgress.namespace", "WorkloadAllocator.namespace",
+        "Dra*.device", "DraAllocation.namespace", "DraAllocation.container", "DraAllocation.claim_namespace"),
         "Kubernetes' DNS label", _TOO_LARGE),
     Bound("MAX_NAME_CHARS", "chars", MAX_NAME_CHARS, (
         "PodRef.pod", "GpuProcess.pod_name", "GpuSample.node", "OwnerRef.name", "PodState.name", "PodState.node",
         "PodState.priority_class", "NodeState.node", "K8sEvent.involved_name", "WorkloadState.name",
         "WorkloadState.queue_name", "WorkloadState.cluster_queue", "WorkloadState.priority_class",
-        "WorkloadProgress.pod", "WorkloadAllocator.pod", "WorkloadAllocator.node"),
+        "WorkloadProgress.pod", "WorkloadAllocator.pod", "WorkloadAllocator.node", "Dra*.driver", "Dra*.pool",
+        "DraAllocation.pod", "DraAllocation.claim_name"),
         "Kubernetes' DNS subdomain (object names)", _TOO_LARGE),
     Bound("MAX_QUALIFIED_NAME_CHARS", "chars", MAX_QUALIFIED_NAME_CHARS, (
         "PodState.labels{key}", "NodeState.labels{key}", "Taint.key", "PodCondition.type", "OwnerRef.api_version",
         "PodState.gpu_requests{key}", "NodeState.gpu_capacity{key}", "NodeState.gpu_allocatable{key}",
-        "PodSetDemand.gpu_requests_per_pod{key}", "WorkloadState.gpu_requests{key}"),
+        "PodSetDemand.gpu_requests_per_pod{key}", "WorkloadState.gpu_requests{key}", "DraDevice.resource"),
         "Kubernetes' qualified name: a 253-character prefix, '/', a 63-character name", _TOO_LARGE),
     Bound("MAX_LABEL_VALUE_CHARS", "chars", MAX_LABEL_VALUE_CHARS, (
         "PodState.labels{value}", "NodeState.labels{value}", "Taint.value"), "Kubernetes' label value", _TOO_LARGE),
@@ -669,18 +730,20 @@ BOUNDS: tuple[Bound, ...] = (
         "PodRef.pod_uid", "GpuProcess.pod_uid", "GpuReading.uuid", "GpuReading.mig_parent_uuid",
         "GpuSample.agent_boot_id", "OwnerRef.uid", "PodState.uid", "NodeState.uid", "K8sEvent.uid",
         "K8sEvent.involved_uid", "WorkloadState.uid", "WorkloadProgress.pod_uid", "AllocatorDevice.gpu_uuid",
-        "WorkloadAllocator.pod_uid"), "uids (36) and GPU / MIG UUIDs (about 40)", _TOO_LARGE),
+        "WorkloadAllocator.pod_uid", "DraDevice.uuid", "DraDevice.mig_parent_uuid",
+        "DraDevice.physical_gpu", "DraAllocation.share_id"), "uids (36) and GPU / MIG UUIDs (about 40)", _TOO_LARGE),
     Bound("MAX_SHORT_TEXT_CHARS", "chars", MAX_SHORT_TEXT_CHARS, (
         "GpuProcess.container_id", "ContainerState.container_id", "GpuReading.model", "GpuReading.mig_profile",
         "GpuReading.clock_event_reasons[]", "GpuSample.driver_version", "GpuSample.cuda_driver_version",
         "PodCondition.status", "OwnerRef.kind", "Taint.effect", "NodeState.gpu_product",
         "NodeState.cuda_driver_version", "NodeState.driver_version", "NodeState.mig_strategy", "K8sEvent.type",
-        "K8sEvent.involved_kind", "K8sEvent.source"), "names and versions from a driver or Kubernetes", _TOO_LARGE),
+        "K8sEvent.involved_kind", "K8sEvent.source", "DraDevice.model", "DraDevice.mig_profile"),
+        "names and versions from a driver or Kubernetes", _TOO_LARGE),
     Bound("MAX_TEXT_CHARS", "chars", MAX_TEXT_CHARS, (
         "XidEvent.message", "GpuProcess.process_name", "GpuReading.health_reason", "GpuSample.errors[]",
         "PodCondition.reason", "PodCondition.message", "ContainerState.image", "ContainerState.state_reason",
         "ContainerState.last_termination_reason", "PodState.last_termination_reason", "PodState.status_reason",
-        "K8sEvent.reason", "K8sEvent.message", "WorkloadState.pending_reason"),
+        "K8sEvent.reason", "K8sEvent.message", "WorkloadState.pending_reason", "DraAllocation.cdi_ids[]"),
         "reasons and messages: Kubernetes' termination message limit", _TOO_LARGE),
     Bound("MAX_TAG_CHARS", "chars", MAX_TAG_CHARS, (
         "PodState.team", "PodState.project", "WorkloadState.team", "WorkloadState.project"),
@@ -704,6 +767,11 @@ BOUNDS: tuple[Bound, ...] = (
           "the NVML agent buffers at most 1024 XIDs per sample", _TOO_LARGE),
     Bound("MAX_CLOCK_REASONS", "items", MAX_CLOCK_REASONS, ("GpuReading.clock_event_reasons",),
           "NVML's 64 reason bits", _TOO_LARGE),
+    Bound("MAX_DRA_DEVICES", "items", MAX_DRA_DEVICES, ("NodeState.dra_devices",),
+          "GPU devices a node publishes through DRA (whole GPUs and partitions)", _TOO_LARGE),
+    Bound("MAX_DRA_ALLOCATIONS", "items", MAX_DRA_ALLOCATIONS, ("GpuSample.dra_allocations",),
+          "DRA devices the kubelet reports for one node", _TOO_LARGE),
+    Bound("MAX_CDI_IDS", "items", MAX_CDI_IDS, ("DraAllocation.cdi_ids",), "CDI ids of one device", _TOO_LARGE),
     Bound("MAX_ALLOCATOR_DEVICES", "items", MAX_ALLOCATOR_DEVICES, ("WorkloadAllocator.devices",),
           "devices one pod reports", _TOO_LARGE),
     Bound("distinct GPUs", "distinct", None, ("GpuSample.gpus",),
