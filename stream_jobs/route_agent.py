@@ -251,9 +251,16 @@ class RouteAgent:
         async with self._forward_lock:  # marks leave in order
             committed = self.committed()
             for mark, token in self.hold.ready(committed):
-                self._marks_pending.append((await self._forward_mark(mark), token))
+                self._pend_mark(await self._forward_mark(mark), token)
             for mark, token in self.state_hold.ready(committed):
-                self._marks_pending.append((await self._forward_mark(mark, cluster=False), token))
+                self._pend_mark(await self._forward_mark(mark, cluster=False), token)
+
+    def _pend_mark(self, deliveries: list[Awaitable[object]], token: ConsumedEvent) -> None:
+        """Queue a forwarded mark for acknowledgement once its copies are delivered. Appended after
+        the forwarding await, never to a list looked up before it: :meth:`_settle` may have taken
+        that list meanwhile, and a mark added to it would never be acknowledged (its partition's
+        commits would stop there for good)."""
+        self._marks_pending.append((deliveries, token))
 
     async def _route_record(self, topic: str, partition: int, offset: int, key: bytes | None,
                             value: bytes | None) -> None:

@@ -30,7 +30,7 @@ from gpulens.cli import main
 from gpulens.kafka_local import LocalKafka
 from schemas.codec import decode
 from schemas.messages import GpuSample
-from schemas.topics import ALL_TOPICS, GPU_SAMPLES, INTERNAL_CONTROL, INTERNAL_TOPICS
+from schemas.topics import ALL_TOPICS, GPU_SAMPLES, INTERNAL_TOPICS
 from simulation.fleet_state import Tick
 from simulation.kafka_replay import KafkaReplay, LeaderChaos, LeaderKill
 from simulation.replay import run_in_process
@@ -164,10 +164,9 @@ def _kill_in_background(chaos: LeaderChaos, role: str, down_s: float, say: list[
 
 def _wait_no_lag(replay: KafkaReplay, since: float) -> dict[str, float]:
     """Seconds from ``since`` until each group has committed everything it reads: the workers'
-    inputs and their stages' internal inputs, every topic the sinks store. (The control topic is
-    left out: in a replay the workers' group commits the driver's marks only up to one it still
-    holds, on one broker as on three.)"""
-    worker_topics = (*INPUT_TOPICS, *(spec for spec in INTERNAL_TOPICS if spec is not INTERNAL_CONTROL))
+    inputs and their stages' internal inputs (the control topic's marks included), every topic the
+    sinks store."""
+    worker_topics = (*INPUT_TOPICS, *INTERNAL_TOPICS)
     groups = {replay.app_id: [spec.name(replay.prefix) for spec in worker_topics],
               replay.sink_group: [spec.name(replay.prefix) for spec in SINK_TOPICS]}
     recovered: dict[str, float] = {}

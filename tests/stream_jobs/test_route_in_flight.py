@@ -92,3 +92,49 @@ def test_the_route_waits_for_the_oldest_batch_when_too_many_travel() -> None:
         await asyncio.wait_for(run, 5)
 
     asyncio.run(scenario())
+
+
+class GatedTopic(SlowTopic):
+    """A topic whose ``send`` itself waits (a full producer queue) until the test opens the gate."""
+
+    def __init__(self, name: str, log: list[tuple[str, int | None, bytes, asyncio.Future[None]]],
+                 gate: asyncio.Event) -> None:
+        super().__init__(name, log)
+        self.gate = gate
+
+    async def send(self, *, key: bytes | None, value: bytes, partition: int | None = None, headers: Any = None) -> Any:
+        await self.gate.wait()
+        return await super().send(key=key, value=value, partition=partition, headers=headers)
+
+
+def test_a_mark_forwarded_while_the_timer_settles_is_still_acknowledged() -> None:
+    """The timer's round may take the marks awaiting acknowledgement while a mark is being forwarded
+    (its send waits for the producer): that mark must still be acknowledged, or the control
+    partition's commits stop there for good and the group's lag never returns to 0."""
+    sent: list[tuple[str, int | None, bytes, asyncio.Future[None]]] = []
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        topics = RouteTopics(input_names={SAMPLES: "gpu.samples.v1"}, control_name=CONTROL,
+                             node_topic=GatedTopic("node", sent, gate), cluster_topic=GatedTopic("cluster", sent, gate),
+                             control_topic=SlowTopic("control", sent), node_partitions=2,
+                             node_partition=lambda key: 0)
+        route = RouteAgent(fake_delivery(Offsets()), topics, Committed())
+        inputs = [Event(CONTROL, 0, 0, Mark(1, 100.0, None).encode())]
+        stream = Stream(inputs)
+        run = asyncio.ensure_future(route.run(stream))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not run.done() and sent == [], "the mark is being forwarded: its send waits"
+        await route._settle()  # the timer's round, meanwhile
+        gate.set()
+        await asyncio.wait_for(run, 5)
+        assert _kinds(sent) == ["m", "m", "m"]
+        for *_rest, future in sent:
+            future.set_result(None)
+        for _ in range(3):
+            await route._settle()
+            await asyncio.sleep(0)
+        assert stream.acks.acked == inputs, "the forwarded mark is acknowledged"
+
+    asyncio.run(scenario())
