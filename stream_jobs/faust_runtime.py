@@ -24,7 +24,7 @@ import asyncio
 import functools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn
 
 import faust
@@ -35,6 +35,7 @@ from faust.transport.conductor import Conductor
 from faust.transport.consumer import Fetcher
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaDriverConsumer
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaDriverProducer
 from faust.types import TP
 from mode.services import WaitResults
 from mode.worker import EX_FAILURE
@@ -129,6 +130,16 @@ class _BatchingFetchThread(AIOKafkaConsumerThread):  # type: ignore[misc]
         consumer._fetch_min_bytes = FETCH_MIN_BYTES
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
+
+
+class IdempotentProducer(AIOKafkaDriverProducer):  # type: ignore[misc]
+    """The worker's producer: ``acks=all`` with idempotence, like every gpulens producer
+    (``common.kafka``). faust asks the broker for idempotence only inside transactions; without it
+    a send retried after a partition leader moved could write its batch twice, and a stage's
+    output or a changelog record would be duplicated on the topic."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
 
 class DirectHandoffConsumer(AIOKafkaDriverConsumer):  # type: ignore[misc]
@@ -396,6 +407,7 @@ def make_app(settings: WorkerSettings) -> Any:
         producer_partitioner=KeyHashCache(),
     )
     app.transport.Fetcher = ExitingFetcher
+    app.transport.Producer = IdempotentProducer
     app.transport.Consumer = DirectHandoffConsumer
     app.transport.Conductor = DirectConductor
     return app

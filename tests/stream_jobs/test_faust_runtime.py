@@ -7,9 +7,11 @@ How the agents read their records: ``test_inbox.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP
@@ -52,6 +54,19 @@ def test_the_worker_compresses_what_it_writes_as_every_gpulens_producer_does(tmp
     assert aiokafka_settings()["compression_type"] == "lz4"  # GPULENS_PRODUCER__COMPRESSION's default
     assert aiokafka_settings(compression="zstd")["compression_type"] == "zstd"
     assert aiokafka_settings(compression="none")["compression_type"] is None
+
+
+def test_the_worker_produces_with_acks_all_and_idempotence_as_every_gpulens_producer_does(tmp_path: Path) -> None:
+    """faust asks for idempotence only in transactions: a retried send after a leader moved could
+    otherwise write an output or changelog batch twice."""
+    producer = make_app(load_settings(WorkerSettings, topic_prefix="runtime", data_dir=tmp_path)).producer
+    settings = {**producer._settings_default(), **producer._settings_extra()}
+    assert settings["acks"] == "all" and settings["enable_idempotence"] is True
+
+    async def build() -> Any:
+        return producer._new_producer()  # the aiokafka producer faust builds from them
+
+    assert asyncio.run(build())._txn_manager is not None, "aiokafka keeps a sequence per partition: idempotent"
 
 
 def test_workers_started_by_a_replay_get_its_producer_settings(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
