@@ -398,6 +398,50 @@ class AgentSettings(ProducerIdentity):
         return value
 
 
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_RESOURCE_NAME = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+
+
+class DraDriver(BaseModel):
+    """One DRA driver whose devices are GPUs, and how its ResourceSlices describe them (docs/dra.md):
+    which attribute gives a device's type, UUID, model, MIG profile and parent GPU, which capacity its
+    memory, and the extended-resource names its devices count as. Another vendor's driver is one more
+    entry of ``GPULENS_DRA_DRIVERS``, not code."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    driver: str = Field(pattern=_DNS_SUBDOMAIN, max_length=63)
+    """The driver's name as slices and claim results carry it (``spec.driver``), e.g. ``gpu.nvidia.com``."""
+    device_classes: dict[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=253)],
+                         Literal["gpu", "partition"]] = Field(default_factory=dict)
+    """DeviceClasses known to select this driver's whole GPUs or partitions. A class not listed still
+    counts when its CEL selectors name the driver (``device.driver == "..."``)."""
+    type_attribute: str | None = "type"
+    """The attribute that says what a device is; None: every device of the driver is a whole GPU."""
+    gpu_types: tuple[str, ...] = ("gpu",)
+    """Values of ``type_attribute`` for a whole GPU."""
+    partition_types: tuple[str, ...] = ("mig",)
+    """Values of ``type_attribute`` for a partition of a GPU (a MIG device); other values are not GPUs."""
+    uuid_attribute: str | None = "uuid"
+    model_attribute: str | None = "productName"
+    profile_attribute: str | None = "profile"
+    """A partition's profile (``1g.10gb``): it names the resource it counts as."""
+    parent_uuid_attribute: str | None = "parentUUID"
+    memory_capacity: str | None = "memory"
+    """The capacity (``devices[].capacity``) holding the device's memory in bytes."""
+    gpu_resource: str = Field(default="nvidia.com/gpu", pattern=_RESOURCE_NAME, max_length=253)
+    """The extended resource a whole GPU counts as (the device plugin's name)."""
+    partition_resource_prefix: str = Field(default="nvidia.com/mig-", max_length=200)
+    """A partition counts as this prefix + its profile (``nvidia.com/mig-1g.10gb``)."""
+
+
+NVIDIA_DRA_DRIVERS: tuple[DraDriver, ...] = (
+    DraDriver(driver="gpu.nvidia.com", device_classes={"gpu.nvidia.com": "gpu", "mig.nvidia.com": "partition"}),
+)
+"""NVIDIA's DRA driver (NVIDIA/k8s-dra-driver-gpu, ``cmd/gpu-kubelet-plugin/deviceinfo.go``): devices of
+type ``gpu`` or ``mig`` with ``uuid``, ``productName``, ``profile``, ``parentUUID`` and a ``memory`` capacity."""
+
+
 class WatcherSettings(ProducerIdentity):
     kubeconfig: Path | None = None
     namespaces: list[str] = Field(default_factory=list)
@@ -416,6 +460,17 @@ class WatcherSettings(ProducerIdentity):
     kube_context: str | None = None
     state_mark_interval_s: float = Field(default=1.0, gt=0, le=60)
     """How often the watcher writes a state mark for live stream workers (``schemas.control``)."""
+    dra_drivers: tuple[DraDriver, ...] = Field(default=NVIDIA_DRA_DRIVERS, max_length=64)
+    """``GPULENS_DRA_DRIVERS``: a JSON list of the DRA drivers whose devices are GPUs (docs/dra.md); NVIDIA's
+    by default. Each driver once."""
+
+    @field_validator("dra_drivers")
+    @classmethod
+    def _each_driver_once(cls, value: tuple[DraDriver, ...]) -> tuple[DraDriver, ...]:
+        names = [d.driver for d in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each driver once; got {names}")
+        return value
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,10 @@ def gpu_sample(gpus: int = 8, node: str = "gpu-a") -> m.GpuSample:
                            claim_name="train-llm-0-gpu-x7k2p", cdi_ids=["k8s.gpu.nvidia.com/device=gpu-0"])])
 
 
+_GPU_A_0 = "GPU-gpu-a-0000-5a1c-4c3e-9b2f-1d0e8a7b6c5d"
+"""The first GPU of :func:`gpu_sample` (node ``gpu-a``)."""
+
+
 def all_examples() -> dict[str, m.Message]:
     subject = o.AlertSubject(kind="pod", namespace="research", name="notebook-alice", node="gpu-a",
                              gpu_uuid="GPU-gpu-a-0004")
@@ -68,9 +72,9 @@ def all_examples() -> dict[str, m.Message]:
                                     gpu_memory_bytes=80 * GIB, ready=True,
                                     taints=[m.Taint(key="nvidia.com/gpu", value="present", effect="NoSchedule")],
                                     dra_devices=[m.DraDevice(
-                                        driver="gpu.nvidia.com", pool="gpu-a", device="gpu-0", resource="nvidia.com/gpu",
-                                        uuid="GPU-gpu-a-0000-5a1c-4c3e-9b2f-1d0e8a7b6c5d", model="NVIDIA H100 80GB HBM3",
-                                        memory_bytes=80 * GIB, physical_gpu="GPU-gpu-a-0000-5a1c-4c3e-9b2f-1d0e8a7b6c5d")]),
+                                        driver="gpu.nvidia.com", pool="gpu-a", device="gpu-0",
+                                        resource="nvidia.com/gpu", uuid=_GPU_A_0, model="NVIDIA H100 80GB HBM3",
+                                        memory_bytes=80 * GIB, physical_gpu=_GPU_A_0)]),
         "k8s.events.v1": m.K8sEvent(uid="e-1", ts=TS, category="scheduling_failed", reason="FailedScheduling",
                                     message="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
                                     type="Warning", involved_kind="Pod", involved_uid="p-4",

@@ -39,18 +39,23 @@ lint-imports
 mypy .
 
 echo "== the real servers and tools the tests run, built once from the Go module proxy, then cached;"
-echo "   the four builds at the same time (logs in \$GPULENS_DATA_DIR/build-logs/):"
+echo "   the builds at the same time (logs in \$GPULENS_DATA_DIR/build-logs/):"
 echo "   kube: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (real-server tests)"
 echo "   prometheus: prometheus and promtool (Prometheus scrape tests)"
 echo "   alertmanager: Alertmanager (alert-forwarding tests)"
 echo "   helm: Helm and the ServiceMonitor CRD (chart tests)"
+echo "   podresources: a grpc-go PodResources server from k8s.io/kubelet (agent PodResources tests)"
+echo "   kueue: Kueue's own CRDs from the sigs.k8s.io/kueue module (Kueue tests; fetched, not built)"
 # A missing Go toolchain or a failed build fails the run here, with the reason, before any test.
 build_logs=$GPULENS_DATA_DIR/build-logs
 mkdir -p "$build_logs"
 declare -A building=()
 builds_started=$SECONDS
-for name in kube prometheus alertmanager helm; do
-  bash "scripts/$name-build.sh" >"$build_logs/$name.out" 2>"$build_logs/$name.log" &
+declare -A build_script=([kube]=kube-build.sh [prometheus]=prometheus-build.sh
+  [alertmanager]=alertmanager-build.sh [helm]=helm-build.sh [kueue]=kueue-crds.sh
+  [podresources]=podresources-build.sh)
+for name in kube prometheus alertmanager helm kueue podresources; do
+  bash "scripts/${build_script[$name]}" >"$build_logs/$name.out" 2>"$build_logs/$name.log" &
   building[$name]=$!
 done
 build_failed=()

@@ -11,7 +11,7 @@ from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeNvml
 from producers.agent.sampler import NodeSampler
 from schemas.messages import PodState
-from simulation.scenario import NodeSpec, PodSpec, WorkloadSpec
+from simulation.scenario import ClaimSpec, NodeSpec, PodSpec, WorkloadSpec
 
 
 @dataclass
@@ -44,6 +44,12 @@ class SimNode:
     state: Any = None
     slot_res: list[str | None] | None = None
     """A ``mig_layout`` node: the resource of each slot (None: no instance there)."""
+    slice_uid: str | None = None
+    """A DRA node (``dra: true``): the uid of the ResourceSlice its driver publishes."""
+    slice_generation: int = 1
+    """The pool generation of that slice (a MIG re-layout publishes a new one)."""
+    shares: dict[int, list[SimClaim]] = field(default_factory=dict)
+    """A ``dra_shared`` node: the claims holding a share of each unit (consumable capacity)."""
 
 
 @dataclass
@@ -65,10 +71,41 @@ class SimPod:
     last_message: str | None = None
     event_count: int = 0
     state: PodState | None = None
+    claim: SimClaim | None = None
+    """The ResourceClaim the pod's GPUs come through (DRA); None: extended-resource requests."""
 
     @property
     def resource(self) -> str:
+        if self.claim is not None:
+            return self.claim.spec.resource
         return self.spec.resource or "nvidia.com/gpu"
+
+    @property
+    def devices(self) -> int:
+        """How many GPU units the pod holds: its claim's count, or its ``gpus``."""
+        return self.claim.spec.count if self.claim is not None else self.spec.gpus
+
+
+@dataclass
+class SimClaim:
+    """A ResourceClaim: a user's (``claims[]``, possibly shared) or one made from a template for one pod."""
+
+    spec: ClaimSpec
+    name: str
+    uid: str
+    created: float | None = None
+    """Offset of its creation (a user's claim exists from t = 0; a template's with its pod); None: not yet."""
+    for_pod: SimPod | None = None
+    """A template's claim: the pod it was made for (its owner)."""
+    extended: bool = False
+    """The claim the scheduler made for the pod's extended-resource request (DRAExtendedResource)."""
+    node: str | None = None
+    """Where it is allocated (None: not allocated)."""
+    slots: list[int] = field(default_factory=list)
+    """The node's units it holds, lowest-indexed first."""
+    reserved: list[int] = field(default_factory=list)
+    """Indices of the pods using it, in the order the scheduler reserved it for them (``status.reservedFor``)."""
+    deleted: bool = False
 
 
 @dataclass

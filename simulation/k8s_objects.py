@@ -1,5 +1,11 @@
 """Kubernetes objects of the simulated fleet, built as the API server serves them.
 
+DRA objects (``resource.k8s.io/v1``) are NVIDIA's DRA driver's: its DeviceClasses, one
+ResourceSlice per DRA node (pool = the node's name; a device per GPU, or per MIG device, named and
+attributed as the driver does: ``type``, ``uuid``, ``productName``, ``profile``, ``parentUUID``, a
+``memory`` capacity), ResourceClaims with the scheduler's allocation in their status, and
+ResourceClaimTemplates.
+
 Why plain functions apart from :class:`simulation.simulator.FleetSimulator`: the watcher's own
 translation (``producers.watcher.translate``) reads them, and ``simulation.kube_replay`` writes the
 same objects to a real kube-apiserver; what a Node, Pod, Workload or Event looks like is one
@@ -13,13 +19,23 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from producers.agent.fake_nvml import FakeGpu, FakeMigDevice
 from producers.watcher.vram import VRAM_ANNOTATION
 from producers.watcher.workloads import QUEUE_LABEL
-from simulation.fleet_state import SimNode, SimPod, SimWorkload
+from simulation.fleet_state import SimClaim, SimNode, SimPod, SimWorkload
+from simulation.scenario import ClaimSpec
 from simulation.scenario_file import OWNER_API_VERSIONS
 
 GIB = 2**30
 GANG_LABEL = "scheduling.x-k8s.io/pod-group"
+DRA_API = "resource.k8s.io/v1"
+DRA_DRIVER = "gpu.nvidia.com"
+"""NVIDIA's DRA driver: the name of its driver, and of its DeviceClass for whole GPUs."""
+POD_CLAIM = "gpus"
+"""The name a simulated pod gives its claim (``spec.resourceClaims[].name``), and the claim's request."""
+EXTENDED_RESOURCE = "nvidia.com/gpu"
+EXTENDED_REQUEST = "container-0-request-0"
+"""The request of the claim kube-scheduler makes for a container's extended resource (its first)."""
 _NS = uuidlib.UUID("6f1c2a55-0d7e-4c83-9a7e-3b2f5c1d9e40")
 
 
@@ -48,6 +64,8 @@ def node_object(node: SimNode, start: datetime) -> dict[str, Any]:
     amount = {spec.resource: str(spec.units)}
     if node.slot_res is not None:
         amount = {res: str(node.slot_res.count(res)) for res in sorted({r for r in node.slot_res if r})}
+    if spec.dra:  # the DRA driver publishes the GPUs: no device plugin advertises them
+        amount = {}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": spec.name, "uid": node.uid, "labels": labels,
@@ -69,17 +87,32 @@ _EXIT = {"Succeeded": (0, "Completed"), "Failed": (1, "Error"), "OOMKilled": (13
 def pod_object(pod: SimPod, ts: datetime, start: datetime,
                workloads: Mapping[tuple[str, str], SimWorkload]) -> dict[str, Any]:
     spec = pod.spec
-    amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 else {}
+    claim = pod.claim
+    requested = claim is None or claim.extended
+    amount = {pod.resource: str(spec.gpus)} if spec.gpus > 0 and requested else {}
+    resources: dict[str, Any] = {"requests": amount, "limits": amount}
     pod_spec: dict[str, Any] = {
         "schedulerName": "default-scheduler",
-        "containers": [{"name": "main", "image": spec.image, "resources": {"requests": amount, "limits": amount}}],
+        "containers": [{"name": "main", "image": spec.image, "resources": resources}],
     }
+    if pod.claim is not None and not pod.claim.extended:
+        resources["claims"] = [{"name": POD_CLAIM}]
+        source = "resourceClaimTemplateName" if pod.claim.spec.template else "resourceClaimName"
+        pod_spec["resourceClaims"] = [{"name": POD_CLAIM, source: pod.claim.spec.name}]
     if spec.node:
         pod_spec["nodeSelector"] = {"kubernetes.io/hostname": spec.node}
     if pod.node:
         pod_spec["nodeName"] = pod.node
+    status = _pod_status(pod, ts, start)
+    if claim is not None and claim.extended:  # the scheduler's record of the claim it made
+        status["extendedResourceClaimStatus"] = {
+            "requestMappings": [{"containerName": "main", "resourceName": EXTENDED_RESOURCE,
+                                 "requestName": EXTENDED_REQUEST}],
+            "resourceClaimName": claim.name}
+    elif claim is not None and claim.spec.template:  # the resourceclaim controller's record
+        status["resourceClaimStatuses"] = [{"name": POD_CLAIM, "resourceClaimName": claim.name}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(pod, start, workloads), "spec": pod_spec,
-            "status": _pod_status(pod, ts, start)}
+            "status": status}
 
 
 def _pod_metadata(pod: SimPod, start: datetime, workloads: Mapping[tuple[str, str], SimWorkload]) -> dict[str, Any]:
@@ -199,3 +232,165 @@ def event_object(pod: SimPod, ts: datetime, start: datetime, scenario_name: str)
         "firstTimestamp": iso_z(first), "lastTimestamp": iso_z(ts), "count": pod.event_count,
         "source": {"component": "default-scheduler"}, "reportingComponent": "default-scheduler",
     }
+
+
+# --------------------------------------------------------------------------- DRA (resource.k8s.io/v1)
+
+_ARCHITECTURES = {"H100": "Hopper", "H200": "Hopper", "A100": "Ampere", "A30": "Ampere", "L40": "Ada Lovelace",
+                  "B200": "Blackwell"}
+
+
+def _quantity(nbytes: int) -> str:
+    return f"{nbytes // GIB}Gi" if nbytes % GIB == 0 else str(nbytes)
+
+
+def _semver(version: str) -> str:
+    """A driver attribute of type version is semver: ``12.4`` is published as ``12.4.0``."""
+    parts = version.split(".")
+    return ".".join([*parts, "0", "0"][:3]) if all(p.isdigit() for p in parts) else version
+
+
+def device_class_objects(start: datetime, extended_resources: bool = False) -> list[dict[str, Any]]:
+    """The DeviceClasses NVIDIA's DRA driver installs: whole GPUs and MIG devices; with
+    ``extended_resources`` the whole GPUs' class serves ``nvidia.com/gpu`` requests (DRAExtendedResource)."""
+    out = []
+    for name, kind in ((DRA_DRIVER, "gpu"), ("mig.nvidia.com", "mig")):
+        expression = f"device.driver == '{DRA_DRIVER}' && device.attributes['{DRA_DRIVER}'].type == '{kind}'"
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": expression}}]}
+        if extended_resources and kind == "gpu":
+            spec["extendedResourceName"] = EXTENDED_RESOURCE
+        out.append({"apiVersion": DRA_API, "kind": "DeviceClass",
+                    "metadata": {"name": name, "uid": sim_uid("deviceclass", name), "creationTimestamp": iso_z(start)},
+                    "spec": spec})
+    return out
+
+
+def dra_device_name(gpu: FakeGpu, mig: FakeMigDevice | None) -> str:
+    """The driver's device name: ``gpu-<index>``, a MIG device ``gpu-<index>-mig-<profile>-<start>``."""
+    if mig is None:
+        return f"gpu-{gpu.index}"
+    start = mig.placement_start if mig.placement_start is not None else mig.gpu_instance_id
+    return f"gpu-{gpu.index}-mig-{mig.profile.replace('.', '')}-{start}"
+
+
+def slot_devices(node: SimNode) -> list[str | None]:
+    """The DRA device name of each of a node's units (the simulator's slots; None: no device there)."""
+    spec = node.spec
+    if not (spec.mig or spec.mig_layout is not None):
+        return [dra_device_name(gpu, None) for gpu in node.gpus]
+    out: list[str | None] = []
+    for gpu in node.gpus:
+        names: list[str | None] = [dra_device_name(gpu, mig) for mig in gpu.mig_devices]
+        out += [*names, *[None] * spec.mig_per_gpu][:spec.mig_per_gpu]
+    return out
+
+
+def _gpu_device(node: SimNode, gpu: FakeGpu) -> dict[str, Any]:
+    spec = node.spec
+    attributes: dict[str, Any] = {
+        "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, "index": {"int": gpu.index},
+        "minor": {"int": gpu.index}, "productName": {"string": gpu.model}, "brand": {"string": "Nvidia"},
+        "driverVersion": {"version": _semver(spec.driver)}, "cudaDriverVersion": {"version": _semver(spec.cuda)},
+    }
+    arch = next((a for key, a in _ARCHITECTURES.items() if key in gpu.model), None)
+    if arch is not None:
+        attributes["architecture"] = {"string": arch}
+    memory: dict[str, Any] = {"value": _quantity(gpu.mem_total_bytes)}
+    device: dict[str, Any] = {"name": dra_device_name(gpu, None), "attributes": attributes,
+                              "capacity": {"memory": memory}}
+    if spec.dra_shared:  # consumable capacity: claims take shares of its memory
+        device["allowMultipleAllocations"] = True
+        memory["requestPolicy"] = {"default": memory["value"],
+                                   "validRange": {"min": "1Mi", "max": memory["value"]}}
+    return device
+
+
+def _mig_device(node: SimNode, gpu: FakeGpu, mig: FakeMigDevice) -> dict[str, Any]:
+    spec = node.spec
+    attributes: dict[str, Any] = {
+        "type": {"string": "mig"}, "uuid": {"string": mig.uuid}, "profile": {"string": mig.profile},
+        "parentUUID": {"string": gpu.uuid}, "parentIndex": {"int": gpu.index}, "parentMinor": {"int": gpu.index},
+        "productName": {"string": gpu.model}, "brand": {"string": "Nvidia"},
+        "driverVersion": {"version": _semver(spec.driver)}, "cudaDriverVersion": {"version": _semver(spec.cuda)},
+    }
+    return {"name": dra_device_name(gpu, mig), "attributes": attributes,
+            "capacity": {"memory": {"value": _quantity(mig.mem_total_bytes)}}}
+
+
+def resource_slice_object(node: SimNode, start: datetime, generation: int = 1) -> dict[str, Any]:
+    """The ResourceSlice NVIDIA's driver publishes for a DRA node: its GPUs, or its MIG devices."""
+    spec = node.spec
+    mig_mode = bool(spec.mig) or spec.mig_layout is not None
+    devices = [_mig_device(node, gpu, mig) for gpu in node.gpus for mig in gpu.mig_devices] if mig_mode else [
+        _gpu_device(node, gpu) for gpu in node.gpus]
+    return {
+        "apiVersion": DRA_API, "kind": "ResourceSlice",
+        "metadata": {"name": f"{spec.name}-{DRA_DRIVER}-{(node.slice_uid or node.uid)[:5]}",
+                     "uid": node.slice_uid or sim_uid("slice", node.uid), "creationTimestamp": iso_z(start),
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": spec.name, "uid": node.uid,
+                                          "controller": True}]},
+        "spec": {"driver": DRA_DRIVER, "nodeName": spec.name,
+                 "pool": {"name": spec.name, "generation": generation, "resourceSliceCount": 1},
+                 "devices": devices},
+    }
+
+
+def _device_requests(spec: ClaimSpec, request: str = POD_CLAIM) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": spec.device_class, "allocationMode": "ExactCount",
+                               "count": spec.count}
+    if spec.profile is not None:
+        exactly["selectors"] = [{"cel": {"expression": f"device.attributes['{DRA_DRIVER}'].profile == "
+                                                       f"'{spec.profile}'"}}]
+    if spec.memory_gib is not None:
+        exactly["capacity"] = {"requests": {"memory": _quantity(int(spec.memory_gib * GIB))}}
+    return {"requests": [{"name": request, "exactly": exactly}]}
+
+
+def share_id(claim: SimClaim, slot: int) -> str:
+    """The share of a device a consumable-capacity claim holds (``shareID``; PodResources ``share_id``)."""
+    return sim_uid("share", claim.uid, str(slot))
+
+
+def claim_template_object(spec: ClaimSpec, scenario_name: str, start: datetime) -> dict[str, Any]:
+    return {"apiVersion": DRA_API, "kind": "ResourceClaimTemplate",
+            "metadata": {"name": spec.name, "namespace": spec.namespace,
+                         "uid": sim_uid(scenario_name, "claimtemplate", spec.namespace, spec.name),
+                         "creationTimestamp": iso_z(start)},
+            "spec": {"spec": {"devices": _device_requests(spec)}}}
+
+
+def claim_object(claim: SimClaim, ts: datetime, start: datetime, devices: list[str | None],
+                 pods: Mapping[int, SimPod]) -> dict[str, Any]:
+    """A ResourceClaim as served: the scheduler's allocation (``devices``: the device name of each
+    unit of its node) and the pods it is reserved for in its status."""
+    spec = claim.spec
+    request = EXTENDED_REQUEST if claim.extended else POD_CLAIM
+    meta: dict[str, Any] = {"name": claim.name, "namespace": spec.namespace, "uid": claim.uid,
+                            "creationTimestamp": iso_z(start + timedelta(seconds=claim.created or 0.0))}
+    if claim.for_pod is not None:
+        pod = claim.for_pod
+        meta["generateName"] = f"{pod.spec.name}-{'extended-resources' if claim.extended else POD_CLAIM}-"
+        if not claim.extended:
+            meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": POD_CLAIM}
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": pod.spec.name, "uid": pod.uid,
+                                    "controller": True, "blockOwnerDeletion": True}]
+    if claim.deleted:
+        meta["deletionTimestamp"] = iso_z(ts)
+    status: dict[str, Any] = {}
+    if claim.node is not None:
+        results: list[dict[str, Any]] = [
+            {"request": request, "driver": DRA_DRIVER, "pool": claim.node, "device": devices[slot]}
+            for slot in claim.slots]
+        if spec.memory_gib is not None:  # a share of each device (consumable capacity)
+            for slot, result in zip(claim.slots, results, strict=True):
+                result["shareID"] = share_id(claim, slot)
+                result["consumedCapacity"] = {"memory": _quantity(int(spec.memory_gib * GIB))}
+        status["allocation"] = {
+            "devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [claim.node]}]}]}}
+    if claim.reserved:
+        status["reservedFor"] = [{"resource": "pods", "name": pods[i].spec.name, "uid": pods[i].uid}
+                                 for i in claim.reserved]
+    return {"apiVersion": DRA_API, "kind": "ResourceClaim", "metadata": meta,
+            "spec": {"devices": _device_requests(spec, request)}, "status": status}

@@ -5,7 +5,8 @@ The watcher's simulated API server only shows what its authors believed; this ru
 thing. ``scripts/kube-build.sh`` builds (or finds cached under ``~/.cache/gpulens/kube/``) etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (one ``k8s.io/kubernetes``
 build) from the Go module proxy; ``scripts/helm-build.sh`` builds Helm and fetches the
-ServiceMonitor CRD (:func:`build_helm`). :class:`LocalKube` makes a self-signed CA, a serving
+ServiceMonitor CRD (:func:`build_helm`); ``scripts/kueue-crds.sh`` fetches the CRDs Kueue ships
+(:func:`kueue_crds`). :class:`LocalKube` makes a self-signed CA, a serving
 certificate and a service-account key pair with ``openssl``, a static token file with two users
 (an admin in ``system:masters`` and ``gpulens-watcher``, bound to exactly the ClusterRole that
 ``deploy/k8s/watcher.yaml`` ships), starts the servers in their own process sessions, waits for
@@ -63,9 +64,12 @@ KUBE_VERSION = "1.37.2"
 ETCD_VERSION = "3.7.0"
 HELM_VERSION = "4.3.2"
 PROMETHEUS_OPERATOR_VERSION = "0.85.0"
+KUEUE_VERSION = "0.17.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kube-build.sh"
 HELM_BUILD_SCRIPT = REPO_ROOT / "scripts" / "helm-build.sh"
+KUEUE_CRDS_SCRIPT = REPO_ROOT / "scripts" / "kueue-crds.sh"
+KUEUE_WORKLOAD_CRD = "kueue.x-k8s.io_workloads.yaml"
 KUBE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 SERVICEMONITOR_CRD = "monitoring.coreos.com_servicemonitors.yaml"
 WATCHER_MANIFEST = REPO_ROOT / "deploy" / "k8s" / "watcher.yaml"
@@ -146,6 +150,13 @@ def build_helm(progress: bool = True) -> HelmTools:
                                                "GPULENS_PROMETHEUS_OPERATOR_VERSION": PROMETHEUS_OPERATOR_VERSION},
                            ("helm", SERVICEMONITOR_CRD), progress)
     return HelmTools(directory)
+
+
+def kueue_crds(progress: bool = True) -> Path:
+    """The directory of the CustomResourceDefinitions Kueue :data:`KUEUE_VERSION` ships
+    (``config/components/crd/bases`` of the ``sigs.k8s.io/kueue`` module, unchanged; the Workload's is
+    :data:`KUEUE_WORKLOAD_CRD`), fetched from the Go module proxy on first use."""
+    return _run_build(KUEUE_CRDS_SCRIPT, {"GPULENS_KUEUE_VERSION": KUEUE_VERSION}, (KUEUE_WORKLOAD_CRD,), progress)
 
 
 def free_port() -> int:

@@ -7,6 +7,9 @@ the simulator's nodes (with their GPU capacity) and pods become API objects, pod
 Events and pods with a ``delete`` time are deleted. The watcher (``WatcherService`` through the least-privilege
 kubeconfig) turns what the server serves into records; those, with the simulator's GPU samples and
 progress records, feed the same pipeline stages, and the report is built the same way.
+A scenario with DRA writes the DRA driver's DeviceClasses and ResourceSlices, the users'
+ResourceClaimTemplates, and every ResourceClaim with the allocation and reservations the scheduler
+and the resourceclaim controller would write into its status (``resourceclaims/status``).
 
 The server owns uids and stamps creation, binding and deletion times itself at 1-second
 resolution, so the scenario starts at a whole second from now, each tick is applied at its
@@ -33,8 +36,16 @@ from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherS
 from schemas.codec import decode, encode
 from schemas.messages import K8sEvent, Message, NodeState, PodState
 from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
-from simulation.fleet_state import SimNode, SimPod
-from simulation.kube_local import LocalKube
+from simulation.fleet_state import SimClaim, SimNode, SimPod, SimulatedRecord
+from simulation.k8s_objects import (
+    DRA_API,
+    claim_object,
+    claim_template_object,
+    device_class_objects,
+    resource_slice_object,
+    slot_devices,
+)
+from simulation.kube_local import KubeApi, KubeApiError, LocalKube
 from simulation.replay import ReplayResult, build_report, engine_config
 from simulation.scenario import Scenario
 from simulation.simulator import FleetSimulator
@@ -42,7 +53,9 @@ from stream_jobs.pipeline import LocalPipeline
 from stream_jobs.timeutil import epoch
 
 K8S_TOPICS = {K8S_PODS.suffix, K8S_NODES.suffix, K8S_EVENTS.suffix}
-STATUS_FIELDS = ("phase", "conditions", "startTime", "containerStatuses", "reason", "message")
+STATUS_FIELDS = ("phase", "conditions", "startTime", "containerStatuses", "reason", "message",
+                 "resourceClaimStatuses", "extendedResourceClaimStatus")
+DRA_PATH = f"/apis/{DRA_API}"
 
 
 class ApiServerSimulator(FleetSimulator):
@@ -55,6 +68,8 @@ class ApiServerSimulator(FleetSimulator):
         self._bound: set[int] = set()
         self._status: dict[int, dict[str, Any]] = {}
         self._nodes: set[str] = set()
+        self._claims: dict[str, dict[str, Any]] = {}
+        """Claims written, by the simulator's uid: the status last written."""
 
     def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
         obj = super()._node_object(node, ts)
@@ -63,14 +78,18 @@ class ApiServerSimulator(FleetSimulator):
             self._nodes.add(node.spec.name)
         return obj
 
-    def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
-        index = pod.index
-        namespace, name = pod.spec.namespace, pod.spec.name
-        if index not in self._created:
+    def _create_pod(self, pod: SimPod, ts: datetime) -> None:
+        """Create the pod on the server once; from then on it carries the server's uid."""
+        if pod.index not in self._created:
             body = super()._pod_object(pod, ts)
             body["spec"].pop("nodeName", None)
             pod.uid = self.kube.create_pod(body)["metadata"]["uid"]
-            self._created.add(index)
+            self._created.add(pod.index)
+
+    def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
+        index = pod.index
+        namespace, name = pod.spec.namespace, pod.spec.name
+        self._create_pod(pod, ts)
         obj = super()._pod_object(pod, ts)
         node = obj["spec"].get("nodeName")
         if node and index not in self._bound:
@@ -98,6 +117,67 @@ class ApiServerSimulator(FleetSimulator):
             if node.removed and node.spec.name in self._nodes:
                 self.kube.delete_node(node.spec.name)
                 self._nodes.discard(node.spec.name)
+                if node.spec.dra:  # the driver's slice goes with its node
+                    self.kube.admin().delete(f"{DRA_PATH}/resourceslices/{self._slice_name(node)}")
+
+    # ------------------------------------------------------------------ DRA objects
+
+    def _slice_name(self, node: SimNode) -> str:
+        return str(resource_slice_object(node, self.scenario.start)["metadata"]["name"])
+
+    def _publish_dra(self, ts: datetime) -> None:
+        if self.dra is not None:
+            api = self.kube.admin()
+            for obj in device_class_objects(self.scenario.start, self.scenario.dra_extended_resources):
+                _create(api, f"{DRA_PATH}/deviceclasses", obj)
+            for node in self.nodes.values():
+                if node.spec.dra:
+                    _create(api, f"{DRA_PATH}/resourceslices", resource_slice_object(node, self.scenario.start))
+            for spec in self.scenario.claims:
+                self.kube.ensure_namespace(spec.namespace)
+                if spec.template:
+                    _create(api, f"{DRA_PATH}/namespaces/{spec.namespace}/resourceclaimtemplates",
+                            claim_template_object(spec, self.scenario.name, self.scenario.start))
+        super()._publish_dra(ts)
+
+    def _relayouts(self, t: float, ts: datetime) -> list[SimulatedRecord]:
+        before = {name: node.slice_generation for name, node in self.nodes.items()}
+        out = super()._relayouts(t, ts)
+        for name, node in self.nodes.items():
+            if node.slice_generation != before[name]:  # the driver republishes its devices
+                obj = resource_slice_object(node, self.scenario.start, node.slice_generation)
+                self.kube.admin().merge_patch(f"{DRA_PATH}/resourceslices/{self._slice_name(node)}",
+                                              {"spec": obj["spec"]})
+        return out
+
+    def _flush_claims(self, ts: datetime, dirty: list[SimClaim]) -> None:
+        by_index = {p.index: p for p in self.pods}
+        for claim in {c.uid: c for c in dirty}.values():
+            for index in claim.reserved:  # reservedFor names the pods by the server's uids
+                self._create_pod(by_index[index], ts)
+            self._write_claim(claim, ts, by_index)
+        super()._flush_claims(ts, dirty)
+
+    def _write_claim(self, claim: SimClaim, ts: datetime, by_index: dict[int, SimPod]) -> None:
+        """The claim as the resourceclaim controller creates and deletes it and the scheduler
+        allocates and reserves it (its owner reference left out: the pod may not exist yet)."""
+        api = self.kube.admin()
+        path = f"{DRA_PATH}/namespaces/{claim.spec.namespace}/resourceclaims"
+        if claim.deleted:
+            if self._claims.pop(claim.uid, None) is not None:
+                api.delete(f"{path}/{claim.name}", grace_period_s=0)
+            return
+        devices = slot_devices(self.nodes[claim.node]) if claim.node is not None else []
+        obj = claim_object(claim, ts, self.scenario.start, devices, by_index)
+        if claim.uid not in self._claims:
+            meta = {key: obj["metadata"][key] for key in ("name", "namespace", "annotations")
+                    if key in obj["metadata"]}
+            api.create(path, {"apiVersion": DRA_API, "kind": "ResourceClaim", "metadata": meta, "spec": obj["spec"]})
+            self._claims[claim.uid] = {}
+        status = {"allocation": obj["status"].get("allocation"), "reservedFor": obj["status"].get("reservedFor")}
+        if status != self._claims[claim.uid]:
+            api.merge_patch(f"{path}/{claim.name}/status", {"status": status})
+            self._claims[claim.uid] = status
 
 
 class WholeSecondClock(SystemClock):
@@ -166,6 +246,17 @@ def run_through_apiserver(scenario: Scenario, kube: LocalKube, lateness_s: float
     pipeline.flush(epoch(end))
     report = build_report(scenario, pipeline.outputs, simulator.pod_uids(), pipeline.stats())
     return ReplayResult(report, pipeline.outputs, pipeline.deadletters)
+
+
+def _create(api: KubeApi, path: str, obj: dict[str, Any]) -> None:
+    """Create a DRA object as served (less what the server owns); one already there is kept."""
+    meta = {key: value for key, value in obj["metadata"].items()
+            if key not in ("uid", "creationTimestamp", "ownerReferences")}
+    try:
+        api.create(path, {**obj, "metadata": meta})
+    except KubeApiError as exc:
+        if exc.status != 409:
+            raise
 
 
 def _decode(topic: str, value: bytes | None) -> Message | None:

@@ -17,6 +17,10 @@ Besides FORMAT.md's fields, optional extensions exercise what the format cannot 
 ``agent_gaps`` (silent agents), ``late_samples`` (delayed delivery) and ``poison`` (bad records).
 ``workloads`` are Kueue Workloads: demand a queue holds before any pod exists; ``pods[].workload``
 makes a pod one of a workload's pods, created only once the workload is admitted.
+Dynamic Resource Allocation (docs/dra.md): ``nodes[].dra`` publishes a node's GPUs (or MIG devices)
+as ResourceSlices instead of device-plugin allocatable, ``claims`` are ResourceClaims (or templates)
+naming a device class and a count, ``pods[].claim`` makes a pod use one, and
+``dra_extended_resources`` lets DRA nodes serve pods that ask ``nvidia.com/gpu``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from simulation.scenario_file import (
     MIG_PROFILE,
     Steps,
     cluster_name,
+    device_class,
     duration_s,
     end_reason,
     error_text,
@@ -106,6 +111,12 @@ class NodeSpec:
     """Extension: every GPU in MIG mode with its own instances (``simulation.mig_layouts``)."""
     mig_relayout: tuple[MigRelayout, ...] = Field(default=None, validate_default=True)
     """Extension: changes of one GPU's MIG layout at a time."""
+    dra: bool = False
+    """Extension: NVIDIA's DRA driver publishes the node's GPUs (or, with ``mig``/``mig_layout``, its
+    MIG devices) as ResourceSlices; the node advertises no GPU extended resource."""
+    dra_shared: bool = False
+    """Extension (with ``dra``): each GPU may be allocated to several claims at once (consumable
+    capacity: ``allowMultipleAllocations``), each taking the memory its claim asks (``claims[].memory_gib``)."""
 
     _name = field_validator("name", mode="before")(lambda v: k8s_name(v))
     _gpus = field_validator("gpus", mode="before")(lambda v: whole(v))
@@ -149,6 +160,24 @@ class NodeSpec:
             return parse_relayouts(value, info.data["gpus"], info.data["model"], info.data["memory_gib"])
         except MigLayoutError as exc:
             raise field_error(exc.message, exc.sub) from None
+
+    @field_validator("dra", mode="before")
+    @classmethod
+    def _dra(cls, value: object, info: ValidationInfo) -> bool:
+        published = flag(value)
+        if published and info.data.get("time_slicing", 1) > 1:
+            raise field_error("cannot be combined with time_slicing (a DRA device is shared through a shared claim)")
+        return published
+
+    @field_validator("dra_shared", mode="before")
+    @classmethod
+    def _dra_shared(cls, value: object, info: ValidationInfo) -> bool:
+        shared = flag(value)
+        if shared and not info.data.get("dra", False):
+            raise field_error("needs dra: true")
+        if shared and (info.data.get("mig") is not None or info.data.get("mig_layout") is not None):
+            raise field_error("only for whole GPUs, not with mig or mig_layout")
+        return shared
 
     @property
     def resource(self) -> str:
@@ -233,6 +262,9 @@ class PodSpec:
     vram_request_gib: float | None = None
     """Extension: the pod's device memory need per GPU (annotation ``gpulens.io/vram-request``); on a
     shared GPU it is placed only where that much is free, as HAMi's scheduler does."""
+    claim: str | None = None
+    """Extension: the entry of ``claims`` (same namespace) the pod's GPUs come through (DRA); the pod
+    then requests no extended resource and its ``gpus`` is the claim's ``count``."""
 
     _names = field_validator("name", "namespace", mode="before")(lambda v: k8s_name(v))
     _labels = field_validator("labels", mode="before")(lambda v: labels(v))
@@ -251,12 +283,55 @@ class PodSpec:
     _active = field_validator("active_gpus", mode="before")(lambda v: None if v is None else whole(v))
     _workload = field_validator("workload", mode="before")(lambda v: None if v is None else k8s_name(v))
     _vram = field_validator("vram_request_gib", mode="before")(lambda v: None if v is None else number(v, 0.0))
+    _claim = field_validator("claim", mode="before")(lambda v: None if v is None else k8s_name(v))
 
     @model_validator(mode="after")
     def _active_within_gpus(self) -> PodSpec:
         if self.active_gpus is not None and self.active_gpus > self.gpus:
             raise field_error(f"must be <= gpus ({self.gpus}), got {self.active_gpus}", ".active_gpus")
         return self
+
+
+@dataclass(frozen=True, config=_FORMAT)
+class ClaimSpec:
+    """Extension: a ResourceClaim (``resource.k8s.io/v1``) asking ``count`` devices of
+    ``device_class``; with ``template`` a ResourceClaimTemplate instead, from which every pod naming
+    it gets a claim of its own. A claim (not a template) that several pods name is shared: allocated
+    once, on the node of the first pod scheduled, its devices used by all of them."""
+
+    name: str
+    namespace: str = "default"
+    device_class: str = "gpu.nvidia.com"
+    """``gpu.nvidia.com`` (whole GPUs) or ``mig.nvidia.com`` (MIG devices of ``profile``)."""
+    profile: str | None = None
+    count: int = 1
+    template: bool = False
+    memory_gib: float | None = None
+    """Consumable capacity: the memory the claim takes of each device, which other claims may share
+    (only ``dra_shared`` nodes' devices); None: whole devices."""
+
+    _names = field_validator("name", "namespace", mode="before")(lambda v: k8s_name(v))
+    _class = field_validator("device_class", mode="before")(lambda v: device_class(v))
+    _profile = field_validator("profile", mode="before")(lambda v: mig_profile(v))
+    _count = field_validator("count", mode="before")(lambda v: whole(v, 1))
+    _template = field_validator("template", mode="before")(lambda v: flag(v))
+    _memory = field_validator("memory_gib", mode="before")(
+        lambda v: None if v is None else number(v, 1 / 1024, 2**20))
+
+    @model_validator(mode="after")
+    def _profile_for_mig(self) -> ClaimSpec:
+        if self.device_class == "mig.nvidia.com" and self.profile is None:
+            raise field_error("mig.nvidia.com needs a profile like 1g.10gb", ".profile")
+        if self.device_class != "mig.nvidia.com" and self.profile is not None:
+            raise field_error(f"only with device_class: mig.nvidia.com, not {self.device_class}", ".profile")
+        if self.memory_gib is not None and self.profile is not None:
+            raise field_error("a share of a whole GPU: not with a MIG profile", ".memory_gib")
+        return self
+
+    @property
+    def resource(self) -> str:
+        """The extended-resource name the claimed devices count as."""
+        return f"nvidia.com/mig-{self.profile}" if self.profile else "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, config=_FORMAT)
@@ -403,6 +478,10 @@ class Scenario:
     nodes: tuple[NodeSpec, ...] = ()
     pods: tuple[PodSpec, ...] = ()
     workloads: tuple[WorkloadSpec, ...] = ()
+    claims: tuple[ClaimSpec, ...] = ()
+    dra_extended_resources: bool = False
+    """Extension: the gpu.nvidia.com DeviceClass declares ``extendedResourceName: nvidia.com/gpu``, so
+    DRA nodes serve pods that ask ``nvidia.com/gpu`` in their containers (DRAExtendedResource)."""
     faults: tuple[FaultSpec, ...] = ()
     agent_gaps: tuple[GapSpec, ...] = ()
     late_samples: tuple[LateSpec, ...] = ()
@@ -415,8 +494,9 @@ class Scenario:
     _start = field_validator("start", mode="before")(lambda v: start_time(v))
     _duration = field_validator("duration", mode="before")(lambda v: duration_s(v, allow_zero=False))
     _intervals = field_validator("sample_interval", "window", mode="before")(lambda v: duration_s(v, allow_zero=False))
-    _lists = _list_field("nodes", "pods", "workloads", "faults", "agent_gaps", "late_samples", "poison")
+    _lists = _list_field("nodes", "pods", "workloads", "claims", "faults", "agent_gaps", "late_samples", "poison")
     _cluster = field_validator("cluster", mode="before")(lambda v: cluster_name(v))
+    _extended = field_validator("dra_extended_resources", mode="before")(lambda v: flag(v))
 
     @field_validator("thresholds", mode="before")
     @classmethod
@@ -472,6 +552,10 @@ class Scenario:
     def node(self, name: str) -> NodeSpec | None:
         return next((n for n in self.nodes if n.name == name), None)
 
+    def claim(self, pod: PodSpec) -> ClaimSpec | None:
+        """The entry of ``claims`` a pod names (None: it requests extended resources)."""
+        return next((c for c in self.claims if c.namespace == pod.namespace and c.name == pod.claim), None)
+
 
 _SCENARIO = TypeAdapter(Scenario)
 
@@ -490,10 +574,13 @@ def _check_references(scenario: Scenario) -> None:
     _unique([repr(n.name) for n in scenario.nodes], "nodes[{}].name", "node name")
     _unique([f"{p.namespace}/{p.name}" for p in scenario.pods], "pods[{}].name", "pod")
     _unique([f"{w.namespace}/{w.name}" for w in scenario.workloads], "workloads[{}].name", "workload")
+    _unique([f"{c.namespace}/{c.name}" for c in scenario.claims], "claims[{}].name", "claim")
     workloads = {(w.namespace, w.name) for w in scenario.workloads}
     for i, pod in enumerate(scenario.pods):
         if pod.workload is not None and (pod.namespace, pod.workload) not in workloads:
             raise field_error(f"no workload {pod.namespace}/{pod.workload} in workloads", f"pods[{i}].workload")
+        if pod.claim is not None:
+            _check_claim(scenario, i, pod)
     by_name = {n.name: n for n in scenario.nodes}
     for i, fault in enumerate(scenario.faults):
         spec = by_name.get(fault.node)
@@ -506,6 +593,20 @@ def _check_references(scenario: Scenario) -> None:
     for where, node in named:
         if node not in by_name:
             raise field_error(f"unknown node {node!r}", f"{where}.node")
+
+
+def _check_claim(scenario: Scenario, index: int, pod: PodSpec) -> None:
+    """A pod's claim exists in its namespace and says what the pod gets: no extended resource of
+    its own, and ``gpus`` left out or equal to the claim's count."""
+    claim = scenario.claim(pod)
+    if claim is None:
+        raise field_error(f"no claim {pod.namespace}/{pod.claim} in claims", f"pods[{index}].claim")
+    if pod.resource is not None:
+        raise field_error(f"a pod with a claim requests no extended resource (claim {claim.name} asks "
+                          f"{claim.device_class})", f"pods[{index}].resource")
+    if pod.gpus not in (1, claim.count):
+        raise field_error(f"a pod with claim {claim.name} gets its {claim.count} device(s): leave gpus out or "
+                          f"write {claim.count}, got {pod.gpus}", f"pods[{index}].gpus")
 
 
 # --------------------------------------------------------------------------- parsing

@@ -26,6 +26,8 @@ from schemas.messages import CLUSTER_NAME_PATTERN
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_START = "2026-01-01T00:00:00Z"
 END_REASONS = ("Succeeded", "Failed", "OOMKilled", "Evicted")
+DRA_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+"""The DeviceClasses NVIDIA's DRA driver installs, which a scenario's claims may name."""
 MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -189,6 +191,12 @@ def mig_profile(value: object) -> str | None:
     if not MIG_PROFILE.match(profile) or int(profile.split("g")[0]) not in (1, 2, 3, 4, 7):
         raise field_error(f"expected a MIG profile like 1g.10gb or 3g.40gb, got {profile!r}")
     return profile
+
+
+def device_class(value: object) -> str:
+    if value not in DRA_DEVICE_CLASSES:
+        raise field_error(f"expected one of {', '.join(DRA_DEVICE_CLASSES)}, got {value!r}")
+    return str(value)
 
 
 def end_reason(value: object) -> str:

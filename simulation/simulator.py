@@ -12,7 +12,9 @@ Each tick (t = 0, dt, 2dt, ... while t < duration) follows FORMAT.md's order:
 3. every Ready node's agent samples every GPU.
 
 Kubernetes objects are built as the API server serves them and translated by the watcher's own
-``producers.watcher.translate``; samples are taken by the agent's own ``NodeSampler`` over
+``producers.watcher.translate`` (DRA objects through its ``producers.watcher.dra.DraIndex``: a
+DRA node's ResourceSlice, the claims with the allocation the scheduler writes into their status);
+samples are taken by the agent's own ``NodeSampler`` over
 ``FakeNvml``, ``StaticPodResources`` and ``StaticProcessResolver``. Every record is encoded with
 ``schemas.codec`` exactly as the producers would put it on Kafka, so the stream jobs see real
 records. Nothing is random: uids, pids and container ids derive from the scenario's names.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import uuid as uuidlib
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,27 +33,55 @@ from producers.agent.cgroup import ContainerRef, StaticProcessResolver
 from producers.agent.fake_kubelet import StaticPodResources
 from producers.agent.fake_nvml import FakeGpu, FakeMigDevice, FakeNvml, FakeProcess
 from producers.agent.sampler import NodeSampler
+from producers.watcher.dra import DraChange, DraIndex
 from producers.watcher.events import event_to_message
 from producers.watcher.translate import TranslateConfig, deleted_node, deleted_state, node_to_state, pod_to_state
 from producers.watcher.workloads import deleted_workload, workload_to_state
 from schemas.codec import encode
-from schemas.messages import DEFAULT_CLUSTER, Message, PodRef, WorkloadProgress, scoped_key
+from schemas.messages import DEFAULT_CLUSTER, DraAllocation, Message, PodRef, WorkloadProgress, scoped_key
 from schemas.topics import GPU_SAMPLES, K8S_EVENTS, K8S_NODES, K8S_PODS, K8S_WORKLOADS, WORKLOAD_PROGRESS
 from simulation.allocator_play import AllocatorPlayer
-from simulation.fleet_state import SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
-from simulation.k8s_objects import event_object, node_object, pod_object, sim_uid, workload_object
+from simulation.fleet_state import SimClaim, SimNode, SimPod, SimulatedRecord, SimWorkload, Tick
+from simulation.k8s_objects import (
+    DRA_DRIVER,
+    EXTENDED_RESOURCE,
+    POD_CLAIM,
+    claim_object,
+    device_class_objects,
+    event_object,
+    node_object,
+    pod_object,
+    resource_slice_object,
+    share_id,
+    sim_uid,
+    slot_devices,
+    workload_object,
+)
 from simulation.mig_layouts import (
     MAX_INSTANCES_PER_GPU,
     fake_devices,
     relayout_slots,
     slot_resources,
 )
-from simulation.scenario import NodeSpec, Scenario, step_value
+from simulation.scenario import ClaimSpec, NodeSpec, Scenario, step_value
 
 GIB = 2**30
 EPS = 1e-6
 
 
+
+
+@dataclass
+class _Dressing:
+    """What one tick's dressing of a node collects: the kubelet's assignments (device plugin and
+    DRA) and the process map."""
+
+    t: float
+    by_index: dict[int, SimPod]
+    devices: list[str | None]
+    mapping: dict[str, list[PodRef]] = field(default_factory=dict)
+    resolver: dict[int, ContainerRef] = field(default_factory=dict)
+    dra: list[DraAllocation] = field(default_factory=list)
 
 
 class FleetSimulator:
@@ -75,6 +106,28 @@ class FleetSimulator:
         }
         self._late: list[tuple[float, SimulatedRecord]] = []
         self._fired_xids: set[int] = set()
+        self.dra: DraIndex | None = DraIndex() if scenario.claims or any(n.dra for n in scenario.nodes) else None
+        """The watcher's view of the DRA objects (None: the scenario has none, and nothing reads it)."""
+        self.claims: dict[tuple[str, str], SimClaim] = {
+            (spec.namespace, spec.name): SimClaim(spec, spec.name, sim_uid(scenario.name, "claim", spec.namespace,
+                                                                             spec.name))
+            for spec in scenario.claims if not spec.template
+        }
+        for pod in self.pods:
+            spec = scenario.claim(pod.spec)
+            if spec is None:
+                continue
+            if not spec.template:
+                pod.claim = self.claims[(spec.namespace, spec.name)]
+                continue
+            uid = sim_uid(scenario.name, "claim", pod.uid)
+            pod.claim = SimClaim(spec, f"{pod.spec.name}-{POD_CLAIM}-{uid[:5]}", uid, for_pod=pod)
+        self._dirty_claims: list[SimClaim] = []
+        """Claims created or allocated this tick: the watcher sees them before the pods' messages."""
+        self._released_claims: list[SimClaim] = []
+        """Claims their pods' ends released or deleted: the watcher sees them after the pods' messages."""
+        self._dra_touched: set[str] = set()
+        """Pods (by uid) whose GPU demand the DRA objects applied this tick may have changed."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -106,12 +159,72 @@ class FleetSimulator:
         node = SimNode(spec, sim_uid(name, "node", spec.name), nvml, gpus, resources, sampler, [None] * spec.units)
         if spec.mig_layout is not None:
             node.slot_res = slot_resources([g.mig_devices for g in gpus])
+        if spec.dra:
+            node.slice_uid = sim_uid(name, "slice", spec.name)
         return node
 
     # ------------------------------------------------------------------ Kubernetes objects
 
     def _node_object(self, node: SimNode, ts: datetime) -> dict[str, Any]:
         return node_object(node, self.scenario.start)
+
+    def _node_state(self, node: SimNode, ts: datetime) -> Any:
+        return node_to_state(self._node_object(node, ts), ts, dra=self.dra)
+
+    # ------------------------------------------------------------------ DRA objects
+
+    def _publish_dra(self, ts: datetime) -> None:
+        """At t = 0: the driver's DeviceClasses, every DRA node's ResourceSlice and the users' claims."""
+        if self.dra is None:
+            return
+        for obj in device_class_objects(self.scenario.start, self.scenario.dra_extended_resources):
+            self.dra.apply("deviceclasses", obj)
+        for node in self.nodes.values():
+            if node.spec.dra:
+                self.dra.apply("resourceslices", resource_slice_object(node, self.scenario.start))
+        for claim in self.claims.values():
+            claim.created = 0.0
+            self._dirty_claims.append(claim)
+        self._flush_claims(ts, self._dirty_claims)
+
+    def _flush_claims(self, ts: datetime, dirty: list[SimClaim]) -> None:
+        """The claims in ``dirty`` as the watcher now sees them (``dirty`` is emptied)."""
+        if self.dra is None:
+            return
+        by_index = {p.index: p for p in self.pods}
+        change = DraChange()
+        for claim in {c.uid: c for c in dirty}.values():
+            devices = slot_devices(self.nodes[claim.node]) if claim.node is not None else []
+            obj = claim_object(claim, ts, self.scenario.start, devices, by_index)
+            change = change | self.dra.apply("resourceclaims", obj, deleted=claim.deleted)
+        dirty.clear()
+        self._dra_touched |= change.pods
+
+    def _emit_pods(self, ts: datetime, changed: list[SimPod], records: list[SimulatedRecord]) -> None:
+        """The pods' messages: those in ``changed``, and live pods whose GPU demand the claims applied
+        since changed (a shared claim's next consumer counts it once its first is gone)."""
+        gpu_nodes = set(self.nodes)
+        emitted = {p.index: p for p in changed}
+        touched = [p for p in self.pods if p.uid in self._dra_touched and p.index not in emitted
+                   and p.phase in ("pending", "running")]
+        self._dra_touched.clear()
+        for pod in sorted([*emitted.values(), *touched], key=lambda p: p.index):
+            obj = self._pod_object(pod, ts)
+            if self.dra is not None:
+                self.dra.track_pod(obj)
+            state = pod_to_state(obj, ts, self.config, gpu_nodes, dra=self.dra)
+            if state is None:
+                continue
+            if pod.index not in emitted and pod.state is not None and state.gpu_requests == pod.state.gpu_requests:
+                continue  # another pod's claim changed, this one's demand did not
+            if pod.deleted:
+                state = deleted_state(state, ts)
+                if self.dra is not None:
+                    self.dra.forget_pod(pod.uid)
+            pod.state = state
+            records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
+            if pod.deleted:
+                records.append(SimulatedRecord(K8S_PODS.suffix, self._key(pod.uid), None))
 
     def _pod_object(self, pod: SimPod, ts: datetime) -> dict[str, Any]:
         return pod_object(pod, ts, self.scenario.start, self.workloads)
@@ -163,8 +276,9 @@ class FleetSimulator:
             records: list[SimulatedRecord] = []
             changed: list[SimPod] = []
             if i == 0:
+                self._publish_dra(ts)
                 for node in self.nodes.values():
-                    node_state = node_to_state(self._node_object(node, ts), ts)
+                    node_state = self._node_state(node, ts)
                     node.state = node_state
                     if node_state is not None:
                         records.append(self._encode(K8S_NODES.suffix, node.spec.name, node_state))
@@ -173,17 +287,11 @@ class FleetSimulator:
             records.extend(self._relayouts(t, ts))
             failed = self._schedule(t, changed)
             self._crashloops(t, changed)
-            gpu_nodes = set(self.nodes)
-            for pod in sorted({p.index: p for p in changed}.values(), key=lambda p: p.index):
-                state = pod_to_state(self._pod_object(pod, ts), ts, self.config, gpu_nodes)
-                if state is None:
-                    continue
-                if pod.deleted:
-                    state = deleted_state(state, ts)
-                pod.state = state
-                records.append(self._encode(K8S_PODS.suffix, pod.uid, state))
-                if pod.deleted:
-                    records.append(SimulatedRecord(K8S_PODS.suffix, self._key(pod.uid), None))
+            self._flush_claims(ts, self._dirty_claims)
+            self._emit_pods(ts, changed, records)
+            if self._released_claims:  # the controller acts on the pods' ends after they are seen
+                self._flush_claims(ts, self._released_claims)
+                self._emit_pods(ts, [], records)
             for pod in failed:
                 event = event_to_message(self._event_object(pod, ts))
                 if event is not None:
@@ -220,7 +328,11 @@ class FleetSimulator:
                 for device in new:
                     device.parent = gpu
             node.slot_res = slot_resources([g.mig_devices for g in node.gpus])
-            node.state = node_to_state(self._node_object(node, ts), ts)
+            if node.spec.dra and self.dra is not None:  # the driver publishes the new devices
+                node.slice_generation += 1
+                self.dra.apply("resourceslices", resource_slice_object(node, self.scenario.start,
+                                                                       node.slice_generation))
+            node.state = self._node_state(node, ts)
             if node.state is not None:
                 out.append(self._encode(K8S_NODES.suffix, node.spec.name, node.state))
         return out
@@ -235,6 +347,23 @@ class FleetSimulator:
         return SimulatedRecord(topic, self._key(key), encode(message))
 
     def _release(self, pod: SimPod) -> None:
+        claim = pod.claim
+        if claim is not None and pod.index in claim.reserved and claim.node is not None:
+            claim.reserved.remove(pod.index)
+            node = self.nodes[claim.node]
+            for slot in claim.slots:  # a shared claim's devices stay with its next consumer
+                if slot in node.shares:  # a share: the device stays with the other claims' pods
+                    if not claim.reserved:
+                        node.shares[slot].remove(claim)
+                        if not node.shares[slot]:
+                            del node.shares[slot]
+                    node.slots[slot] = self._share_owner(node, slot)
+                else:
+                    node.slots[slot] = claim.reserved[0] if claim.reserved else None
+            if not claim.reserved:  # the resourceclaim controller deallocates an unused claim
+                claim.node, claim.slots = None, []
+            self._released_claims.append(claim)
+            return
         if pod.node is not None:
             node = self.nodes[pod.node]
             for slot in pod.slots:
@@ -245,6 +374,10 @@ class FleetSimulator:
         self._release(pod)
         pod.phase, pod.end_reason, pod.ended, pod.deleted = "ended", reason, t, deleted
         changed.append(pod)
+        claim = pod.claim
+        if claim is not None and claim.for_pod is pod and claim.created is not None and not claim.deleted:
+            claim.deleted = True  # the resourceclaim controller deletes a finished pod's generated claim
+            self._released_claims.append(claim)
 
     def _lifecycle(self, t: float, ts: datetime, changed: list[SimPod], records: list[SimulatedRecord]) -> None:
         """Pods created, deleted and finished at ``t``, then nodes removed (their pods evicted)."""
@@ -253,6 +386,9 @@ class FleetSimulator:
             if pod.phase == "new" and create is not None and create <= t + EPS:
                 pod.phase, pod.created = "pending", t
                 changed.append(pod)
+                if pod.claim is not None and pod.claim.for_pod is pod:  # made from its template
+                    pod.claim.created = t
+                    self._dirty_claims.append(pod.claim)
         for pod in self.pods:
             if pod.phase in ("pending", "running") and pod.spec.delete is not None and pod.spec.delete <= t + EPS:
                 self._end(pod, t, "Deleted", changed, deleted=True)
@@ -267,6 +403,9 @@ class FleetSimulator:
     def _remove_node(self, node: SimNode, t: float, ts: datetime, changed: list[SimPod],
                      records: list[SimulatedRecord]) -> None:
         node.removed = True
+        if node.spec.dra and self.dra is not None:  # its slice goes with it (owned by the Node)
+            self.dra.apply("resourceslices", resource_slice_object(node, self.scenario.start, node.slice_generation),
+                           deleted=True)
         if node.state is not None:
             records.append(self._encode(K8S_NODES.suffix, node.spec.name, deleted_node(node.state, ts)))
             records.append(SimulatedRecord(K8S_NODES.suffix, self._key(node.spec.name), None))
@@ -283,35 +422,67 @@ class FleetSimulator:
             for node in live:
                 why = self._misfit(pod, node, t)
                 if why is None:
-                    free = [i for i, owner in enumerate(node.slots)
-                            if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)
-                            and self._vram_fits(pod, node, i, t)]
-                    taken = free[: pod.spec.gpus]
-                    for slot in taken:
-                        node.slots[slot] = pod.index
-                    pod.phase, pod.scheduled, pod.node, pod.slots = "running", t, node.spec.name, taken
+                    self._place(pod, node, t)
                     changed.append(pod)
                     break
                 reasons[why] = reasons.get(why, 0) + 1
             else:
-                if live:
-                    detail = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
-                    message = f"0/{len(live)} nodes are available: {detail}."
-                else:
-                    message = "no nodes available to schedule pods"
+                message = self._unschedulable(live, reasons)
                 if message != pod.last_message:
                     pod.last_message = message
                     changed.append(pod)
                     failed.append(pod)
         return failed
 
+    @staticmethod
+    def _unschedulable(live: list[SimNode], reasons: dict[str, int]) -> str:
+        """kube-scheduler's ``FailedScheduling`` message: each reason with the nodes it rejected."""
+        if not live:
+            return "no nodes available to schedule pods"
+        detail = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+        return f"0/{len(live)} nodes are available: {detail}."
+
+    def _place(self, pod: SimPod, node: SimNode, t: float) -> None:
+        """Bind ``pod`` to ``node`` (which fits it): its devices, and its claim's allocation."""
+        if pod.claim is None and node.spec.dra and pod.devices > 0:
+            pod.claim = self._extended_claim(pod, t)
+        claim = pod.claim
+        if claim is not None and claim.node is not None:  # a shared claim, already allocated
+            taken = list(claim.slots)
+        elif claim is not None and claim.spec.memory_gib is not None:  # shares of devices
+            taken = self._share_slots(node, claim)[: pod.devices]
+            for slot in taken:
+                node.shares.setdefault(slot, []).append(claim)
+                if node.slots[slot] is None:
+                    node.slots[slot] = pod.index
+        else:
+            free = [i for i, owner in enumerate(node.slots)
+                    if owner is None and (node.slot_res is None or node.slot_res[i] == pod.resource)
+                    and self._vram_fits(pod, node, i, t)]
+            taken = free[: pod.devices]
+            for slot in taken:
+                node.slots[slot] = pod.index
+        if claim is not None:  # the scheduler allocates the claim and reserves it for the pod
+            claim.node, claim.slots = node.spec.name, taken
+            claim.reserved.append(pod.index)
+            self._dirty_claims.append(claim)
+        pod.phase, pod.scheduled, pod.node, pod.slots = "running", t, node.spec.name, taken
+
     def _misfit(self, pod: SimPod, node: SimNode, t: float) -> str | None:
         if pod.spec.node is not None and pod.spec.node != node.spec.name:
             return "node(s) didn't match Pod's node affinity/selector"
         if node.spec.unschedulable:
             return "node(s) were unschedulable"
+        if pod.claim is not None:
+            return self._claim_misfit(pod, pod.claim, node)
         if pod.spec.gpus == 0:
             return None
+        if node.spec.dra:  # its GPUs are published as devices, not as an extended resource
+            return self._extended_misfit(pod, node)
+        return self._plugin_misfit(pod, node, t)
+
+    def _plugin_misfit(self, pod: SimPod, node: SimNode, t: float) -> str | None:
+        """Why a device-plugin node does not fit a pod's extended-resource request."""
         if node.slot_res is not None:
             free = sum(1 for owner, res in zip(node.slots, node.slot_res, strict=True)
                        if owner is None and res == pod.resource)
@@ -323,6 +494,59 @@ class FleetSimulator:
             return None if roomy >= pod.spec.gpus else "Insufficient nvidia.com/gpumem"
         free = sum(1 for owner in node.slots if owner is None)
         return None if free >= pod.spec.gpus else f"Insufficient {pod.resource}"
+
+    def _extended_misfit(self, pod: SimPod, node: SimNode) -> str | None:
+        """A DRA node for a pod asking an extended resource: it serves ``nvidia.com/gpu`` through the
+        DeviceClass that names it (DRAExtendedResource), if the scenario's class does, from whole GPUs."""
+        mig_mode = bool(node.spec.mig) or node.spec.mig_layout is not None
+        if not self.scenario.dra_extended_resources or pod.resource != EXTENDED_RESOURCE or mig_mode:
+            return f"Insufficient {pod.resource}"
+        free = sum(1 for owner in node.slots if owner is None)
+        return None if free >= pod.devices else "cannot allocate all claims"
+
+    def _extended_claim(self, pod: SimPod, t: float) -> SimClaim:
+        """The claim kube-scheduler makes for a pod's ``nvidia.com/gpu`` served by a DRA node."""
+        uid = sim_uid(self.scenario.name, "extended-claim", pod.uid)
+        spec = ClaimSpec(name=f"{pod.spec.name}-extended-resources", namespace=pod.spec.namespace,
+                         count=pod.spec.gpus)
+        return SimClaim(spec, f"{pod.spec.name}-extended-resources-{uid[:5]}", uid, created=t, for_pod=pod,
+                        extended=True)
+
+    def _claim_misfit(self, pod: SimPod, claim: SimClaim, node: SimNode) -> str | None:
+        """Why the DynamicResources plugin rejects ``node`` for the pod's claim, in its words."""
+        if claim.node is not None:
+            return None if claim.node == node.spec.name else "resourceclaim not available on the node"
+        if not node.spec.dra:
+            return "cannot allocate all claims"
+        if claim.spec.memory_gib is not None:
+            room = len(self._share_slots(node, claim)) if node.spec.dra_shared else 0
+            return None if room >= pod.devices else "cannot allocate all claims"
+        if node.slot_res is not None:
+            free = sum(1 for owner, res in zip(node.slots, node.slot_res, strict=True)
+                       if owner is None and res == pod.resource)
+        else:
+            free = sum(1 for owner in node.slots if owner is None) if node.spec.resource == pod.resource else 0
+        return None if free >= pod.devices else "cannot allocate all claims"
+
+    @staticmethod
+    def _share_slots(node: SimNode, claim: SimClaim) -> list[int]:
+        """A ``dra_shared`` node's units with room for a share of ``claim``'s memory: free ones and
+        ones other claims share, lowest-indexed first."""
+        need = claim.spec.memory_gib or 0.0
+        out = []
+        for slot, owner in enumerate(node.slots):
+            if slot in node.shares:
+                used = sum(c.spec.memory_gib or 0.0 for c in node.shares[slot])
+                if used + need <= node.spec.memory_gib + 1e-9:
+                    out.append(slot)
+            elif owner is None and need <= node.spec.memory_gib + 1e-9:
+                out.append(slot)
+        return out
+
+    @staticmethod
+    def _share_owner(node: SimNode, slot: int) -> int | None:
+        """The pod a shared unit is booked to: the first consumer of its first claim still in use."""
+        return next((c.reserved[0] for c in node.shares.get(slot, ()) if c.reserved), None)
 
     def _vram_fits(self, pod: SimPod, node: SimNode, slot: int, t: float) -> bool:
         """On a time-sliced node, whether ``slot``'s GPU has ``pod``'s declared memory free: its size
@@ -424,52 +648,93 @@ class FleetSimulator:
     def _dress(self, node: SimNode, t: float) -> None:
         """Set the fake GPUs, the kubelet's assignments and the process map for this tick."""
         spec = node.spec
-        by_index = {p.index: p for p in self.pods}
-        mapping: dict[str, list[PodRef]] = {}
-        resolver: dict[int, ContainerRef] = {}
         mig_mode = bool(spec.mig) or spec.mig_layout is not None
         per_gpu = spec.mig_per_gpu if mig_mode else spec.time_slicing
+        tick = _Dressing(t=t, by_index={p.index: p for p in self.pods},
+                         devices=slot_devices(node) if spec.dra else [])
         for gpu in node.gpus:
             owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
             if mig_mode:
-                for k, mig in enumerate(gpu.mig_devices):
-                    owner = owners[k]
-                    mig.processes, mig.mem_used_bytes = [], 0
-                    if owner is None:
-                        continue
-                    pod = by_index[owner]
-                    ordinal = pod.slots.index(gpu.index * per_gpu + k)
-                    _util, mem, count = self._load(pod, t, mig.mem_total_bytes, ordinal)
-                    mig.mem_used_bytes = mem
-                    mig.processes = self._procs(pod, ordinal, 0.0, mem, count,
-                                                spec.process_stats, resolver)
-                    mapping[mig.uuid] = [PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
-                                                pod_uid=pod.uid)]
+                self._dress_mig(node, gpu, owners, per_gpu, tick)
+            else:
+                self._dress_gpu(node, gpu, owners, per_gpu, tick)
+        node.resources.set(tick.mapping)
+        if spec.dra:
+            node.resources.set_dra(tick.dra)
+        node.sampler.processes = StaticProcessResolver(tick.resolver)
+
+    def _dress_mig(self, node: SimNode, gpu: FakeGpu, owners: list[int | None], per_gpu: int,
+                   tick: _Dressing) -> None:
+        """A MIG-mode GPU's devices: each one's pods, memory and processes."""
+        spec = node.spec
+        for k, mig in enumerate(gpu.mig_devices):
+            owner = owners[k]
+            mig.processes, mig.mem_used_bytes = [], 0
+            if owner is None:
                 continue
-            util_sum, mem_sum, procs, refs = 0.0, 0, [], []
-            for k, owner in enumerate(owners):
-                if owner is None:
-                    continue
-                pod = by_index[owner]
-                ordinal = pod.slots.index(gpu.index * per_gpu + k)
-                util, mem, count = self._load(pod, t, gpu.mem_total_bytes - mem_sum, ordinal)
+            slot = gpu.index * per_gpu + k
+            mig_refs = []
+            for pod in self._holders(node, slot, owner, tick.by_index):
+                ordinal = pod.slots.index(slot)
+                _util, mem, count = self._load(pod, tick.t, mig.mem_total_bytes - mig.mem_used_bytes, ordinal)
+                mig.mem_used_bytes += mem
+                mig.processes += self._procs(pod, ordinal, 0.0, mem, count, spec.process_stats, tick.resolver)
+                mig_refs.append(PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
+                                       pod_uid=pod.uid))
+                if spec.dra:
+                    tick.dra.append(self._allocation(node, pod, slot, tick.devices[slot]))
+            if not spec.dra:
+                tick.mapping[mig.uuid] = mig_refs
+
+    def _dress_gpu(self, node: SimNode, gpu: FakeGpu, owners: list[int | None], per_gpu: int,
+                   tick: _Dressing) -> None:
+        """A whole (or time-sliced) GPU: its pods, their load, its processes and readings."""
+        spec = node.spec
+        util_sum, mem_sum, procs, refs = 0.0, 0, [], []
+        for k, owner in enumerate(owners):
+            if owner is None:
+                continue
+            slot = gpu.index * per_gpu + k
+            for pod in self._holders(node, slot, owner, tick.by_index):
+                ordinal = pod.slots.index(slot)
+                util, mem, count = self._load(pod, tick.t, gpu.mem_total_bytes - mem_sum, ordinal)
                 util_sum += util
                 mem_sum += mem
-                procs += self._procs(pod, ordinal, util, mem, count,
-                                     spec.process_stats, resolver)
+                procs += self._procs(pod, ordinal, util, mem, count, spec.process_stats, tick.resolver)
                 ref = PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main", pod_uid=pod.uid)
                 if ref not in refs:
                     refs.append(ref)
-            gpu.gpu_util_pct = min(100.0, util_sum)
-            gpu.mem_util_pct = min(100.0, util_sum * 0.6)
-            gpu.mem_used_bytes = mem_sum
-            gpu.processes = procs
-            gpu.power_w = 70.0 + 6.3 * gpu.gpu_util_pct
-            gpu.temperature_c = 35.0 + 0.4 * gpu.gpu_util_pct
-            if refs:
-                mapping[gpu.uuid] = refs
-        node.resources.set(mapping)
-        node.sampler.processes = StaticProcessResolver(resolver)
+                if spec.dra:
+                    tick.dra.append(self._allocation(node, pod, slot, tick.devices[slot]))
+        gpu.gpu_util_pct = min(100.0, util_sum)
+        gpu.mem_util_pct = min(100.0, util_sum * 0.6)
+        gpu.mem_used_bytes = mem_sum
+        gpu.processes = procs
+        gpu.power_w = 70.0 + 6.3 * gpu.gpu_util_pct
+        gpu.temperature_c = 35.0 + 0.4 * gpu.gpu_util_pct
+        if refs and not spec.dra:  # a DRA device is reported as the claim's, not the device plugin's
+            tick.mapping[gpu.uuid] = refs
+
+    @staticmethod
+    def _holders(node: SimNode, slot: int, owner: int, by_index: dict[int, SimPod]) -> list[SimPod]:
+        """The pods using a unit held by pod ``owner``: every consumer of the claims holding shares of
+        it, or of a shared claim; else the pod."""
+        if slot in node.shares:
+            return [by_index[i] for claim in node.shares[slot] for i in claim.reserved]
+        claim = by_index[owner].claim
+        if claim is not None and owner in claim.reserved:
+            return [by_index[i] for i in claim.reserved]
+        return [by_index[owner]]
+
+    @staticmethod
+    def _allocation(node: SimNode, pod: SimPod, slot: int, device: str | None) -> DraAllocation:
+        """A DRA device of the pod's claim as the kubelet reports it (PodResources ``dynamic_resources``)."""
+        claim = pod.claim
+        assert claim is not None and device is not None, "a DRA node's unit is held through a claim"
+        return DraAllocation(driver=DRA_DRIVER, pool=node.spec.name, device=device, namespace=pod.spec.namespace,
+                             pod=pod.spec.name, container="main", claim_namespace=claim.spec.namespace,
+                             claim_name=claim.name, cdi_ids=[f"k8s.{DRA_DRIVER}/claim={claim.uid}-{device}"],
+                             share_id=share_id(claim, slot) if claim.spec.memory_gib is not None else None)
 
     def pod_uids(self) -> dict[int, str]:
         """Scenario pod index -> the uid its records carry (what names a report row)."""

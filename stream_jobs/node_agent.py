@@ -48,6 +48,7 @@ from stream_jobs.json_types import JsonDict, as_int, as_object, int_map, optiona
 from stream_jobs.node_stage import NodeStage
 from stream_jobs.offset_guard import Consumed
 from stream_jobs.offsets import TopicPartition
+from stream_jobs.reorder import Source
 from stream_jobs.scoping import node_key
 from stream_jobs.state_store import ChunkedStore
 from stream_jobs.watermark import (
@@ -279,6 +280,22 @@ class NodeAgent:
             metrics.marks.labels("node").inc()
             metrics.stage_seconds.labels("node").observe(time.perf_counter() - started)
 
+    def _submit(self, part: NodePartition, key: str, stage: NodeStage, message: Message,
+                source: Source | None) -> None:
+        """Apply one released input to its node's stage, counting late samples and DRA allocations
+        not resolved to a GPU, and noting the node's newest sample."""
+        metrics = self.delivery.metrics
+        late, unresolved = stage.counters["late_samples"], stage.counters.get("dra_unresolved", 0)
+        stage.submit(message, source)
+        if stage.counters.get("dra_unresolved", 0) > unresolved:
+            metrics.dra_unresolved.inc(stage.counters["dra_unresolved"] - unresolved)
+        if stage.counters["late_samples"] > late:
+            metrics.late_samples.inc()
+        elif isinstance(message, GpuSample):
+            sample_ts = message.ts.timestamp()
+            if sample_ts > part.sample_ts.get(key, sample_ts - 1):
+                part.sample_ts[key] = sample_ts
+
     async def _mark(self, partition: int, part: NodePartition, mark: Mark,
                     released: list[Parked[ConsumedEvent]]) -> None:
         metrics = self.delivery.metrics
@@ -293,15 +310,7 @@ class NodeAgent:
             if isinstance(parked.record, ReadRecord) and not await self._on_its_partition(partition, key,
                                                                                            parked.record):
                 continue
-            stage = part.stage(key, node, message.cluster, self.config)
-            late = stage.counters["late_samples"]
-            stage.submit(message, parked.record.source)
-            if stage.counters["late_samples"] > late:
-                metrics.late_samples.inc()
-            elif isinstance(message, GpuSample):
-                sample_ts = message.ts.timestamp()
-                if sample_ts > part.sample_ts.get(key, sample_ts - 1):
-                    part.sample_ts[key] = sample_ts
+            self._submit(part, key, part.stage(key, node, message.cluster, self.config), message, parked.record.source)
         outputs: list[Message] = []
         wm = mark.ts if mark.end else mark.ts - self.lateness_s
         for node in sorted(part.stages):  # the in-process pipeline's order

@@ -2,7 +2,8 @@
 
 Inputs, in event-time order through a reorder buffer: the node's state, the states of the pods
 bound to it (re-keyed by node), and its agent's samples. For every sample it attributes each GPU
-to the pod(s) the kubelet assigned it to, accumulates per-pod per-GPU windows and usage, and runs
+to the pod(s) the kubelet assigned it to (a DRA allocation first resolved to its GPU through the
+node's ResourceSlices: :mod:`stream_jobs.dra_join`), accumulates per-pod per-GPU windows and usage, and runs
 the node-local alert rules: ``idle_gpu``, ``vram_pressure``, ``gpu_health``, ``crashloop_gpu`` and
 ``idle_node``; the pods' caching-allocator reports go to :mod:`stream_jobs.allocator`
 (``allocator_fragmentation``). It tells the cluster stage what it saw (:class:`NodeSummary` per sample,
@@ -25,6 +26,7 @@ from stream_jobs import alerts, rules
 from stream_jobs.allocator import AllocatorTracker, PodIdentity
 from stream_jobs.attribution import Share, attribute, unit_fraction
 from stream_jobs.config import EngineConfig
+from stream_jobs.dra_join import device_table, join
 from stream_jobs.internal import NodeSummary
 from stream_jobs.json_types import JsonDict, JsonObject, as_object, as_str, float_map, int_map, record_map
 from stream_jobs.mig import layouts_from_sample
@@ -127,6 +129,7 @@ class NodeStage(Stage):
         info.ready, info.deleted = state.ready and not state.deleted, state.deleted
         info.gpu_product = state.gpu_product or info.gpu_product
         info.replicas_per_gpu = replicas_per_gpu(state)
+        info.dra_devices = device_table(state.dra_devices)
         if state.driver_version:
             info.driver_version = state.driver_version
         if state.cuda_driver_version:
@@ -235,6 +238,7 @@ class NodeStage(Stage):
         if sample.cuda_driver_version:
             self.info.cuda_driver_version = sample.cuda_driver_version
         uid_by_name = {(p.namespace, p.name): uid for uid, p in self.pods.items()}
+        sample = self._join_dra(sample, uid_by_name)
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
@@ -265,6 +269,16 @@ class NodeStage(Stage):
             pod = self.pods[uid]
             if pod.crash is not None:
                 self._check_crashloop(pod, ts)
+
+    def _join_dra(self, sample: GpuSample, uid_by_name: dict[tuple[str, str], str]) -> GpuSample:
+        """The sample with its DRA allocations' pods on their GPUs; what did not resolve is counted
+        (``dra_unresolved``, ``dra_other_driver``), never raised."""
+        result = join(sample, self.info.dra_devices, uid_by_name)
+        for name, value in (("dra_resolved", result.resolved), ("dra_unresolved", result.unresolved),
+                            ("dra_other_driver", result.other_driver)):
+            if value:
+                self.counters[name] = self.counters.get(name, 0) + value
+        return result.sample
 
     def _shared_gpu(self, ts: float, reading: GpuReading, shares: list[Share]) -> list[SharedGpuState]:
         """A shared GPU's free VRAM and tenants, and its ``noisy_neighbour`` transitions."""

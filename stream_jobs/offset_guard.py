@@ -40,6 +40,10 @@ class WorkerMetrics:
             "records rejected beyond the dead-letter rate (deadletter_rate_per_s): counted, not written",
             ("topic", "reason"))
         self.late_samples = r.counter("stream_late_samples_total", "samples older than the watermark, dropped")
+        self.dra_unresolved = r.counter(
+            "stream_dra_unresolved_total",
+            "DRA allocations of samples not resolved to a GPU (the node's ResourceSlices not seen, or no device "
+            "with a UUID): the GPU stays unattributed for that sample (docs/dra.md)")
         self.skips = r.counter("stream_consumer_skips_total", "forward jumps of the consumer, read again")
         self.duplicates = r.counter("stream_redelivered_total", "redelivered records and marks recognised",
                                     ("stage",))

@@ -319,6 +319,9 @@ class NodeInfo:
     cuda_driver_version: str | None = None
     replicas_per_gpu: float = 1.0
     """``nvidia.com/gpu`` units the node advertises per GPU: above 1, its GPUs are shared (time-slicing)."""
+    dra_devices: dict[str, dict[str, dict[str, str | None]]] = field(default_factory=dict)
+    """The GPU devices the node publishes through DRA, from its latest state: driver -> pool -> device
+    -> UUID (``stream_jobs.dra_join.DeviceTable``); a checkpoint without it restores as none."""
 
     def to_dict(self) -> JsonDict:
         return _fields(self)

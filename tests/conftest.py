@@ -14,7 +14,7 @@ import pytest
 
 from common.settings import CommonSettings, KafkaSettings, load_settings
 from gpulens.kafka_local import LocalKafka
-from simulation.kube_local import HelmTools, LocalKube, build_binaries, build_helm
+from simulation.kube_local import HelmTools, LocalKube, build_binaries, build_helm, kueue_crds
 
 os.environ.setdefault("GPULENS_CLUSTER", "default")  # the agent and watcher require it against real APIs
 # report and advise count the period's dead letters on Kafka; tests that read their output turn it on
@@ -54,10 +54,28 @@ def prometheus_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def podresources_server_binary() -> Path:
+    """A grpc-go PodResources v1 server built from k8s.io/kubelet's own podresources/v1 package
+    (scripts/podresources-build.sh: cached after the first build, which scripts/test.sh does before
+    the tests). A failed build fails the tests that need it."""
+    build = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "podresources-build.sh")], capture_output=True,
+                           text=True, timeout=3600, check=False)
+    assert build.returncode == 0, f"scripts/podresources-build.sh failed:\n{build.stderr[-4000:]}"
+    return Path(build.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
 def helm_tools() -> HelmTools:
     """Helm and prometheus-operator's ServiceMonitor CRD (scripts/helm-build.sh: cached after the
     first build, which scripts/test.sh does before the tests). A failed build fails the tests."""
     return build_helm(progress=False)
+
+
+@pytest.fixture(scope="session")
+def kueue_crd_dir() -> Path:
+    """The CRDs Kueue v0.17.0 ships (scripts/kueue-crds.sh: fetched from the Go module proxy and cached
+    on first use, which scripts/test.sh does before the tests). A failed fetch fails the tests."""
+    return kueue_crds(progress=False)
 
 
 @pytest.fixture(scope="session")

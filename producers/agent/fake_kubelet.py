@@ -9,6 +9,12 @@
   kubelet restart; ``failing`` makes every call answer that gRPC status. Like a real kubelet it
   also reports NUMA topology and CPU ids (fields the agent's client must skip).
 
+Both serve DRA allocations too: a list of :class:`schemas.messages.DraAllocation` (what the agent
+puts on the sample), given at construction (``dra=``) or with ``set_dra``. The server reports them
+as the kubelet does, in each container's ``dynamic_resources``, one entry per claim with its
+devices (``share_id`` where the allocation has one), beside the device-plugin devices of the same
+pod and container.
+
 This module and the tests are the only users of grpcio; the agent's own client speaks the wire
 protocol without it (see :mod:`producers.agent.podresources`).
 """
@@ -26,24 +32,38 @@ import grpc
 
 from producers.agent import podresources_pb2 as pb
 from producers.agent import podresources_pb2_grpc as pb_grpc
-from producers.agent.podresources import PodResourcesError, unix_target
-from schemas.messages import PodRef
+from producers.agent.podresources import PodResourcesAnswer, PodResourcesError, unix_target
+from schemas.messages import DraAllocation, PodRef
 
 
 class StaticPodResources:
-    """A PodResources source whose answer the caller sets; ``fail`` makes the next calls raise."""
+    """A PodResources source whose answer the caller sets; ``failing`` makes the next calls raise.
 
-    def __init__(self, mapping: dict[str, list[PodRef]] | None = None) -> None:
+    ``set`` gives the device-plugin assignments (device id -> pods), ``set_dra`` the DRA
+    allocations; each replaces its own part of the answer only."""
+
+    def __init__(self, mapping: dict[str, list[PodRef]] | None = None,
+                 dra: list[DraAllocation] | None = None) -> None:
         self._mapping: dict[str, list[PodRef]] = dict(mapping or {})
+        self._dra: list[DraAllocation] = list(dra or [])
         self.failing: str | None = None
 
     def set(self, mapping: dict[str, list[PodRef]]) -> None:
         self._mapping = {device: list(refs) for device, refs in mapping.items()}
 
-    def assignments(self) -> dict[str, list[PodRef]]:
+    def set_dra(self, allocations: list[DraAllocation]) -> None:
+        self._dra = list(allocations)
+
+    def read(self) -> PodResourcesAnswer:
         if self.failing:
             raise PodResourcesError(self.failing)
-        return {device: list(refs) for device, refs in self._mapping.items()}
+        return PodResourcesAnswer({device: list(refs) for device, refs in self._mapping.items()}, list(self._dra))
+
+    def assignments(self) -> dict[str, list[PodRef]]:
+        return self.read().assignments
+
+    def dra_allocations(self) -> list[DraAllocation]:
+        return self.read().dra_allocations
 
 
 def default_resource_name(device_id: str) -> str:
@@ -100,11 +120,13 @@ class FakePodResourcesServer:
         mapping: dict[str, list[PodRef]] | None = None,
         allocatable: list[str] | None = None,
         resource_of: Callable[[str], str] = default_resource_name,
+        dra: list[DraAllocation] | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.resource_of = resource_of
         self._lock = threading.Lock()
         self._mapping: dict[str, list[PodRef]] = dict(mapping or {})
+        self._dra: list[DraAllocation] = list(dra or [])
         self.allocatable = list(allocatable if allocatable is not None else self._mapping)
         self.calls = {"List": 0, "GetAllocatableResources": 0, "Get": 0}
         self.failing: tuple[str, str] | None = None
@@ -115,10 +137,16 @@ class FakePodResourcesServer:
         with self._lock:
             self._mapping = {device: list(refs) for device, refs in mapping.items()}
 
+    def set_dra(self, allocations: list[DraAllocation]) -> None:
+        with self._lock:
+            self._dra = list(allocations)
+
     def pod_resources(self) -> list[pb.PodResources]:
-        """The mapping as the kubelet reports it: per pod, per container, per resource name."""
+        """The mapping and the DRA allocations as the kubelet reports them: per pod, per container,
+        per resource name (``devices``) and per claim (``dynamic_resources``)."""
         with self._lock:
             mapping = {device: list(refs) for device, refs in self._mapping.items()}
+            dra = list(self._dra)
         # (namespace, pod) -> container -> resource -> device ids
         pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         for device, refs in sorted(mapping.items()):
@@ -127,6 +155,14 @@ class FakePodResourcesServer:
                 containers = pods.setdefault((ref.namespace, ref.pod), {})
                 resources = containers.setdefault(ref.container, {})
                 resources.setdefault(self.resource_of(device), []).append(device_id)
+        # (namespace, pod) -> container -> (claim namespace, claim name) -> devices
+        claims: dict[tuple[str, str], dict[str, dict[tuple[str, str], list[pb.ClaimResource]]]] = {}
+        for record in dra:
+            pods.setdefault((record.namespace, record.pod), {}).setdefault(record.container, {})
+            per_claim = claims.setdefault((record.namespace, record.pod), {}).setdefault(record.container, {})
+            per_claim.setdefault((record.claim_namespace, record.claim_name), []).append(pb.ClaimResource(
+                cdi_devices=[pb.CDIDevice(name=cdi) for cdi in record.cdi_ids], driver_name=record.driver,
+                pool_name=record.pool, device_name=record.device, share_id=record.share_id))
         return [
             pb.PodResources(
                 namespace=namespace,
@@ -139,6 +175,11 @@ class FakePodResourcesServer:
                             for resource, ids in resources.items()
                         ],
                         cpu_ids=[2, 3],
+                        dynamic_resources=[
+                            pb.DynamicResource(claim_namespace=claim_ns, claim_name=claim, claim_resources=devices)
+                            for (claim_ns, claim), devices in claims.get((namespace, name), {}).get(container, {})
+                            .items()
+                        ],
                     )
                     for container, resources in containers.items()
                 ],

@@ -13,6 +13,9 @@ What each failure means here (NVML answers field by field):
 - NVML as a whole is unavailable -> :class:`NvmlUnavailable` propagates: the service re-initialises
   NVML; no sample is produced, because a sample without GPUs would read as "no GPUs" downstream.
 
+DRA: the devices PodResources reports in ``dynamic_resources`` go on the sample as they are
+(``dra_allocations``); the node stage resolves them to GPUs (the agent knows no ResourceSlice).
+
 Attribution: each device's ``assigned_to`` comes from PodResources (replica ids ``uuid::n`` of
 time-slicing and index ids are normalised to NVML UUIDs); ``shared`` is set when more than one pod
 holds the device. Each process carries its container id and pod UID from its cgroup. Pod names are
@@ -41,7 +44,7 @@ from producers.agent.nvml_api import (
     NvmlUnavailable,
     XidRecord,
 )
-from producers.agent.podresources import PodResourcesError, PodResourcesSource
+from producers.agent.podresources import PodResourcesAnswer, PodResourcesError, PodResourcesSource
 from schemas.messages import GpuProcess, GpuReading, GpuSample, PodRef, XidEvent
 
 log = get_logger(__name__)
@@ -156,7 +159,7 @@ class NodeSampler:
         self._versions: tuple[str, str] | None = None
         self._nvlink_prev: dict[str, tuple[datetime, int, int]] = {}
         self._util_since_us: dict[str, int] = {}
-        self._last_assignments: tuple[int, dict[str, list[PodRef]]] | None = None
+        self._last_answer: tuple[int, PodResourcesAnswer] | None = None
 
     def init(self) -> None:
         self.nvml.init()
@@ -181,7 +184,8 @@ class NodeSampler:
         for index in range(count):
             devices.extend(self._read_gpu(index, ts, errors))
         self._attach_xids(devices, self.nvml.drain_xids(), ts, errors)
-        self._attribute(devices, self._assignments(errors))
+        answer = self._pod_resources(errors)
+        self._attribute(devices, answer.assignments)
         sample = GpuSample(
             node=self.node_name,
             ts=ts,
@@ -192,6 +196,7 @@ class NodeSampler:
             cuda_driver_version=cuda,
             gpus=[d.build() for d in devices],
             errors=errors,
+            dra_allocations=answer.dra_allocations,
         )
         self.seq += 1
         return sample
@@ -392,20 +397,21 @@ class NodeSampler:
 
     # ------------------------------------------------------------------ attribution
 
-    def _assignments(self, errors: list[str]) -> dict[str, list[PodRef]]:
+    def _pod_resources(self, errors: list[str]) -> PodResourcesAnswer:
         if self.pod_resources is None:
-            return {}
+            return PodResourcesAnswer()
         try:
-            mapping = self.pod_resources.assignments()
+            answer = self.pod_resources.read()
         except PodResourcesError as exc:
             if self._on_pod_resources_error is not None:
                 self._on_pod_resources_error()
             errors.append(f"pod resources: {exc}")
-            if self._last_assignments and self.seq - self._last_assignments[0] <= self._assignments_max_age:
-                return self._last_assignments[1]  # a kubelet restart: keep the recent answer briefly
-            return {}
-        self._last_assignments = (self.seq, mapping)
-        return mapping
+            if self._last_answer and self.seq - self._last_answer[0] <= self._assignments_max_age:
+                return self._last_answer[1]  # a kubelet restart: keep the recent answer briefly
+            return PodResourcesAnswer()
+        errors.extend(answer.problems)
+        self._last_answer = (self.seq, answer)
+        return answer
 
     def _attribute(self, devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> None:
         by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}

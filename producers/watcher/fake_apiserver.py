@@ -28,6 +28,11 @@ and namespaced) and their discovery document ``/apis/kueue.x-k8s.io/v1beta1``, a
 does once the Workload CRD is installed; without it both answer 404, as on a cluster without
 Kueue. Custom resources keep ``kind`` and ``apiVersion`` on every list item (the real server
 stores them as unstructured objects), unlike built-in kinds.
+
+With ``dra=True`` it serves Dynamic Resource Allocation's ``resource.k8s.io/v1`` as a 1.34+ server
+does: ``resourceslices`` and ``deviceclasses`` (cluster-scoped), ``resourceclaims`` (all namespaces
+and namespaced), and the group version's discovery document; without it they answer 404, as an
+older server does.
 """
 
 from __future__ import annotations
@@ -49,11 +54,15 @@ from urllib.parse import parse_qs, urlsplit
 
 from producers.watcher.kube_json import JsonObject
 
-COLLECTIONS = ("pods", "nodes", "events", "workloads")
+COLLECTIONS = ("pods", "nodes", "events", "workloads", "resourceslices", "resourceclaims", "deviceclasses")
 KUEUE_GROUP_VERSION = "kueue.x-k8s.io/v1beta1"
+DRA_GROUP_VERSION = "resource.k8s.io/v1"
+DRA_COLLECTIONS = ("resourceslices", "resourceclaims", "deviceclasses")
 _KINDS = {"pods": ("Pod", "v1"), "nodes": ("Node", "v1"), "events": ("Event", "v1"),
-          "workloads": ("Workload", KUEUE_GROUP_VERSION)}
+          "workloads": ("Workload", KUEUE_GROUP_VERSION), "resourceslices": ("ResourceSlice", DRA_GROUP_VERSION),
+          "resourceclaims": ("ResourceClaim", DRA_GROUP_VERSION), "deviceclasses": ("DeviceClass", DRA_GROUP_VERSION)}
 _CUSTOM = {"workloads"}
+_CLUSTER_SCOPED = {"nodes", "resourceslices", "deviceclasses"}
 
 
 def _now_text() -> str:
@@ -106,6 +115,21 @@ def _kueue_discovery() -> JsonObject:
                            "kind": "Workload", "verbs": ["get", "patch", "update"]}]}
 
 
+def _dra_discovery() -> JsonObject:
+    """The APIResourceList a 1.34+ server serves for ``resource.k8s.io/v1`` (the parts the watcher reads)."""
+    verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    resources = []
+    for name, namespaced in (("deviceclasses", False), ("resourceclaims", True), ("resourceslices", False)):
+        kind = _KINDS[name][0]
+        resources.append({"name": name, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+                          "verbs": verbs})
+        if name == "resourceclaims":
+            resources.append({"name": "resourceclaims/status", "singularName": "", "namespaced": True,
+                              "kind": kind, "verbs": ["get", "patch", "update"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": DRA_GROUP_VERSION,
+            "resources": resources}
+
+
 class _Route:
     def __init__(self, collection: str, namespace: str | None, events_v1: bool) -> None:
         self.collection = collection
@@ -124,29 +148,31 @@ class _Route:
         return {"kind": kind, "apiVersion": version, **obj}
 
 
-def _route(path: str, kueue: bool = False) -> _Route | None:
-    parts = [p for p in path.split("/") if p]
-    events_v1 = False
+def _served(parts: list[str], kueue: bool, dra: bool) -> tuple[list[str], tuple[str, ...], bool] | None:
+    """The path after its group version, the collections that group version serves, and whether it
+    is events.k8s.io; None for a group version not served."""
     if parts[:2] == ["api", "v1"]:
-        rest = parts[2:]
-        if rest[-1:] == ["workloads"]:
-            return None
-    elif parts[:3] == ["apis", "events.k8s.io", "v1"]:
-        rest, events_v1 = parts[3:], True
-    elif kueue and parts[:3] == ["apis", *KUEUE_GROUP_VERSION.split("/")]:
-        rest = parts[3:]
-        if rest[-1:] != ["workloads"]:
-            return None
-    else:
+        return parts[2:], ("pods", "nodes", "events"), False
+    if parts[:3] == ["apis", "events.k8s.io", "v1"]:
+        return parts[3:], ("events",), True
+    if kueue and parts[:3] == ["apis", *KUEUE_GROUP_VERSION.split("/")]:
+        return parts[3:], ("workloads",), False
+    if dra and parts[:3] == ["apis", *DRA_GROUP_VERSION.split("/")]:
+        return parts[3:], DRA_COLLECTIONS, False
+    return None
+
+
+def _route(path: str, kueue: bool = False, dra: bool = False) -> _Route | None:
+    served = _served([p for p in path.split("/") if p], kueue, dra)
+    if served is None:
         return None
+    rest, collections, events_v1 = served
     namespace = None
     if len(rest) == 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
-    if len(rest) != 1 or rest[0] not in COLLECTIONS:
+    if len(rest) != 1 or rest[0] not in collections:
         return None
-    if events_v1 and rest[0] != "events":
-        return None
-    if rest[0] == "nodes" and namespace:
+    if rest[0] in _CLUSTER_SCOPED and namespace:
         return None
     return _Route(rest[0], namespace, events_v1)
 
@@ -189,8 +215,10 @@ class FakeApiServer:
     """In-memory objects with resourceVersions, a change history, and HTTP list/watch over them."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, retain: int = 1000,
-                 bookmark_interval_s: float = 1.0, max_watch_s: float = 1800.0, kueue: bool = False) -> None:
+                 bookmark_interval_s: float = 1.0, max_watch_s: float = 1800.0, kueue: bool = False,
+                 dra: bool = False) -> None:
         self.kueue = kueue
+        self.dra = dra
         self.retain = retain
         self.bookmark_interval_s = bookmark_interval_s
         self.max_watch_s = max_watch_s
@@ -481,7 +509,10 @@ class FakeApiServer:
                 if server.kueue and parts.path.rstrip("/") == "/apis/" + KUEUE_GROUP_VERSION:
                     self._send_json(200, _kueue_discovery())
                     return
-                route = _route(parts.path, server.kueue)
+                if server.dra and parts.path.rstrip("/") == "/apis/" + DRA_GROUP_VERSION:
+                    self._send_json(200, _dra_discovery())
+                    return
+                route = _route(parts.path, server.kueue, server.dra)
                 if route is None:
                     self._send_json(404, _status(404, "NotFound", f"the server could not find {parts.path}"))
                     return

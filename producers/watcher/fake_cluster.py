@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from producers.watcher.fake_apiserver import FakeApiServer
@@ -83,8 +84,10 @@ def make_pod(name: str, namespace: str = "ml", gpus: int = 1, resource: str = "n
 
 
 def set_unschedulable(pod: JsonObject, message: str, at: datetime) -> None:
-    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                    "message": message, "lastTransitionTime": iso(at), "lastProbeTime": None}]
+    """The condition kube-scheduler writes on a pod no node fits (``message`` its FailedScheduling text)."""
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "observedGeneration": 1, "status": "False",
+                                    "lastProbeTime": None, "lastTransitionTime": iso(at), "reason": "Unschedulable",
+                                    "message": message}]
 
 
 def set_running(pod: JsonObject, node: str, at: datetime) -> None:
@@ -122,18 +125,56 @@ def set_finished(pod: JsonObject, at: datetime, exit_code: int = 0, reason: str 
             condition["lastTransitionTime"] = iso(at)
 
 
+SCHEDULER = "default-scheduler"
+SCHEDULER_ACTIONS = {"FailedScheduling": "Scheduling", "Scheduled": "Binding"}
+"""kube-scheduler's event reasons and the ``action`` it writes with each."""
+
+
 def make_event(pod: JsonObject, reason: str, message: str, at: datetime, type_: str = "Warning",
-               component: str = "default-scheduler", count: int = 1) -> JsonObject:
+               component: str = SCHEDULER, count: int = 1) -> JsonObject:
+    """A core/v1 Event about ``pod``. kube-scheduler's own (``FailedScheduling``, ``Scheduled``) are
+    shaped as it writes them through ``events.k8s.io/v1`` and the server serves them as core/v1: an
+    ``eventTime`` in microseconds, its ``action``, ``reportingInstance`` ``default-scheduler-<host>``,
+    an empty ``source`` and no ``count`` or first/last timestamps (a repeat is a ``series``); others
+    (a kubelet's) in the legacy shape, with ``source``, ``count`` and first/last timestamps."""
     meta = pod["metadata"]
-    return {
+    event: JsonObject = {
         "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": meta.get("namespace", "default"),
                      "uid": str(uuid.uuid4()), "creationTimestamp": iso(at)},
         "involvedObject": {"kind": "Pod", "namespace": meta.get("namespace"), "name": meta["name"],
                            "uid": meta["uid"], "apiVersion": "v1"},
-        "reason": reason, "message": message, "type": type_, "count": count,
-        "firstTimestamp": iso(at), "lastTimestamp": iso(at), "source": {"component": component},
-        "reportingComponent": component, "reportingInstance": "",
+        "reason": reason, "message": message, "type": type_,
     }
+    if component == SCHEDULER and reason in SCHEDULER_ACTIONS:
+        return event | {
+            "source": {}, "firstTimestamp": None, "lastTimestamp": None,
+            "eventTime": at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "action": SCHEDULER_ACTIONS[reason],
+            "reportingComponent": component, "reportingInstance": f"{component}-control-plane",
+            **({"series": {"count": count, "lastObservedTime": iso(at)}} if count > 1 else {}),
+        }
+    return event | {"count": count, "firstTimestamp": iso(at), "lastTimestamp": iso(at),
+                    "source": {"component": component}, "reportingComponent": component, "reportingInstance": ""}
+
+
+def _histogram(counts: Mapping[str, int]) -> str:
+    """Reasons with their node counts, as kube-scheduler joins them: ``<count> <reason>`` sorted as strings."""
+    return ", ".join(sorted(f"{count} {reason}" for reason, count in counts.items() if count))
+
+
+def no_fit_message(resource: str, need: int, allocatable: Mapping[str, int]) -> str:
+    """kube-scheduler's ``FailedScheduling`` text (also its ``PodScheduled`` condition's message) for a
+    pod asking ``need`` of ``resource`` that no node has free, on nodes with ``allocatable`` of it,
+    every pod of one priority: NodeResourcesFit's reason for each node, then the preemption
+    plugin's verdict — a node whose allocatable is below the request is not worth preempting on,
+    on the others no pod of lower priority is a victim. E.g. ``0/3 nodes are available: 3
+    Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 1 Preemption is not helpful
+    for scheduling, 2 No preemption victims found for incoming pod.``"""
+    nodes = len(allocatable)
+    too_small = sum(1 for amount in allocatable.values() if amount < need)
+    fit = _histogram({f"Insufficient {resource}": nodes})
+    preemption = _histogram({"Preemption is not helpful for scheduling": too_small,
+                             "No preemption victims found for incoming pod": nodes - too_small})
+    return f"0/{nodes} nodes are available: {fit}. preemption: 0/{nodes} nodes are available: {preemption}."
 
 
 def make_workload(name: str, namespace: str = "ml", queue: str = "default", count: int = 1, gpus: int = 1,
@@ -163,13 +204,14 @@ class SimulatedCluster:
         self.rng = random.Random(seed)
         self.tick_s = tick_s
         self.free: dict[str, int] = {}
+        self.allocatable: dict[str, int] = {}
         self._serial = 0
 
     def populate(self) -> None:
         for index in range(3):
             self._add_node(make_node(f"gpu-a100-{index}", gpus=8))
         self._add_node(make_node("gpu-h100-0", gpus=8, product="NVIDIA-H100-80GB-HBM3", memory_mib=81559))
-        self.server.put("nodes", make_node("cpu-0", gpus=0))
+        self._add_node(make_node("cpu-0", gpus=0))
         for _ in range(6):
             self.submit()
         for _ in range(4):
@@ -180,7 +222,8 @@ class SimulatedCluster:
 
     def _add_node(self, node: JsonObject) -> None:
         self.server.put("nodes", node)
-        self.free[node["metadata"]["name"]] = int(node["status"]["allocatable"]["nvidia.com/gpu"])
+        self.free[node["metadata"]["name"]] = int(node["status"]["allocatable"].get("nvidia.com/gpu", "0"))
+        self.allocatable[node["metadata"]["name"]] = self.free[node["metadata"]["name"]]
 
     def submit(self) -> JsonObject:
         self._serial += 1
@@ -203,10 +246,8 @@ class SimulatedCluster:
             need = int(pod["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", "0"))
             node = next((n for n, free in sorted(self.free.items()) if free >= need), None)
             if node is None:
-                message = (f"0/{len(self.free) + 1} nodes are available: 1 node(s) didn't match Pod's node "
-                           f"affinity/selector, {len(self.free)} Insufficient nvidia.com/gpu. preemption: 0/"
-                           f"{len(self.free) + 1} nodes are available: {len(self.free) + 1} No preemption victims "
-                           "found for incoming pod.")
+                message = no_fit_message("nvidia.com/gpu", need, self.allocatable)
+
                 def pending(p: JsonObject, m: str = message) -> None:
                     set_unschedulable(p, m, now)
 

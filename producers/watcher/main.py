@@ -49,7 +49,7 @@ def run_watcher(settings: WatcherSettings, *, to_stdout: bool = False, stop: thr
     stop = stop or threading.Event()
     server: FakeApiServer | None = None
     if settings.simulate:
-        server = FakeApiServer(bookmark_interval_s=30.0, kueue=True).start()
+        server = FakeApiServer(bookmark_interval_s=30.0, kueue=True, dra=True).start()
         cluster = SimulatedCluster(server)
         cluster.populate()
         threading.Thread(target=cluster.run, args=(stop,), name="simulated-cluster", daemon=True).start()

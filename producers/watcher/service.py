@@ -10,6 +10,12 @@ Wiring and policy live here; protocol details are in ``informer`` and translatio
   resources or GPU labels; an event when it concerns a reported pod or a GPU node (or its text
   names an ``nvidia.com/`` resource) and is a scheduling failure, preemption, eviction, OOM kill,
   successful scheduling, or any Warning;
+- where the cluster serves Dynamic Resource Allocation (``resource.k8s.io/v1``, found by discovery;
+  a cluster without it, or a ClusterRole that may not list it, is watched exactly as before),
+  DeviceClasses, ResourceSlices and ResourceClaims are listed before nodes and pods and followed
+  into a :class:`~producers.watcher.dra.DraIndex`: a node's DRA GPUs count in its capacity, a pod's
+  claims in its requests (docs/dra.md), and a change to one of them republishes the nodes and pods
+  it concerns;
 - where the cluster serves Kueue's Workload CRD (found by discovery at start; a cluster without it
   is watched exactly as before), every Workload asking for a GPU is reported on ``k8s.workloads.v1``
   with its demand, queue and phase, so jobs that wait suspended with no pods are still seen;
@@ -33,7 +39,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, Protocol
@@ -44,8 +50,9 @@ from common.backoff import Backoff
 from common.kafka import BoundedProducer
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
-from common.settings import WatcherSettings
+from common.settings import NVIDIA_DRA_DRIVERS, DraDriver, WatcherSettings
 from producers.watcher.bounds import Trim, over_budget, shrink
+from producers.watcher.dra import DRA_KINDS, DraChange, DraDriverTable, DraIndex
 from producers.watcher.events import event_key, event_to_message
 from producers.watcher.informer import (
     Clock,
@@ -259,6 +266,8 @@ class WatcherConfig:
     """Stamped on every message; keys are scoped by it (``schemas.messages.scoped_key``)."""
     state_mark_interval_s: float = 1.0
     """How often the watcher writes a state mark (``schemas.control``)."""
+    dra_drivers: tuple[DraDriver, ...] = NVIDIA_DRA_DRIVERS
+    """The DRA drivers whose devices are GPUs (``GPULENS_DRA_DRIVERS``; docs/dra.md)."""
 
     @classmethod
     def from_settings(cls, settings: WatcherSettings) -> WatcherConfig:
@@ -274,6 +283,7 @@ class WatcherConfig:
             events_api=settings.events_api,
             cluster=settings.cluster_name(real=not settings.simulate),
             state_mark_interval_s=settings.state_mark_interval_s,
+            dra_drivers=tuple(settings.dra_drivers),
         )
 
 
@@ -298,6 +308,11 @@ class Pipeline:
         self.trim_warned: dict[tuple[str, str], frozenset[str]] = {}
         """What was last logged as cut per (topic, key): log once per object and set of cuts."""
         self.pod_stores: list[Callable[[], list[JsonObject]]] = []
+        self.pod_lookups: list[Callable[[str], JsonObject | None]] = []
+        """Each pod informer's object by uid (to republish a pod its claims changed)."""
+        self.node_lookup: Callable[[str], JsonObject | None] = lambda name: None
+        self.dra: DraIndex | None = None
+        """Set when the cluster serves DRA and the watcher follows it."""
         self.pod_handler = _PodHandler(self)
         self.node_handler = _NodeHandler(self)
         self.event_handler = _EventHandler(self)
@@ -334,6 +349,23 @@ class Pipeline:
     def forget_trim(self, topic: TopicSpec, key: str) -> None:
         self.trim_warned.pop((topic.suffix, key), None)
 
+    def republish(self, change: DraChange) -> None:
+        """Translate again the nodes and pods a DRA change concerns (the change filter drops those
+        whose message stays the same). Called under the lock."""
+        for name in sorted(change.nodes):
+            node = self.node_lookup(name)
+            if node is not None:
+                self.node_handler.upsert(node)
+        uids = set(change.pods)
+        if change.all_pods and self.dra is not None:
+            uids.update(self.dra.tracked_pods())
+        for uid in sorted(uids):
+            for lookup in self.pod_lookups:
+                pod = lookup(uid)
+                if pod is not None:
+                    self.pod_handler.upsert(pod)
+                    break
+
 
 class _PodHandler:
     def __init__(self, pipeline: Pipeline) -> None:
@@ -345,8 +377,8 @@ class _PodHandler:
         enough to report the pod if its node turns out to be a GPU node (conditions arrive with its
         next change)."""
         uid = uid_key(obj)
-        if uid in self.p.pods:
-            return drop_managed_fields(obj)
+        if uid in self.p.pods or (self.p.dra is not None and obj.get("spec", {}).get("resourceClaims")):
+            return drop_managed_fields(obj)  # reported, or may be once its claims are seen: kept whole
         meta = obj.get("metadata", {})
         spec = obj.get("spec", {})
         status = obj.get("status", {})
@@ -391,15 +423,17 @@ class _PodHandler:
         with p.lock:
             uid = uid_key(obj)
             self.progress(uid, obj)
+            others = p.dra.track_pod(obj) if p.dra is not None else DraChange()
             trim = Trim()
-            state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes, trim)
+            state = pod_to_state(obj, p.clock.now(), p.config.translate, p.gpu_nodes, trim, dra=p.dra)
             if state is None:
                 if uid in p.pods:  # no longer relevant (its node lost its GPUs): drop it downstream
                     p.emit(K8S_PODS, uid, None)
                     p.pods.forget(uid)
-                return
-            if p.pods.changed(uid, state):
+            elif p.pods.changed(uid, state):
                 p.emit(K8S_PODS, uid, state, trim)
+            if others:  # pods sharing a claim with it: which of them counts the claim may have changed
+                p.republish(others)
 
     def delete(self, obj: JsonObject, observed: str) -> None:
         p = self.p
@@ -407,17 +441,19 @@ class _PodHandler:
             uid = uid_key(obj)
             p.progress.pop(uid, None)
             p.progress_warned.pop(uid, None)
-            if uid not in p.pods:
-                return  # never reported: nothing to delete downstream
-            now = p.clock.now()
-            trim = Trim()
-            state = pod_to_state(obj, now, p.config.translate, p.gpu_nodes | {str(obj.get("spec", {}).get("nodeName"))},
-                                 trim)
-            if state is not None:
-                p.emit(K8S_PODS, uid, deleted_state(state, now), trim)
-            p.emit(K8S_PODS, uid, None)
-            p.pods.forget(uid)
-            log.debug("pod gone", uid=uid, name=obj.get("metadata", {}).get("name"), observed=observed)
+            if uid in p.pods:  # reported: its final state (with what its claims counted), then a tombstone
+                now = p.clock.now()
+                trim = Trim()
+                state = pod_to_state(obj, now, p.config.translate,
+                                     p.gpu_nodes | {str(obj.get("spec", {}).get("nodeName"))}, trim, dra=p.dra)
+                if state is not None:
+                    p.emit(K8S_PODS, uid, deleted_state(state, now), trim)
+                p.emit(K8S_PODS, uid, None)
+                p.pods.forget(uid)
+                log.debug("pod gone", uid=uid, name=obj.get("metadata", {}).get("name"), observed=observed)
+            others = p.dra.forget_pod(uid) if p.dra is not None else DraChange()
+            if others:  # the pods sharing its claims: one of them may count them now
+                p.republish(others)
 
 
 class _NodeHandler:
@@ -429,7 +465,7 @@ class _NodeHandler:
         with p.lock:
             name = name_key(obj)
             trim = Trim()
-            state = node_to_state(obj, p.clock.now(), p.config.translate, trim)
+            state = node_to_state(obj, p.clock.now(), p.config.translate, trim, dra=p.dra)
             if state is None:
                 if name in p.nodes:
                     p.gpu_nodes.discard(name)
@@ -456,7 +492,7 @@ class _NodeHandler:
                 return
             now = p.clock.now()
             trim = Trim()
-            state = node_to_state(obj, now, p.config.translate, trim)
+            state = node_to_state(obj, now, p.config.translate, trim, dra=p.dra)
             if state is not None:
                 p.emit(K8S_NODES, name, deleted_node(state, now), trim)
             p.emit(K8S_NODES, name, None)
@@ -491,6 +527,27 @@ class _EventHandler:
             message = event_to_message(obj)
             if message is not None:
                 self.p.forget_trim(K8S_EVENTS, event_key(message))
+
+
+class _DraHandler:
+    """One DRA collection (``resourceslices``, ``resourceclaims``, ``deviceclasses``) into the index."""
+
+    def __init__(self, pipeline: Pipeline, kind: str) -> None:
+        self.p = pipeline
+        self.kind = kind
+
+    def upsert(self, obj: JsonObject) -> None:
+        self._apply(obj, deleted=False)
+
+    def delete(self, obj: JsonObject, observed: str) -> None:
+        self._apply(obj, deleted=True)
+
+    def _apply(self, obj: JsonObject, deleted: bool) -> None:
+        p = self.p
+        if p.dra is None:
+            return
+        with p.lock:
+            p.republish(p.dra.apply(self.kind, obj, deleted))
 
 
 class _WorkloadHandler:
@@ -536,9 +593,13 @@ class Sources:
     events: Sequence[WatchSource]
     workloads: Sequence[WatchSource] = ()
     """Kueue Workloads; empty where the cluster does not serve the CRD."""
+    dra: Mapping[str, Sequence[WatchSource]] = field(default_factory=dict)
+    """DRA collections by kind (``producers.watcher.dra.DRA_KINDS``); empty where the cluster does
+    not serve ``resource.k8s.io/v1``."""
 
     def all(self) -> list[WatchSource]:
-        return [self.nodes, *self.pods, *self.events, *self.workloads]
+        return [*(s for kind in DRA_KINDS for s in self.dra.get(kind, ())), self.nodes, *self.pods, *self.events,
+                *self.workloads]
 
 
 class WatcherService:
@@ -561,7 +622,12 @@ class WatcherService:
                             watch_timeout_s=self.config.watch_timeout_s, observer=self.metrics, time_of=time_of,
                             slim=slim)
 
+        if sources.dra:
+            p.dra = DraIndex(DraDriverTable(self.config.dra_drivers))
+        self.dra_informers = [informer(s, _DraHandler(p, kind), name_key, slim=_event_stub)
+                              for kind in DRA_KINDS for s in sources.dra.get(kind, ())]
         self.node_informer = informer(sources.nodes, p.node_handler, name_key)
+        p.node_lookup = self.node_informer.store.get
         self.pod_informers = [informer(s, p.pod_handler, uid_key, slim=p.pod_handler.slim) for s in sources.pods]
         self.event_informers = [informer(s, p.event_handler, uid_key, object_time, slim=_event_stub)
                                 for s in sources.events]
@@ -569,14 +635,16 @@ class WatcherService:
                                    for s in sources.workloads]
         for pod_informer in self.pod_informers:
             p.pod_stores.append(_store_reader(pod_informer))
+            p.pod_lookups.append(pod_informer.store.get)
         self._threads: list[threading.Thread] = []
 
     @property
     def informers(self) -> list[Informer]:
-        return [self.node_informer, *self.pod_informers, *self.event_informers, *self.workload_informers]
+        return [*self.dra_informers, self.node_informer, *self.pod_informers, *self.event_informers,
+                *self.workload_informers]
 
     def sync(self, stop: threading.Event) -> bool:
-        """The ordered initial lists (nodes, pods, events); False when stopped first."""
+        """The ordered initial lists (DRA's, nodes, pods, events, workloads); False when stopped first."""
         return all(inf.sync(stop) for inf in self.informers)
 
     def start(self, stop: threading.Event) -> None:
@@ -618,7 +686,8 @@ class WatcherService:
 
 
 def _event_stub(obj: JsonObject) -> JsonObject:
-    """Events are only needed in the store to notice that they expired."""
+    """Events are only needed in the store to notice that they expired; DRA's objects to notice that
+    they are gone (the index keeps what it reads of them)."""
     meta = obj.get("metadata", {})
     return {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}}
 
@@ -646,15 +715,51 @@ def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callab
     return False
 
 
+def discover_dra(api: Any, namespaces: Sequence[str] = (), attempts: int = 4,
+                 sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether to follow DRA: the server serves ``resource.k8s.io/v1`` (discovery, with retries like
+    :func:`discover_workloads`) and this identity may list its three collections; a ClusterRole
+    without them starts the watcher without DRA, with a warning naming what to grant."""
+    from producers.watcher.kube import DRA_RESOURCES, may_list, serves_dra
+
+    backoff = Backoff()
+    for attempt in range(1, attempts + 1):
+        try:
+            if not serves_dra(api):
+                log.info("dra", served=False)
+                return False
+            scopes: list[str | None] = list(namespaces) or [None]
+            denied = [resource for resource in DRA_RESOURCES
+                      for ns in (scopes if resource == "resourceclaims" else [None])
+                      if not may_list(api, resource, ns)]
+        except WatchRequestError as exc:
+            if attempt == attempts:
+                log.warning("dra discovery failed; DRA is not followed", error=str(exc))
+                return False
+            sleep(backoff.next_delay_s())
+            continue
+        if denied:
+            log.warning("dra served but not readable; DRA GPUs are not counted: grant get/list/watch on "
+                        "resource.k8s.io resourceslices, resourceclaims and deviceclasses (docs/dra.md)",
+                        denied=sorted(set(denied)))
+            return False
+        log.info("dra", served=True)
+        return True
+    return False
+
+
 def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io",
-                 workloads: bool | None = None) -> Sources:
+                 workloads: bool | None = None, dra: bool | None = None) -> Sources:
     """Sources over the real client (``producers.watcher.kube``) for all or some namespaces.
 
-    ``workloads``: follow Kueue Workloads; None asks the server (discovery) whether it serves them."""
+    ``workloads``: follow Kueue Workloads; ``dra``: follow DRA's collections; None asks the server
+    (discovery) whether it serves them."""
     from producers.watcher.kube import KubeSource, serves_workloads
 
     if workloads is None:
         workloads = discover_workloads(lambda: serves_workloads(api))
+    if dra is None:
+        dra = discover_dra(api, namespaces)
 
     event_resource = "events" if events_api == "events.k8s.io" else "core-events"
     scopes: list[str | None] = list(namespaces) or [None]
@@ -663,4 +768,6 @@ def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "ev
         pods=[KubeSource(api, "pods", ns) for ns in scopes],
         events=[KubeSource(api, event_resource, ns) for ns in scopes],
         workloads=[KubeSource(api, "workloads", ns) for ns in scopes] if workloads else [],
+        dra={"deviceclasses": [KubeSource(api, "deviceclasses")], "resourceslices": [KubeSource(api, "resourceslices")],
+             "resourceclaims": [KubeSource(api, "resourceclaims", ns) for ns in scopes]} if dra else {},
     )

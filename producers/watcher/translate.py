@@ -16,6 +16,10 @@ Choices worth knowing:
   reads from cgroups.
 - ``gang_id`` is ``<namespace>/<group name>``: gang names are namespace-scoped; the configured
   keys first, then the recognisers of ``producers.watcher.gangs`` (label sets, owner kinds).
+- GPUs allocated through Dynamic Resource Allocation come from a :class:`~producers.watcher.dra.DraIndex`
+  when one is given (``dra=``): a node's DRA GPU devices add to its capacity under the extended
+  resource they count as and are listed in ``dra_devices``; a pod's claims add to its requests
+  (docs/dra.md). Without one, nothing of DRA is read.
 - Everything published is cut to the contract's bounds (``producers.watcher.bounds``): labels to
   a budget (the keys gpulens reads first), text to its field's length, lists to their item cap,
   GPU quantities clamped (``100E`` GPUs becomes ``MAX_GPU_COUNT``); such a message has
@@ -32,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Literal, cast
 
 from producers.watcher.bounds import MAX_GPU_QUANTITY, Trim
+from producers.watcher.dra import DraIndex
 from producers.watcher.gangs import RECOGNISERS, LabelGang, gang_id
 from producers.watcher.kube_json import JsonDict, first_value, json_dict, json_list, parse_quantity, parse_time
 from producers.watcher.vram import vram_request_bytes
@@ -48,6 +53,7 @@ from schemas.messages import (
     MAX_SHORT_TEXT_CHARS,
     MAX_TAG_CHARS,
     ContainerState,
+    DraDevice,
     Message,
     NodeState,
     OwnerRef,
@@ -265,9 +271,11 @@ def pod_to_state(
     config: TranslateConfig,
     gpu_nodes: Collection[str] = (),
     trim: Trim | None = None,
+    dra: DraIndex | None = None,
 ) -> PodState | None:
     """The pod's message, or None when it neither requests a GPU nor runs on a GPU node. Within the
-    contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
+    contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given). With
+    ``dra``, the GPUs its ResourceClaims ask for or hold count in its requests."""
     trim = trim if trim is not None else Trim()
     meta = json_dict(pod.get("metadata"))
     spec = json_dict(pod.get("spec"))
@@ -277,6 +285,8 @@ def pod_to_state(
         return None
     node = spec.get("nodeName") or None
     requests = gpu_requests(pod, config, trim)
+    if dra is not None:
+        requests = _merged(requests, dra.pod_demand(pod), trim)
     if not requests and (node is None or node not in gpu_nodes):
         return None
     namespace = str(trim.text(meta.get("namespace") or "default", MAX_DNS_LABEL_CHARS))
@@ -421,10 +431,29 @@ def _version(labels: JsonDict, full: str, parts: tuple[str, ...]) -> str | None:
     return ".".join(present) if present else None
 
 
+def _merged(base: Mapping[str, int], extra: Mapping[str, int], trim: Trim, zeros: bool = False) -> dict[str, int]:
+    """Two GPU resource maps added up, within the contract's bounds."""
+    if not extra:
+        return dict(base)
+    total = dict(base)
+    for name, amount in extra.items():
+        total[name] = total.get(name, 0) + amount
+    return gpu_resources(total, trim, zeros=zeros)
+
+
+def _dra_part(node: str, dra: DraIndex | None, trim: Trim) -> tuple[list[DraDevice], dict[str, int]]:
+    """The node's DRA GPU devices and the capacity they add (nothing without an index)."""
+    if dra is None:
+        return [], {}
+    devices = dra.node_devices(node, trim)
+    return devices, dra.node_capacity(node) if devices else {}
+
+
 def node_to_state(node: JsonDict, ts: datetime, config: TranslateConfig | None = None,
-                  trim: Trim | None = None) -> NodeState | None:
-    """The node's message, or None for a node with neither GPU resources nor GPU labels. Within the
-    contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given)."""
+                  trim: Trim | None = None, dra: DraIndex | None = None) -> NodeState | None:
+    """The node's message, or None for a node with neither GPU resources, GPU labels nor DRA GPU
+    devices. Within the contract's bounds, ``truncated`` when something was cut (named in ``trim``
+    when given). With ``dra``, the GPU devices its ResourceSlices publish add to its capacity."""
     trim = trim if trim is not None else Trim()
     meta = json_dict(node.get("metadata"))
     spec = json_dict(node.get("spec"))
@@ -438,7 +467,8 @@ def node_to_state(node: JsonDict, ts: datetime, config: TranslateConfig | None =
     allocatable = {str(k): gpu_quantity(v, trim) for k, v in json_dict(status.get("allocatable")).items()
                    if is_gpu_resource(str(k), config)}
     gpu_labelled = any(labels.get(key) not in (None, "", "false") for key in _GPU_NODE_LABELS)
-    if not any(capacity.values()) and not gpu_labelled:
+    dra_devices, dra_capacity = _dra_part(str(name), dra, trim)
+    if not any(capacity.values()) and not gpu_labelled and not dra_devices:
         return None
     ready = False
     for raw in json_list(status.get("conditions")):
@@ -450,8 +480,8 @@ def node_to_state(node: JsonDict, ts: datetime, config: TranslateConfig | None =
         node=str(trim.text(name, MAX_NAME_CHARS)),
         ts=ts,
         uid=trim.text(meta.get("uid"), MAX_ID_CHARS),
-        gpu_capacity=gpu_resources(capacity, trim, zeros=True),
-        gpu_allocatable=gpu_resources(allocatable, trim, zeros=True),
+        gpu_capacity=_merged(gpu_resources(capacity, trim, zeros=True), dra_capacity, trim, zeros=True),
+        gpu_allocatable=_merged(gpu_resources(allocatable, trim, zeros=True), dra_capacity, trim, zeros=True),
         gpu_product=trim.text(labels.get("nvidia.com/gpu.product") or labels.get("cloud.google.com/gke-accelerator")
                               or labels.get("k8s.amazonaws.com/accelerator"), MAX_SHORT_TEXT_CHARS),
         gpu_memory_bytes=memory_mib * 1024 * 1024 if memory_mib is not None else None,
@@ -470,6 +500,7 @@ def node_to_state(node: JsonDict, ts: datetime, config: TranslateConfig | None =
                       effect=str(trim.text(json_dict(t).get("effect", ""), MAX_SHORT_TEXT_CHARS)))
                 for t in trim.items(json_list(spec.get("taints")))],
         labels=trim.labels(labels, keep_prefixes=NODE_LABEL_PREFIXES),
+        dra_devices=dra_devices,
         deleted=False,
         truncated=bool(trim),
     )

@@ -1,10 +1,13 @@
-"""Kueue ``Workload`` objects (``kueue.x-k8s.io/v1beta1``) -> :class:`WorkloadState`.
+"""Kueue ``Workload`` objects (``kueue.x-k8s.io/v1beta2`` or ``v1beta1``) -> :class:`WorkloadState`.
 
 With Kueue, a job waits suspended, with no pods, until its queue admits it: counting pending pods
 sees none of that demand. Kueue's Workload object carries it: one pod set per role, each a pod
 template and a ``count``. This module turns one into the demand gpulens counts, as pure functions
 of the JSON the API server serves (the same input from the real server, the simulated one and the
-fleet simulator), with the observation time passed in:
+fleet simulator), with the observation time passed in. Kueue serves both versions (v1beta2 is its
+storage version, v1beta1 deprecated; the watcher reads the first one served, ``producers.watcher.kube``),
+and every field read here has the same path in both but the priority class: v1beta2's
+``spec.priorityClassRef.name``, v1beta1's ``spec.priorityClassName``.
 
 - ``phase`` from the conditions: ``Finished`` wins, then ``Admitted``, then ``QuotaReserved``,
   else ``queued``; an evicted or requeued workload drops back to ``queued`` because Kueue sets
@@ -45,8 +48,6 @@ from schemas.messages import (
     WorkloadState,
 )
 
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta1"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -134,7 +135,7 @@ def workload_to_state(obj: JsonDict, ts: datetime, config: TranslateConfig | Non
         uid=str(trim.text(uid, MAX_ID_CHARS)), namespace=namespace, name=name, ts=ts, phase=phase,
         queue_name=trim.text(spec.get("queueName") or json_dict(meta.get("labels")).get(QUEUE_LABEL), MAX_NAME_CHARS),
         cluster_queue=trim.text(admission.get("clusterQueue"), MAX_NAME_CHARS),
-        priority_class=trim.text(spec.get("priorityClassName"), MAX_NAME_CHARS),
+        priority_class=trim.text(_priority_class(spec), MAX_NAME_CHARS),
         priority=trim.int32(spec.get("priority")),
         pod_sets=sets, gpu_requests=total, gpus=sum(total.values()), owners=owners,
         team=trim.text(first_value(meta, config.team_keys) or namespace, MAX_TAG_CHARS),
@@ -149,6 +150,13 @@ def workload_to_state(obj: JsonDict, ts: datetime, config: TranslateConfig | Non
         deleted_at=parse_time(meta.get("deletionTimestamp")),
         truncated=bool(trim),
     )
+
+
+def _priority_class(spec: JsonDict) -> str | None:
+    """The priority class's name: v1beta2's ``priorityClassRef`` (group, kind, name: a
+    WorkloadPriorityClass or a pod PriorityClass), else v1beta1's ``priorityClassName``."""
+    name = json_dict(spec.get("priorityClassRef")).get("name") or spec.get("priorityClassName")
+    return name if isinstance(name, str) else None
 
 
 def _total_gpus(sets: list[PodSetDemand], trim: Trim) -> dict[str, int]:

@@ -503,6 +503,13 @@ def test_rbac_as_deployed(kube_cluster: LocalKube, installed: Obj) -> None:
     assert can("get", "secrets", "gpulens-watcher", MAIN, "-A") == "no"
     assert can("get", "secrets", "gpulens-watcher", MAIN, "-n", MAIN) == "no"
     assert can("create", "pods", "gpulens-watcher", MAIN, "-A") == "no"
+    # DRA (docs/dra.md): read, never write, the objects that say which GPUs nodes publish and pods hold
+    for kind in ("resourceslices", "resourceclaims", "deviceclasses"):
+        resource = f"{kind}.resource.k8s.io"
+        assert can("list", resource, "gpulens-watcher", MAIN, "-A") == "yes"
+        assert can("watch", resource, "gpulens-watcher", MAIN, "-A") == "yes"
+    assert can("update", "resourceclaims.resource.k8s.io/status", "gpulens-watcher", MAIN, "-A") == "no"
+    assert can("create", "resourceslices.resource.k8s.io", "gpulens-watcher", MAIN) == "no"
 
     def rules(*impersonate: str, namespace: str) -> str:
         return kube_cluster.kubectl("auth", "can-i", "--list", "-n", namespace, *impersonate).stdout

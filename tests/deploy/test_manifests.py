@@ -59,7 +59,8 @@ PROGRESS_DIR = "/var/run/gpulens"
 
 # What the watcher may do, and nothing else: read pods, nodes and events (both event APIs), and
 # Kueue's workloads (queued demand).
-ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}, "kueue.x-k8s.io": {"workloads"}}
+ALLOWED_RBAC = {"": {"pods", "nodes", "events"}, "events.k8s.io": {"events"}, "kueue.x-k8s.io": {"workloads"},
+                "resource.k8s.io": {"resourceslices", "resourceclaims", "deviceclasses"}}
 ALLOWED_VERBS = {"get", "list", "watch"}
 
 

@@ -1,11 +1,17 @@
 """Kueue workloads: translation, gang recognisers, and the watcher following ``workloads.kueue.x-k8s.io``
-on the real kube-apiserver (with the Workload CRD of ``tests/data/kueue`` installed) and on the
-simulated server, through the same scenario, so the simulation is held to the real behaviour."""
+on the real kube-apiserver (with the CRDs Kueue v0.17.0 ships installed: scripts/kueue-crds.sh) and on
+the simulated server, through the same scenario, so the simulation is held to the real behaviour.
+
+Kueue's Workload CRD serves v1beta2 (the storage version) and v1beta1 (deprecated); the watcher reads
+v1beta2 and falls back to v1beta1 where only that is served. No conversion webhook runs here (the
+real Kueue controller is not started), so the tests write each version natively."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 import threading
 import time
 import uuid
@@ -22,7 +28,7 @@ from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import SimulatedCluster
 from producers.watcher.gangs import gang_id
 from producers.watcher.informer import WatchRequestError
-from producers.watcher.kube import api_client, serves_workloads
+from producers.watcher.kube import KubeSource, api_client, serves_workloads, workloads_version
 from producers.watcher.service import (
     ProducedRecord,
     WatcherConfig,
@@ -35,12 +41,11 @@ from producers.watcher.translate import TranslateConfig
 from producers.watcher.workloads import workload_to_state
 from schemas.messages import WorkloadState
 from schemas.topics import K8S_WORKLOADS
-from simulation.kube_local import KubeApiError, LocalKube
+from simulation.kube_local import KUEUE_VERSION, KUEUE_WORKLOAD_CRD, KubeApiError, LocalKube, build_binaries
 from tests.conftest import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"
-CRD = REPO_ROOT / "tests" / "data" / "kueue" / "workload-crd.yaml"
-WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1"
+KUEUE = "/apis/kueue.x-k8s.io"
 TS = datetime(2024, 5, 6, 8, 0, tzinfo=UTC)
 
 
@@ -155,17 +160,20 @@ class Backend(Protocol):
 
 
 class RealBackend:
-    def __init__(self, kube: LocalKube) -> None:
+    """Writes Workloads through the admin, each in the version its ``apiVersion`` names."""
+
+    def __init__(self, kube: LocalKube, version: str) -> None:
         self.admin = kube.admin()
+        self.path = f"{KUEUE}/{version}"
 
     def create(self, namespace: str, obj: dict[str, Any]) -> None:
-        self.admin.create(f"{WORKLOADS}/namespaces/{namespace}/workloads", obj)
+        self.admin.create(f"{KUEUE}/{obj['apiVersion'].split('/')[1]}/namespaces/{namespace}/workloads", obj)
 
     def set_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.admin.merge_patch(f"{WORKLOADS}/namespaces/{namespace}/workloads/{name}/status", {"status": status})
+        self.admin.merge_patch(f"{self.path}/namespaces/{namespace}/workloads/{name}/status", {"status": status})
 
     def delete(self, namespace: str, name: str) -> None:
-        self.admin.delete(f"{WORKLOADS}/namespaces/{namespace}/workloads/{name}", grace_period_s=0)
+        self.admin.delete(f"{self.path}/namespaces/{namespace}/workloads/{name}", grace_period_s=0)
 
 
 class FakeBackend:
@@ -185,12 +193,18 @@ class FakeBackend:
         self.server.delete("workloads", f"{namespace}/{name}")
 
 
-def workload(name: str, gpus: int, count: int = 2) -> dict[str, Any]:
+def workload(name: str, gpus: int, count: int = 2, version: str = "v1beta1") -> dict[str, Any]:
+    """A Workload as Kueue writes it for a suspended Job, in ``version``'s own fields: the priority
+    class is v1beta2's ``priorityClassRef``, v1beta1's ``priorityClassName`` (+ ``priorityClassSource``)."""
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {"requests": {"cpu": "1"}}
-    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+    priority: dict[str, Any] = {"priorityClassRef": {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "batch-high"}} if version == "v1beta2" \
+        else {"priorityClassName": "batch-high", "priorityClassSource": "kueue.x-k8s.io/workloadpriorityclass"}
+    return {"apiVersion": f"kueue.x-k8s.io/{version}", "kind": "Workload",
             "metadata": {"name": name, "labels": {"team": "nlp"}},
-            "spec": {"queueName": "research", "podSets": [{"name": "workers", "count": count, "template": {
-                "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": resources}]}}}]}}
+            "spec": {"queueName": "research", **priority, "priority": 1000,
+                     "podSets": [{"name": "workers", "count": count, "template": {
+                         "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": resources}]}}}]}}
 
 
 @contextmanager
@@ -211,20 +225,24 @@ def states(sink: WatcherMemorySink, uid: str | None = None) -> list[ProducedReco
     return [r for r in sink.of(K8S_WORKLOADS) if uid is None or r.key == uid]
 
 
-def exercise(backend: Backend, service: WatcherService, sink: WatcherMemorySink, namespace: str) -> None:
+def exercise(backend: Backend, service: WatcherService, sink: WatcherMemorySink, namespace: str,
+             version: str = "v1beta1") -> None:
     """Queued -> admitted -> deleted: one record per change, then a tombstone; CPU-only never."""
     assert len(service.workload_informers) == 1
-    backend.create(namespace, workload("cpu-only", 0))
-    backend.create(namespace, workload("train", 4))
+    backend.create(namespace, workload("cpu-only", 0, version=version))
+    backend.create(namespace, workload("train", 4, version=version))
     wait_for("the queued workload", lambda: len(states(sink)) >= 1)
     (first,) = states(sink)
     queued = first.message
     assert isinstance(queued, WorkloadState)
     assert (queued.namespace, queued.name, queued.phase) == (namespace, "train", "queued")
-    assert queued.queue_name == "research"
+    assert (queued.queue_name, queued.priority_class, queued.priority) == ("research", "batch-high", 1000)
     assert queued.gpus == 8 and queued.pod_sets[0].count == 2 and queued.gang_id == f"{namespace}/train"
     admitted_at = (datetime.now(UTC) + timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    backend.set_status(namespace, "train", {"admission": {"clusterQueue": "cq-gpu", "podSetAssignments": []},
+    # Kueue's CRD requires one assignment per pod set once quota is reserved
+    assignment = {"name": "workers", "count": 2, "flavors": {"nvidia.com/gpu": "h100"},
+                  "resourceUsage": {"nvidia.com/gpu": "8"}}
+    backend.set_status(namespace, "train", {"admission": {"clusterQueue": "cq-gpu", "podSetAssignments": [assignment]},
                                             "conditions": [
         {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "reserved",
          "lastTransitionTime": admitted_at},
@@ -259,7 +277,9 @@ def test_without_kueue_the_watcher_asks_once_and_watches_as_before() -> None:
         api = api_client(host=server.url)
         with watch(api, "ml") as (service, _sink):
             assert service.workload_informers == []
-        assert [p for p in server.requests if "kueue" in p] == ["/apis/kueue.x-k8s.io/v1beta1"]
+        # discovery asks for the storage version first, then the deprecated one
+        assert [p for p in server.requests if "kueue" in p] == ["/apis/kueue.x-k8s.io/v1beta2",
+                                                                "/apis/kueue.x-k8s.io/v1beta1"]
 
 
 def test_the_simulated_cluster_of_watch_simulate_has_a_queued_workload() -> None:
@@ -293,36 +313,131 @@ def test_discovery_retries_a_failing_server_then_goes_on_without_workloads() -> 
         assert len(kube_sources(api_client(host=server.url), ("ml",)).workloads) == 1
 
 
-@pytest.fixture
-def kueue_crd(kube: LocalKube) -> Iterator[None]:
-    """The Workload CRD on the shared control plane for one test, removed after it (other tests
-    then find no Kueue, as before)."""
-    admin = kube.admin()
+def test_the_kueue_crds_script_names_what_is_missing_and_finds_its_cache(tmp_path: Path, kueue_crd_dir: Path) -> None:
+    """scripts/kueue-crds.sh: without Go it fails saying what it fetches (the Kueue tests are never
+    skipped), leaving nothing behind; once cached, it needs no toolchain and prints the same directory."""
+    script = REPO_ROOT / "scripts" / "kueue-crds.sh"
+
+    def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**os.environ, **env},
+                              timeout=120, check=False)
+
+    cold = run({"GO": str(tmp_path / "no-go"), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert cold.returncode == 1 and cold.stdout == ""
+    assert "Go toolchain" in cold.stderr and f"sigs.k8s.io/kueue v{KUEUE_VERSION}" in cold.stderr
+    assert not list((tmp_path / "cache").glob("gpulens/kueue-*")), "nothing half-fetched is left behind"
+    cached = run({"GO": "/nonexistent/go"})
+    assert cached.returncode == 0 and cached.stdout.strip().splitlines()[-1] == str(kueue_crd_dir)
+    names = sorted(path.name for path in kueue_crd_dir.glob("*.yaml"))
+    assert KUEUE_WORKLOAD_CRD in names and len(names) == 11, names
+    served = {v["name"]: (v["served"], v["storage"]) for v in workload_crd(kueue_crd_dir)["spec"]["versions"]}
+    assert served == {"v1beta1": (True, False), "v1beta2": (True, True)}
+
+
+def only_v1beta1(crd: dict[str, Any]) -> dict[str, Any]:
+    """Kueue's Workload CRD as a release before v1beta2 serves it: v1beta1 alone, its storage version."""
+    older = copy.deepcopy(crd)
+    older["spec"]["versions"] = [dict(v, storage=True) for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+    return older
+
+
+def workload_crd(crd_dir: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load((crd_dir / KUEUE_WORKLOAD_CRD).read_text()))
+
+
+def install(kube: LocalKube, crd_dir: Path, workload_crd_override: dict[str, Any] | None = None) -> None:
+    """Kueue's CRDs, as its release installs them (server-side apply: the Workload's 1.4 MB schema does
+    not fit client-side apply's annotation), the Workload's replaced by ``workload_crd_override``;
+    returns once every one is established and the Workloads are served."""
+    crds = sorted(crd_dir.glob("*.yaml"))
+    others = [path for path in crds if path.name != KUEUE_WORKLOAD_CRD]
+    kube.kubectl("apply", "--server-side", "--field-manager=gpulens-tests", *(f"--filename={path}" for path in others))
+    if workload_crd_override is None:
+        kube.kubectl("apply", "--server-side", "--field-manager=gpulens-tests",
+                     f"--filename={crd_dir / KUEUE_WORKLOAD_CRD}")
+    else:
+        kube.kubectl("create", "--filename=-", stdin=yaml.safe_dump(workload_crd_override))
+
+    def established() -> int:
+        listed = json.loads(kube.kubectl("get", "crd", "-o", "json").stdout)["items"]
+        return sum(1 for crd in listed if crd["spec"]["group"] == "kueue.x-k8s.io" and any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in crd.get("status", {}).get("conditions") or []))
+
+    wait_for("Kueue's CRDs established", lambda: established() == len(crds))
     api = api_client(kubeconfig=kube.kubeconfig())
-    crd = yaml.safe_load(CRD.read_text())
-    try:
-        admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-    except KubeApiError as exc:
-        if exc.status != 409:
-            raise
-    wait_for("the CRD to be served", lambda: serves_workloads(api))
-    try:
-        yield
-    finally:
-        admin.delete(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
-        wait_for("the CRD to be gone", lambda: not serves_workloads(api), timeout_s=120)
+    wait_for("the Workloads served", lambda: serves_workloads(api))
 
 
-def test_the_real_server_with_the_workload_crd(kube: LocalKube, kueue_crd: None) -> None:
+@pytest.fixture(scope="module")
+def kueue_kube(tmp_path_factory: pytest.TempPathFactory, kueue_crd_dir: Path) -> Iterator[LocalKube]:
+    """A control plane of its own with every CRD Kueue v0.17.0 ships, as a Kueue install leaves them
+    (the session's shared one stays without Kueue, as most clusters are)."""
+    with LocalKube(tmp_path_factory.mktemp("kube-kueue"), build_binaries()) as plane:
+        install(plane, kueue_crd_dir)
+        yield plane
+
+
+def test_the_real_server_with_kueues_own_crds_is_read_in_v1beta2(kueue_kube: LocalKube) -> None:
+    kube = kueue_kube
     namespace = f"kq-{uuid.uuid4().hex[:6]}"
     kube.ensure_namespace(namespace)
     watcher = kube.as_watcher()
-    assert watcher.get(f"{WORKLOADS}/workloads?limit=1")["kind"] == "WorkloadList"
+    api = api_client(kubeconfig=kube.kubeconfig())
+    assert workloads_version(api) == "v1beta2"
+    for version in ("v1beta2", "v1beta1"):
+        assert watcher.get(f"{KUEUE}/{version}/workloads?limit=1")["kind"] == "WorkloadList"
     with pytest.raises(KubeApiError) as denied:
-        watcher.create(f"{WORKLOADS}/namespaces/{namespace}/workloads", workload("nope", 1))
+        watcher.create(f"{KUEUE}/v1beta2/namespaces/{namespace}/workloads", workload("nope", 1, version="v1beta2"))
     assert denied.value.status == 403
-    with watch(api_client(kubeconfig=kube.kubeconfig()), namespace) as (service, sink):
-        exercise(RealBackend(kube), service, sink, namespace)
+    # Kueue's schema is enforced: a v1beta1 field is not a v1beta2 one
+    with pytest.raises(KubeApiError) as invalid:
+        kube.admin().create(f"{KUEUE}/v1beta2/namespaces/{namespace}/workloads",
+                            {**workload("bad", 1, version="v1beta2"), "spec": {"podSets": []}})
+    assert invalid.value.status == 422
+    with watch(api, namespace) as (service, sink):
+        source = service.workload_informers[0].source
+        assert isinstance(source, KubeSource) and source.version == "v1beta2"
+        exercise(RealBackend(kube, "v1beta2"), service, sink, namespace, version="v1beta2")
+
+
+def test_a_workload_written_in_either_version_is_the_same_queued_demand(kueue_kube: LocalKube) -> None:
+    """Kueue's controllers may still write v1beta1 (and older clients do): read through v1beta2, the
+    same demand. Without Kueue's conversion webhook the server only relabels the version and prunes
+    what the other version's schema lacks, so a field that moved between versions does not follow:
+    the priority class is the one such field the watcher reads."""
+    kube = kueue_kube
+    namespace = f"kq-{uuid.uuid4().hex[:6]}"
+    kube.ensure_namespace(namespace)
+    with watch(api_client(kubeconfig=kube.kubeconfig()), namespace) as (_s, sink):
+        backend = RealBackend(kube, "v1beta2")
+        backend.create(namespace, workload("train-v1beta2", 4, version="v1beta2"))
+        backend.create(namespace, workload("train-v1beta1", 4, version="v1beta1"))
+        wait_for("both workloads", lambda: len(states(sink)) == 2)
+        by_name = {r.message.name: r.message for r in states(sink) if isinstance(r.message, WorkloadState)}
+    new, old = by_name["train-v1beta2"], by_name["train-v1beta1"]
+    demand = ("phase", "queue_name", "priority", "pod_sets", "gpu_requests", "gpus", "team", "project")
+    assert {k: getattr(new, k) for k in demand} == {k: getattr(old, k) for k in demand}
+    assert (new.phase, new.gpus, new.gpu_requests, new.queue_name) == ("queued", 8, {"nvidia.com/gpu": 8}, "research")
+    # the v1beta1 object read as v1beta2: the server prunes priorityClassName, a field v1beta2 lacks;
+    # Kueue's webhook would have moved it to priorityClassRef (the numeric priority is the same field)
+    assert (new.priority_class, old.priority_class) == ("batch-high", None)
+
+
+def test_where_only_v1beta1_is_served_the_watcher_reads_v1beta1(tmp_path: Path, kueue_crd_dir: Path) -> None:
+    namespace = f"kq-{uuid.uuid4().hex[:6]}"
+    with LocalKube(tmp_path / "kube", build_binaries()) as kube:
+        install(kube, kueue_crd_dir, only_v1beta1(workload_crd(kueue_crd_dir)))
+        kube.ensure_namespace(namespace)
+        api = api_client(kubeconfig=kube.kubeconfig())
+        assert workloads_version(api) == "v1beta1"
+        with pytest.raises(KubeApiError) as absent:
+            kube.admin().get(f"{KUEUE}/v1beta2/workloads")
+        assert absent.value.status == 404
+        with watch(api, namespace) as (service, sink):
+            source = service.workload_informers[0].source
+            assert isinstance(source, KubeSource) and source.version == "v1beta1"
+            exercise(RealBackend(kube, "v1beta1"), service, sink, namespace, version="v1beta1")
 
 
 def test_the_real_server_without_kueue_is_watched_as_before(kube: LocalKube) -> None:
