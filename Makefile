@@ -1,4 +1,4 @@
-.PHONY: install test bench chaos kafka-up kafka-down topics demo lint fuzz
+.PHONY: install test bench bench-history chaos kafka-up kafka-down topics demo lint fuzz
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -30,8 +30,13 @@ topics: $(PY)
 chaos: $(PY)
 	BROKERS=$(or $(BROKERS),1) bash scripts/chaos.sh
 
+# every benchmark, the history one at a size that fits minutes (benchmarks/bench_history.py);
+# `make bench-history GPUS=1024 DAYS=30` is the full size (a filled store is cached between runs)
 bench: $(PY)
 	$(PY) -m benchmarks $(ARGS)
+
+bench-history: $(PY)
+	$(PY) -m benchmarks history --gpus $(or $(GPUS),1024) --days $(or $(DAYS),30) $(ARGS)
 
 demo: $(PY)
 	$(VENV)/bin/gpulens demo

@@ -29,6 +29,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
@@ -247,8 +248,12 @@ class ClickHouseStore:
         connect_timeout_s: float = 10.0,
         query_timeout_s: float = 300.0,
         limits: ReadLimits | None = None,
+        engine_config: Path | None = None,
     ) -> None:
+        """``engine_config``: an embedded engine's configuration file (e.g. one that turns on
+        ``system.query_log``, which the history benchmark reads); ignored for a server."""
         self.url = url
+        self._engine_config = engine_config
         self.embedded = is_embedded(url)
         self.read_only = read_only
         self.limits = limits or ReadLimits()
@@ -275,7 +280,8 @@ class ClickHouseStore:
         url = self.url
         try:
             if self.embedded:
-                return clickhouse_connect.get_client(dsn=url, settings=self._settings())
+                options = {"config-file": str(self._engine_config)} if self._engine_config is not None else None
+                return clickhouse_connect.get_client(dsn=url, settings=self._settings(), chdb_options=options)
             return clickhouse_connect.get_client(
                 dsn=url,
                 settings=self._settings(),

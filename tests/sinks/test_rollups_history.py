@@ -1,0 +1,112 @@
+"""The rollups (``rollup_hourly``, ``rollup_daily``: materialized views over ``pod_windows``) give the
+raw windows' figures, on a history store filled by the history benchmark's bulk path
+(benchmarks/history/fill.py: played days through the sink's write path, copies ``INSERT ... SELECT``),
+and a batch the sink stores again does not make them count twice:
+
+- per team, namespace, project, node and GPU model, per hour and per day: GPU-hours (allocated,
+  busy, idle, gap), utilisation hours, energy and cost equal the sums over ``pod_windows FINAL``
+  (to float rounding), window counts and peak VRAM exactly;
+- a played day's window batch written again, as the sink's retry writes it (the same offsets: the
+  same deduplication token) and as a worker replay delivers it (the same windows at new offsets),
+  changes neither the raw windows nor a rollup figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.history.fill import FillOutcome, FillSpec, fill, sink_settings, template_scenario
+from common.metrics import MetricsRegistry
+from schemas.topics import POD_WINDOWS
+from simulation.replay import run_in_process
+from simulation.store import PREFIX, replay_records
+from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
+from sinks.clickhouse import ClickHouseStore, open_store
+from sinks.ddl import TtlDays
+
+SPEC = FillSpec(gpus=32, days=3, day_s=3600, template_nodes=4, gpus_per_node=4, variants=2)
+KEYS = "cluster, namespace, team, project, node, gpu_model"
+SUMS = ("allocated_gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "gap_gpu_hours", "util_pct_x_hours", "util_hours",
+        "energy_kwh", "cost_usd")
+RAW = f"""
+SELECT {{period}} AS period, {KEYS},
+    sum(allocated_s) / 3600 AS allocated_gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours,
+    sum(idle_s) / 3600 AS idle_gpu_hours, sum(gap_s) / 3600 AS gap_gpu_hours,
+    sumIf(coalesce(avg_sm_util_pct, 0) * allocated_s, avg_sm_util_pct IS NOT NULL) / 3600 AS util_pct_x_hours,
+    sumIf(allocated_s, avg_sm_util_pct IS NOT NULL) / 3600 AS util_hours,
+    sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh, sum(cost_usd) AS cost_usd,
+    max(coalesce(max_mem_used_bytes, 0)) AS peak_mem_bytes, count() AS windows
+FROM pod_windows FINAL GROUP BY period, {KEYS}"""
+ROLLUP = f"""
+SELECT {{period}} AS period, {KEYS}, {', '.join(f'sum({s}) AS {s}' for s in SUMS)},
+    max(peak_mem_bytes) AS peak_mem_bytes, sum(windows) AS windows
+FROM {{table}} GROUP BY period, {KEYS}"""
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> FillOutcome:
+    return fill(SPEC, tmp_path_factory.mktemp("history-rollups"))
+
+
+def _store(path: Path) -> Iterator[ClickHouseStore]:
+    store = open_store(f"chdb://{path}")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _figures(store: ClickHouseStore, sql: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    rows = store.query(sql).dicts()
+    return {tuple(str(r[k]) for k in ("period", *KEYS.split(", "))): r for r in rows}
+
+
+def _assert_equal(raw: dict[tuple[Any, ...], dict[str, Any]], rolled: dict[tuple[Any, ...], dict[str, Any]]) -> None:
+    assert raw and set(raw) == set(rolled)
+    for key, row in raw.items():
+        other = rolled[key]
+        assert other["windows"] == row["windows"] and other["peak_mem_bytes"] == row["peak_mem_bytes"], key
+        for name in SUMS:
+            assert other[name] == pytest.approx(row[name], rel=1e-9, abs=1e-9), (key, name)
+
+
+def _everything(store: ClickHouseStore) -> list[dict[tuple[Any, ...], dict[str, Any]]]:
+    return [_figures(store, RAW.format(period="toStartOfHour(window_start)")),
+            _figures(store, ROLLUP.format(period="hour", table="rollup_hourly")),
+            _figures(store, RAW.format(period="toDate(window_start)")),
+            _figures(store, ROLLUP.format(period="day", table="rollup_daily"))]
+
+
+def test_rollups_equal_the_raw_windows(filled: FillOutcome) -> None:
+    for store in _store(filled.path):
+        raw_hourly, hourly, raw_daily, daily = _everything(store)
+        _assert_equal(raw_hourly, hourly)
+        _assert_equal(raw_daily, daily)
+        copies = {str(r[0]) for r in store.query("SELECT DISTINCT node FROM rollup_hourly").rows}
+        assert any("~k1" in node for node in copies), "the fleet copies are rolled up too"
+
+
+def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
+    scenario = template_scenario(SPEC, 0)
+    records = replay_records(scenario, run_in_process(scenario))[POD_WINDOWS.name(PREFIX)]
+    settings = sink_settings(SPEC, filled.path)
+    for store in _store(filled.path):
+        before = _everything(store)
+        raw_rows = store.query("SELECT count() FROM pod_windows").rows[0][0]
+        writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays.from_settings(settings),
+                             max_future_skew_s=settings.max_future_skew_s)
+        topic = POD_WINDOWS.name(PREFIX)
+        # the played day's first batch as the fill stored it (the sink's retry: the same token), then
+        # the same windows at offsets no batch had (a worker's replay: new tokens)
+        for first in (0, 10**9):
+            batch = [ConsumedRecord(topic, 0, first + i, None if k is None else k.encode(), v)
+                     for i, (k, v) in enumerate(records[:2000])]
+            writer.write(Batch(topic, 0, batch, batch[0].offset, batch[-1].offset))
+        assert store.query("SELECT count() FROM pod_windows").rows[0][0] == raw_rows
+        after = _everything(store)
+        for old, new in zip(before, after, strict=True):
+            _assert_equal(old, new)
