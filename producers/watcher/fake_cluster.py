@@ -5,6 +5,9 @@ ones (GPU feature discovery labels, device-plugin resources, owner references, c
 scheduler events), and a cluster that does what clusters do: pods wait, get scheduled, run, crash,
 finish and are deleted. The builders here return plain dicts in the API server's camelCase JSON;
 :class:`SimulatedCluster` plays a scripted, seeded churn against a :class:`FakeApiServer`.
+kube-scheduler's part is shaped and worded as the real one writes it (its events through
+``events.k8s.io/v1``, its ``Unschedulable`` condition, :func:`no_fit_message`):
+``tests/watcher/test_real_scheduler.py`` holds them to what the real scheduler writes.
 """
 
 from __future__ import annotations
