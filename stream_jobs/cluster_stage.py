@@ -71,6 +71,16 @@ _NO_USAGE = PodUsage(pod_uid="", node="", ts=from_epoch(0.0))
 so no model, no idle time, a cost factor of 1."""
 
 
+def _lifecycle_cost(gpus: int, gpu_hours: float, usage: PodUsage, usd_per_gpu_hour: float) -> float:
+    """A pod's cost: its GPU-hours at its mean share of the GPUs it was attributed. A pod that holds
+    no GPU but was attributed a share of a GPU another pod's demand counts (a DRA claim or device
+    several pods share) pays that measured share, as the node stage's windows price it."""
+    if not gpus and usage.cost_units_s:
+        return usage.cost_units_s / 3600.0 * usd_per_gpu_hour
+    factor = usage.cost_units_s / usage.unit_s if usage.unit_s else 1.0
+    return gpu_hours * usd_per_gpu_hour * factor
+
+
 def _fits(free: dict[str, int], request: dict[str, int]) -> bool:
     return all(free.get(res, 0) >= n for res, n in request.items())
 
@@ -303,8 +313,7 @@ class ClusterStage(Stage):
         usage = _NO_USAGE if pod.usage is None else PodUsage.model_validate(pod.usage)
         node = self.nodes.get(pod.node or "")
         model = usage.gpu_model or (node.gpu_product if node is not None else None)
-        factor = usage.cost_units_s / usage.unit_s if usage.unit_s else 1.0
-        cost = gpu_hours * self.config.price(model) * factor
+        cost = _lifecycle_cost(pod.gpus, gpu_hours, usage, self.config.price(model))
         steps = pod.steps
         reason = pod.end_reason or ("Running" if scheduled is not None else "Pending")
         self._out.append(PodLifecycle(

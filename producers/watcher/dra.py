@@ -21,7 +21,11 @@ capacity and for a pod's GPU demand. docs/dra.md describes the rules; in short:
   pending demand. A device shared by several claims (consumable capacity) counts in the first of them
   (by namespace/name) only. The claim the scheduler creates for an extended resource served by DRA
   (``pod.status.extendedResourceClaimStatus``) is not counted: the pod's container request already is;
-  nor is a request or result with ``adminAccess`` (monitoring access to devices others hold).
+  nor is a request or result with ``adminAccess`` (monitoring access to devices others hold). A pod
+  whose claims ask for GPUs is a GPU pod whatever its counted demand (:meth:`DraIndex.uses_gpus`);
+- **a pod that ended keeps its demand**: once Succeeded, Failed or being deleted (or bound and its
+  claim released, deallocated or deleted, which the resourceclaim controller does only after the
+  end, perhaps seen before it), a pod's demand is what its claims gave it while it was live;
 - **bounded**: at most ``MAX_DRA_DEVICES`` devices per node and per slice, texts cut to the
   contract's lengths, malformed parts skipped; :attr:`DraIndex.truncated` names what was cut.
 """
@@ -170,11 +174,17 @@ class _DeviceClass:
 
 @dataclass
 class _PodRef:
-    """What the index remembers of a pod that references claims (for the first-consumer rule)."""
+    """What the index remembers of a pod that references claims (for the first-consumer rule, and
+    the demand its claims gave it while it was live)."""
 
     order: tuple[str, str, str]
     """(creationTimestamp, namespace/name, uid): the earliest-created consumer counts an unreserved claim."""
     claims: tuple[str, ...]
+    ended: bool = False
+    """Succeeded, Failed or being deleted: it keeps what it counted while live and no longer takes
+    an unreserved claim from the pods still waiting for it."""
+    counted: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Claim key -> the demand that claim gave the pod when last read while it held the claim."""
 
 
 @dataclass
@@ -287,13 +297,23 @@ class DraIndex:
         if not claims:
             return self.forget_pod(uid) if before is not None else DraChange()
         order = (str(meta.get("creationTimestamp") or ""), f"{meta.get('namespace')}/{meta.get('name')}", uid)
-        if before is not None and before.claims == claims and before.order == order:
+        ended = _has_ended(pod) or (before is not None and before.ended)
+        if before is not None and before.claims == claims and before.order == order and before.ended == ended:
             return DraChange()
         change = self.forget_pod(uid)
-        self._pods[uid] = _PodRef(order, claims)
+        self._pods[uid] = _PodRef(order, claims, ended, before.counted if before is not None else {})
         for key in claims:
             self._claim_pods.setdefault(key, set()).add(uid)
         return change | DraChange(pods=frozenset(o for k in claims for o in self._claim_pods.get(k, ())) - {uid})
+
+    def end_pod(self, uid: str) -> DraChange:
+        """A pod is gone (its deletion seen, perhaps only from a relist that found it missing): from
+        now on it keeps the demand it had while live, as a pod that has ended does."""
+        ref = self._pods.get(uid)
+        if ref is None or ref.ended:
+            return DraChange()
+        ref.ended = True
+        return DraChange(pods=frozenset(o for k in ref.claims for o in self._claim_pods.get(k, ())) - {uid})
 
     def forget_pod(self, uid: str) -> DraChange:
         """A pod is gone: the other consumers of its claims may count them now."""
@@ -394,16 +414,43 @@ class DraIndex:
     def pod_demand(self, pod: JsonDict) -> dict[str, int]:
         """The GPU resources the pod's claims ask for or hold, by the resource they count as (each
         claim in its first consumer only; see the module docstring). Before allocation the first
-        consumer is the earliest-created pod :meth:`track_pod` has seen: track every pod first."""
+        consumer is the earliest-created pod :meth:`track_pod` has seen: track every pod first.
+
+        A tracked pod keeps what a claim gave it while live once it has ended (Succeeded, Failed,
+        being deleted, or :meth:`end_pod`), and, while bound to a node, once the claim no longer holds
+        devices for it (released from ``reservedFor``, deallocated, deleted): the resourceclaim
+        controller does that only after the pod ended, perhaps before the watcher sees the end."""
         uid = str(json_dict(pod.get("metadata")).get("uid") or "")
+        ref = self._pods.get(uid)
+        ended = _has_ended(pod) or (ref is not None and ref.ended)
+        bound = bool(json_dict(pod.get("spec")).get("nodeName"))
         demand: dict[str, int] = {}
         for key in self.pod_claims(pod):
             claim = self._claims.get(key)
-            if claim is None or not self._counts_in(claim, uid, pod):
-                continue
-            for resource, amount in self._claim_demand(claim).items():
+            part = self._claim_demand(claim) if claim is not None and self._counts_in(claim, uid, pod) else {}
+            if ref is not None:
+                if ended or (bound and _released(claim, uid)):
+                    part = ref.counted.get(key, part)
+                else:
+                    ref.counted[key] = part
+            for resource, amount in part.items():
                 demand[resource] = demand.get(resource, 0) + amount
         return demand
+
+    def uses_gpus(self, pod: JsonDict) -> bool:
+        """Whether one of the pod's claims asks for or holds GPU devices, whether or not the pod's
+        demand counts them (a shared claim counts in its first consumer only): such a pod is a GPU
+        pod, published with its scheduling events whatever its demand."""
+        for key in self.pod_claims(pod):
+            claim = self._claims.get(key)
+            if claim is None:
+                continue
+            if any(self.table.get(driver) is not None for _, (driver, _, _) in claim.results):
+                return True
+            if not claim.results and any(self._class_resource(r.device_class, r.selectors) is not None
+                                         for r in claim.requests):
+                return True
+        return False
 
     def _consumers(self, claim: _Claim) -> set[str]:
         return set(claim.reserved_for) | self._claim_pods.get(claim.key, set())
@@ -413,7 +460,8 @@ class DraIndex:
             return claim.reserved_for[0] == uid
         meta = json_dict(pod.get("metadata"))
         mine = (str(meta.get("creationTimestamp") or ""), f"{meta.get('namespace')}/{meta.get('name')}", uid)
-        orders = [self._pods[o].order for o in self._claim_pods.get(claim.key, ()) if o in self._pods and o != uid]
+        orders = [self._pods[o].order for o in self._claim_pods.get(claim.key, ())
+                  if o in self._pods and o != uid and not self._pods[o].ended]
         return all(mine < other for other in orders)
 
     def _claim_demand(self, claim: _Claim) -> dict[str, int]:
@@ -535,6 +583,17 @@ class DraIndex:
 
 
 # --------------------------------------------------------------------------- parsing helpers
+
+
+def _has_ended(pod: JsonDict) -> bool:
+    """Succeeded, Failed, or being deleted: its claims are released or deleted next."""
+    phase = json_dict(pod.get("status")).get("phase")
+    return phase in ("Succeeded", "Failed") or bool(json_dict(pod.get("metadata")).get("deletionTimestamp"))
+
+
+def _released(claim: _Claim | None, uid: str) -> bool:
+    """Whether a claim holds no devices for the pod (gone, deallocated, or not reserved for it)."""
+    return claim is None or not claim.results or uid not in claim.reserved_for
 
 
 def _parse_class(name: str, obj: JsonObject) -> _DeviceClass:

@@ -441,6 +441,8 @@ class _PodHandler:
             uid = uid_key(obj)
             p.progress.pop(uid, None)
             p.progress_warned.pop(uid, None)
+            if p.dra is not None:  # its final state keeps what its claims counted while it was live
+                p.dra.end_pod(uid)
             if uid in p.pods:  # reported: its final state (with what its claims counted), then a tombstone
                 now = p.clock.now()
                 trim = Trim()

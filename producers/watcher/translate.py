@@ -275,7 +275,8 @@ def pod_to_state(
 ) -> PodState | None:
     """The pod's message, or None when it neither requests a GPU nor runs on a GPU node. Within the
     contract's bounds, ``truncated`` when something was cut (named in ``trim`` when given). With
-    ``dra``, the GPUs its ResourceClaims ask for or hold count in its requests."""
+    ``dra``, the GPUs its ResourceClaims ask for or hold count in its requests, and a pod whose claims
+    ask for GPU devices is a GPU pod even where another pod's demand counts them (a shared claim)."""
     trim = trim if trim is not None else Trim()
     meta = json_dict(pod.get("metadata"))
     spec = json_dict(pod.get("spec"))
@@ -287,7 +288,7 @@ def pod_to_state(
     requests = gpu_requests(pod, config, trim)
     if dra is not None:
         requests = _merged(requests, dra.pod_demand(pod), trim)
-    if not requests and (node is None or node not in gpu_nodes):
+    if not requests and (node is None or node not in gpu_nodes) and not (dra is not None and dra.uses_gpus(pod)):
         return None
     namespace = str(trim.text(meta.get("namespace") or "default", MAX_DNS_LABEL_CHARS))
     conditions = _conditions(status, trim)

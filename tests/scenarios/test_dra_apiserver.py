@@ -47,7 +47,8 @@ SCENARIO = {
 def test_a_dra_scenario_through_the_real_apiserver_matches_the_in_process_replay(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     with LocalKube(tmp_path_factory.mktemp("kube-dra"), build_binaries()) as plane:
-        scenario = starting_now(parse_scenario(SCENARIO), lead_s=3.0)
+        # the lead covers creating the DRA objects and starting the watcher on a loaded machine
+        scenario = starting_now(parse_scenario(SCENARIO), lead_s=8.0)
         real = run_through_apiserver(scenario, plane)
         served = plane.admin().get(f"{DRA_PATH}/namespaces/ml/resourceclaims")["items"]
         slices = plane.admin().get(f"{DRA_PATH}/resourceslices")["items"]
@@ -68,5 +69,10 @@ def test_a_dra_scenario_through_the_real_apiserver_matches_the_in_process_replay
         ("plain", "gpu-a", "Running"), ("train", "gpu-b", "Succeeded"), ("reader-a", "gpu-b", "Running"),
         ("reader-b", "gpu-b", "Running"), ("too-big", None, "Deleted"), ("slice", "gpu-c", "Running"),
         ("served", "gpu-b", "Running"), ("share-a", "gpu-d", "Running"), ("share-b", "gpu-d", "Running")]
+    rows = {p["name"]: p for p in real.report["pods"]}
+    # train's claim was deleted after it ended: its row keeps its GPUs; reader-b shares reader-a's
+    # GPU, holds none of it and pays its share
+    assert (rows["train"]["gpus"], rows["reader-a"]["gpus"], rows["reader-b"]["gpus"]) == (2, 1, 0)
+    assert rows["train"]["cost_usd"] > 0 and rows["reader-b"]["cost_usd"] > 0
     problems = compare_report(real.report, expected, scenario.sample_interval_s)
     assert problems == [], "\n".join(problems)

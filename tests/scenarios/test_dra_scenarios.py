@@ -13,8 +13,10 @@ import pytest
 from producers.watcher.dra import DraIndex
 from producers.watcher.translate import node_to_state
 from schemas.messages import GpuSample, PodState
+from schemas.outputs import PodWindow
 from schemas.topics import GPU_SAMPLES, K8S_PODS
 from simulation.k8s_objects import claim_object, device_class_objects, node_object, resource_slice_object, slot_devices
+from simulation.replay import run_in_process
 from simulation.scenario import ScenarioError, parse_scenario
 from simulation.simulator import FleetSimulator
 
@@ -190,7 +192,9 @@ def test_a_template_claim_is_made_with_its_pod_and_deleted_after_it_ends() -> No
     assert claim.created == 60.0 and claim.deleted
     assert simulator._pod_object(pod, T0)["status"]["resourceClaimStatuses"] == [
         {"name": "gpus", "resourceClaimName": claim.name}]
-    assert simulator.dra is not None and simulator.dra.pod_demand(simulator._pod_object(pod, T0)) == {}
+    # the claim is gone; the pod, which ended, keeps the GPUs it held while it ran
+    assert simulator.dra is not None
+    assert simulator.dra.pod_demand(simulator._pod_object(pod, T0)) == {"nvidia.com/gpu": 2}
 
 
 def test_a_claim_pod_never_lands_on_a_device_plugin_node_nor_a_plain_pod_on_a_dra_node() -> None:
@@ -260,3 +264,29 @@ def test_a_wrong_consumable_capacity_key_names_the_field(node: dict[str, Any], c
     with pytest.raises(ScenarioError) as caught:
         parse_scenario(data)
     assert str(caught.value) == message
+
+
+def test_pods_running_together_on_a_shared_claim_pay_the_whole_gpu_between_them() -> None:
+    """Both consumers of a shared claim run at once: the GPU is allocated once (in the first
+    consumer's demand; the second holds no GPU-hours), and its whole price over the period is
+    attributed across them by their use, in the lifecycle rows as in the windows."""
+    scenario = parse_scenario({
+        "name": "shared-cost", "duration": "30m", "prices": {"NVIDIA H100 80GB HBM3": 2.0},
+        "nodes": [{"name": "gpu-a", "gpus": 1, "dra": True}],
+        "claims": [{"name": "shared-gpu", "namespace": "ml"}],
+        "pods": [{"name": "reader-a", "namespace": "ml", "claim": "shared-gpu", "util": 30, "memory_gib": 20},
+                 {"name": "reader-b", "namespace": "ml", "claim": "shared-gpu", "create": "5m", "util": 10,
+                  "memory_gib": 10}]})
+    result = run_in_process(scenario)
+    report = result.report
+    rows = {p["name"]: p for p in report["pods"]}
+    assert (rows["reader-a"]["gpus"], rows["reader-b"]["gpus"]) == (1, 0)
+    assert (rows["reader-a"]["gpu_hours"], rows["reader-b"]["gpu_hours"]) == (0.5, 0.0)
+    assert report["cluster"]["gpu_hours_capacity"] == report["cluster"]["gpu_hours_allocated"] == 0.5
+    full_price = 0.5 * 2.0  # one GPU for 30 minutes at $2 an hour
+    # reader-a alone for 5 minutes, then its 30 % of their 40 % of use for 25 minutes: 3/4 of the GPU
+    assert rows["reader-a"]["cost_usd"] == pytest.approx(2.0 * (5 + 25 * 0.75) / 60, abs=1e-4)
+    assert rows["reader-b"]["cost_usd"] == pytest.approx(2.0 * 25 * 0.25 / 60, abs=1e-4)
+    assert rows["reader-a"]["cost_usd"] + rows["reader-b"]["cost_usd"] == pytest.approx(full_price, abs=1e-4)
+    windows = [m for m in result.outputs if isinstance(m, PodWindow)]
+    assert sum(w.cost_usd for w in windows) == pytest.approx(full_price, abs=1e-4)

@@ -4,6 +4,7 @@ no object — however large or malformed — stops the translation."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -271,6 +272,96 @@ def test_the_claim_for_an_extended_resource_served_by_dra_is_not_counted_twice()
     index.track_pod(pod)
     state = pod_to_state(pod, TS, CONFIG, dra=index)
     assert state is not None and state.gpu_requests == {"nvidia.com/gpu": 2}
+
+
+def _finished(pod: dict[str, Any]) -> dict[str, Any]:
+    done = copy.deepcopy(pod)
+    done["status"]["phase"] = "Succeeded"
+    return done
+
+
+def test_a_pod_that_ended_keeps_the_gpus_its_claims_held_after_the_controller_deletes_them() -> None:
+    """The resourceclaim controller releases and deletes a template's claim once the pod ended; the
+    pod's last messages must still carry its GPUs (else its lifecycle row shows 0 GPUs and $0)."""
+    index = index_with(("resourceslices", resource_slice("dra-0", [gpu_device(0), gpu_device(1)])))
+    generated = claim("train-gpu-x7k2p", count=2)
+    index.apply("resourceclaims", allocate(copy.deepcopy(generated), "dra-0", ["gpu-0", "gpu-1"],
+                                           [("train", "uid-train")]))
+    live = claim_pod("train", "uid-train", [], templates={"gpu": "train-gpu-x7k2p"}, node="dra-0")
+    index.track_pod(live)
+    state = pod_to_state(live, TS, CONFIG, dra=index)
+    assert state is not None and state.gpu_requests == {"nvidia.com/gpu": 2}
+    done = _finished(live)
+    index.track_pod(done)
+    released = allocate(copy.deepcopy(generated), "dra-0", ["gpu-0", "gpu-1"], [])
+    assert index.apply("resourceclaims", released).pods == {"uid-train"}
+    assert index.pod_demand(done) == {"nvidia.com/gpu": 2}
+    assert index.apply("resourceclaims", released, deleted=True).pods == {"uid-train"}
+    state = pod_to_state(done, TS, CONFIG, dra=index)
+    assert state is not None and state.phase == "Succeeded" and state.gpu_requests == {"nvidia.com/gpu": 2}
+    # a pod first seen after it ended counts what its claims hold then
+    late = DraIndex()
+    late.track_pod(done)
+    assert late.pod_demand(done) == {}
+
+
+def test_a_running_pods_claim_deleted_before_its_end_is_seen_keeps_its_demand() -> None:
+    """The claim and pod watches are separate streams: the controller's release or deletion of a
+    claim may arrive before the pod's own end; a bound pod keeps what the claim gave it, and so do
+    its final state and tombstone when the pod is deleted (even from a stale, still-running copy)."""
+    index = index_with(("resourceslices", resource_slice("dra-0", [gpu_device(0)])))
+    index.apply("resourceclaims", allocate(claim("one"), "dra-0", ["gpu-0"], [("p", "uid-p")]))
+    running = claim_pod("p", "uid-p", ["one"], node="dra-0")
+    index.track_pod(running)
+    assert index.pod_demand(running) == {"nvidia.com/gpu": 1}
+    index.apply("resourceclaims", allocate(claim("one"), "dra-0", ["gpu-0"], []))  # released
+    assert index.pod_demand(running) == {"nvidia.com/gpu": 1}
+    index.apply("resourceclaims", claim("one"))  # deallocated
+    assert index.pod_demand(running) == {"nvidia.com/gpu": 1}
+    index.apply("resourceclaims", claim("one"), deleted=True)
+    index.end_pod("uid-p")
+    state = pod_to_state(running, TS, CONFIG, dra=index)
+    assert state is not None and state.gpu_requests == {"nvidia.com/gpu": 1}
+    # a pod not yet bound has no devices to keep: its demand follows its claim
+    pending = claim_pod("q", "uid-q", ["two"])
+    index.apply("resourceclaims", claim("two", count=2))
+    index.track_pod(pending)
+    assert index.pod_demand(pending) == {"nvidia.com/gpu": 2}
+    index.apply("resourceclaims", claim("two", count=2), deleted=True)
+    assert index.pod_demand(pending) == {}
+
+
+def test_an_ended_pod_leaves_an_unallocated_shared_claim_to_the_pods_waiting_for_it() -> None:
+    index = index_with(("resourceclaims", claim("shared")))
+    first = claim_pod("first", "uid-1", ["shared"], created="2024-05-06T07:00:00Z")
+    second = claim_pod("second", "uid-2", ["shared"], created="2024-05-06T07:05:00Z")
+    index.track_pod(first)
+    index.track_pod(second)
+    assert (index.pod_demand(first), index.pod_demand(second)) == ({"nvidia.com/gpu": 1}, {})
+    assert index.track_pod(_finished(first)).pods == {"uid-2"}
+    assert index.pod_demand(second) == {"nvidia.com/gpu": 1}
+    assert index.pod_demand(_finished(first)) == {"nvidia.com/gpu": 1}  # what it counted while live
+
+
+def test_a_pending_pod_sharing_a_claim_it_does_not_count_is_still_a_gpu_pod() -> None:
+    """Its demand is counted in the claim's first consumer, but it waits for GPUs all the same: it
+    is published (with no demand), so its scheduling failures are reported with it."""
+    index = index_with(("deviceclasses", device_class()),
+                       ("resourceslices", resource_slice("dra-0", [gpu_device(0, multi=True)])))
+    index.apply("resourceclaims", allocate(claim("shared"), "dra-0", ["gpu-0"], [("a", "uid-a")]))
+    holder = claim_pod("a", "uid-a", ["shared"], node="dra-0")
+    waiter = claim_pod("b", "uid-b", ["shared"], created="2024-05-06T07:05:00Z")
+    for pod in (holder, waiter):
+        index.track_pod(pod)
+    state = pod_to_state(waiter, TS, CONFIG, gpu_nodes=(), dra=index)
+    assert state is not None and state.phase == "Pending" and state.gpu_requests == {}
+    assert index.uses_gpus(waiter) and not index.pod_demand(waiter)
+    # a claim of another driver, or none seen yet, does not make a GPU pod
+    index.apply("resourceclaims", allocate(claim("nic"), "dra-0", ["eth0"], [("c", "uid-c")],
+                                           driver="net.example.com"))
+    for other in (claim_pod("c", "uid-c", ["nic"]), claim_pod("d", "uid-d", ["not-made-yet"])):
+        index.track_pod(other)
+        assert not index.uses_gpus(other) and pod_to_state(other, TS, CONFIG, dra=index) is None
 
 
 def test_an_allocated_device_whose_slice_is_gone_still_counts_as_requested() -> None:

@@ -5,6 +5,7 @@ without the group, or a role that may not list it, is watched as before."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -14,12 +15,19 @@ import pytest
 
 from common.backoff import Backoff
 from producers.watcher.fake_apiserver import FakeApiServer
-from producers.watcher.fake_cluster import make_node, make_pod, set_running
+from producers.watcher.fake_cluster import (
+    make_event,
+    make_node,
+    make_pod,
+    set_finished,
+    set_running,
+    set_unschedulable,
+)
 from producers.watcher.informer import Informer
 from producers.watcher.kube import api_client, serves_dra
 from producers.watcher.service import WatcherConfig, WatcherMemorySink, WatcherService, kube_sources
 from schemas.messages import NodeState, PodState
-from schemas.topics import K8S_NODES, K8S_PODS
+from schemas.topics import K8S_EVENTS, K8S_NODES, K8S_PODS
 from tests.watcher.conftest import FakeClock, populate
 from tests.watcher.dra_objects import allocate, claim, claim_pod, device_class, gpu_device, resource_slice
 
@@ -123,6 +131,60 @@ def test_pods_sharing_a_claim_are_republished_when_its_first_consumer_changes(dr
     informer(service, "resourceclaims").watch_once()
     b = last_pod(sink, "uid-b")
     assert b is not None and b.gpu_requests == {"nvidia.com/gpu": 1}
+
+
+def test_a_finished_pod_keeps_its_gpus_when_the_controller_deletes_its_claim(dra_server: FakeApiServer) -> None:
+    """As on a real server: the pod ends, the resourceclaim controller releases and deletes the claim
+    it generated from a template, the pod is deleted. Every later message still says 2 GPUs."""
+    server = dra_server
+    server.put("nodes", make_node("dra-0", gpus=0))
+    server.put("resourceslices", resource_slice("dra-0", [gpu_device(0), gpu_device(1)]))
+    generated = claim("train-gpu-x7k2p", count=2)
+    server.put("resourceclaims", allocate(copy.deepcopy(generated), "dra-0", ["gpu-0", "gpu-1"],
+                                          [("train", "uid-train")]))
+    pod = claim_pod("train", "uid-train", [], templates={"gpu": "train-gpu-x7k2p"}, node="dra-0")
+    server.put("pods", pod)
+    service, sink = build(server)
+    assert service.sync(threading.Event())
+    running = last_pod(sink, "uid-train")
+    assert running is not None and running.gpu_requests == {"nvidia.com/gpu": 2}
+    set_finished(pod, datetime(2024, 5, 6, 9, tzinfo=UTC))
+    server.put("pods", pod)
+    informer(service, "pods").watch_once()
+    server.put("resourceclaims", allocate(copy.deepcopy(generated), "dra-0", ["gpu-0", "gpu-1"], []))
+    server.delete("resourceclaims", "ml/train-gpu-x7k2p")
+    informer(service, "resourceclaims").watch_once()
+    server.delete("pods", "ml/train")
+    informer(service, "pods").watch_once()
+    states = [r.message for r in sink.of(K8S_PODS) if r.key == "uid-train"]
+    assert states[-1] is None  # the tombstone, after the final state
+    finals = [m for m in states if isinstance(m, PodState)]
+    assert [m.phase for m in finals][:2] == ["Running", "Succeeded"] and finals[-1].deleted
+    assert all(m.gpu_requests == {"nvidia.com/gpu": 2} for m in finals)
+
+
+def test_a_pod_waiting_on_a_shared_claim_is_reported_with_its_scheduling_failure(dra_server: FakeApiServer) -> None:
+    """The claim's first consumer counts its GPU; the second cannot be placed ("cannot allocate all
+    claims", no nvidia.com/ in the text): it is still a GPU pod, published, and its event kept."""
+    server = dra_server
+    server.put("deviceclasses", device_class())
+    server.put("nodes", make_node("dra-0", gpus=0))
+    server.put("resourceslices", resource_slice("dra-0", [gpu_device(0)]))
+    server.put("resourceclaims", allocate(claim("shared"), "dra-0", ["gpu-0"], [("a", "uid-a")]))
+    server.put("pods", claim_pod("a", "uid-a", ["shared"], node="dra-0"))
+    waiter = claim_pod("b", "uid-b", ["shared"], created="2024-05-06T07:05:00Z")
+    message = "0/1 nodes are available: 1 cannot allocate all claims."
+    set_unschedulable(waiter, message, datetime(2024, 5, 6, 7, 5, tzinfo=UTC))
+    server.put("pods", waiter)
+    server.put("events", make_event(waiter, "FailedScheduling", message, datetime(2024, 5, 6, 7, 5, tzinfo=UTC)))
+    service, sink = build(server)
+    assert service.sync(threading.Event())
+    a, b = last_pod(sink, "uid-a"), last_pod(sink, "uid-b")
+    assert a is not None and a.gpu_requests == {"nvidia.com/gpu": 1}
+    assert b is not None and b.phase == "Pending" and b.gpu_requests == {} and b.node is None
+    events = [r.message for r in sink.of(K8S_EVENTS) if r.key == "uid-b"]
+    assert [(getattr(e, "category", None), getattr(e, "message", None)) for e in events] == [
+        ("scheduling_failed", message)]
 
 
 def test_without_the_dra_group_nothing_changes(dra_server: FakeApiServer) -> None:
