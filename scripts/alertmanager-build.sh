@@ -14,33 +14,11 @@
 # later runs pay nothing.
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
 version=${GPULENS_ALERTMANAGER_VERSION:-0.35.0}
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
-dest=$cache/alertmanager/v$version
-
-if [ -x "$dest/alertmanager" ]; then
-  echo "$dest/alertmanager"
-  exit 0
-fi
-
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "alertmanager-build: the Go toolchain ('go') is not on PATH (nor at $GO); the alert" \
-    "forwarding tests need it to build Alertmanager v$version (Go 1.26 or newer)" >&2
-  exit 1
-fi
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
-mkdir -p "$cache/alertmanager"
-exec 9>"$cache/alertmanager/build.lock"
-flock 9
-if [ -x "$dest/alertmanager" ]; then
-  echo "$dest/alertmanager"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/alertmanager/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+dest=$gpulens_cache/alertmanager/v$version
+cached() { [ -x "$dest/alertmanager" ] && echo "$dest/alertmanager"; }
+go_build_begin alertmanager-build "the alert forwarding tests need it to build Alertmanager v$version" cached
 echo "alertmanager-build: building Alertmanager v$version into $dest" >&2
 module=github.com/prometheus/alertmanager
 src=$("$GO" mod download -json "$module@v$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
@@ -61,6 +39,5 @@ done
   "$GO" build -trimpath -o "$work/out/alertmanager" -ldflags "-s -w -X $pkg.Version=$version \
     -X $pkg.Branch=HEAD -X $pkg.BuildUser=gpulens -X $pkg.BuildDate=19700101-00:00:00" ./cmd/alertmanager >&2
 )
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest/alertmanager"

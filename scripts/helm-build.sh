@@ -21,38 +21,14 @@
 # ${XDG_CACHE_HOME:-~/.cache}/gpulens/go/ (shared with the other build scripts).
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
 helm_version=${GPULENS_HELM_VERSION:-4.3.2}
 operator_version=${GPULENS_PROMETHEUS_OPERATOR_VERSION:-0.85.0}
 crd=monitoring.coreos.com_servicemonitors.yaml
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
-dest=$cache/helm/v$helm_version-prometheus-operator$operator_version
-
-if [ -x "$dest/helm" ] && [ -s "$dest/$crd" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "helm-build: the Go toolchain ('go') is not on PATH (nor at $GO); the chart tests need it to" \
-    "build Helm v$helm_version and fetch the ServiceMonitor CRD of prometheus-operator" \
-    "v$operator_version (Go 1.26 or newer)" >&2
-  exit 1
-fi
-go() { "$GO" "$@"; }
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
-mkdir -p "$cache/helm"
-exec 9>"$cache/helm/build.lock"
-flock 9
-if [ -x "$dest/helm" ] && [ -s "$dest/$crd" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/helm/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-log() { echo "helm-build: [${SECONDS}s] $*" >&2; }
+dest=$gpulens_cache/helm/v$helm_version-prometheus-operator$operator_version
+cached() { [ -x "$dest/helm" ] && [ -s "$dest/$crd" ] && echo "$dest"; }
+go_build_begin helm-build "the chart tests need it to build Helm v$helm_version and fetch the ServiceMonitor CRD \
+of prometheus-operator v$operator_version" cached
 mkdir -p "$work/out"
 
 log "ServiceMonitor CRD from github.com/prometheus-operator/prometheus-operator v$operator_version"
@@ -73,6 +49,5 @@ CGO_ENABLED=0 GOBIN=$work/out go install -trimpath \
 log "helm built"
 
 "$work/out/helm" version --short >&2
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest"

@@ -22,13 +22,14 @@
 # caches under ${XDG_CACHE_HOME:-~/.cache}/gpulens/go/, so later runs pay nothing.
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
+
 kube_version=${GPULENS_KUBE_VERSION:-1.37.2}
 etcd_version=${GPULENS_ETCD_VERSION:-3.7.0}
 kube_commands=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 binaries=(etcd "${kube_commands[@]}")
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
 # "cp4" names the set of binaries: a cache directory from a build with fewer is never reused
-dest=$cache/kube/v$kube_version-etcd$etcd_version-cp4
+dest=$gpulens_cache/kube/v$kube_version-etcd$etcd_version-cp4
 
 all_built() {
   local binary
@@ -37,36 +38,12 @@ all_built() {
   done
 }
 
-if all_built "$dest"; then
-  echo "$dest"
-  exit 0
-fi
-
-# GO names the toolchain; else `go` on PATH, else the official tarball's place (often not on a
-# non-login PATH)
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "kube-build: the Go toolchain ('go') is not on PATH (nor at $GO); the real-server tests" \
-    "need it to build etcd v$etcd_version and kube-apiserver v$kube_version," \
-    "kube-controller-manager, kube-scheduler and kubectl (Go 1.26 or newer)" >&2
-  exit 1
-fi
-go() { "$GO" "$@"; }
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
-mkdir -p "$cache/kube"
-exec 9>"$cache/kube/build.lock"
-flock 9
-if all_built "$dest"; then
-  echo "$dest"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/kube/build.XXXXXX")
+cached() { all_built "$dest" && echo "$dest"; }
+go_build_begin kube-build "the real-server tests need it to build etcd v$etcd_version and kube-apiserver \
+v$kube_version, kube-controller-manager, kube-scheduler and kubectl" cached
 # an interrupted run stops its builds before removing their directory
 trap 'kill $(jobs -p) 2>/dev/null || true; wait || true; rm -rf "$work"' EXIT
 staging_version=v0.${kube_version#*.}
-log() { echo "kube-build: [${SECONDS}s] $*" >&2; }
 
 build_etcd() {
   mkdir -p "$work/etcd"
@@ -170,6 +147,5 @@ for binary in "${binaries[@]}"; do
   fi
 done
 "$work/out/kube-apiserver" --version >&2
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest"

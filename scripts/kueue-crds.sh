@@ -13,36 +13,13 @@
 # Cached under ${XDG_CACHE_HOME:-~/.cache}/gpulens/kueue-v<version>/.
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
 kueue_version=${GPULENS_KUEUE_VERSION:-0.17.0}
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
-dest=$cache/kueue-v$kueue_version
+dest=$gpulens_cache/kueue-v$kueue_version
 marker=kueue.x-k8s.io_workloads.yaml
-
-if [ -s "$dest/$marker" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "kueue-crds: the Go toolchain ('go') is not on PATH (nor at $GO); the Kueue tests need it to" \
-    "fetch the CRDs of sigs.k8s.io/kueue v$kueue_version from the Go module proxy (Go 1.26 or newer)" >&2
-  exit 1
-fi
-go() { "$GO" "$@"; }
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
-mkdir -p "$cache"
-exec 9>"$cache/kueue.lock"
-flock 9
-if [ -s "$dest/$marker" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/kueue.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-log() { echo "kueue-crds: [${SECONDS}s] $*" >&2; }
+cached() { [ -s "$dest/$marker" ] && echo "$dest"; }
+go_build_begin kueue-crds "the Kueue tests need it to fetch the CRDs of sigs.k8s.io/kueue v$kueue_version from the \
+Go module proxy" cached
 
 log "CRDs of sigs.k8s.io/kueue v$kueue_version"
 module_dir=$(go mod download -json "sigs.k8s.io/kueue@v$kueue_version" |
@@ -55,6 +32,5 @@ fi
 mkdir -p "$work/out"
 install -m 644 "$bases"/*.yaml "$work/out/"  # the module cache is read-only
 log "$(ls "$work/out" | wc -l) CRDs"
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest"

@@ -14,41 +14,19 @@
 # the other build scripts).
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
 src=$(cd "$(dirname "$0")/podresources-server" && pwd)
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
 digest=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-16)
-dest=$cache/podresources/$digest
-
-if [ -x "$dest/podresources-server" ]; then
-  echo "$dest/podresources-server"
-  exit 0
-fi
-
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "podresources-build: the Go toolchain ('go') is not on PATH (nor at $GO); the agent's" \
-    "PodResources tests need it to build a grpc-go server from k8s.io/kubelet (Go 1.26 or newer)" >&2
-  exit 1
-fi
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS="-buildvcs=false -mod=readonly"
-mkdir -p "$cache/podresources"
-exec 9>"$cache/podresources/build.lock"
-flock 9
-if [ -x "$dest/podresources-server" ]; then
-  echo "$dest/podresources-server"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/podresources/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-log() { echo "podresources-build: [${SECONDS}s] $*" >&2; }
+dest=$gpulens_cache/podresources/$digest
+cached() { [ -x "$dest/podresources-server" ] && echo "$dest/podresources-server"; }
+go_extra_flags=-mod=readonly
+go_build_begin podresources-build "the agent's PodResources tests need it to build a \
+grpc-go server from k8s.io/kubelet" cached
 log "building podresources-server (k8s.io/kubelet podresources/v1 + grpc-go) into $dest"
 # the sources are copied: the build writes nothing into the working tree
 cp "$src/go.mod" "$src/go.sum" "$src/main.go" "$work/"
 mkdir -p "$work/out"
 (cd "$work" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" -o "$work/out/podresources-server" .)
 log "podresources-server built"
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest/podresources-server"

@@ -23,35 +23,11 @@
 # nothing.
 set -euo pipefail
 
+. "$(dirname "$0")/go-build-lib.sh"
 prom_version=${GPULENS_PROMETHEUS_VERSION:-0.316.0}
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpulens
-dest=$cache/prometheus/v$prom_version
-
-if [ -x "$dest/prometheus" ] && [ -x "$dest/promtool" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if ! [ -x "$GO" ]; then
-  echo "prometheus-build: the Go toolchain ('go') is not on PATH (nor at $GO); the Prometheus tests" \
-    "need it to build prometheus and promtool v$prom_version (Go 1.26 or newer)" >&2
-  exit 1
-fi
-go() { "$GO" "$@"; }
-
-export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-buildvcs=false
-mkdir -p "$cache/prometheus"
-exec 9>"$cache/prometheus/build.lock"
-flock 9
-if [ -x "$dest/prometheus" ] && [ -x "$dest/promtool" ]; then
-  echo "$dest"
-  exit 0
-fi
-
-work=$(mktemp -d "$cache/prometheus/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-log() { echo "prometheus-build: [${SECONDS}s] $*" >&2; }
+dest=$gpulens_cache/prometheus/v$prom_version
+cached() { [ -x "$dest/prometheus" ] && [ -x "$dest/promtool" ] && echo "$dest"; }
+go_build_begin prometheus-build "the Prometheus tests need it to build prometheus and promtool v$prom_version" cached
 
 log "building prometheus and promtool v$prom_version into $dest (cold: 5-15 min)"
 
@@ -79,6 +55,5 @@ mkdir -p "$work/src"
 )
 
 "$work/out/prometheus" --version >&2
-rm -rf "$dest"
-mv "$work/out" "$dest"
+go_build_install "$work/out" "$dest"
 echo "$dest"

@@ -394,6 +394,7 @@ def test_an_edited_server_is_not_taken_from_the_cache(tmp_path: Path, podresourc
     scripts = tmp_path / "scripts"
     shutil.copytree(REPO_ROOT / "scripts" / "podresources-server", scripts / "podresources-server")
     shutil.copy(BUILD, scripts / BUILD.name)
+    shutil.copy(BUILD.parent / "go-build-lib.sh", scripts / "go-build-lib.sh")
     main = scripts / "podresources-server" / "main.go"
     main.write_text(main.read_text() + "\n// an edit\n")
     done = _build(scripts / BUILD.name, {"GO": "/nonexistent/go"})  # a cache hit would need no Go
