@@ -7,7 +7,12 @@ removed part-way), pods that wait, run, end, get deleted, crash-loop, form gangs
 steps, with utilisation and memory in steps, some owned by controllers, using part of their GPUs,
 declaring their VRAM or reporting allocator statistics; Kueue workloads (admitted late or never,
 deleted); threshold overrides, prices, a non-default cluster, XID faults, lost GPUs, agent gaps,
-late samples and poison records. What it is for:
+late samples and poison records. About one scenario in three is also a DRA fleet (docs/dra.md): some
+nodes publish their GPUs or MIG devices as ResourceSlices (some with consumable capacity), and some
+pods get theirs through ResourceClaims, their own, made from a template, shared by several pods or
+holding a share of a GPU's memory; now and then DRA nodes serve ``nvidia.com/gpu`` requests
+(``dra_extended_resources``). DRA is drawn from a random stream of its own: the rest of a seed's
+file is what the seed's main stream draws, DRA or not. What it is for:
 
 - ``make chaos RANDOM_SCENARIOS=N`` plays N of them (seeded by ``SEED``) through ``replay --kafka
   --workers 3 --chaos``: each report must equal the in-process one byte for byte, as for the goldens;
@@ -80,7 +85,75 @@ def random_scenario(seed: int) -> dict[str, Any]:
     if rng.random() < 0.25:
         doc["workloads"] = _workloads(rng, pods, duration)
     _add_troubles(rng, doc, nodes, duration, interval)
+    _add_dra(random.Random(f"dra-{seed}"), doc)
     return doc
+
+
+def _add_dra(rng: random.Random, doc: dict[str, Any]) -> None:
+    """Now and then (its own stream ``rng``) a DRA fleet: some nodes publish their GPUs as
+    ResourceSlices, some pods get theirs through claims (docs/scenarios.md, "GPUs through Dynamic
+    Resource Allocation"). Only where the format allows it: no DRA node time-slices, a claim pod asks
+    no extended resource and its ``gpus`` is the claim's count, a share of memory only on whole GPUs."""
+    if rng.random() >= 0.35:
+        return
+    dra_nodes = _dra_nodes(rng, doc)
+    if not dra_nodes:
+        return
+    if rng.random() < 0.3:
+        doc["dra_extended_resources"] = True
+    shared_nodes = any(node.get("dra_shared") for node in dra_nodes)
+    claims: list[dict[str, Any]] = []
+    earlier: dict[tuple[str, str], dict[str, Any]] = {}
+    """The last claim or template by (namespace, resource): later pods may name it too (a claim
+    several pods then share, a template each of them gets a claim of its own from)."""
+    for pod in doc["pods"]:
+        if "workload" in pod or rng.random() >= 0.6:
+            continue  # a queued workload's pods ask through their pod set's resource
+        claim = _pod_claim(rng, pod, earlier, len(claims), shared_nodes)
+        if claim is not None:
+            claims.append(claim)
+    if claims:
+        doc["claims"] = claims
+
+
+def _dra_nodes(rng: random.Random, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Mark some nodes that do not time-slice as DRA nodes (at least one), some of those with
+    consumable capacity; the DRA nodes."""
+    candidates = [node for node in doc["nodes"] if "time_slicing" not in node]
+    if not candidates:
+        return []
+    dra_nodes = [node for node in candidates if rng.random() < 0.6] or [rng.choice(candidates)]
+    for node in dra_nodes:
+        node["dra"] = True
+        if "mig" not in node and rng.random() < 0.3:
+            node["dra_shared"] = True
+    return dra_nodes
+
+
+def _pod_claim(rng: random.Random, pod: dict[str, Any], earlier: dict[tuple[str, str], dict[str, Any]],
+               number: int, shared_nodes: bool) -> dict[str, Any] | None:
+    """Move ``pod`` onto a claim: an earlier one of its namespace and resource (shared, or a
+    template's), or a new one (returned) asking what the pod asked."""
+    resource = str(pod.pop("resource", "nvidia.com/gpu"))
+    profile = resource.removeprefix("nvidia.com/mig-") if resource != "nvidia.com/gpu" else None
+    key = (pod["namespace"], resource)
+    again = earlier.get(key)
+    if again is not None and rng.random() < 0.4:
+        pod |= {"claim": again["name"], "gpus": again["count"]}
+        if pod.get("active_gpus", 0) >= again["count"]:
+            del pod["active_gpus"]
+        return None
+    claim: dict[str, Any] = {"name": f"claim-{number}", "namespace": pod["namespace"]}
+    if profile is not None:
+        claim |= {"device_class": "mig.nvidia.com", "profile": profile}
+    claim["count"] = pod["gpus"]
+    if rng.random() < 0.5:
+        claim["template"] = True
+    earlier[key] = claim
+    if profile is None and shared_nodes and rng.random() < 0.5:
+        claim["memory_gib"] = rng.choice((10, 20, 30, 40))
+    pod["claim"] = claim["name"]
+    return claim
 
 
 def _node(rng: random.Random, index: int, duration: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from mode.services import WaitResults
 from mode.worker import EX_FAILURE
 
 from common.settings import WorkerSettings
+from stream_jobs.config import WORKER_GC_THRESHOLDS
 from stream_jobs.delivery import exit_for_restart
 
 __all__ = ["FETCH_MAX_WAIT_MS", "FETCH_MIN_BYTES", "SESSION_TIMEOUT_S", "WORKER_GC_THRESHOLDS", "DirectConductor",
@@ -411,15 +412,6 @@ def make_app(settings: WorkerSettings) -> Any:
     app.transport.Consumer = DirectHandoffConsumer
     app.transport.Conductor = DirectConductor
     return app
-
-
-WORKER_GC_THRESHOLDS = (50_000, 20, 100)
-"""The worker's cyclic garbage collector runs after 50,000 net allocations instead of 700, and a
-full collection comes about 14x less often. A worker holds its stages' state (every pod, GPU and
-buffered sample) and faust's buffers, and each collection scanned them: with the default
-thresholds, collections took 3 of 25 s of a benchmark run (64 nodes), and throughput rose about 8 %
-without them at the same peak memory. What the stream jobs free is freed by reference counting;
-the collector is only for cycles (asyncio futures, exceptions)."""
 
 
 def use_uvloop() -> None:

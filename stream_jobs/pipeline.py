@@ -86,10 +86,12 @@ def decode_record(suffix: str, value: bytes | None, key: bytes | str | None = No
     return message
 
 
-_SUSPECT = re.compile(rb"[:\[,]\s*-?(?:\d{19}|\d+(?:\.\d*)?[eE]|[NI])")
+_SUSPECT = re.compile(rb"[:\[,]\s*+-?(?:\d{19}|\d++(?:\.\d*+)?+[eE]|[NI])")
 """A JSON number (or token) that may read differently in another JSON reader: 19 digits or more
 (beyond 64 bits, or near), an exponent (``1e400`` is infinite, ``1e20`` an integer beyond 64 bits
-in an integer field), ``NaN`` / ``Infinity``. Records without one (nearly all) skip the walk below."""
+in an integer field), ``NaN`` / ``Infinity``. Records without one (nearly all) skip the walk below.
+Possessive quantifiers: what follows each run (``-``, a digit, ``.``, ``e``) cannot be in it, so
+giving characters back never finds a match, and the search does not try (about a quarter faster)."""
 
 
 def wire_error(suffix: str, value: bytes, message: Message) -> MessageError | None:
