@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 import orjson
 
@@ -698,23 +698,31 @@ def _store_reader(informer: Informer) -> Callable[[], list[JsonObject]]:
     return lambda: list(informer.store.values())
 
 
-def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Whether Kueue's Workloads are served, asked with retries: a server that is briefly unreachable
-    is not taken for "no Kueue"; one that stays so starts the watcher without workloads (pods,
-    nodes and events matter more), with a warning."""
+T = TypeVar("T")
+
+
+def _asked(ask: Callable[[], T], what: str, attempts: int, sleep: Callable[[float], None]) -> T | None:
+    """``ask()``, retried with back-off while the server cannot be reached: a server briefly away is
+    not taken for "not served"; one that stays away gives None (said: ``what`` is not followed)."""
     backoff = Backoff()
     for attempt in range(1, attempts + 1):
         try:
-            served = ask()
+            return ask()
         except WatchRequestError as exc:
             if attempt == attempts:
-                log.warning("kueue discovery failed; workloads are not followed", error=str(exc))
-                return False
+                log.warning("discovery failed; not followed", what=what, error=str(exc))
+                return None
             sleep(backoff.next_delay_s())
-            continue
+    return None
+
+
+def discover_workloads(ask: Callable[[], bool], attempts: int = 4, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Whether Kueue's Workloads are served, asked with retries (:func:`_asked`); a server that stays
+    unreachable starts the watcher without workloads (pods, nodes and events matter more)."""
+    served = _asked(ask, "kueue workloads", attempts, sleep)
+    if served is not None:
         log.info("kueue workloads", served=served)
-        return served
-    return False
+    return bool(served)
 
 
 def discover_dra(api: Any, namespaces: Sequence[str] = (), attempts: int = 4,
@@ -724,30 +732,25 @@ def discover_dra(api: Any, namespaces: Sequence[str] = (), attempts: int = 4,
     without them starts the watcher without DRA, with a warning naming what to grant."""
     from producers.watcher.kube import DRA_RESOURCES, may_list, serves_dra
 
-    backoff = Backoff()
-    for attempt in range(1, attempts + 1):
-        try:
-            if not serves_dra(api):
-                log.info("dra", served=False)
-                return False
-            scopes: list[str | None] = list(namespaces) or [None]
-            denied = [resource for resource in DRA_RESOURCES
-                      for ns in (scopes if resource == "resourceclaims" else [None])
-                      if not may_list(api, resource, ns)]
-        except WatchRequestError as exc:
-            if attempt == attempts:
-                log.warning("dra discovery failed; DRA is not followed", error=str(exc))
-                return False
-            sleep(backoff.next_delay_s())
-            continue
-        if denied:
-            log.warning("dra served but not readable; DRA GPUs are not counted: grant get/list/watch on "
-                        "resource.k8s.io resourceslices, resourceclaims and deviceclasses (docs/dra.md)",
-                        denied=sorted(set(denied)))
-            return False
-        log.info("dra", served=True)
-        return True
-    return False
+    def ask() -> tuple[bool, list[str]]:
+        """(served, the collections this identity may not list)."""
+        if not serves_dra(api):
+            return False, []
+        scopes: list[str | None] = list(namespaces) or [None]
+        return True, [resource for resource in DRA_RESOURCES
+                      for ns in (scopes if resource == "resourceclaims" else [None]) if not may_list(api, resource, ns)]
+
+    found = _asked(ask, "dra", attempts, sleep)
+    if found is None:
+        return False
+    served, denied = found
+    if served and denied:
+        log.warning("dra served but not readable; DRA GPUs are not counted: grant get/list/watch on "
+                    "resource.k8s.io resourceslices, resourceclaims and deviceclasses (docs/dra.md)",
+                    denied=sorted(set(denied)))
+        return False
+    log.info("dra", served=served)
+    return served
 
 
 def kube_sources(api: Any, namespaces: Sequence[str] = (), events_api: str = "events.k8s.io",

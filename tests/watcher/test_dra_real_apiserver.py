@@ -33,7 +33,7 @@ from tests.watcher.dra_objects import (
     mig_device,
     resource_slice,
 )
-from tests.watcher.test_real_apiserver import wait_for
+from tests.watcher.test_real_apiserver import wait_for, watching
 
 DRA = "/apis/resource.k8s.io/v1"
 
@@ -52,17 +52,8 @@ def namespace(kube: LocalKube, tag: str) -> str:
 
 @pytest.fixture
 def running(kube: LocalKube, namespace: str) -> Iterator[tuple[WatcherService, WatcherMemorySink]]:
-    sink = WatcherMemorySink()
-    api = api_client(kubeconfig=kube.kubeconfig())
-    service = WatcherService(kube_sources(api, (namespace,)), sink,
-                             WatcherConfig(namespaces=(namespace,), watch_timeout_s=3))
-    stop = threading.Event()
-    service.start(stop)
-    try:
-        wait_for("the initial lists", lambda: all(i.synced for i in service.informers))
-        yield service, sink
-    finally:
-        service.shutdown(stop, timeout_s=10)
+    with watching(api_client(kubeconfig=kube.kubeconfig()), namespace) as running:
+        yield running
 
 
 def last(sink: WatcherMemorySink, topic: Any, key: str) -> Any:

@@ -12,11 +12,9 @@ import copy
 import json
 import os
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +29,6 @@ from producers.watcher.informer import WatchRequestError
 from producers.watcher.kube import KubeSource, api_client, serves_workloads, workloads_version
 from producers.watcher.service import (
     ProducedRecord,
-    WatcherConfig,
     WatcherMemorySink,
     WatcherService,
     discover_workloads,
@@ -43,6 +40,7 @@ from schemas.messages import WorkloadState
 from schemas.topics import K8S_WORKLOADS
 from simulation.kube_local import KUEUE_VERSION, KUEUE_WORKLOAD_CRD, KubeApiError, LocalKube, build_binaries
 from tests.conftest import REPO_ROOT
+from tests.watcher.test_real_apiserver import watching
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KUEUE = "/apis/kueue.x-k8s.io"
@@ -207,20 +205,6 @@ def workload(name: str, gpus: int, count: int = 2, version: str = "v1beta1") -> 
                          "spec": {"containers": [{"name": "main", "image": "trainer:1", "resources": resources}]}}}]}}
 
 
-@contextmanager
-def watch(api: Any, namespace: str) -> Iterator[tuple[WatcherService, WatcherMemorySink]]:
-    sink = WatcherMemorySink()
-    service = WatcherService(kube_sources(api, (namespace,)), sink,
-                             WatcherConfig(namespaces=(namespace,), watch_timeout_s=3))
-    stop = threading.Event()
-    service.start(stop)
-    try:
-        wait_for("the initial lists", lambda: all(i.synced for i in service.informers))
-        yield service, sink
-    finally:
-        service.shutdown(stop, timeout_s=10)
-
-
 def states(sink: WatcherMemorySink, uid: str | None = None) -> list[ProducedRecord]:
     return [r for r in sink.of(K8S_WORKLOADS) if uid is None or r.key == uid]
 
@@ -266,7 +250,7 @@ def test_the_simulated_server_serves_workloads_like_the_real_one() -> None:
     with FakeApiServer(bookmark_interval_s=0.2, kueue=True) as server:
         api = api_client(host=server.url)
         assert serves_workloads(api)
-        with watch(api, "ml") as (service, sink):
+        with watching(api, "ml") as (service, sink):
             exercise(FakeBackend(server), service, sink, "ml")
         assert any("/apis/kueue.x-k8s.io/v1beta1/namespaces/ml/workloads" in path and "watch=true" in path
                    for path in server.requests)
@@ -275,7 +259,7 @@ def test_the_simulated_server_serves_workloads_like_the_real_one() -> None:
 def test_without_kueue_the_watcher_asks_once_and_watches_as_before() -> None:
     with FakeApiServer(bookmark_interval_s=0.2) as server:
         api = api_client(host=server.url)
-        with watch(api, "ml") as (service, _sink):
+        with watching(api, "ml") as (service, _sink):
             assert service.workload_informers == []
         # discovery asks for the storage version first, then the deprecated one
         assert [p for p in server.requests if "kueue" in p] == ["/apis/kueue.x-k8s.io/v1beta2",
@@ -285,7 +269,7 @@ def test_without_kueue_the_watcher_asks_once_and_watches_as_before() -> None:
 def test_the_simulated_cluster_of_watch_simulate_has_a_queued_workload() -> None:
     with FakeApiServer(bookmark_interval_s=0.2, kueue=True) as server:
         SimulatedCluster(server).populate()
-        with watch(api_client(host=server.url), "nlp") as (_service, sink):
+        with watching(api_client(host=server.url), "nlp") as (_service, sink):
             wait_for("the queued workload", lambda: len(states(sink)) == 1)
         state = states(sink)[0].message
         assert isinstance(state, WorkloadState)
@@ -395,7 +379,7 @@ def test_the_real_server_with_kueues_own_crds_is_read_in_v1beta2(kueue_kube: Loc
         kube.admin().create(f"{KUEUE}/v1beta2/namespaces/{namespace}/workloads",
                             {**workload("bad", 1, version="v1beta2"), "spec": {"podSets": []}})
     assert invalid.value.status == 422
-    with watch(api, namespace) as (service, sink):
+    with watching(api, namespace) as (service, sink):
         source = service.workload_informers[0].source
         assert isinstance(source, KubeSource) and source.version == "v1beta2"
         exercise(RealBackend(kube, "v1beta2"), service, sink, namespace, version="v1beta2")
@@ -409,7 +393,7 @@ def test_a_workload_written_in_either_version_is_the_same_queued_demand(kueue_ku
     kube = kueue_kube
     namespace = f"kq-{uuid.uuid4().hex[:6]}"
     kube.ensure_namespace(namespace)
-    with watch(api_client(kubeconfig=kube.kubeconfig()), namespace) as (_s, sink):
+    with watching(api_client(kubeconfig=kube.kubeconfig()), namespace) as (_s, sink):
         backend = RealBackend(kube, "v1beta2")
         backend.create(namespace, workload("train-v1beta2", 4, version="v1beta2"))
         backend.create(namespace, workload("train-v1beta1", 4, version="v1beta1"))
@@ -434,7 +418,7 @@ def test_where_only_v1beta1_is_served_the_watcher_reads_v1beta1(tmp_path: Path, 
         with pytest.raises(KubeApiError) as absent:
             kube.admin().get(f"{KUEUE}/v1beta2/workloads")
         assert absent.value.status == 404
-        with watch(api, namespace) as (service, sink):
+        with watching(api, namespace) as (service, sink):
             source = service.workload_informers[0].source
             assert isinstance(source, KubeSource) and source.version == "v1beta1"
             exercise(RealBackend(kube, "v1beta1"), service, sink, namespace, version="v1beta1")

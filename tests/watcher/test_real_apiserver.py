@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,21 +87,29 @@ class Running:
         return [r for r in self.sink.of(K8S_PODS) if r.key == uid]
 
 
-@pytest.fixture
-def running(kube: LocalKube, namespace: str) -> Iterator[Running]:
-    """``WatcherService`` on the real server through the watcher's kubeconfig, in its threads."""
+@contextmanager
+def watching(api: Any, namespace: str, metrics: CountingMetrics | None = None
+             ) -> Iterator[tuple[WatcherService, WatcherMemorySink]]:
+    """``WatcherService`` on the real server for ``namespace``, in its threads, its initial lists
+    done; shut down after the block."""
     sink = WatcherMemorySink()
-    metrics = CountingMetrics()
-    api = api_client(kubeconfig=kube.kubeconfig())
     service = WatcherService(kube_sources(api, (namespace,)), sink,
                              WatcherConfig(namespaces=(namespace,), watch_timeout_s=3), metrics=metrics)
     stop = threading.Event()
     service.start(stop)
     try:
         wait_for("the initial lists", lambda: all(i.synced for i in service.informers))
-        yield Running(service, sink, metrics)
+        yield service, sink
     finally:
         service.shutdown(stop, timeout_s=10)
+
+
+@pytest.fixture
+def running(kube: LocalKube, namespace: str) -> Iterator[Running]:
+    """``WatcherService`` on the real server through the watcher's kubeconfig, in its threads."""
+    metrics = CountingMetrics()
+    with watching(api_client(kubeconfig=kube.kubeconfig()), namespace, metrics) as (service, sink):
+        yield Running(service, sink, metrics)
 
 
 def running_status(pod: dict[str, Any], node: str) -> dict[str, Any]:
