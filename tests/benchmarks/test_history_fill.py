@@ -14,7 +14,7 @@ against the same template days stored through the sink's write path
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,14 +51,6 @@ def through_sink(tmp_path_factory: pytest.TempPathFactory, filled: FillOutcome) 
         assert outcome.rejected == 0
         stores[variant] = path
     return stores
-
-
-def _store(path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{path}")
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _columns(store: ClickHouseStore, table: str) -> list[str]:
@@ -104,9 +96,9 @@ def _rows(store: ClickHouseStore, table: str, variant: int | None) -> dict[tuple
 def test_played_days_hold_the_sinks_rows(filled: FillOutcome, through_sink: dict[int, Path]) -> None:
     expected: dict[int, dict[str, dict[tuple[Any, ...], tuple[Any, ...]]]] = {}
     for variant, path in through_sink.items():
-        for store in _store(path):
+        with closing(open_store(f"chdb://{path}")) as store:
             expected[variant] = {table: _rows(store, table, None) for table in TABLES if table != "cluster_capacity"}
-    for store in _store(filled.path):
+    with closing(open_store(f"chdb://{filled.path}")) as store:
         for variant, tables in expected.items():
             for table, rows in tables.items():
                 actual = _rows(store, table, variant)
@@ -123,13 +115,13 @@ def test_played_days_hold_the_sinks_rows(filled: FillOutcome, through_sink: dict
 def test_every_copy_holds_its_variants_rows_once(filled: FillOutcome, through_sink: dict[int, Path]) -> None:
     per_variant: dict[int, dict[str, int]] = {}
     for variant, path in through_sink.items():
-        for store in _store(path):
+        with closing(open_store(f"chdb://{path}")) as store:
             counts = {t: int(store.query(f"SELECT count() FROM {t} FINAL").rows[0][0]) for t in TABLES}
             counts["gpus_total"] = int(store.query("SELECT max(gpus_total) FROM cluster_capacity").rows[0][0])
             counts["gpus"] = int(store.query("SELECT uniqExact(gpu_uuid) FROM gpu_samples").rows[0][0])
             per_variant[variant] = counts
     spec = SPEC_SMALL
-    for store in _store(filled.path):
+    with closing(open_store(f"chdb://{filled.path}")) as store:
         for table in ("gpu_samples", "gpu_processes", "pod_windows", "pod_lifecycle", "pod_states", "alerts",
                       "workload_progress", "mig_gpu_windows", "shared_gpu_windows"):
             expected = sum(per_variant[(d + k) % spec.played_days][table]
@@ -147,9 +139,9 @@ def test_every_copy_holds_its_variants_rows_once(filled: FillOutcome, through_si
 
 
 def test_every_table_has_the_sinks_columns(filled: FillOutcome, through_sink: dict[int, Path]) -> None:
-    for store in _store(through_sink[0]):
+    with closing(open_store(f"chdb://{through_sink[0]}")) as store:
         sink_columns = {table: _columns(store, table) for table in (*TABLES, "rollup_hourly", "rollup_daily")}
-    for store in _store(filled.path):
+    with closing(open_store(f"chdb://{filled.path}")) as store:
         for table, columns in sink_columns.items():
             assert _columns(store, table) == columns == list(SPEC[table].names), table
         assert not [r for r in store.query("SELECT name FROM system.tables WHERE database = currentDatabase() "

@@ -13,8 +13,7 @@ and a batch the sink stores again does not make them count twice:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -52,14 +51,6 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> FillOutcome:
     return fill(SPEC, tmp_path_factory.mktemp("history-rollups"))
 
 
-def _store(path: Path) -> Iterator[ClickHouseStore]:
-    store = open_store(f"chdb://{path}")
-    try:
-        yield store
-    finally:
-        store.close()
-
-
 def _figures(store: ClickHouseStore, sql: str) -> dict[tuple[Any, ...], dict[str, Any]]:
     rows = store.query(sql).dicts()
     return {tuple(str(r[k]) for k in ("period", *KEYS.split(", "))): r for r in rows}
@@ -82,7 +73,7 @@ def _everything(store: ClickHouseStore) -> list[dict[tuple[Any, ...], dict[str, 
 
 
 def test_rollups_equal_the_raw_windows(filled: FillOutcome) -> None:
-    for store in _store(filled.path):
+    with closing(open_store(f"chdb://{filled.path}")) as store:
         raw_hourly, hourly, raw_daily, daily = _everything(store)
         _assert_equal(raw_hourly, hourly)
         _assert_equal(raw_daily, daily)
@@ -94,7 +85,7 @@ def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
     scenario = template_scenario(SPEC, 0)
     records = replay_records(scenario, run_in_process(scenario))[POD_WINDOWS.name(PREFIX)]
     settings = sink_settings(SPEC, filled.path)
-    for store in _store(filled.path):
+    with closing(open_store(f"chdb://{filled.path}")) as store:
         before = _everything(store)
         raw_rows = store.query("SELECT count() FROM pod_windows").rows[0][0]
         writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays.from_settings(settings),
