@@ -72,8 +72,8 @@ def print_table(results: list[Result]) -> None:
         print(f"{r.bench:24} {r.metric:44} {r.value:14.2f} {r.unit:12} {ratio:>12}  {r.target or ''}")
 
 
-USAGE = ("usage: python -m benchmarks [--quick] [NAME ...]  (NAME: part of a bench_*.py module's name, e.g. stream)\n"
-         "       python -m benchmarks history [--gpus N] [--days N] [--sample-interval-s S] [--cache-dir DIR]")
+USAGE = ("usage: python -m benchmarks [--quick] [NAME ...]  (NAME: part of a bench_*.py module's name, e.g. stream)"
+         " | python -m benchmarks history [--gpus N] [--days N] [--sample-interval-s S] [--cache-dir DIR]")
 
 
 def main(argv: list[str]) -> int:
