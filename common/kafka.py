@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import (
@@ -355,6 +356,38 @@ class TopicReport:
     """Existing topics with fewer replicas than ``replication_factor`` (reported, never changed)."""
 
 
+CLUSTER_SIZE_SETTLE_S = 5.0
+"""How long ``auto`` replication waits for brokers to answer when some seem missing (a broker that
+missed its heartbeats under load is fenced and unlisted for a moment)."""
+
+
+class TopicLister(Protocol):
+    """What :func:`_cluster_size` asks of an admin client."""
+
+    def list_topics(self, timeout: float) -> Any: ...
+
+
+def _cluster_size(admin: TopicLister, metadata: Any, timeout_s: float) -> int:
+    """How many brokers the cluster has, for ``auto`` replication: the brokers that answer, or more
+    where existing partitions keep replicas on brokers that do not answer now (a broker down);
+    with 2 found, asked again for up to :data:`CLUSTER_SIZE_SETTLE_S` (one fenced for a moment).
+    One broker (the demo's) is never waited for."""
+    def known(listed: Any) -> set[int]:
+        ids = {int(broker) for broker in listed.brokers}
+        for topic in listed.topics.values():
+            for partition in topic.partitions.values():
+                ids.update(int(replica) for replica in partition.replicas)
+        return ids
+
+    seen = known(metadata)
+    deadline = time.monotonic() + CLUSTER_SIZE_SETTLE_S
+    while len(seen) == 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        with contextlib.suppress(KafkaException):
+            seen |= known(admin.list_topics(timeout=timeout_s))
+    return len(seen)
+
+
 def ensure_topics(
     kafka: KafkaSettings,
     specs: Iterable[TopicSpec],
@@ -375,7 +408,7 @@ def ensure_topics(
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise BrokerUnavailable(f"no Kafka broker at {kafka.bootstrap_servers}: {exc}") from None
-    factor, min_insync = (replication or TopicSettings()).resolve(len(metadata.brokers))
+    factor, min_insync = (replication or TopicSettings()).resolve(_cluster_size(admin, metadata, timeout_s))
     report = TopicReport(replication_factor=factor, min_insync_replicas=min_insync)
     wanted: dict[str, TopicSpec] = {spec.name(prefix): spec for spec in specs}
     missing = [name for name in wanted if name not in metadata.topics]
@@ -405,8 +438,9 @@ def ensure_topics(
                 elif code == KafkaError.INVALID_REPLICATION_FACTOR:
                     raise UserError(
                         f"cannot create {name} with {factor} replicas on {len(metadata.brokers)} broker(s) "
-                        f"answering at {kafka.bootstrap_servers}: set GPULENS_TOPICS__REPLICATION_FACTOR to auto "
-                        "or to at most the number of brokers") from None
+                        f"answering at {kafka.bootstrap_servers}: start the brokers that are down (auto counts "
+                        "every broker the cluster's partitions name), or set GPULENS_TOPICS__REPLICATION_FACTOR "
+                        "to at most the number answering") from None
                 else:
                     raise
         _await_metadata(admin, report.created, timeout_s)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from pytest import MonkeyPatch
 
+import common.kafka as kafka_module
 from common.errors import UserError
 from common.settings import CommonSettings, ConfigError, TopicSettings, load_settings
 from gpulens.check.core import State
@@ -127,3 +130,34 @@ def test_check_expects_what_topics_create_gives(brokers: int, replication: dict[
     result = _replication(replication, brokers, TopicSettings())
     assert result.state == state, result
     assert re.search(detail, result.detail), result.detail
+
+
+class _Listing:
+    """What ``AdminClient.list_topics`` returns, as far as ``auto`` replication reads it."""
+
+    def __init__(self, brokers: set[int], replicas: list[list[int]] | None = None) -> None:
+        self.brokers = {broker: object() for broker in brokers}
+        partitions = {i: SimpleNamespace(replicas=r) for i, r in enumerate(replicas or [])}
+        self.topics = {"__consumer_offsets": SimpleNamespace(partitions=partitions)} if replicas else {}
+
+
+class _Admin:
+    def __init__(self, *listings: _Listing) -> None:
+        self.listings = list(listings)
+
+    def list_topics(self, timeout: float) -> _Listing:
+        return self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+
+
+def test_auto_replication_counts_a_broker_that_is_down_or_fenced_for_a_moment(monkeypatch: MonkeyPatch) -> None:
+    """``auto`` counts the brokers the cluster has, not only those answering at that instant: a
+    broker down still holds replicas of existing partitions, and one fenced under load answers
+    again a moment later; a single broker (the demo's) is taken at once."""
+    monkeypatch.setattr(kafka_module, "CLUSTER_SIZE_SETTLE_S", 3.0)
+    monkeypatch.setattr(kafka_module.time, "sleep", lambda _s: None)
+    down = _Listing({1, 2}, [[1, 2, 3], [2, 3, 1]])
+    assert kafka_module._cluster_size(_Admin(down), down, 1.0) == 3
+    fenced = _Listing({1, 3})
+    assert kafka_module._cluster_size(_Admin(_Listing({1, 3}), _Listing({1, 2, 3})), fenced, 1.0) == 3
+    single = _Listing({1})
+    assert kafka_module._cluster_size(_Admin(), single, 1.0) == 1
