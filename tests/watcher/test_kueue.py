@@ -246,6 +246,15 @@ def exercise(backend: Backend, service: WatcherService, sink: WatcherMemorySink,
     assert len(states(sink)) == 4, "one record per change, nothing for the CPU-only workload"
 
 
+def exercise_on_real_server(kube: LocalKube, api: Any, namespace: str, version: str) -> None:
+    """The watcher on the real server reads Workloads in ``version`` (discovery's choice), and
+    :func:`exercise` holds there with Workloads written in that version."""
+    with watching(api, namespace) as (service, sink):
+        source = service.workload_informers[0].source
+        assert isinstance(source, KubeSource) and source.version == version
+        exercise(RealBackend(kube, version), service, sink, namespace, version=version)
+
+
 def test_the_simulated_server_serves_workloads_like_the_real_one() -> None:
     with FakeApiServer(bookmark_interval_s=0.2, kueue=True) as server:
         api = api_client(host=server.url)
@@ -379,10 +388,7 @@ def test_the_real_server_with_kueues_own_crds_is_read_in_v1beta2(kueue_kube: Loc
         kube.admin().create(f"{KUEUE}/v1beta2/namespaces/{namespace}/workloads",
                             {**workload("bad", 1, version="v1beta2"), "spec": {"podSets": []}})
     assert invalid.value.status == 422
-    with watching(api, namespace) as (service, sink):
-        source = service.workload_informers[0].source
-        assert isinstance(source, KubeSource) and source.version == "v1beta2"
-        exercise(RealBackend(kube, "v1beta2"), service, sink, namespace, version="v1beta2")
+    exercise_on_real_server(kube, api, namespace, "v1beta2")
 
 
 def test_a_workload_written_in_either_version_is_the_same_queued_demand(kueue_kube: LocalKube) -> None:
@@ -418,10 +424,7 @@ def test_where_only_v1beta1_is_served_the_watcher_reads_v1beta1(tmp_path: Path, 
         with pytest.raises(KubeApiError) as absent:
             kube.admin().get(f"{KUEUE}/v1beta2/workloads")
         assert absent.value.status == 404
-        with watching(api, namespace) as (service, sink):
-            source = service.workload_informers[0].source
-            assert isinstance(source, KubeSource) and source.version == "v1beta1"
-            exercise(RealBackend(kube, "v1beta1"), service, sink, namespace, version="v1beta1")
+        exercise_on_real_server(kube, api, namespace, "v1beta1")
 
 
 def test_the_real_server_without_kueue_is_watched_as_before(kube: LocalKube) -> None:
