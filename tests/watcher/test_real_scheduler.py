@@ -177,8 +177,8 @@ def test_fragmentation_decided_by_the_real_scheduler_fires_and_resolves_when_it_
     assert message == no_fit_message("nvidia.com/gpu", 4, {f"gpu-{index}": 4 for index in range(3)}) == (
         "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are "
         "available: 3 No preemption victims found for incoming pod."), message
-    condition = next(c for c in loop.nodes.pod(loop.namespace, "big")["status"]["conditions"]
-                     if c["type"] == "PodScheduled")
+    condition = wait_for("the pod's PodScheduled condition",
+                         lambda: scheduled_condition(loop.nodes, loop.namespace, "big"))
     assert (condition["status"], condition["reason"], condition["message"]) == ("False", "Unschedulable", message)
 
     pending = loop.wait_alert("pending_gpu", "firing", "big")
@@ -351,8 +351,8 @@ def test_the_simulated_side_words_the_scheduler_as_the_real_one_does(plane: Loca
 
     real = wait_for("the scheduler's FailedScheduling", lambda: events("FailedScheduling", "wants-2"))
     scheduled = wait_for("the scheduler's Scheduled", lambda: events("Scheduled", "holder-0"))
-    real_condition = next(c for c in node_side.pod(namespace, "wants-2")["status"]["conditions"]
-                          if c["type"] == "PodScheduled")
+    real_condition = wait_for("the pod's PodScheduled condition",
+                              lambda: scheduled_condition(node_side, namespace, "wants-2"))
 
     # the message, word for word
     expected = no_fit_message("nvidia.com/gpu", 2, {"word-0": 4, "word-1": 4, "word-cpu": 0})
@@ -396,6 +396,13 @@ def test_the_simulated_side_words_the_scheduler_as_the_real_one_does(plane: Loca
     assert set(fake_condition) == set(real_condition)
     assert {k: fake_condition[k] for k in ("type", "status", "reason", "message", "lastProbeTime")} == \
         {k: real_condition[k] for k in ("type", "status", "reason", "message", "lastProbeTime")}
+
+
+def scheduled_condition(nodes: NodeSide, namespace: str, name: str) -> Obj | None:
+    """The pod's PodScheduled condition once the scheduler has written it: the scheduler records its
+    FailedScheduling event and patches the pod's status separately, so either can be seen first."""
+    conditions = nodes.pod(namespace, name)["status"].get("conditions", [])
+    return next((c for c in conditions if c["type"] == "PodScheduled"), None)
 
 
 def _for_server(pod: Obj) -> Obj:
