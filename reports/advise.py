@@ -31,6 +31,7 @@ from typing import Any
 from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
+from sinks import gpu_hourly
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -112,8 +113,8 @@ def _pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: Adv
     level = cfg.percentile / 100
     where, params = _params(start, team, "w.")
     return query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, ts) AS gpu_index
-           FROM gpu_samples WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, last_ts) AS gpu_index
+           FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
        any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
        max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
@@ -314,10 +315,10 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_sta
 FROM cluster_capacity FINAL
 WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
     cost = query_rows(reader, f"""
-SELECT sum(s.sample_interval_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
-FROM gpu_samples AS s FINAL
+SELECT sum(s.sampled_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
+FROM {gpu_hourly.rows_since("start")} AS s
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
-WHERE s.{IN_CLUSTER} AND s.ts >= toDateTime64({{start:String}}, 3, 'UTC') AND s.mig_parent_uuid = ''""",
+WHERE s.{IN_CLUSTER} AND s.mig_parent_uuid = ''""",
                       {"start": _sql_ts(start)})[0]
     return {k: float(v or 0.0) for k, v in (cap | cost).items()}
 
@@ -330,13 +331,14 @@ def _scale_to_zero(reader: SqlReader, start: datetime, cfg: AdviseThresholds,
                    nodes: dict[str, Row]) -> Rows:
     rows = query_rows(reader, f"""
 SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.mig_parent_uuid = '') AS gpus,
-       sumIf(s.sample_interval_s, s.mig_parent_uuid = '') / 3600 AS gpu_hours,
-       countIf(NOT empty(s.pod_uids)) AS allocated_samples,
-       dateDiff('millisecond', min(s.ts), max(s.ts)) / 1000 + any(s.sample_interval_s) AS observed_s,
-       min(s.ts) AS first_seen, max(s.ts) AS last_seen, any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
-FROM gpu_samples AS s FINAL
+       sumIf(s.sampled_s, s.mig_parent_uuid = '') / 3600 AS gpu_hours,
+       sum(s.allocated_samples) AS allocated_samples,
+       dateDiff('millisecond', min(s.first_ts), max(s.last_ts)) / 1000 + any(s.interval_s) AS observed_s,
+       min(s.first_ts) AS first_seen, max(s.last_ts) AS last_seen,
+       any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
+FROM {gpu_hourly.rows_since("start")} AS s
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
-WHERE s.{IN_CLUSTER} AND s.ts >= toDateTime64({{start:String}}, 3, 'UTC')
+WHERE s.{IN_CLUSTER}
 GROUP BY node
 HAVING allocated_samples = 0
 ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats, scoped
 from reports.reader import ClusterError as ClusterError  # raised by run_report; callers catch it from here
+from sinks import gpu_hourly
 
 if TYPE_CHECKING:  # settings (pydantic) only where the advisor runs: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
@@ -153,12 +154,10 @@ def nodes_to_scale_down(reader: SqlReader, limit: int = 20) -> Rows:
     return round_floats(query_rows(reader, f"""
 WITH s AS (
     SELECT node, any(gpu_model) AS gpu_model, uniqExact(gpu_uuid) AS gpus,
-           sum(sample_interval_s) / 3600 AS observed_gpu_hours,
-           sumIf(sample_interval_s, empty(pod_uids)) / 3600 AS unallocated_gpu_hours,
-           sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < 5) / 3600
-               AS allocated_idle_gpu_hours,
-           min(ts) AS first_seen, max(ts) AS last_seen
-    FROM gpu_samples FINAL WHERE {IN_CLUSTER} GROUP BY node
+           sum(sampled_s) / 3600 AS observed_gpu_hours, sum(unallocated_s) / 3600 AS unallocated_gpu_hours,
+           sum(allocated_idle_s) / 3600 AS allocated_idle_gpu_hours,
+           min(first_ts) AS first_seen, max(last_ts) AS last_seen
+    FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER} GROUP BY node
 ),
 a AS (
     SELECT subject_node AS node, countIf(state = 'firing') AS idle_node_alerts

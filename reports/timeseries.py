@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
+from sinks import gpu_hourly
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)
@@ -138,7 +139,7 @@ def pod_vram_peaks(reader: SqlReader, limit: int = 40) -> Rows:
     expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
     without a VRAM reading are left out (no made-up zero)."""
     return round_floats(query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM gpu_samples WHERE {IN_CLUSTER}
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER}
            GROUP BY gpu_uuid),
      n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states WHERE {IN_CLUSTER}
            GROUP BY node)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.logs import get_logger
+from sinks import gpu_hourly
 from sinks import migration_additions as additions
 from sinks import migration_core as core
 from sinks import migration_rebuilds as rebuilds
@@ -91,8 +92,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "gpu_samples_json: no check view, the schemas bound what the columns cannot hold",
               committed(additions.M11_SAMPLE_JSON_UNCHECKED)),
     Migration(12, "sink_batches: the group a journalled range was stored in", committed(additions.M12_BATCH_GROUP)),
+    Migration(13, "gpu_hourly: GPU samples per GPU and hour, back-filled, then fed by a view",
+              committed(gpu_hourly.migration())),
 )
-"""Every migration in order. A new one: ``Migration(13, "what it adds", lambda ttl: [...])`` with
+"""Every migration in order. A new one: ``Migration(14, "what it adds", lambda ttl: [...])`` with
 statements from the spec (``tables.GPU_SAMPLES.add_columns("name")``, ``sample_json.ddl_update()``),
 then its hash pinned in tests/sinks/test_migrations_frozen.py."""
 
@@ -115,6 +118,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "alerts": ("started_at", "state"),
     "rollup_hourly": ("hour", "rollup"),
     "rollup_daily": ("day", "rollup"),
+    "gpu_hourly": ("hour", "rollup"),
 }
 
 

@@ -479,6 +479,26 @@ ROLLUP_DAILY = Table("rollup_daily", (
     Column("windows", Kind("SimpleAggregateFunction(sum, UInt64)")),
 ))
 
+GPU_HOURLY = Table("gpu_hourly", (
+    Column("cluster", LC),
+    Column("hour", Kind("DateTime('UTC')")),
+    Column("node", LC),
+    Column("gpu_uuid", LC),
+    Column("gpu_index", Kind("UInt16")),
+    Column("gpu_model", LC),
+    Column("mig_parent_uuid", LC),
+    Column("samples", Kind("SimpleAggregateFunction(sum, UInt64)")),
+    Column("allocated_samples", Kind("SimpleAggregateFunction(sum, UInt64)")),
+    Column("sampled_s", SUM),
+    Column("unallocated_s", SUM),
+    Column("allocated_idle_s", SUM),
+    Column("mem_total_bytes", Kind("SimpleAggregateFunction(max, Nullable(UInt64))")),
+    Column("interval_s", Kind("SimpleAggregateFunction(any, Float32)")),
+    Column("first_ts", Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")),
+    Column("last_ts", Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")),
+))
+"""GPU samples per GPU and hour (:mod:`sinks.gpu_hourly`: what each measure is, and why)."""
+
 GPU_PRICES = Table("gpu_prices", (
     Column("gpu_model", STRING),
     Column("usd_per_gpu_hour", FLOAT64),
@@ -503,7 +523,7 @@ SCHEMA_MIGRATIONS = Table("schema_migrations", (
 TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
-    ROLLUP_DAILY, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
+    ROLLUP_DAILY, GPU_HOURLY, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""
 

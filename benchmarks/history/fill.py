@@ -49,6 +49,7 @@ from simulation.store import PREFIX, replay_records
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
+from sinks.migrations import MIGRATIONS
 from sinks.service import prepare_store
 
 FILL_VERSION = 2
@@ -131,8 +132,8 @@ class FillSpec:
         return int(self.day_s / self.sample_interval_s)
 
     def key(self) -> str:
-        """The cache key: every parameter and the fill's version."""
-        return (f"v{FILL_VERSION}-g{self.fleet_gpus}-d{self.days}-i{self.sample_interval_s:g}-day{self.day_s}"
+        """The cache key: every parameter, the fill's version and the store's schema (its last migration)."""
+        return (f"v{FILL_VERSION}-m{MIGRATIONS[-1].version}-g{self.fleet_gpus}-d{self.days}-i{self.sample_interval_s:g}-day{self.day_s}"
                 f"-t{self.template_nodes}x{self.gpus_per_node}-var{self.variants}-{self.start.date().isoformat()}")
 
 

@@ -31,6 +31,7 @@ PINNED: dict[int, str] = {
     10: "3ee769ab6d335f21d615287321e2c2dc7b58397583f387631191b893538a62ba",
     11: "c98ec2ff8e69ca66a8fb35dcecf102b01321a7a4781de5aa54e9767a0fb0f3c9",
     12: "d3be91b129e1cb22d7c252be624c504dce379963ebbd9e10bb530652d6229be7",
+    13: "58607106a9f0b4ef37b4bf43d41862c7fcbea6bc3b7ed8ec9c7eef058abb9e19",
 }
 """sha256 of each migration's statements rendered with :data:`TTL`, joined by ``\\n;\\n``."""
 

@@ -1,11 +1,15 @@
-"""The rollups (``rollup_hourly``, ``rollup_daily``: materialized views over ``pod_windows``) give the
-raw windows' figures, on a history store filled by the history benchmark's bulk path
-(benchmarks/history/fill.py: played days through the sink's write path, copies ``INSERT ... SELECT``),
+"""The rollups (``rollup_hourly``, ``rollup_daily``: materialized views over ``pod_windows``;
+``gpu_hourly`` over ``gpu_samples``) give the raw windows' and samples' figures, on a history store
+filled by the history benchmark's bulk path (benchmarks/history/fill.py: played days through the
+sink's write path, copies ``INSERT ... SELECT``),
 and a batch the sink stores again does not make them count twice:
 
 - per team, namespace, project, node and GPU model, per hour and per day: GPU-hours (allocated,
   busy, idle, gap), utilisation hours, energy and cost equal the sums over ``pod_windows FINAL``
   (to float rounding), window counts and peak VRAM exactly;
+- per GPU and hour, and per GPU from a start inside an hour (:func:`sinks.gpu_hourly.rows_since`, as
+  the advisor reads it): sample counts, seconds (all, unallocated, allocated but idle), memory, first
+  and last sample time equal those of ``gpu_samples FINAL``;
 - a played day's window batch written again, as the sink's retry writes it (the same offsets: the
   same deduplication token) and as a worker replay delivers it (the same windows at new offsets),
   changes neither the raw windows nor a rollup figure.
@@ -14,6 +18,7 @@ and a batch the sink stores again does not make them count twice:
 from __future__ import annotations
 
 from contextlib import closing
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,6 +28,7 @@ from common.metrics import MetricsRegistry
 from schemas.topics import POD_WINDOWS
 from simulation.replay import run_in_process
 from simulation.store import PREFIX, replay_records
+from sinks import gpu_hourly
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
@@ -101,3 +107,54 @@ def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
         after = _everything(store)
         for old, new in zip(before, after, strict=True):
             _assert_equal(old, new)
+
+
+GPU_KEYS = [key for key in gpu_hourly.KEYS if key != "hour"]
+GPU_MEASURES = {name: expression for name, expression in gpu_hourly.MEASURES.items() if name != "interval_s"}
+"""``interval_s`` is any of the samples' intervals: one per GPU here, compared as such below."""
+
+
+GpuFigures = dict[tuple[str, ...], dict[str, Any]]
+
+
+def _gpu_figures(store: ClickHouseStore, source: str, period: str, where: str = "",
+                 params: dict[str, Any] | None = None, merged: bool = False) -> GpuFigures:
+    keys = [period, *GPU_KEYS] if period else GPU_KEYS
+    measures = (", ".join(f"{gpu_hourly.merge_function(n)}({n}) AS {n}" for n in GPU_MEASURES) if merged
+                else ", ".join(f"{e} AS {n}" for n, e in GPU_MEASURES.items()))
+    group = ", ".join(keys)
+    sql = f"SELECT {group}, {measures} FROM {source} {where} GROUP BY {group}"
+    return {tuple(str(r[k]) for k in keys): r for r in store.query(sql, params).dicts()}
+
+
+def _assert_gpu_equal(raw: GpuFigures, rolled: GpuFigures) -> None:
+    assert raw and set(raw) == set(rolled)
+    for key, row in raw.items():
+        other = rolled[key]
+        for name in GPU_MEASURES:
+            if name.endswith("_s"):
+                assert other[name] == pytest.approx(row[name], rel=1e-9, abs=1e-9), (key, name)
+            else:
+                assert other[name] == row[name], (key, name)
+
+
+def test_the_gpu_rollup_equals_the_raw_samples(filled: FillOutcome) -> None:
+    with closing(open_store(f"chdb://{filled.path}")) as store:
+        by_hour = _gpu_figures(store, "gpu_samples FINAL", "toStartOfHour(ts)")
+        _assert_gpu_equal(by_hour, _gpu_figures(store, "gpu_hourly", "hour", merged=True))
+        assert len(by_hour) > SPEC.fleet_gpus, "several hours of every GPU"
+        intervals = store.query("SELECT uniqExact(sample_interval_s), any(sample_interval_s) FROM gpu_samples").rows
+        assert intervals[0][0] == 1
+        assert {float(r[0]) for r in store.query("SELECT DISTINCT interval_s FROM gpu_hourly").rows} == {
+            float(intervals[0][1])}
+
+        # from a start inside an hour, as the advisor asks (its --since counts back from the latest data)
+        first, last = (datetime.fromtimestamp(int(ms) / 1000, UTC) for ms in store.query(
+            "SELECT toUnixTimestamp64Milli(min(ts)), toUnixTimestamp64Milli(max(ts)) FROM gpu_samples").rows[0])
+        on_the_hour = first.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        for start in (first + (last - first) / 3 + timedelta(seconds=1234.5), on_the_hour):
+            params = {"start": start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]}
+            raw = _gpu_figures(store, "gpu_samples FINAL", "",
+                               "WHERE ts >= toDateTime64({start:String}, 3, 'UTC')", params)
+            _assert_gpu_equal(raw, _gpu_figures(store, gpu_hourly.rows_since("start"), "", params=params,
+                                                merged=True))

@@ -34,13 +34,13 @@ def store(store: ClickHouseStore) -> ClickHouseStore:
     return store
 
 
-def _insert(store: ClickHouseStore, messages: list[Message]) -> None:
+def _insert(store: ClickHouseStore, messages: list[Message], token: str = "test") -> None:
     tables: dict[str, TableColumns] = {}
     for offset, message in enumerate(messages):
         for table, row in rows_for(message, 0, offset):
             tables.setdefault(table, TableColumns()).append(row)
     for table, columns in tables.items():
-        store.insert(table, columns.columns, dedup_token=f"test:{table}")
+        store.insert(table, columns.columns, dedup_token=f"{token}:{table}")
 
 
 def test_migrations_are_idempotent_and_ttls_follow_settings(store: ClickHouseStore) -> None:
@@ -49,7 +49,28 @@ def test_migrations_are_idempotent_and_ttls_follow_settings(store: ClickHouseSto
     engines = dict(store.query("SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").rows)
     assert "toIntervalDay(3)" in str(engines["gpu_samples"]) and "toIntervalDay(730)" in str(engines["rollup_daily"])
     versions = store.query("SELECT version FROM schema_migrations FINAL ORDER BY version").rows
-    assert versions == [[m.version] for m in MIGRATIONS] == [[v] for v in range(1, 13)]
+    assert versions == [[m.version] for m in MIGRATIONS] == [[v] for v in range(1, 14)]
+
+
+def test_the_gpu_rollup_is_back_filled_once_for_a_store_from_before_it(store: ClickHouseStore) -> None:
+    """Migration 13 on a store that holds samples already (its version 13 not recorded: a store from
+    before it, or a migration that crashed before recording itself) rolls each sample up once."""
+    def rolled() -> list[list[object]]:
+        return store.query("SELECT node, sum(samples), sum(sampled_s), sum(allocated_samples) FROM gpu_hourly "
+                           "GROUP BY node ORDER BY node").rows
+
+    _insert(store, [f.sample("n1", seq) for seq in range(30)])
+    fed_by_the_view = rolled()
+    assert fed_by_the_view == [["n1", 240, 2400.0, 120]]  # 8 GPUs, 4 allocated
+    store.command("DELETE FROM schema_migrations WHERE version = 13")
+    assert migrate(store) == [13]
+    assert rolled() == fed_by_the_view
+    store.command("DROP VIEW gpu_hourly_mv")
+    store.command("DROP TABLE gpu_hourly")
+    store.command("DELETE FROM schema_migrations WHERE version = 13")
+    _insert(store, [f.sample("n2", seq) for seq in range(6)], "later")  # stored while no view existed
+    assert migrate(store) == [13]
+    assert rolled() == [["n1", 240, 2400.0, 120], ["n2", 48, 480.0, 24]]
 
 
 def test_a_read_only_client_cannot_write_even_past_the_parser(store: ClickHouseStore) -> None:
