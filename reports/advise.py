@@ -31,7 +31,7 @@ from typing import Any
 from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
-from sinks import gpu_hourly
+from sinks import rollups
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -114,7 +114,7 @@ def _pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: Adv
     where, params = _params(start, team, "w.")
     return query_rows(reader, f"""
 WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, last_ts) AS gpu_index
-           FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
+           FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
        any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
        max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
@@ -316,7 +316,7 @@ FROM cluster_capacity FINAL
 WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
     cost = query_rows(reader, f"""
 SELECT sum(s.sampled_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
-FROM {gpu_hourly.rows_since("start")} AS s
+FROM {rollups.gpu_rows_since("start")} AS s
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER} AND s.mig_parent_uuid = ''""",
                       {"start": _sql_ts(start)})[0]
@@ -336,7 +336,7 @@ SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.
        dateDiff('millisecond', min(s.first_ts), max(s.last_ts)) / 1000 + any(s.interval_s) AS observed_s,
        min(s.first_ts) AS first_seen, max(s.last_ts) AS last_seen,
        any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
-FROM {gpu_hourly.rows_since("start")} AS s
+FROM {rollups.gpu_rows_since("start")} AS s
 LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER}
 GROUP BY node

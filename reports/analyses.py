@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats, scoped
 from reports.reader import ClusterError as ClusterError  # raised by run_report; callers catch it from here
-from sinks import gpu_hourly
+from sinks import rollups
 
 if TYPE_CHECKING:  # settings (pydantic) only where the advisor runs: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
@@ -39,15 +39,16 @@ def _label(column: str) -> str:
 
 
 def summary(reader: SqlReader) -> Rows:
-    """Fleet totals: allocated, busy, idle GPU-hours and cost from windows; capacity from capacity windows."""
+    """Fleet totals: allocated, busy, idle GPU-hours and cost from windows (their daily rollup);
+    capacity from capacity windows."""
     windows = query_rows(reader, f"""
-SELECT count() AS windows, uniqExact(pod_uid) AS pods,
-       sum(allocated_s) / 3600 AS gpu_hours_allocated, sum(busy_s) / 3600 AS gpu_hours_busy,
-       sum(idle_s) / 3600 AS gpu_hours_idle, sum(gap_s) / 3600 AS gpu_hours_gap,
-       sum(cost_usd) AS window_cost_usd,
-       sum(w.allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
-       minOrNull(window_start) AS first_window, maxOrNull(window_end) AS last_window
-FROM pod_windows AS w FINAL LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
+SELECT sum(windows) AS windows, uniqExactMerge(pods) AS pods,
+       sum(allocated_gpu_s) / 3600 AS gpu_hours_allocated, sum(busy_gpu_s) / 3600 AS gpu_hours_busy,
+       sum(idle_gpu_s) / 3600 AS gpu_hours_idle, sum(gap_gpu_s) / 3600 AS gpu_hours_gap,
+       sum(cost_total_usd) AS window_cost_usd,
+       sum(r.allocated_gpu_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       minOrNull(first_start) AS first_window, maxOrNull(last_end) AS last_window
+FROM team_daily AS r LEFT JOIN {PRICE} AS p ON p.gpu_model = r.gpu_model
 WHERE {IN_CLUSTER}""")
     capacity = query_rows(reader, f"""
 SELECT sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_S})) / 3600 AS gpu_hours_capacity,
@@ -64,22 +65,36 @@ FROM pod_lifecycle FINAL WHERE {IN_CLUSTER}""")
     return round_floats([windows[0] | capacity[0] | lifecycle[0]])
 
 
+_TOP_MEASURES = {
+    "pod_windows FINAL": """sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours,
+       sum(idle_s) / 3600 AS idle_gpu_hours,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
+       sum(cost_usd) AS cost_usd""",
+    "team_daily": """sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(busy_gpu_s) / 3600 AS busy_gpu_hours,
+       sum(idle_gpu_s) / 3600 AS idle_gpu_hours,
+       sum(util_pct_x_gpu_s) / nullIf(sum(util_gpu_s), 0) AS avg_sm_util_pct,
+       max(peak_mem_bytes) AS peak_mem_bytes, sum(energy_total_j) / 3600000 AS energy_kwh,
+       sum(cost_total_usd) AS cost_usd""",
+}
+"""The same figures from the windows (per pod) and from their daily rollup (per team or project)."""
+
+
 def top_consumers(reader: SqlReader, by: str, limit: int = 20) -> Rows:
-    """GPU-hours, utilisation and cost per team, project or pod, biggest first."""
+    """GPU-hours, utilisation and cost per team, project or pod, biggest first (teams and projects
+    from the windows' daily rollup)."""
     keys = {
         "team": f"{_label('team')} AS team",
         "project": f"{_label('team')} AS team, {_label('project')} AS project",
         "pod": f"namespace, pod, {_label('team')} AS team, {_label('project')} AS project",
     }[by]
     group = {"team": "team", "project": "team, project", "pod": "namespace, pod, team, project"}[by]
+    source = "pod_windows FINAL" if by == "pod" else "team_daily"
     return round_floats(query_rows(reader, f"""
 SELECT {keys},
-       sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
-       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
-           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
-       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
-       sum(cost_usd) AS cost_usd
-FROM pod_windows FINAL
+       {_TOP_MEASURES[source]}
+FROM {source}
 WHERE {IN_CLUSTER}
 GROUP BY {group}
 ORDER BY gpu_hours DESC, {group}
@@ -87,20 +102,19 @@ LIMIT {int(limit)}"""))
 
 
 def idle_by_team_and_class(reader: SqlReader) -> Rows:
-    """Idle GPU-hours by team and why: no process at all, VRAM held but no compute, or partly idle windows.
+    """Idle GPU-hours by team and why: no process at all, VRAM held but no compute, or partly idle
+    windows (:data:`sinks.rollups.IDLE_CLASS`), from the windows' daily rollup.
 
     Gaps in the data are reported separately (missing data is never idle).
     """
     return round_floats(query_rows(reader, f"""
-SELECT {_label('team')} AS team,
-       multiIf(busy_s = 0 AND coalesce(max_mem_used_bytes, 0) = 0, 'no_process',
-               busy_s = 0, 'vram_held', 'partly_idle') AS idle_class,
-       sum(idle_s) / 3600 AS idle_gpu_hours, sum(gap_s) / 3600 AS gap_gpu_hours,
-       uniqExact(pod_uid) AS pods,
-       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_cost_usd
-FROM pod_windows FINAL
-WHERE (idle_s > 0 OR gap_s > 0) AND {IN_CLUSTER}
+SELECT {_label('team')} AS team, idle_class,
+       sum(idle_gpu_s) / 3600 AS idle_gpu_hours, sum(gap_gpu_s) / 3600 AS gap_gpu_hours,
+       uniqExactIfMerge(idle_pods) AS pods, sum(idle_cost_usd) AS idle_cost_usd
+FROM team_daily
+WHERE {IN_CLUSTER}
 GROUP BY team, idle_class
+HAVING idle_gpu_hours > 0 OR gap_gpu_hours > 0
 ORDER BY idle_gpu_hours DESC, team, idle_class"""))
 
 
@@ -157,7 +171,7 @@ WITH s AS (
            sum(sampled_s) / 3600 AS observed_gpu_hours, sum(unallocated_s) / 3600 AS unallocated_gpu_hours,
            sum(allocated_idle_s) / 3600 AS allocated_idle_gpu_hours,
            min(first_ts) AS first_seen, max(last_ts) AS last_seen
-    FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER} GROUP BY node
+    FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} GROUP BY node
 ),
 a AS (
     SELECT subject_node AS node, countIf(state = 'firing') AS idle_node_alerts
@@ -178,16 +192,17 @@ LIMIT {int(limit)}"""))
 
 
 def cost_by_team(reader: SqlReader) -> Rows:
-    """Cost per team and project: window cost, list-price cost, and the idle part of it."""
+    """Cost per team and project: window cost, list-price cost, and the idle part of it (from the
+    windows' daily rollup)."""
     return round_floats(query_rows(reader, f"""
-SELECT {_label('w.team')} AS team, {_label('w.project')} AS project,
-       sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
-       sum(cost_usd) AS window_cost_usd,
-       sum(allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
-       sum(idle_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS idle_list_cost_usd,
-       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_window_cost_usd
-FROM pod_windows AS w FINAL
-LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
+SELECT {_label('r.team')} AS team, {_label('r.project')} AS project,
+       sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(idle_gpu_s) / 3600 AS idle_gpu_hours,
+       sum(cost_total_usd) AS window_cost_usd,
+       sum(allocated_gpu_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       sum(idle_gpu_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS idle_list_cost_usd,
+       sum(idle_cost_usd) AS idle_window_cost_usd
+FROM team_daily AS r
+LEFT JOIN {PRICE} AS p ON p.gpu_model = r.gpu_model
 WHERE {IN_CLUSTER}
 GROUP BY team, project
 ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))

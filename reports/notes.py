@@ -23,11 +23,11 @@ from typing import Any
 from reports.advise import headline_text
 from reports.analyses import NONE
 from reports.reader import IN_CLUSTER, SqlReader, query_rows
-from sinks import gpu_hourly
+from sinks import rollups
 
 _UNPRICED = f"""
 SELECT s.gpu_model AS gpu_model, sum(s.samples) AS samples
-FROM {gpu_hourly.rows_since()} AS s
+FROM {rollups.gpu_rows_since()} AS s
 WHERE s.{IN_CLUSTER} AND s.gpu_model != '' AND s.mig_parent_uuid = ''
   AND s.gpu_model NOT IN (SELECT gpu_model FROM gpu_prices)
 GROUP BY gpu_model ORDER BY gpu_model"""
@@ -38,7 +38,7 @@ SELECT DISTINCT namespace, pod, if(team = '', {NONE}, team) AS team
 FROM pod_windows WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
 
 _GAP_NODES = f"""
-SELECT DISTINCT node FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
+SELECT DISTINCT node FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
 
 POD_CATEGORIES = frozenset({"reclaim", "right_size", "queue", "scale_to_zero"})
 """Categories of the report's advisor rows whose ``subject`` names one pod (``ns/pod``) or node."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
-from sinks import gpu_hourly
+from sinks import rollups
 
 NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
                                    2 * 86400, 7 * 86400)
@@ -27,10 +27,10 @@ NICE_BUCKETS_S: tuple[int, ...] = (60, 120, 300, 600, 900, 1800, 3600, 7200, 108
 _WINDOW_MS = "dateDiff('millisecond', window_start, window_end)"
 
 
-def _covered(table: str) -> str:
+def _covered(first: str = "window_start", last: str = "window_end") -> str:
     """Seconds of a bucket its windows cover: from the first window's start to the last one's end, at
     least one millisecond (windows are aligned to the window size, which divides every bucket size)."""
-    return (f"greatest(dateDiff('millisecond', min({table}.window_start), max({table}.window_end)), 1) / 1000")
+    return f"greatest(dateDiff('millisecond', min({first}), max({last})), 1) / 1000"
 
 
 def _epoch(value: str | None) -> float | None:
@@ -71,23 +71,36 @@ def utilisation_by_team(reader: SqlReader, bucket_s: int) -> Rows:
     """Per time bucket and team: GPUs allocated, busy and idle (time-averaged), SM utilisation, cost.
 
     ``avg_sm_util_pct`` is weighted by allocated seconds and ignores windows without a reading, so a
-    gap in the samples is not shown as 0 % utilisation.
+    gap in the samples is not shown as 0 % utilisation. Buckets of whole days or hours read the
+    windows' daily or hourly rollup, shorter ones the windows.
     """
+    if bucket_s % 3600:
+        source, period = "pod_windows FINAL", "window_start"
+        sums = ("allocated_s", "busy_s", "idle_s", "cost_usd")
+        util = ("sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)"
+                "\n           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0)")
+        first, last = "window_start", "window_end"
+    else:
+        source, period = ("team_daily", "toDateTime64(day, 3, 'UTC')") if bucket_s % 86400 == 0 else (
+            "team_hourly", "toDateTime64(hour, 3, 'UTC')")
+        sums = ("allocated_gpu_s", "busy_gpu_s", "idle_gpu_s", "cost_total_usd")
+        util = "sum(util_pct_x_gpu_s) / nullIf(sum(util_gpu_s), 0)"
+        first, last = "first_start", "last_end"
+    allocated, busy, idle, cost = sums
     return round_floats(query_rows(reader, f"""
 WITH w AS (
-    SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket, *
-    FROM pod_windows FINAL WHERE {IN_CLUSTER}
+    SELECT toStartOfInterval({period}, toIntervalSecond({{bucket_s:UInt32}})) AS bucket, *
+    FROM {source} WHERE {IN_CLUSTER}
 ),
 covered AS (
-    SELECT bucket, {_covered('w')} AS covered_s FROM w GROUP BY bucket
+    SELECT bucket, {_covered(first, last)} AS covered_s FROM w GROUP BY bucket
 )
 SELECT w.bucket AS bucket, if(team = '', '(none)', team) AS team_label, any(c.covered_s) AS covered_s,
-       sum(allocated_s) / any(c.covered_s) AS gpus_allocated,
-       sum(busy_s) / any(c.covered_s) AS gpus_busy,
-       sum(idle_s) / any(c.covered_s) AS gpus_idle,
-       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
-           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
-       sum(cost_usd) AS cost_usd
+       sum({allocated}) / any(c.covered_s) AS gpus_allocated,
+       sum({busy}) / any(c.covered_s) AS gpus_busy,
+       sum({idle}) / any(c.covered_s) AS gpus_idle,
+       {util} AS avg_sm_util_pct,
+       sum({cost}) AS cost_usd
 FROM w INNER JOIN covered AS c ON c.bucket = w.bucket
 GROUP BY bucket, team_label
 ORDER BY bucket, team_label""", {"bucket_s": int(bucket_s)}))
@@ -100,7 +113,7 @@ def capacity_over_time(reader: SqlReader, bucket_s: int) -> Rows:
     (see the fragmentation alert); the peak uses the stream jobs' in-window maximum when sent.
     """
     return round_floats(query_rows(reader, f"""
-WITH {_covered('cluster_capacity')} AS covered
+WITH {_covered()} AS covered
 SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
        count() AS windows, covered AS covered_s,
        sum(coalesce(gpu_s_total, gpus_total * {_WINDOW_MS} / 1000)) / covered AS gpus_total,
@@ -139,7 +152,7 @@ def pod_vram_peaks(reader: SqlReader, limit: int = 40) -> Rows:
     expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
     without a VRAM reading are left out (no made-up zero)."""
     return round_floats(query_rows(reader, f"""
-WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM {gpu_hourly.rows_since()} WHERE {IN_CLUSTER}
+WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER}
            GROUP BY gpu_uuid),
      n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states WHERE {IN_CLUSTER}
            GROUP BY node)

@@ -1,11 +1,13 @@
 """One batch of one partition into ClickHouse, exactly once: the records a batch holds, decoding
-and pivoting them into table columns, the deduplicated inserts, and the dead letters of what cannot
-be stored (see :mod:`sinks.sink` for the rules and the consumer loop around it)."""
+and pivoting them into table columns, the facts delivered again at new offsets left out (pod windows
+and GPU samples, which feed the rollups' materialized views), the deduplicated inserts, and the dead
+letters of what cannot be stored (see :mod:`sinks.sink` for the rules and the consumer loop around it)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -16,10 +18,10 @@ from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from schemas.codec import MessageError, decode, decode_canonical_sparse, decode_plain, decode_plain_canonical, encode
 from schemas.dead_letters import Headers, dead_letter, dead_letter_headers
-from schemas.messages import GpuSample, Message
+from schemas.messages import DEFAULT_CLUSTER, GpuSample, Message
 from schemas.outputs import DeadLetterReason
 from schemas.topics import K8S_NODES, K8S_PODS, spec_for_name
-from sinks import sample_json
+from sinks import rollups, sample_json
 from sinks.clickhouse import StoreRejected
 from sinks.cluster import JOURNAL_SYNC
 from sinks.ddl import DATETIME_MAX, TtlDays
@@ -152,16 +154,25 @@ class Batch:
         return f"{self.token}:{record.offset}"
 
 
+SampleSource = tuple[str, str, str]
+"""Where a GPU sample comes from: its (cluster, node, agent_boot_id); with its ``seq``, its identity."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSample:
-    """A GPU sample the engine unpacks: its record, its line for the engine and the rows it makes.
-    Its validated fields are not kept: in a batch waiting for the store thread they took more
-    memory than the record and the line together (about 10 against 8 KiB per sample of 8 GPUs)."""
+    """A GPU sample the engine unpacks: its record, its line for the engine, the rows it makes and
+    its identity (to find re-deliveries: :class:`StoredSeqs`). Its other validated fields are not
+    kept: in a batch waiting for the store thread they took more memory than the record and the
+    line together (about 10 against 8 KiB per sample of 8 GPUs); the source's strings are interned
+    (one copy per agent boot)."""
 
     record: ConsumedRecord
     line: bytes
     gpu_rows: int
     process_rows: int
+    source: SampleSource
+    seq: int
+    ts: datetime
 
 
 @dataclass
@@ -221,8 +232,8 @@ TTL_MARGIN = timedelta(minutes=1)
 DEFAULT_MAX_FUTURE_SKEW_S = 600.0
 """How far ahead of the sink's clock a record's times may be (``SinkSettings.max_future_skew_s``)."""
 
-ROLLED_UP = {"pod_windows": "rollup"}
-"""Tables whose rows also feed tables with another TTL (the rollups count from ``window_start``)."""
+ROLLED_UP = {table: "rollup" for table in rollups.SOURCES}
+"""Tables whose rows also feed tables with another TTL (the rollups count from the rows' time)."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -329,6 +340,78 @@ def gc_paused() -> Iterator[None]:
         GC_PAUSE.end()
 
 
+REDELIVERY_LOOKBACK = timedelta(minutes=10)
+"""How far before a batch's oldest sample of an unknown source the store is searched for that
+source's highest stored ``seq``: a sample stored with a higher ``seq`` was taken later, so this only
+covers an agent's clock stepping back."""
+
+MAX_REMEMBERED_SOURCES = 100_000
+"""Sample sources (agent boots) :class:`StoredSeqs` keeps per partition before it starts again
+(those it forgets are looked up in the store when they next send): a fleet's agents restart, and
+every boot is a new source."""
+
+
+@dataclass
+class _PartitionSeqs:
+    next_offset: int
+    """The offset after the last batch stored: what the remembered seqs cover, all of it before."""
+    highest: dict[SampleSource, int]
+
+
+class StoredSeqs:
+    """The highest ``seq`` stored per sample source, per partition of the samples' topic, at the
+    offsets before the next one the sink expects there: what tells a GPU sample delivered again at
+    a new offset (a producer's resend, a topic replayed into itself) from a new one.
+
+    One agent boot's samples have increasing ``seq`` and, keyed by node, sit in one partition in
+    order (the producers are idempotent), so a sample whose ``seq`` is at most one stored at an
+    earlier offset of its partition was delivered before. What is remembered holds only while a
+    partition's batches are stored in offset order without a gap: a batch that does not start where
+    the last one stored ended (the partition assigned again after another sink read it, a journal
+    replay after a crash or a rebalance) forgets the partition, whose sources are then looked up in
+    the store (:meth:`BatchWriter._drop_redelivered_samples`). So no rebalance hook is needed, and
+    a sample is never compared with rows stored at its own or later offsets: a batch stored again
+    keeps exactly the samples it kept the first time."""
+
+    def __init__(self, max_sources: int = MAX_REMEMBERED_SOURCES) -> None:
+        self._lock = threading.Lock()
+        self._partitions: dict[tuple[str, int], _PartitionSeqs] = {}
+        self.max_sources = max_sources
+
+    def known(self, topic: str, partition: int, first_offset: int, sources: Iterable[SampleSource]
+              ) -> dict[SampleSource, int]:
+        """The highest ``seq`` stored before ``first_offset`` of those ``sources`` it knows (the
+        partition is forgotten, and none known, when its last stored batch did not end just before)."""
+        with self._lock:
+            seqs = self._partitions.get((topic, partition))
+            if seqs is None:
+                return {}
+            if seqs.next_offset != first_offset:
+                del self._partitions[(topic, partition)]
+                return {}
+            return {source: seqs.highest[source] for source in sources if source in seqs.highest}
+
+    def stored(self, topic: str, span: Span, highest: dict[SampleSource, int]) -> None:
+        """A batch's range of the partition is stored, with these highest seqs per source (every
+        source of the range, each at least what was stored before it)."""
+        with self._lock:
+            seqs = self._partitions.get((topic, span.partition))
+            if seqs is None or seqs.next_offset != span.first_offset:
+                seqs = self._partitions[(topic, span.partition)] = _PartitionSeqs(span.first_offset, {})
+            if len(seqs.highest) + len(highest) > self.max_sources:
+                seqs.highest.clear()
+            seqs.highest.update(highest)
+            seqs.next_offset = span.last_offset + 1
+
+    def forget(self, partition: tuple[str, int] | None = None) -> None:
+        """Forget a (topic, partition), or every one."""
+        with self._lock:
+            if partition is None:
+                self._partitions.clear()
+            else:
+                self._partitions.pop(partition, None)
+
+
 def read_in_full(record: ConsumedRecord, message_type: type[Message] = GpuSample) -> Plain:
     """A canonical record's message with every field, defaults included, read again from the record
     (the sink keeps only what the engine path needs; the row path is rare)."""
@@ -399,6 +482,8 @@ class BatchWriter:
             if table in ROLLED_UP:
                 days = max(days, getattr(ttl, ROLLED_UP[table]))
             self.latest_by_table[table] = (_days_before(DATETIME_MAX - TTL_MARGIN, days), days)
+        self.stored_seqs = StoredSeqs()
+        """The highest seq stored per GPU sample source (:meth:`_drop_redelivered_samples`)."""
 
     def bounds(self, now: datetime) -> TimeBounds:
         """The time bounds of a batch prepared at ``now`` (see :class:`TimeBounds`)."""
@@ -610,12 +695,17 @@ class BatchWriter:
         outcome = FlushOutcome()
         rejected = list(prepared.rejected)
         outcome.skipped_duplicates = self._drop_stored_windows(batch, tables)
+        highest: dict[int, dict[SampleSource, int]] | None = None
+        if spec_for_name(batch.topic).message is GpuSample:
+            dropped, highest = self._drop_redelivered_samples(prepared)
+            outcome.skipped_duplicates += dropped
+            decoded = prepared.decoded
         self.plan(batch)
         if prepared.engine:
             tables, decoded = self._store_engine_lines(prepared, outcome)
         written: set[str] = set()
         try:
-            for table, columns in tables.items():
+            for table, columns in _rollup_sources_last(tables):
                 self.store.insert(table, columns.columns, dedup_token=batch.token, repeated_timestamps=True)
                 written.add(table)
                 outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
@@ -630,6 +720,12 @@ class BatchWriter:
                 except Exception as exc:  # its rows were built for the batch: not stored, so none to delete
                     rejected.append((record, unappliable("building its rows", exc)))
             rejected.extend(self._write_one_by_one(batch, per_record, kept, outcome))
+        if highest is not None:
+            for span in batch.spans:
+                if len(rejected) > len(prepared.rejected):  # rows of a refused record were deleted again
+                    self.stored_seqs.forget((batch.topic, span.partition))
+                else:
+                    self.stored_seqs.stored(batch.topic, span, highest.get(span.partition, {}))
         outcome.dead_letters = len(rejected)
         return outcome, rejected
 
@@ -703,6 +799,105 @@ class BatchWriter:
                 del tables["pod_windows"]
         return dropped
 
+    def _drop_redelivered_samples(self, prepared: PreparedBatch) -> tuple[int, dict[int, dict[SampleSource, int]]]:
+        """Remove GPU samples delivered before at an earlier offset of their partition (the
+        rollups fed by ``gpu_samples`` must not count them twice), as wholes: their rows of every
+        table, engine lines and records. Returns how many were removed and, per partition, the
+        highest ``seq`` per source once the batch is stored (for :attr:`stored_seqs`).
+
+        A sample is delivered again when its ``seq`` is at most the highest of its source (cluster,
+        node, agent boot) stored at an earlier offset of its partition: before the batch (from
+        :attr:`stored_seqs`, or, for a source it does not know, from one query for all of them,
+        bounded by the sort key's ``cluster`` and ``node`` and by time), or earlier in the batch.
+        Nothing at the batch's own offsets or after counts, so a retried or replayed batch keeps the
+        same samples and its deduplication tokens still match.
+        """
+        batch = prepared.batch
+        samples = self._sample_identities(prepared)
+        if not samples:
+            return 0, {}
+        first = {span.partition: span.first_offset for span in batch.spans}
+        sources: dict[int, set[SampleSource]] = {}
+        for partition, _offset, source, _seq, _ts in samples:
+            sources.setdefault(partition, set()).add(source)
+        highest: dict[int, dict[SampleSource, int]] = {
+            partition: self.stored_seqs.known(batch.topic, partition, first[partition], of)
+            for partition, of in sources.items()}
+        unknown = {(partition, source) for partition, of in sources.items() for source in of
+                   if source not in highest[partition]}
+        if unknown:
+            oldest = min(ts for partition, _offset, source, _seq, ts in samples if (partition, source) in unknown)
+            for (partition, source), seq in self._stored_seqs_of(batch, unknown, oldest).items():
+                highest[partition][source] = seq
+        dropped: set[tuple[int, int]] = set()
+        for partition, offset, source, seq, _ts in sorted(samples, key=lambda s: (s[0], s[1])):
+            of = highest[partition]
+            if seq <= of.get(source, -1):
+                dropped.add((partition, offset))
+            else:
+                of[source] = seq
+        if dropped:
+            self._drop_records(prepared, dropped)
+            self.metrics.duplicates.labels(table="gpu_samples").inc(len(dropped))
+        return len(dropped), highest
+
+    @staticmethod
+    def _sample_identities(prepared: PreparedBatch) -> list[tuple[int, int, SampleSource, int, datetime]]:
+        """(partition, offset, source, seq, ts) of every sample of the batch that stores rows."""
+        samples = [(s.record.partition, s.record.offset, s.source, s.seq, s.ts)
+                   for s in prepared.engine if s.gpu_rows]
+        rows = prepared.tables.get("gpu_samples")
+        if rows is not None and rows.n_rows:
+            seen: set[tuple[int, int]] = set()
+            for partition, offset, cluster, node, boot, seq, ts in zip(
+                    *(rows.column(name) for name in ("kafka_partition", "kafka_offset", "cluster", "node",
+                                                     "agent_boot_id", "seq", "ts")), strict=True):
+                if (partition, offset) not in seen:
+                    seen.add((partition, offset))
+                    samples.append((partition, offset, (cluster, node, boot), seq, ts))
+        return samples
+
+    def _stored_seqs_of(self, batch: Batch, sources: set[tuple[int, SampleSource]], oldest: datetime
+                        ) -> dict[tuple[int, SampleSource], int]:
+        """The highest ``seq`` of each (partition, source) stored before the batch's offsets of the
+        partition, among samples taken since ``oldest`` (less :data:`REDELIVERY_LOOKBACK`)."""
+        earlier: list[str] = []
+        ranges: dict[str, Any] = {}
+        for i, span in enumerate(sorted({span.partition: span for span in batch.spans}.values())):
+            if any(partition == span.partition for partition, _ in sources):
+                earlier.append(f"(kafka_partition = {{p{i}:UInt16}} AND kafka_offset < {{f{i}:UInt64}})")
+                ranges |= {f"p{i}": span.partition, f"f{i}": span.first_offset}
+        result = self.store.query(
+            "SELECT kafka_partition, cluster, node, agent_boot_id, max(seq) FROM gpu_samples "
+            "WHERE cluster IN {clusters:Array(String)} AND node IN {nodes:Array(String)} "
+            "AND ts >= {lo:DateTime64(3, 'UTC')} "
+            "AND (kafka_partition, cluster, node, agent_boot_id) "
+            "IN {keys:Array(Tuple(UInt16, String, String, String))} "
+            f"AND ({' OR '.join(earlier)}) GROUP BY kafka_partition, cluster, node, agent_boot_id",
+            {"clusters": sorted({source[0] for _, source in sources}),
+             "nodes": sorted({source[1] for _, source in sources}),
+             "lo": oldest - REDELIVERY_LOOKBACK,
+             "keys": sorted((partition, *source) for partition, source in sources), **ranges},
+        )
+        return {(int(partition), (str(cluster), str(node), str(boot))): int(seq)
+                for partition, cluster, node, boot, seq in result.rows}
+
+    @staticmethod
+    def _drop_records(prepared: PreparedBatch, dropped: set[tuple[int, int]]) -> None:
+        """Leave the records at these (partition, offset) out of the batch: engine lines, records and rows."""
+        prepared.engine = [s for s in prepared.engine if (s.record.partition, s.record.offset) not in dropped]
+        prepared.decoded = [(record, message) for record, message in prepared.decoded
+                            if (record.partition, record.offset) not in dropped]
+        for table, columns in list(prepared.tables.items()):
+            if not columns.n_rows or "kafka_offset" not in columns.names:
+                continue
+            keep = [i for i, key in enumerate(zip(columns.column("kafka_partition"), columns.column("kafka_offset"),
+                                                  strict=True)) if key not in dropped]
+            if len(keep) < columns.n_rows:
+                columns.keep(keep)
+                if not keep:
+                    del prepared.tables[table]
+
     def _write_one_by_one(
         self,
         batch: Batch,
@@ -723,7 +918,7 @@ class BatchWriter:
             mine = [(table, row) for table, row in rows if _row_key(row) in left.get(table, set())]
             stored: list[str] = []
             try:
-                for table, columns in self._pivot(mine).items():
+                for table, columns in _rollup_sources_last(self._pivot(mine)):
                     self.store.insert(table, columns.columns, dedup_token=token)
                     stored.append(table)
                     outcome.rows_by_table[table] = outcome.rows_by_table.get(table, 0) + columns.n_rows
@@ -734,6 +929,13 @@ class BatchWriter:
                                        f"AND kafka_offset = {int(record.offset)}")
                 rejected.append((record, Refusal(f"rejected by ClickHouse: {exc}", DeadLetterReason.REJECTED_BY_STORE)))
         return rejected
+
+
+def _rollup_sources_last(tables: dict[str, TableColumns]) -> list[tuple[str, TableColumns]]:
+    """The tables in the order to insert them: those that feed rollups last, so that a record whose
+    rows another table refuses is deleted again (:meth:`BatchWriter._write_one_by_one`) before a
+    rollup counted it (a rollup's view keeps what it counted)."""
+    return sorted(tables.items(), key=lambda item: item[0] in rollups.SOURCES)
 
 
 def _row_key(row: dict[str, Any]) -> tuple[int, int]:
@@ -758,10 +960,13 @@ def _engine_sample_or_message(record: ConsumedRecord, message: Decoded) -> tuple
     for the row path (a sample the engine does not unpack read in full)."""
     if not (isinstance(message, Plain) and message.canonical and isinstance(record.value, bytes)):
         return message
-    line = sample_json.engine_line(record.value, message.data, record.partition, record.offset)
+    data = message.data
+    line = sample_json.engine_line(record.value, data, record.partition, record.offset)
     if line is None:
         return completed(record, message)
-    return EngineSample(record, line, *sample_json.row_counts(message.data)), message.data["ts"]
+    source = (sys.intern(data.get("cluster") or DEFAULT_CLUSTER), sys.intern(data["node"]),
+              sys.intern(data["agent_boot_id"]))
+    return EngineSample(record, line, *sample_json.row_counts(data), source, data["seq"], data["ts"]), data["ts"]
 
 
 def _all_as_rows(decoded: list[tuple[ConsumedRecord, Decoded]], engine: list[EngineSample],

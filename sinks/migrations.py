@@ -42,10 +42,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from common.logs import get_logger
-from sinks import gpu_hourly
 from sinks import migration_additions as additions
 from sinks import migration_core as core
 from sinks import migration_rebuilds as rebuilds
+from sinks import rollups
 from sinks.clickhouse import ClickHouseStore
 from sinks.cluster import ClusterStore
 from sinks.ddl import TtlDays
@@ -93,9 +93,11 @@ MIGRATIONS: tuple[Migration, ...] = (
               committed(additions.M11_SAMPLE_JSON_UNCHECKED)),
     Migration(12, "sink_batches: the group a journalled range was stored in", committed(additions.M12_BATCH_GROUP)),
     Migration(13, "gpu_hourly: GPU samples per GPU and hour, back-filled, then fed by a view",
-              committed(gpu_hourly.migration())),
+              committed(rollups.GPU_HOURLY.migration())),
+    Migration(14, "team_hourly, team_daily: pod windows per team and idle class, back-filled, then fed by views",
+              committed((*rollups.TEAM_HOURLY.migration(), *rollups.TEAM_DAILY.migration()))),
 )
-"""Every migration in order. A new one: ``Migration(14, "what it adds", lambda ttl: [...])`` with
+"""Every migration in order. A new one: ``Migration(15, "what it adds", lambda ttl: [...])`` with
 statements from the spec (``tables.GPU_SAMPLES.add_columns("name")``, ``sample_json.ddl_update()``),
 then its hash pinned in tests/sinks/test_migrations_frozen.py."""
 
@@ -119,6 +121,8 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "rollup_hourly": ("hour", "rollup"),
     "rollup_daily": ("day", "rollup"),
     "gpu_hourly": ("hour", "rollup"),
+    "team_hourly": ("hour", "rollup"),
+    "team_daily": ("day", "rollup"),
 }
 
 

@@ -479,7 +479,7 @@ ROLLUP_DAILY = Table("rollup_daily", (
     Column("windows", Kind("SimpleAggregateFunction(sum, UInt64)")),
 ))
 
-GPU_HOURLY = Table("gpu_hourly", (
+GPU_HOURLY_TABLE = Table("gpu_hourly", (
     Column("cluster", LC),
     Column("hour", Kind("DateTime('UTC')")),
     Column("node", LC),
@@ -497,7 +497,31 @@ GPU_HOURLY = Table("gpu_hourly", (
     Column("first_ts", Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")),
     Column("last_ts", Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")),
 ))
-"""GPU samples per GPU and hour (:mod:`sinks.gpu_hourly`: what each measure is, and why)."""
+"""GPU samples per GPU and hour (:mod:`sinks.rollups`: what each measure is, and why)."""
+
+
+def _team_rollup(name: str, period: Column) -> Table:
+    """Pod windows per namespace, team, project, GPU model and idle class, per hour or per day."""
+    sums = ("allocated_gpu_s", "busy_gpu_s", "idle_gpu_s", "gap_gpu_s", "util_pct_x_gpu_s", "util_gpu_s",
+            "energy_total_j", "cost_total_usd")
+    return Table(name, (
+        Column("cluster", LC),
+        period,
+        *(Column(key, LC) for key in ("namespace", "team", "project", "gpu_model", "idle_class")),
+        Column("windows", Kind("SimpleAggregateFunction(sum, UInt64)")),
+        Column("pods", Kind("AggregateFunction(uniqExact, String)")),
+        Column("idle_pods", Kind("AggregateFunction(uniqExactIf, String, UInt8)")),
+        *(Column(measure, SUM) for measure in sums[:6]),
+        Column("peak_mem_bytes", Kind("SimpleAggregateFunction(max, Nullable(UInt64))")),
+        *(Column(measure, SUM) for measure in sums[6:]),
+        Column("idle_cost_usd", Kind("SimpleAggregateFunction(sum, Nullable(Float64))")),
+        Column("first_start", Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")),
+        Column("last_end", Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")),
+    ))
+
+
+TEAM_HOURLY_TABLE = _team_rollup("team_hourly", Column("hour", Kind("DateTime('UTC')")))
+TEAM_DAILY_TABLE = _team_rollup("team_daily", Column("day", Kind("Date")))
 
 GPU_PRICES = Table("gpu_prices", (
     Column("gpu_model", STRING),
@@ -523,7 +547,7 @@ SCHEMA_MIGRATIONS = Table("schema_migrations", (
 TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
-    ROLLUP_DAILY, GPU_HOURLY, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
+    ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""
 

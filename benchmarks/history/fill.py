@@ -133,8 +133,8 @@ class FillSpec:
 
     def key(self) -> str:
         """The cache key: every parameter, the fill's version and the store's schema (its last migration)."""
-        return (f"v{FILL_VERSION}-m{MIGRATIONS[-1].version}-g{self.fleet_gpus}-d{self.days}-i{self.sample_interval_s:g}-day{self.day_s}"
-                f"-t{self.template_nodes}x{self.gpus_per_node}-var{self.variants}-{self.start.date().isoformat()}")
+        return (f"v{FILL_VERSION}-m{MIGRATIONS[-1].version}-g{self.fleet_gpus}-d{self.days}"
+                f"-i{self.sample_interval_s:g}-day{self.day_s}-t{self.template_nodes}x{self.gpus_per_node}-var{self.variants}-{self.start.date().isoformat()}")
 
 
 def template_scenario(spec: FillSpec, variant: int) -> Scenario:

@@ -32,6 +32,7 @@ PINNED: dict[int, str] = {
     11: "c98ec2ff8e69ca66a8fb35dcecf102b01321a7a4781de5aa54e9767a0fb0f3c9",
     12: "d3be91b129e1cb22d7c252be624c504dce379963ebbd9e10bb530652d6229be7",
     13: "58607106a9f0b4ef37b4bf43d41862c7fcbea6bc3b7ed8ec9c7eef058abb9e19",
+    14: "e3dfdb84074aa0c8dd514886829b9d43f755cd0b7aee62ce434f82426b6958af",
 }
 """sha256 of each migration's statements rendered with :data:`TTL`, joined by ``\\n;\\n``."""
 

@@ -7,9 +7,12 @@ and a batch the sink stores again does not make them count twice:
 - per team, namespace, project, node and GPU model, per hour and per day: GPU-hours (allocated,
   busy, idle, gap), utilisation hours, energy and cost equal the sums over ``pod_windows FINAL``
   (to float rounding), window counts and peak VRAM exactly;
-- per GPU and hour, and per GPU from a start inside an hour (:func:`sinks.gpu_hourly.rows_since`, as
+- per GPU and hour, and per GPU from a start inside an hour (:func:`sinks.rollups.gpu_rows_since`, as
   the advisor reads it): sample counts, seconds (all, unallocated, allocated but idle), memory, first
   and last sample time equal those of ``gpu_samples FINAL``;
+- the report's sections that read the team rollups (``team_daily``, ``team_hourly``: fleet summary,
+  top teams and projects, idle by team and class, cost by team, utilisation by team per hour and
+  per day) equal the same analyses written directly in SQL over ``pod_windows FINAL``;
 - a played day's window batch written again, as the sink's retry writes it (the same offsets: the
   same deduplication token) and as a worker replay delivers it (the same windows at new offsets),
   changes neither the raw windows nor a rollup figure.
@@ -25,10 +28,13 @@ import pytest
 
 from benchmarks.history.fill import FillOutcome, FillSpec, fill, sink_settings, template_scenario
 from common.metrics import MetricsRegistry
+from reports.analyses import PRICE, run_report
+from reports.reader import round_floats, scoped
+from reports.timeseries import utilisation_by_team
 from schemas.topics import POD_WINDOWS
 from simulation.replay import run_in_process
 from simulation.store import PREFIX, replay_records
-from sinks import gpu_hourly
+from sinks import rollups
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
@@ -109,8 +115,8 @@ def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
             _assert_equal(old, new)
 
 
-GPU_KEYS = [key for key in gpu_hourly.KEYS if key != "hour"]
-GPU_MEASURES = {name: expression for name, expression in gpu_hourly.MEASURES.items() if name != "interval_s"}
+GPU_KEYS = ["cluster", *rollups.GPU_HOURLY.keys]
+GPU_MEASURES = {name: expression for name, expression in rollups.GPU_HOURLY.measures.items() if name != "interval_s"}
 """``interval_s`` is any of the samples' intervals: one per GPU here, compared as such below."""
 
 
@@ -120,7 +126,7 @@ GpuFigures = dict[tuple[str, ...], dict[str, Any]]
 def _gpu_figures(store: ClickHouseStore, source: str, period: str, where: str = "",
                  params: dict[str, Any] | None = None, merged: bool = False) -> GpuFigures:
     keys = [period, *GPU_KEYS] if period else GPU_KEYS
-    measures = (", ".join(f"{gpu_hourly.merge_function(n)}({n}) AS {n}" for n in GPU_MEASURES) if merged
+    measures = (", ".join(f"{rollups.GPU_HOURLY.merged(n)} AS {n}" for n in GPU_MEASURES) if merged
                 else ", ".join(f"{e} AS {n}" for n, e in GPU_MEASURES.items()))
     group = ", ".join(keys)
     sql = f"SELECT {group}, {measures} FROM {source} {where} GROUP BY {group}"
@@ -156,5 +162,90 @@ def test_the_gpu_rollup_equals_the_raw_samples(filled: FillOutcome) -> None:
             params = {"start": start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]}
             raw = _gpu_figures(store, "gpu_samples FINAL", "",
                                "WHERE ts >= toDateTime64({start:String}, 3, 'UTC')", params)
-            _assert_gpu_equal(raw, _gpu_figures(store, gpu_hourly.rows_since("start"), "", params=params,
+            _assert_gpu_equal(raw, _gpu_figures(store, rollups.gpu_rows_since("start"), "", params=params,
                                                 merged=True))
+
+
+RAW_SECTIONS: dict[str, str] = {
+    "summary": """
+SELECT count() AS windows, uniqExact(pod_uid) AS pods,
+       sum(allocated_s) / 3600 AS gpu_hours_allocated, sum(busy_s) / 3600 AS gpu_hours_busy,
+       sum(idle_s) / 3600 AS gpu_hours_idle, sum(gap_s) / 3600 AS gpu_hours_gap,
+       sum(cost_usd) AS window_cost_usd,
+       sum(w.allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       minOrNull(window_start) AS first_window, maxOrNull(window_end) AS last_window
+FROM pod_windows AS w FINAL LEFT JOIN {price} AS p ON p.gpu_model = w.gpu_model""",
+    "top_teams": """
+SELECT {team} AS team, sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours,
+       sum(idle_s) / 3600 AS idle_gpu_hours,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
+       sum(cost_usd) AS cost_usd
+FROM pod_windows FINAL GROUP BY team ORDER BY gpu_hours DESC, team LIMIT 20""",
+    "top_projects": """
+SELECT {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hours,
+       sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
+       sum(cost_usd) AS cost_usd
+FROM pod_windows FINAL GROUP BY team, project ORDER BY gpu_hours DESC, team, project LIMIT 20""",
+    "idle_by_team_and_class": """
+SELECT {team} AS team, {idle_class} AS idle_class,
+       sum(idle_s) / 3600 AS idle_gpu_hours, sum(gap_s) / 3600 AS gap_gpu_hours, uniqExact(pod_uid) AS pods,
+       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_cost_usd
+FROM pod_windows FINAL WHERE idle_s > 0 OR gap_s > 0
+GROUP BY team, idle_class ORDER BY idle_gpu_hours DESC, team, idle_class""",
+    "cost_by_team": """
+SELECT {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hours,
+       sum(idle_s) / 3600 AS idle_gpu_hours, sum(cost_usd) AS window_cost_usd,
+       sum(allocated_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+       sum(idle_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS idle_list_cost_usd,
+       sum(cost_usd * idle_s / nullIf(allocated_s, 0)) AS idle_window_cost_usd
+FROM pod_windows AS w FINAL LEFT JOIN {price} AS p ON p.gpu_model = w.gpu_model
+GROUP BY team, project ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project""",
+}
+"""Each report section the team rollups answer, written directly over the raw windows."""
+
+RAW_UTILISATION = """
+WITH w AS (SELECT toStartOfInterval(window_start, toIntervalSecond({bucket_s})) AS bucket, * FROM pod_windows FINAL),
+covered AS (SELECT bucket, greatest(dateDiff('millisecond', min(window_start), max(window_end)), 1) / 1000 AS covered_s
+            FROM w GROUP BY bucket)
+SELECT w.bucket AS bucket, {team} AS team_label, any(c.covered_s) AS covered_s,
+       sum(allocated_s) / any(c.covered_s) AS gpus_allocated, sum(busy_s) / any(c.covered_s) AS gpus_busy,
+       sum(idle_s) / any(c.covered_s) AS gpus_idle,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       sum(cost_usd) AS cost_usd
+FROM w INNER JOIN covered AS c ON c.bucket = w.bucket GROUP BY bucket, team_label ORDER BY bucket, team_label"""
+
+
+def _assert_rows_equal(raw: list[dict[str, Any]], rolled: list[dict[str, Any]], what: str) -> None:
+    assert raw, f"{what}: the filled store answers"
+    assert len(rolled) == len(raw), what
+    for expected, got in zip(raw, rolled, strict=True):
+        assert list(got) == list(expected), what
+        for name, value in expected.items():
+            if isinstance(value, float):
+                assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-6), (what, name, expected)
+            else:
+                assert got[name] == value, (what, name, expected)
+
+
+def test_the_report_sections_from_the_team_rollups_equal_the_same_sql_over_the_raw_windows(
+        filled: FillOutcome) -> None:
+    names = {"team": "if(team = '', '(none)', team)", "project": "if(project = '', '(none)', project)",
+             "idle_class": rollups.IDLE_CLASS, "price": PRICE}
+    with closing(open_store(f"chdb://{filled.path}")) as store:
+        reader = scoped(store)
+        report = run_report(reader, list(RAW_SECTIONS))
+        for name, sql in RAW_SECTIONS.items():
+            raw = round_floats(store.query(sql.format(**names)).dicts())
+            if name == "summary":  # its capacity and lifecycle figures come from their own tables
+                report[name] = [{key: report[name][0][key] for key in raw[0]}]
+            _assert_rows_equal(raw, report[name], name)
+        assert len({r["idle_class"] for r in report["idle_by_team_and_class"]}) >= 2, "several idle classes"
+        for bucket_s in (3600, 7200, 86400):
+            raw = round_floats(store.query(RAW_UTILISATION.format(bucket_s=bucket_s, **names)).dicts())
+            _assert_rows_equal(raw, utilisation_by_team(reader, bucket_s), f"utilisation per {bucket_s} s")
