@@ -304,6 +304,11 @@ ANALYSES: dict[str, Callable[[SqlReader], Rows]] = {
 }
 """Report sections in display order; each maps a reader to plain rows."""
 
+LISTS = frozenset({"top_pods", "cost_per_unit_of_work", "shared_gpu_cost", "pods", "lifecycle_timeline",
+                   "reclaimable_capacity"})
+"""Sections whose rows are pods: what they cost grows with the pods of the history they list (the
+others are fleet-, team- or node-level aggregates; docs/performance.md measures both)."""
+
 TITLES: dict[str, str] = {
     "summary": "Fleet summary",
     "top_teams": "Top GPU consumers by team",

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulens.cli import main as gpulens_main
+from reports.analyses import ANALYSES, LISTS, run_report
 from sinks.clickhouse import ClickHouseStore
 from sinks.readonly import ReadLimits
 
@@ -124,7 +125,7 @@ class Cost:
 class Subject:
     name: str
     kind: str
-    """``cli``, ``panel``, ``cookbook``, ``baseline``."""
+    """``cli``, ``section`` (one section of ``gpulens report``), ``panel``, ``cookbook``, ``baseline``."""
     run: Callable[[], object]
     aggregate: bool = True
     """A fleet- or team-level aggregate (its cost must not grow with the history); False: it lists
@@ -158,6 +159,11 @@ def cli(args: list[str], url: str) -> Callable[[], object]:
             raise RuntimeError(f"gpulens {' '.join(args)} exited {status}: {err.getvalue()[-2000:]}")
         return out.getvalue()
     return run
+
+
+def section(reader: ClickHouseStore, name: str) -> Callable[[], object]:
+    """One section of ``gpulens report``, as the CLI runs it."""
+    return lambda: run_report(reader, [name])
 
 
 def sql(store: ClickHouseStore, text: str) -> Callable[[], object]:
@@ -232,6 +238,8 @@ def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, 
         Subject("gpulens report --html", "cli", cli(["report", "--html", str(html)], url)),
         Subject("gpulens advise --since <range>", "cli", cli(["advise", "--since", f"{since_days}d"], url)),
     ]
+    for name in ANALYSES:
+        found.append(Subject(f"report section {name}", "section", section(reader, name), aggregate=name not in LISTS))
     for dashboard, title, raw in panels():
         found.append(Subject(f"panel {dashboard}: {title}", "panel", sql(reader, expand_macros(raw, start, end)),
                              aggregate=not LISTING_PANELS.search(title)))

@@ -1,6 +1,6 @@
 """The history benchmark's measurement (benchmarks/history/measure.py) on a small filled store: it
 finds every Grafana panel and every cookbook query, expands every macro, and every subject — the
-report in its three forms, the advisor, each panel, each cookbook query, the baseline scan — runs
+report in its three forms, each of its sections, the advisor, each panel, each cookbook query, the baseline scan — runs
 and is costed from the engine's query log, within the product's read limits with a margin of 4x.
 """
 
@@ -15,6 +15,7 @@ import pytest
 from benchmarks.history.fill import FillSpec, fill
 from benchmarks.history.main import MEMORY_TARGET, TIME_TARGET_S, cost_figures
 from benchmarks.history.measure import StoreFigures, cookbook, expand_macros, grafana_step_s, measure_store, panels
+from reports.analyses import ANALYSES, LISTS
 from tests.conftest import REPO_ROOT
 
 SPEC = FillSpec(gpus=16, days=2, day_s=600, template_nodes=4, gpus_per_node=4, variants=1)
@@ -41,14 +42,16 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> StoreFigures:
 
 
 def test_every_subject_runs_and_is_costed_within_the_read_limits(figures: StoreFigures) -> None:
-    assert len(figures.costs) == 5 + len(panels()) + len(cookbook())
+    assert len(figures.costs) == 5 + len(ANALYSES) + len(panels()) + len(cookbook())
     for name, cost in figures.costs.items():
         assert cost.queries >= 1, f"{name}: no query in the engine's log"
         assert cost.peak_memory_bytes <= MEMORY_TARGET and cost.max_query_s <= TIME_TARGET_S, name
     report = figures.costs["gpulens report --json"]
     assert report.queries > 10 and report.read_rows > 0 and report.cpu_s > 0
     assert figures.costs["baseline: one raw column, full scan"].read_rows > 0
-    assert figures.disk["gpu_samples"] > 0 and figures.disk["rollup_hourly"] > 0
+    assert figures.disk["gpu_samples"] > 0 and figures.disk["rollup_hourly"] > 0 and figures.disk["team_daily"] > 0
+    lists = {name for name, subject in figures.subjects.items() if subject.kind == "section" and not subject.aggregate}
+    assert lists == {f"report section {name}" for name in LISTS} and "report section pods" in lists
     # the table of figures: every subject against itself (both "ranges" the same store here)
     results = cost_figures(figures, figures)
     assert {r.metric for r in results if r.target == "<= 3x"} >= {"gpulens report --json vs scan"}
