@@ -60,12 +60,21 @@ class ReadLimits:
                    max_memory_bytes=clickhouse.query_max_memory_bytes,
                    max_result_rows=clickhouse.query_max_result_rows)
 
+    @property
+    def spill_bytes(self) -> int:
+        """What a query's aggregation or sort may hold in memory before it continues on disk: an
+        eighth of :attr:`max_memory_bytes`, so that a month of windows grouped per GPU and minute
+        (the shared-GPU cost, the advisor) spills instead of failing at the limit."""
+        return self.max_memory_bytes // 8
+
     def engine_settings(self) -> dict[str, Any]:
         """The settings of a reading client, ``readonly`` last (after it nothing can be set)."""
         return {
             "max_execution_time": self.max_execution_time_s,
             "timeout_overflow_mode": "throw",
             "max_memory_usage": self.max_memory_bytes,
+            "max_bytes_before_external_group_by": self.spill_bytes,
+            "max_bytes_before_external_sort": self.spill_bytes,
             "max_result_rows": self.max_result_rows,
             "result_overflow_mode": "throw",
             "max_query_size": self.max_query_bytes,

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from common.settings import ConfigError, KafkaSettings, LocalKafkaSettings, load_settings
+from sinks.readonly import ReadLimits
 from tests.deploy.helpers import (
     GRAFANA_DIR,
     REPO_ROOT,
@@ -314,6 +315,10 @@ def test_grafana_reads_clickhouse_as_a_read_only_user_not_the_sinks(spec: dict[s
     assert profile.findtext("readonly") == "1", "the read-only user's profile must set readonly = 1"
     for limit in ("max_execution_time", "max_memory_usage", "max_result_rows"):
         assert profile.findtext(limit), f"the read-only profile sets no {limit}"
+    limits = ReadLimits()
+    assert int(profile.findtext("max_memory_usage") or 0) == limits.max_memory_bytes
+    for spill in ("max_bytes_before_external_group_by", "max_bytes_before_external_sort"):
+        assert int(profile.findtext(spill) or 0) == limits.spill_bytes == limits.engine_settings()[spill], spill
     # Grafana's driver sends max_execution_time with every query: changeable, but capped
     constraint = profile.find("constraints/max_execution_time")
     assert constraint is not None and constraint.find("changeable_in_readonly") is not None
