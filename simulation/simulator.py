@@ -98,6 +98,12 @@ class FleetSimulator:
                    hashlib.sha256(f"{scenario.name}/{spec.namespace}/{spec.name}".encode()).hexdigest())
             for index, spec in enumerate(scenario.pods)
         ]
+        self._by_index: dict[int, SimPod] = {pod.index: pod for pod in self.pods}
+        self._refs: dict[int, PodRef] = {}
+        """Each pod's PodRef as the kubelet names it, by pod index (built once per uid: the same for every GPU
+        and tick)."""
+        self._containers: dict[int, ContainerRef] = {}
+        """Each pod's container as its processes' cgroups name it (built once, like ``_refs``)."""
         self.workloads: dict[tuple[str, str], SimWorkload] = {
             (spec.namespace, spec.name): SimWorkload(
                 spec, sim_uid(scenario.name, "workload", spec.namespace, spec.name),
@@ -191,7 +197,7 @@ class FleetSimulator:
         """The claims in ``dirty`` as the watcher now sees them (``dirty`` is emptied)."""
         if self.dra is None:
             return
-        by_index = {p.index: p for p in self.pods}
+        by_index = self._by_index
         change = DraChange()
         for claim in {c.uid: c for c in dirty}.values():
             devices = slot_devices(self.nodes[claim.node]) if claim.node is not None else []
@@ -556,7 +562,7 @@ class FleetSimulator:
             return True
         per_gpu = node.spec.time_slicing
         gpu = slot // per_gpu
-        by_index = {p.index: p for p in self.pods}
+        by_index = self._by_index
         held = 0.0
         for owner in node.slots[gpu * per_gpu:(gpu + 1) * per_gpu]:
             if owner is None or owner == pod.index:
@@ -642,7 +648,10 @@ class FleetSimulator:
             share_mem = mem // count + (mem % count if j == 0 else 0)
             procs.append(FakeProcess(pid=pid, used_gpu_memory_bytes=share_mem if stats else None,
                                      sm_util_pct=util / count if stats else None))
-            resolver[pid] = ContainerRef(pod.container_id, pod.uid, "containerd")
+            container = self._containers.get(pod.index)
+            if container is None or container.pod_uid != pod.uid:
+                container = self._containers[pod.index] = ContainerRef(pod.container_id, pod.uid, "containerd")
+            resolver[pid] = container
         return procs
 
     def _dress(self, node: SimNode, t: float) -> None:
@@ -650,7 +659,7 @@ class FleetSimulator:
         spec = node.spec
         mig_mode = bool(spec.mig) or spec.mig_layout is not None
         per_gpu = spec.mig_per_gpu if mig_mode else spec.time_slicing
-        tick = _Dressing(t=t, by_index={p.index: p for p in self.pods},
+        tick = _Dressing(t=t, by_index=self._by_index,
                          devices=slot_devices(node) if spec.dra else [])
         for gpu in node.gpus:
             owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
@@ -679,8 +688,7 @@ class FleetSimulator:
                 _util, mem, count = self._load(pod, tick.t, mig.mem_total_bytes - mig.mem_used_bytes, ordinal)
                 mig.mem_used_bytes += mem
                 mig.processes += self._procs(pod, ordinal, 0.0, mem, count, spec.process_stats, tick.resolver)
-                mig_refs.append(PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
-                                       pod_uid=pod.uid))
+                mig_refs.append(self._pod_ref(pod))
                 if spec.dra:
                     tick.dra.append(self._allocation(node, pod, slot, tick.devices[slot]))
             if not spec.dra:
@@ -701,7 +709,7 @@ class FleetSimulator:
                 util_sum += util
                 mem_sum += mem
                 procs += self._procs(pod, ordinal, util, mem, count, spec.process_stats, tick.resolver)
-                ref = PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main", pod_uid=pod.uid)
+                ref = self._pod_ref(pod)
                 if ref not in refs:
                     refs.append(ref)
                 if spec.dra:
@@ -714,6 +722,13 @@ class FleetSimulator:
         gpu.temperature_c = 35.0 + 0.4 * gpu.gpu_util_pct
         if refs and not spec.dra:  # a DRA device is reported as the claim's, not the device plugin's
             tick.mapping[gpu.uuid] = refs
+
+    def _pod_ref(self, pod: SimPod) -> PodRef:
+        ref = self._refs.get(pod.index)
+        if ref is None or ref.pod_uid != pod.uid:  # the API server simulator gives a pod the server's uid
+            ref = self._refs[pod.index] = PodRef(namespace=pod.spec.namespace, pod=pod.spec.name, container="main",
+                                                 pod_uid=pod.uid)
+        return ref
 
     @staticmethod
     def _holders(node: SimNode, slot: int, owner: int, by_index: dict[int, SimPod]) -> list[SimPod]:

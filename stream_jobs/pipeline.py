@@ -94,6 +94,32 @@ Possessive quantifiers: what follows each run (``-``, a digit, ``.``, ``e``) can
 giving characters back never finds a match, and the search does not try (about a quarter faster)."""
 
 
+def _byte_classes() -> bytes:
+    """A ``bytes.translate`` table onto what :data:`_SUSPECT` tells apart: ``0`` a digit, ``,`` one of
+    ``:[,``, a space any ASCII whitespace (``\\s``), ``e`` either exponent letter, ``N`` ``N`` or ``I``,
+    ``-`` and ``.`` themselves, ``x`` any other byte."""
+    table = bytearray(b"x" * 256)
+    for chars, cls in ((b"0123456789", b"0"), (b":[,", b","), (b" \t\n\r\x0b\x0c", b" "), (b"eE", b"e"),
+                       (b"NI", b"N"), (b"-", b"-"), (b".", b".")):
+        for char in chars:
+            table[char] = cls[0]
+    return bytes(table)
+
+
+_CLASSES = _byte_classes()
+_SUSPECT_CLASSES = re.compile(rb",[ ]*+-?(?:0{19}|0++(?:\.0*+)?+e|N)")
+""":data:`_SUSPECT` over bytes translated by :data:`_CLASSES`: it matches where that matches."""
+
+
+def _suspect(value: bytes) -> bool:
+    """Whether :data:`_SUSPECT` finds a number in ``value``, in a third of the time: over the byte classes,
+    with each separator before a byte of class ``x`` (a string, an object, ``true``: no match goes on
+    over one) made ``x`` first, so that the search tries only at the few that are left, before numbers
+    (a search's cost is in its tries: one at each separator of the raw bytes)."""
+    classes = value.translate(_CLASSES).replace(b",x", b"xx")
+    return _SUSPECT_CLASSES.search(classes) is not None
+
+
 def wire_error(suffix: str, value: bytes, message: Message) -> MessageError | None:
     """Why a decoded record cannot go on through the stream exactly as decoded (None: it can).
 
@@ -102,7 +128,7 @@ def wire_error(suffix: str, value: bytes, message: Message) -> MessageError | No
     float must be finite, and a record the route forwards must be one orjson reads at all (pydantic's
     parser reads ``NaN``, ``1e400``, integers beyond 64 bits; orjson refuses or rounds them). Holds
     whatever bounds the contract itself declares."""
-    if not _SUSPECT.search(value):
+    if not _suspect(value):
         return None
     if suffix != GPU_SAMPLES.suffix:  # forwarded by the route: re-read with orjson by the stages
         try:

@@ -154,24 +154,32 @@ class FakeNvml:
             raise NvmlUnavailable("Driver Not Loaded", kind="driver_not_loaded")
 
     def _gpu_of(self, device: Device) -> FakeGpu:
-        self._ready()
+        if not self.initialised or self.driver_gone:
+            self._ready()
         gpu = device.parent if isinstance(device, FakeMigDevice) else device
         assert isinstance(gpu, FakeGpu), f"not a fake device handle: {device!r}"
         if gpu.lost:
             raise NvmlGpuLost("GPU is lost")
         return gpu
 
-    def _check(self, device: Device, name: str) -> FakeGpu:
-        gpu = self._gpu_of(device)
-        if name in gpu.unsupported:
+    def _check(self, device: Device, name: str, physical_only: bool = False) -> FakeGpu:
+        """The device's GPU, after the errors NVML gives for field ``name`` in this order: not
+        initialised, GPU lost, unsupported, injected failure, and (``physical_only``) a MIG device.
+        The simulator reads every field of every GPU each tick: this is one call, not four."""
+        if not self.initialised or self.driver_gone:
+            self._ready()
+        mig = isinstance(device, FakeMigDevice)
+        gpu = device.parent if mig else device
+        assert isinstance(gpu, FakeGpu), f"not a fake device handle: {device!r}"
+        if gpu.lost:
+            raise NvmlGpuLost("GPU is lost")
+        if gpu.unsupported and name in gpu.unsupported:
             raise NvmlNotSupported("Not Supported")
-        if name in gpu.failing:
+        if gpu.failing and name in gpu.failing:
             raise NvmlError(f"injected {gpu.failing[name]} error", kind=gpu.failing[name])
-        return gpu
-
-    def _not_on_mig(self, device: Device) -> None:
-        if isinstance(device, FakeMigDevice):
+        if physical_only and mig:
             raise NvmlNotSupported("Not Supported")
+        return gpu
 
     # -- system
 
@@ -222,35 +230,29 @@ class FakeNvml:
         return MemoryInfo(gpu.mem_total_bytes, gpu.mem_used_bytes)
 
     def utilization(self, device: Device) -> Utilization:
-        gpu = self._check(device, "utilization")
-        self._not_on_mig(device)
+        gpu = self._check(device, "utilization", physical_only=True)
         if gpu.mig_mode:
             raise NvmlNotSupported("Not Supported")
         return Utilization(gpu.gpu_util_pct, gpu.mem_util_pct)
 
     def power_w(self, device: Device) -> float:
-        gpu = self._check(device, "power_w")
-        self._not_on_mig(device)
+        gpu = self._check(device, "power_w", physical_only=True)
         return gpu.power_w
 
     def temperature_c(self, device: Device) -> float:
-        gpu = self._check(device, "temperature_c")
-        self._not_on_mig(device)
+        gpu = self._check(device, "temperature_c", physical_only=True)
         return gpu.temperature_c
 
     def clock_mhz(self, device: Device, clock: Clock) -> int:
-        gpu = self._check(device, "clock_mhz")
-        self._not_on_mig(device)
+        gpu = self._check(device, "clock_mhz", physical_only=True)
         return gpu.sm_clock_mhz if clock == "sm" else gpu.mem_clock_mhz
 
     def pcie_throughput_bytes_per_s(self, device: Device) -> tuple[float, float]:
-        gpu = self._check(device, "pcie_throughput_bytes_per_s")
-        self._not_on_mig(device)
+        gpu = self._check(device, "pcie_throughput_bytes_per_s", physical_only=True)
         return gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s
 
     def nvlink_bytes_total(self, device: Device) -> tuple[int, int]:
-        gpu = self._check(device, "nvlink_bytes_total")
-        self._not_on_mig(device)
+        gpu = self._check(device, "nvlink_bytes_total", physical_only=True)
         return gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total
 
     def compute_processes(self, device: Device) -> list[ProcessInfo]:
@@ -265,8 +267,7 @@ class FakeNvml:
         return [ProcessInfo(p.pid, p.used_gpu_memory_bytes) for p in gpu.processes]
 
     def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
-        gpu = self._check(device, "process_utilization")
-        self._not_on_mig(device)
+        gpu = self._check(device, "process_utilization", physical_only=True)
         if gpu.mig_mode:
             raise NvmlNotSupported("Not Supported")
         self._clock_us += 1_000_000
@@ -279,8 +280,7 @@ class FakeNvml:
         ]
 
     def mig_enabled(self, device: Device) -> bool:
-        gpu = self._check(device, "mig_enabled")
-        self._not_on_mig(device)
+        gpu = self._check(device, "mig_enabled", physical_only=True)
         return gpu.mig_mode
 
     def mig_devices(self, device: Device) -> list[Device]:
