@@ -117,6 +117,10 @@ RATE = Kind("Nullable(Float32)", "ZSTD(1)")
 COUNTS = Kind("Map(LowCardinality(String), UInt32)")
 LABELS = Kind("Map(LowCardinality(String), String)")
 SUM = Kind("SimpleAggregateFunction(sum, Float64)")
+COUNT = Kind("SimpleAggregateFunction(sum, UInt64)")
+PEAK_BYTES = Kind("SimpleAggregateFunction(max, Nullable(UInt64))")
+FIRST = Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")
+LAST = Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")
 
 KAFKA = (Column("kafka_partition", INDEX, "(record partition)"), Column("kafka_offset", SEQUENCE, "(record offset)"))
 """Where a row came from: columns of every table the sink writes from a topic."""
@@ -487,15 +491,15 @@ GPU_HOURLY_TABLE = Table("gpu_hourly", (
     Column("gpu_index", Kind("UInt16")),
     Column("gpu_model", LC),
     Column("mig_parent_uuid", LC),
-    Column("samples", Kind("SimpleAggregateFunction(sum, UInt64)")),
-    Column("allocated_samples", Kind("SimpleAggregateFunction(sum, UInt64)")),
+    Column("samples", COUNT),
+    Column("allocated_samples", COUNT),
     Column("sampled_s", SUM),
     Column("unallocated_s", SUM),
     Column("allocated_idle_s", SUM),
-    Column("mem_total_bytes", Kind("SimpleAggregateFunction(max, Nullable(UInt64))")),
+    Column("mem_total_bytes", PEAK_BYTES),
     Column("interval_s", Kind("SimpleAggregateFunction(any, Float32)")),
-    Column("first_ts", Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")),
-    Column("last_ts", Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")),
+    Column("first_ts", FIRST),
+    Column("last_ts", LAST),
 ))
 """GPU samples per GPU and hour (:mod:`sinks.rollups`: what each measure is, and why)."""
 
@@ -508,15 +512,15 @@ def _team_rollup(name: str, period: Column) -> Table:
         Column("cluster", LC),
         period,
         *(Column(key, LC) for key in ("namespace", "team", "project", "gpu_model", "idle_class")),
-        Column("windows", Kind("SimpleAggregateFunction(sum, UInt64)")),
+        Column("windows", COUNT),
         Column("pods", Kind("AggregateFunction(uniqExact, String)")),
         Column("idle_pods", Kind("AggregateFunction(uniqExactIf, String, UInt8)")),
         *(Column(measure, SUM) for measure in sums[:6]),
-        Column("peak_mem_bytes", Kind("SimpleAggregateFunction(max, Nullable(UInt64))")),
+        Column("peak_mem_bytes", PEAK_BYTES),
         *(Column(measure, SUM) for measure in sums[6:]),
         Column("idle_cost_usd", Kind("SimpleAggregateFunction(sum, Nullable(Float64))")),
-        Column("first_start", Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")),
-        Column("last_end", Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")),
+        Column("first_start", FIRST),
+        Column("last_end", LAST),
     ))
 
 
