@@ -35,6 +35,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,9 +51,10 @@ from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import MIGRATIONS
+from sinks.rollups import ROLLUPS
 from sinks.service import prepare_store
 
-FILL_VERSION = 2
+FILL_VERSION = 3
 """Part of the cache key: a change to what the fill writes makes new stores."""
 
 DAY_S = 86_400
@@ -62,6 +64,9 @@ TABLES = ("gpu_samples", "gpu_processes", "gpu_xids", "pod_states", "node_states
           "pod_lifecycle", "alerts")
 """The tables the sink writes from topics (the rollups fill through their views; prices, the batch
 journal and the migrations are the store's own)."""
+
+MERGED = (*TABLES, "rollup_hourly", "rollup_daily", *(rollup.table.name for rollup in ROLLUPS))
+"""Every table the fill writes, directly or through a view."""
 
 NODE_COLUMNS = frozenset({"node", "gpu_uuid", "mig_parent_uuid", "agent_boot_id", "subject_node", "subject_gpu_uuid"})
 """Columns that name a node or a GPU: renamed per fleet copy only (a node is the same every day;
@@ -375,7 +380,7 @@ def _capacity_sql(store: ClickHouseStore, spec: FillSpec) -> str:
             f"GROUP BY cluster, window_start, window_end SETTINGS insert_deduplicate = 0")
 
 
-def extend(store: ClickHouseStore, spec: FillSpec) -> None:
+def extend(store: ClickHouseStore, spec: FillSpec, progress: Callable[[str], None] = lambda _: None) -> None:
     """Copy the played days to every fleet copy and day (see the module's docstring)."""
     for table in TABLES:
         store.command(f"DROP TABLE IF EXISTS tmpl_{table}")
@@ -394,16 +399,20 @@ def extend(store: ClickHouseStore, spec: FillSpec) -> None:
     for table in TABLES:
         if table == "cluster_capacity":
             continue
+        started = time.perf_counter()
         for variant in range(spec.played_days):
             sql = _copy_sql(store, spec, table, variant)
             if sql is not None:
                 store.command(sql, settings={"max_threads": 2, "max_insert_threads": 2})
+        progress(f"extended {table} in {time.perf_counter() - started:.0f} s")
     for table in TABLES:
         store.command(f"DROP TABLE IF EXISTS tmpl_{table}")
 
 
-def fill(spec: FillSpec, cache_dir: Path, merge: bool = True) -> FillOutcome:
-    """The store of ``spec`` under ``cache_dir`` (filled now, or the cached one)."""
+def fill(spec: FillSpec, cache_dir: Path, merge: bool = True,
+         progress: Callable[[str], None] = lambda _: None) -> FillOutcome:
+    """The store of ``spec`` under ``cache_dir`` (filled now, or the cached one); ``progress`` is
+    told of each step of a fill (the full size takes about half an hour)."""
     path = cache_dir / spec.key() / "clickhouse"
     done = path.parent / "fill.json"
     if done.exists():
@@ -415,18 +424,19 @@ def fill(spec: FillSpec, cache_dir: Path, merge: bool = True) -> FillOutcome:
     started = time.perf_counter()
     play_templates(spec, path)
     outcome = FillOutcome(spec, path, False, played_s=time.perf_counter() - started)
+    progress(f"played {spec.played_days} template days in {outcome.played_s:.0f} s")
     store = open_store(f"chdb://{path}")
     try:
         started = time.perf_counter()
-        extend(store, spec)
+        extend(store, spec, progress)
         outcome.extended_s = time.perf_counter() - started
         started = time.perf_counter()
         if merge:  # a month-old store's parts are merged: measure that, not a fresh fill's many parts
-            for table in (*TABLES, "rollup_hourly", "rollup_daily"):
+            for table in MERGED:
                 store.command(f"OPTIMIZE TABLE {table} FINAL")
+            progress(f"merged in {time.perf_counter() - started:.0f} s")
         outcome.merged_s = time.perf_counter() - started
-        outcome.rows = {table: int(store.query(f"SELECT count() FROM {table}").rows[0][0])
-                        for table in (*TABLES, "rollup_hourly", "rollup_daily")}
+        outcome.rows = {table: int(store.query(f"SELECT count() FROM {table}").rows[0][0]) for table in MERGED}
     finally:
         store.close()
     done.write_text(json.dumps({"spec": asdict(spec), "played_s": outcome.played_s, "extended_s": outcome.extended_s,

@@ -129,7 +129,7 @@ def run_history(gpus: int, days: int, sample_interval_s: float, cache_dir: Path,
                         variants=variants)
         print(f"== history: {n} d x {spec.fleet_gpus} GPUs @ {sample_interval_s:g} s ({spec.key()})", flush=True)
         started = time.perf_counter()
-        outcome = fill(spec, cache_dir)
+        outcome = fill(spec, cache_dir, progress=lambda step: print(f"   {step}", flush=True))
         print(f"   {'cached' if outcome.cached else 'filled'} in {time.perf_counter() - started:.1f} s: "
               f"{outcome.rows.get('gpu_samples', 0)} GPU rows", flush=True)
         results += fill_figures(outcome)
