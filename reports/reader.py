@@ -35,8 +35,10 @@ IN_CLUSTER = "cluster = {cluster:String}"
 _CLUSTERS_SQL = """
 SELECT DISTINCT cluster FROM (
     SELECT DISTINCT cluster FROM node_states UNION ALL SELECT DISTINCT cluster FROM pod_states
-    UNION ALL SELECT DISTINCT cluster FROM cluster_capacity UNION ALL SELECT DISTINCT cluster FROM pod_windows
+    UNION ALL SELECT DISTINCT cluster FROM cluster_capacity UNION ALL SELECT DISTINCT cluster FROM team_daily
 ) ORDER BY cluster"""
+"""The clusters a store holds data of; the windows' clusters from their daily rollup, which has them
+all (it is kept longer) in a few rows per day instead of one per pod, GPU and minute."""
 
 
 class ClusterError(UserError, ValueError):
