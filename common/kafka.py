@@ -477,9 +477,19 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout_s: float) -> 
 
 
 def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
+    """The topic's ``cleanup.policy``. A topic another client has just created is listed before
+    every broker knows it (the broker asked answers "unknown topic" for a moment, as three workers
+    starting together on a 3-broker cluster find): asked again for up to ``timeout_s``."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
-    return str(result["cleanup.policy"].value)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+            return str(result["cleanup.policy"].value)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True)

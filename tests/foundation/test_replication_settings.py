@@ -6,10 +6,13 @@ topic's replicas on clusters of each size."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConfigResource
 from pytest import MonkeyPatch
 
 import common.kafka as kafka_module
@@ -161,3 +164,31 @@ def test_auto_replication_counts_a_broker_that_is_down_or_fenced_for_a_moment(mo
     assert kafka_module._cluster_size(_Admin(_Listing({1, 3}), _Listing({1, 2, 3})), fenced, 1.0) == 3
     single = _Listing({1})
     assert kafka_module._cluster_size(_Admin(), single, 1.0) == 1
+
+
+class _ConfigsAdmin:
+    """``AdminClient.describe_configs`` of a broker that learns of a new topic after ``unknown`` asks."""
+
+    def __init__(self, unknown: int) -> None:
+        self.unknown = unknown
+        self.asked = 0
+
+    def describe_configs(self, resources: list[ConfigResource], request_timeout: float) -> dict[object, Future[object]]:
+        self.asked += 1
+        answer: Future[object] = Future()
+        if self.asked <= self.unknown:
+            answer.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+        else:
+            answer.set_result({"cleanup.policy": SimpleNamespace(value="compact")})
+        return {resources[0]: answer}
+
+
+def test_a_topic_just_created_by_another_client_is_asked_about_again(monkeypatch: MonkeyPatch) -> None:
+    """Workers starting together each create the topics; one lists a topic another has just created
+    before the broker it asks knows it. That is a moment, not a fault: asked again, not an exit."""
+    monkeypatch.setattr(kafka_module.time, "sleep", lambda _s: None)
+    admin = _ConfigsAdmin(unknown=3)
+    assert kafka_module._cleanup_policy(admin, "gpulens.k8s.pods.v1", 5.0) == "compact"  # type: ignore[arg-type]
+    assert admin.asked == 4
+    with pytest.raises(KafkaException):  # a topic that stays unknown past the timeout is an error
+        kafka_module._cleanup_policy(_ConfigsAdmin(unknown=10**9), "gone", 0.0)  # type: ignore[arg-type]
