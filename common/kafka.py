@@ -290,11 +290,8 @@ def topic_configs(kafka: KafkaSettings, names: Sequence[str], timeout_s: float =
     """Every config of the topics ``names`` (``cleanup.policy``, ``min.insync.replicas``, ...)."""
     if not names:
         return {}
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
     admin = AdminClient(_client_conf(kafka))  # referenced until the answers: a collected client never answers
-    futures = admin.describe_configs(resources, request_timeout=timeout_s)
-    return {resource.name: {key: str(entry.value) for key, entry in future.result().items()}
-            for resource, future in futures.items()}
+    return {name: _describe_topic(admin, name, timeout_s) for name in names}
 
 
 def header_counts_since(kafka: KafkaSettings, topic: str, since_ms: int, header: str,
@@ -480,12 +477,18 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
     """The topic's ``cleanup.policy``. A topic another client has just created is listed before
     every broker knows it (the broker asked answers "unknown topic" for a moment, as three workers
     starting together on a 3-broker cluster find): asked again for up to ``timeout_s``."""
+    return _describe_topic(admin, topic, timeout_s)["cleanup.policy"]
+
+
+def _describe_topic(admin: AdminClient, topic: str, timeout_s: float) -> dict[str, str]:
+    """Every config of ``topic``, asked again for up to ``timeout_s`` while the broker asked does not
+    know it yet (a topic just created is listed before every broker has it)."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
-            return str(result["cleanup.policy"].value)
+            return {key: str(entry.value) for key, entry in result.items()}
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
                 raise
