@@ -26,7 +26,10 @@ copies them:
 
 Every table keeps its columns and natural key (tests/benchmarks/test_history_fill.py compares a
 small fill with the same fleet through the sink). The store is cached under ``cache_dir`` by its
-parameters (:meth:`FillSpec.key`); a fill that did not finish leaves no cache entry.
+parameters (:meth:`FillSpec.key`); a fill that did not finish leaves no cache entry. A cached store
+of the same parameters under an older schema is copied and brought forward by the store's own
+migrations (as an upgrade of the product does: each new rollup is back-filled from the raw rows)
+rather than filled again (:func:`upgrade`).
 """
 
 from __future__ import annotations
@@ -233,6 +236,10 @@ class FillOutcome:
     extended_s: float = 0.0
     merged_s: float = 0.0
     rows: dict[str, int] = field(default_factory=dict)
+    upgraded_from: str = ""
+    """The cached store of an older schema this one was migrated from ("" when filled here)."""
+    migrated_s: float = 0.0
+    """Seconds the migrations (and the merge of what they wrote) took on that copy."""
 
     @property
     def gpu_rows_per_s(self) -> float:
@@ -409,17 +416,72 @@ def extend(store: ClickHouseStore, spec: FillSpec, progress: Callable[[str], Non
         store.command(f"DROP TABLE IF EXISTS tmpl_{table}")
 
 
+def _merge(store: ClickHouseStore) -> None:
+    """Merge every table's parts (a month-old store's parts are merged: measure that, not a fresh
+    fill's many parts); partitions already merged into one part are left as they are."""
+    for table in MERGED:
+        store.command(f"OPTIMIZE TABLE {table} FINAL", settings={"optimize_skip_merged_partitions": 1})
+
+
+def _row_counts(store: ClickHouseStore) -> dict[str, int]:
+    return {table: int(store.query(f"SELECT count() FROM {table}").rows[0][0]) for table in MERGED}
+
+
+def _older_store(spec: FillSpec, cache_dir: Path) -> Path | None:
+    """The finished cached store of ``spec`` under the newest older schema (same fill version and
+    parameters, a lower last migration), if any."""
+    prefix = f"v{FILL_VERSION}-m"
+    version, rest = spec.key()[len(prefix):].split("-", 1)
+    older = []
+    for entry in cache_dir.glob(f"{prefix}*-{rest}"):
+        schema = entry.name[len(prefix):].split("-", 1)[0]
+        if schema.isdigit() and int(schema) < int(version) and (entry / "fill.json").exists():
+            older.append((int(schema), entry))
+    return max(older)[1] if older else None
+
+
+def upgrade(spec: FillSpec, older: Path, target: Path, progress: Callable[[str], None] = lambda _: None) -> FillOutcome:
+    """A copy of the cached store ``older`` (``spec`` under an older schema) at ``target`` (a cache
+    entry's directory), brought to the current schema by the store's migrations, then merged."""
+    shutil.copytree(older, target, symlinks=True, ignore=shutil.ignore_patterns("fill.json"))
+    data = json.loads((older / "fill.json").read_text())
+    path = target / "clickhouse"
+    started = time.perf_counter()
+    store = prepare_store(sink_settings(spec, path))
+    try:
+        progress(f"migrated a copy of {older.name} in {time.perf_counter() - started:.0f} s")
+        _merge(store)
+        rows = _row_counts(store)
+    finally:
+        store.close()
+    return FillOutcome(spec, path, True, data["played_s"], data["extended_s"], data["merged_s"], rows,
+                       upgraded_from=older.name, migrated_s=time.perf_counter() - started)
+
+
 def fill(spec: FillSpec, cache_dir: Path, merge: bool = True,
          progress: Callable[[str], None] = lambda _: None) -> FillOutcome:
-    """The store of ``spec`` under ``cache_dir`` (filled now, or the cached one); ``progress`` is
-    told of each step of a fill (the full size takes about half an hour)."""
+    """The store of ``spec`` under ``cache_dir`` (the cached one, one of an older schema migrated, or
+    filled now); ``progress`` is told of each step of a fill (the full size takes about half an hour)."""
     path = cache_dir / spec.key() / "clickhouse"
     done = path.parent / "fill.json"
     if done.exists():
         data = json.loads(done.read_text())
-        return FillOutcome(spec, path, True, data["played_s"], data["extended_s"], data["merged_s"], data["rows"])
+        return FillOutcome(spec, path, True, data["played_s"], data["extended_s"], data["merged_s"], data["rows"],
+                           data.get("upgraded_from", ""), data.get("migrated_s", 0.0))
     if path.parent.exists():
-        shutil.rmtree(path.parent)  # a fill that did not finish
+        shutil.rmtree(path.parent)  # a fill or an upgrade that did not finish
+    older = _older_store(spec, cache_dir) if merge else None
+    if older is not None:
+        outcome = upgrade(spec, older, path.parent, progress)
+    else:
+        outcome = _fill_new(spec, path, merge, progress)
+    done.write_text(json.dumps({"spec": asdict(spec), "played_s": outcome.played_s, "extended_s": outcome.extended_s,
+                                "merged_s": outcome.merged_s, "rows": outcome.rows,
+                                "upgraded_from": outcome.upgraded_from, "migrated_s": outcome.migrated_s}, indent=2))
+    return outcome
+
+
+def _fill_new(spec: FillSpec, path: Path, merge: bool, progress: Callable[[str], None]) -> FillOutcome:
     path.parent.mkdir(parents=True)
     started = time.perf_counter()
     play_templates(spec, path)
@@ -431,14 +493,11 @@ def fill(spec: FillSpec, cache_dir: Path, merge: bool = True,
         extend(store, spec, progress)
         outcome.extended_s = time.perf_counter() - started
         started = time.perf_counter()
-        if merge:  # a month-old store's parts are merged: measure that, not a fresh fill's many parts
-            for table in MERGED:
-                store.command(f"OPTIMIZE TABLE {table} FINAL")
+        if merge:
+            _merge(store)
             progress(f"merged in {time.perf_counter() - started:.0f} s")
         outcome.merged_s = time.perf_counter() - started
-        outcome.rows = {table: int(store.query(f"SELECT count() FROM {table}").rows[0][0]) for table in MERGED}
+        outcome.rows = _row_counts(store)
     finally:
         store.close()
-    done.write_text(json.dumps({"spec": asdict(spec), "played_s": outcome.played_s, "extended_s": outcome.extended_s,
-                                "merged_s": outcome.merged_s, "rows": outcome.rows}, indent=2))
     return outcome

@@ -61,6 +61,8 @@ def fill_figures(outcome: FillOutcome) -> list[Result]:
     what = f"{spec.days} d x {spec.fleet_gpus} GPUs"
     if outcome.cached:
         note = f"cached store ({outcome.path.parent.name}); filled in {outcome.played_s + outcome.extended_s:.0f} s"
+        if outcome.upgraded_from:
+            note += f"; migrated from {outcome.upgraded_from} in {outcome.migrated_s:.0f} s"
     else:
         note = f"played {outcome.played_s:.0f} s, extended {outcome.extended_s:.0f} s, merged {outcome.merged_s:.0f} s"
     return [

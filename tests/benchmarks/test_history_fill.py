@@ -9,11 +9,13 @@ against the same template days stored through the sink's write path
   fleet-wide capacity windows are the copies' sums (checked below by count and GPU totals);
 - every copied (fleet copy, day) holds its variant's rows once: no copy's natural key collides with
   another's (counts under ``FINAL`` equal the sum of the copies);
-- every table has the sink's columns, in order (the column spec of sinks/tables.py).
+- every table has the sink's columns, in order (the column spec of sinks/tables.py);
+- a cached store of an older schema is migrated forward, not filled again.
 """
 
 from __future__ import annotations
 
+import shutil
 from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +27,7 @@ from benchmarks.history.fill import TABLES, FillOutcome, FillSpec, fill, sink_se
 from simulation.replay import run_in_process
 from simulation.store import store_in_process
 from sinks.clickhouse import ClickHouseStore, open_store
+from sinks.migrations import MIGRATIONS
 from sinks.tables import TABLES as SPEC
 
 SPEC_SMALL = FillSpec(gpus=32, days=3, day_s=600, template_nodes=4, gpus_per_node=4, variants=2)
@@ -146,3 +149,27 @@ def test_every_table_has_the_sinks_columns(filled: FillOutcome, through_sink: di
             assert _columns(store, table) == columns == list(SPEC[table].names), table
         assert not [r for r in store.query("SELECT name FROM system.tables WHERE database = currentDatabase() "
                                            "AND name LIKE 'tmpl_%'").rows], "the fill's staging tables are left"
+
+
+def test_a_cached_store_of_an_older_schema_is_migrated_not_filled_again(filled: FillOutcome,
+                                                                       tmp_path: Path) -> None:
+    """A cached store one migration behind (the last migration not applied) is copied and brought
+    forward by the store's own migrations: the copy's rows are the original's (the last migration's
+    back-fill counted once), and the older entry is left as it was."""
+    last = MIGRATIONS[-1].version
+    older = tmp_path / SPEC_SMALL.key().replace(f"-m{last}-", f"-m{last - 1}-", 1)
+    shutil.copytree(filled.path.parent, older, symlinks=True)
+    with closing(open_store(f"chdb://{older / 'clickhouse'}")) as store:
+        store.command(f"DELETE FROM schema_migrations WHERE version = {last}")
+
+    outcome = fill(SPEC_SMALL, tmp_path)
+
+    assert outcome.cached and outcome.upgraded_from == older.name
+    assert outcome.path.parent.name == SPEC_SMALL.key()
+    assert outcome.rows == filled.rows
+    with closing(open_store(f"chdb://{outcome.path}")) as store:
+        applied = [int(r[0]) for r in store.query("SELECT version FROM schema_migrations ORDER BY version").rows]
+    assert applied == [m.version for m in MIGRATIONS]
+    with closing(open_store(f"chdb://{older / 'clickhouse'}")) as store:
+        assert last not in [int(r[0]) for r in store.query("SELECT version FROM schema_migrations").rows]
+    assert fill(SPEC_SMALL, tmp_path).upgraded_from == older.name  # cached now, not migrated again
