@@ -1,8 +1,14 @@
 """The reclaimable-capacity advisor: how many GPUs the fleet could free, which pods, why, and the money.
 
-Everything comes from the history the pipeline stored (``v_advise_windows`` over ``pod_windows``,
-``gpu_samples``, ``cluster_capacity``, ``pod_lifecycle``, ``node_states``), over a period counted
-back from the latest data in the store. The categories (docs/advise.md has the method, by hand):
+Everything comes from the history the pipeline stored, over a period counted back from the latest
+data in the store, each figure from what answers it with the fewest rows and equal to what the raw
+windows give (docs/advise.md, "Where the figures come from"; tests/advise/test_advise_rollups.py):
+per pod and GPU, and per pod, time bucket and GPU, the held, allocated and busy seconds, cost and
+peaks from ``pod_hourly``; the figures over a pod's active windows (windows in which any of its
+GPUs was busy: evidence, SM percentile, VRAM) from the raw ``pod_windows`` of the pods that were
+busy, in slices that bound the engine's memory; capacity and its cost from ``cluster_capacity`` and
+``gpu_hourly``; waits from ``pod_lifecycle``; pools from ``node_states``. The categories
+(docs/advise.md has the method, by hand):
 
 - **reclaim**: runs of wholly idle time buckets of a pod at least ``idle_stretch_s`` long; the pod's
   GPU-hours in them are reclaimable (idle class: no process, or VRAM held without compute).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,6 +39,7 @@ from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
 from sinks import rollups
+from sinks.rollups import POD_HOURLY
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -44,7 +52,7 @@ POOL_LABELS = ("pool", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool",
 def _period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
     rows = query_rows(reader, f"""
 SELECT maxOrNull(e) AS data_end FROM (
-    SELECT max(window_end) AS e FROM pod_windows WHERE {IN_CLUSTER}
+    SELECT max(last_end) AS e FROM pod_hourly WHERE {IN_CLUSTER}
     UNION ALL SELECT max(window_end) AS e FROM cluster_capacity WHERE {IN_CLUSTER}
 ) WHERE e > toDateTime64(0, 3, 'UTC')""")
     end = rows[0]["data_end"] if rows else None
@@ -68,8 +76,13 @@ def _label(value: str) -> str:
     return value or "(none)"
 
 
-def _params(start: datetime, team: str | None, alias: str = "") -> tuple[str, dict[str, str]]:
-    where = f"{alias}{IN_CLUSTER} AND {alias}window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
+def _params(start: datetime, team: str | None, alias: str = "",
+            time_column: str = "window_start") -> tuple[str, dict[str, str]]:
+    """The condition on rows of the cluster, from ``start`` on (on ``time_column``; empty: the rows
+    come from a subquery that starts there) and of ``team``, and its parameters."""
+    where = f"{alias}{IN_CLUSTER}"
+    if time_column:
+        where += f" AND {alias}{time_column} >= toDateTime64({{start:String}}, 3, 'UTC')"
     params = {"start": _sql_ts(start)}
     if team is not None:
         where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
@@ -110,27 +123,129 @@ def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseT
 
 
 def _pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
-    level = cfg.percentile / 100
-    where, params = _params(start, team, "w.")
+    """One row per (pod, GPU) of the period, by pod uid and GPU: the pod's labels, its GPU's memory and
+    index, held seconds, cost, price and last busy window from ``pod_hourly`` (:func:`_pod_gpu_totals`),
+    and the figures over the pod's active windows (:func:`_active_figures`)."""
+    totals = _pod_gpu_totals(reader, start, team)
+    active: dict[tuple[str, str], Row] = {}
+    for pods in _slices(totals, every_pod=team is not None):
+        for r in _active_figures(reader, start, team, cfg, pods):
+            active[(r["pod_uid"], r["gpu_uuid"])] = r
+    return [r | active.get((r["pod_uid"], r["gpu_uuid"]), _NO_ACTIVE_WINDOW) for r in totals]
+
+
+_NO_ACTIVE_WINDOW: Row = {"active_windows": 0, "active_s": 0.0, "pct_sm": None, "sm_windows": 0, "peak_sm": None,
+                          "peak_mem": 0, "pct_mem": 0}
+"""The active-window figures of a (pod, GPU) none of whose pod's windows had busy time."""
+
+SLICE_WINDOWS = 2_000_000
+"""The most pod windows one query of :func:`_active_figures` reads. The engine holds every active
+window's SM and VRAM peak (``quantileExact`` keeps them) and the set of the shared pods' busy (pod,
+window start) pairs: about 20 MiB per million windows on the history benchmark's fleet, 60 MiB
+when every pod is a shared one, so a slice stays at or under about 120 MiB, a quarter of the 512
+MiB that leaves the product's read limit (2 GiB) a 4x margin, whatever the period's length."""
+
+SLICE_PODS = 5_000
+"""The most pods of one slice: their uids travel as a query parameter (in the URL of a request to a
+ClickHouse server, about 40 bytes each, far under its 1 MiB limit)."""
+
+
+def _pod_gpu_totals(reader: SqlReader, start: datetime, team: str | None) -> Rows:
+    """Per (pod, GPU), from the hourly pod rollup (its rows since ``start``): what needs no window of
+    another GPU of the pod. The price is ``v_advise_windows``'s: the model's list price, else what the
+    windows were costed at per held GPU-hour."""
+    merged = {name: POD_HOURLY.merged(name) for name in (
+        "windows", "busy_windows", "held_gpu_s", "cost_total_usd", "share_max", "last_busy_end")}
+    where, params = _params(start, team, "w.", time_column="")
     return query_rows(reader, f"""
 WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes, argMax(gpu_index, last_ts) AS gpu_index
            FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} GROUP BY gpu_uuid)
 SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespace, any(w.pod) AS pod,
        any(w.team) AS team, any(w.project) AS project, any(w.node) AS node, any(w.gpu_model) AS gpu_model,
-       max(w.share_fraction) AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
+       {merged["share_max"]} AS share, max(g.gpu_mem_bytes) AS gpu_mem_bytes,
        maxIf(toNullable(g.gpu_index), g.gpu_uuid != '') AS gpu_index,
-       sum(w.held_gpu_s) AS held_s, sum(w.cost_usd) AS cost_usd, any(w.usd_per_gpu_hour) AS usd_per_gpu_hour,
-       countIf(w.pod_active) AS active_windows, sumIf(w.allocated_s, w.pod_active) AS active_s,
-       quantileExactIf({level!r})(w.max_sm_util_pct, w.pod_active AND w.max_sm_util_pct IS NOT NULL) AS pct_sm,
-       countIf(w.pod_active AND w.max_sm_util_pct IS NOT NULL) AS sm_windows,
-       maxIf(w.max_sm_util_pct, w.pod_active) AS peak_sm,
-       maxIf(coalesce(w.max_mem_used_bytes, 0), w.pod_active) AS peak_mem,
-       quantileExactIf({level!r})(coalesce(w.max_mem_used_bytes, 0), w.pod_active) AS pct_mem,
-       maxIf(w.window_end, w.busy_s > 0) AS last_busy, countIf(w.busy_s > 0) AS busy_windows
-FROM v_advise_windows AS w LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
+       {merged["held_gpu_s"]} AS held_s, {merged["cost_total_usd"]} AS cost_usd,
+       any(coalesce(p.usd_per_gpu_hour, w.cost_total_usd / nullIf(w.held_gpu_s / 3600, 0))) AS usd_per_gpu_hour,
+       {merged["last_busy_end"]} AS last_busy, {merged["busy_windows"]} AS busy_windows,
+       {merged["windows"]} AS windows
+FROM {POD_HOURLY.rows_since("start")} AS w
+LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
+LEFT JOIN {_PRICE} AS p ON p.gpu_model = w.gpu_model
 WHERE {where}
 GROUP BY pod_uid, gpu_uuid
 ORDER BY pod_uid, gpu_uuid""", params)
+
+
+@dataclass
+class PodSlice:
+    """Pods whose active windows one query reads."""
+
+    own: list[str] = field(default_factory=list)
+    """Pods whose window is active exactly when it had busy time itself: one GPU, or busy in every window."""
+    shared: list[str] = field(default_factory=list)
+    """Pods of several GPUs whose window may be active through another GPU's busy time."""
+    windows: int = 0
+
+
+def _slices(totals: Rows, every_pod: bool = False) -> list[PodSlice]:
+    """The period's pods with a busy window, in slices of at most :data:`SLICE_WINDOWS` windows (a pod
+    with more is a slice of its own) and :data:`SLICE_PODS` pods each, in the windows' sort order
+    (namespace, pod uid), so that a slice's pods lie together in the table and a query of one reads
+    little of the others'.
+
+    A pod none of whose windows had busy time has no active window: it is in no slice. With
+    ``every_pod`` (``totals`` has only a team's windows, and a window of a pod labelled with another
+    team may have made one of them active) every pod is in a slice, as a shared one."""
+    pods: dict[tuple[str, str], list[int]] = {}
+    for r in totals:
+        figures = pods.setdefault((r["namespace"], r["pod_uid"]), [0, 0, 0])  # GPUs, windows, busy windows
+        figures[0] += 1
+        figures[1] += int(r["windows"])
+        figures[2] += int(r["busy_windows"])
+    slices: list[PodSlice] = []
+    for (_, uid), (gpus, windows, busy) in sorted(pods.items()):
+        if not busy and not every_pod:
+            continue
+        if (not slices or slices[-1].windows + windows > SLICE_WINDOWS
+                or len(slices[-1].own) + len(slices[-1].shared) >= SLICE_PODS):
+            slices.append(PodSlice())
+        own = not every_pod and (gpus == 1 or busy == windows)
+        (slices[-1].own if own else slices[-1].shared).append(uid)
+        slices[-1].windows += windows
+    return slices
+
+
+def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds,
+                    pods: PodSlice) -> Rows:
+    """Per (pod, GPU) of ``pods``, over the pod's active windows (windows in which any GPU of the pod had
+    busy time): their count and allocated seconds, the percentile and peak of the windows' SM peaks, the
+    peak and percentile of their VRAM peaks.
+
+    From the raw windows in one pass: a window of an own pod is active when it had busy time; one of a
+    shared pod when its (pod, window start) is in the set of the shared pods' busy windows. A window
+    is active through another GPU's window, which a rollup fed per insert block cannot see (a pod's
+    GPUs' windows may be stored by different inserts)."""
+    level = cfg.percentile / 100
+    where, params = _params(start, team)
+    active = []
+    if pods.own:
+        active.append("pod_uid IN {own:Array(String)} AND busy_s > 0")
+    if pods.shared:
+        active.append(f"""pod_uid IN {{shared:Array(String)}} AND (pod_uid, window_start) IN (
+      SELECT pod_uid, window_start FROM pod_windows FINAL
+      WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC') AND busy_s > 0
+        AND pod_uid IN {{shared:Array(String)}})""")
+    return query_rows(reader, f"""
+SELECT pod_uid, gpu_uuid, count() AS active_windows, sum(allocated_s) AS active_s,
+       quantileExactIf({level!r})(max_sm_util_pct, max_sm_util_pct IS NOT NULL) AS pct_sm,
+       countIf(max_sm_util_pct IS NOT NULL) AS sm_windows, max(max_sm_util_pct) AS peak_sm,
+       max(coalesce(max_mem_used_bytes, 0)) AS peak_mem,
+       quantileExact({level!r})(coalesce(max_mem_used_bytes, 0)) AS pct_mem
+FROM pod_windows FINAL
+WHERE {where} AND pod_uid IN {{pods:Array(String)}}
+  AND ({" OR ".join(f"({condition})" for condition in active)})
+GROUP BY pod_uid, gpu_uuid""", params | {"pods": pods.own + pods.shared}
+                      | ({"own": pods.own} if pods.own else {}) | ({"shared": pods.shared} if pods.shared else {}))
 
 
 def _owners(reader: SqlReader) -> dict[str, Row]:
@@ -226,13 +341,26 @@ def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) ->
 
 def _buckets(reader: SqlReader, start: datetime, team: str | None,
              cfg: AdviseThresholds) -> dict[str, dict[int, dict[str, float]]]:
-    """Pod uid -> time bucket (unix seconds) -> its GPUs' held, present and busy seconds and peak VRAM."""
-    where, params = _params(start, team)
+    """Pod uid -> time bucket (unix seconds) -> its GPUs' held, present and busy seconds and peak VRAM.
+
+    Buckets of whole hours (the default) add up ``pod_hourly``'s rows since ``start`` (an hour's rows
+    fall in the bucket of their first window); other buckets add up the raw windows."""
+    if cfg.bucket_s % 3600 == 0:
+        where, params = _params(start, team, time_column="")
+        source, bucket_time = POD_HOURLY.rows_since("start"), "first_start"
+        figures = ", ".join(f"{POD_HOURLY.merged(name)} AS {name}" for name in (
+            "held_gpu_s", "allocated_gpu_s", "busy_gpu_s"))
+        peak = f"coalesce({POD_HOURLY.merged('peak_mem_bytes')}, 0)"
+    else:
+        where, params = _params(start, team)
+        source, bucket_time = "pod_windows FINAL", "window_start"
+        figures = ("sum(allocated_s * share_fraction) AS held_gpu_s, sum(allocated_s) AS allocated_gpu_s, "
+                   "sum(busy_s) AS busy_gpu_s")
+        peak = "max(coalesce(max_mem_used_bytes, 0))"
     buckets = query_rows(reader, f"""
-SELECT pod_uid, toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
-       gpu_uuid, sum(held_gpu_s) AS held_s, sum(allocated_s) AS allocated_s, sum(busy_s) AS busy_s,
-       max(coalesce(max_mem_used_bytes, 0)) AS peak_mem
-FROM v_advise_windows
+SELECT pod_uid, toUnixTimestamp(toStartOfInterval({bucket_time}, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
+       gpu_uuid, {figures}, {peak} AS peak_mem
+FROM {source}
 WHERE {where}
 GROUP BY pod_uid, bucket, gpu_uuid
 ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
@@ -240,9 +368,9 @@ ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
     for r in buckets:
         b = per_pod[r["pod_uid"]].setdefault(int(r["bucket"]), {"held_s": 0.0, "present_s": 0.0, "busy_s": 0.0,
                                                                  "peak_mem": 0.0})
-        b["held_s"] += float(r["held_s"])
-        b["present_s"] = max(b["present_s"], float(r["allocated_s"]))
-        b["busy_s"] += float(r["busy_s"])
+        b["held_s"] += float(r["held_gpu_s"])
+        b["present_s"] = max(b["present_s"], float(r["allocated_gpu_s"]))
+        b["busy_s"] += float(r["busy_gpu_s"])
         b["peak_mem"] = max(b["peak_mem"], float(r["peak_mem"]))
     return per_pod
 
@@ -342,10 +470,7 @@ WHERE s.{IN_CLUSTER}
 GROUP BY node
 HAVING allocated_samples = 0
 ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
-    held = {r["node"] for r in query_rows(reader, f"""
-SELECT DISTINCT node FROM pod_windows
-WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""",
-                                          {"start": _sql_ts(start)})}
+    held = _held_nodes(reader, start)
     out = []
     for r in rows:
         if r["node"] in held or float(r["observed_s"]) + EPS < cfg.min_evidence_s:
@@ -360,14 +485,32 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     return out
 
 
+def _held_nodes(reader: SqlReader, start: datetime) -> set[str]:
+    """Nodes on which a pod held a GPU in the period (a window of it since ``start``)."""
+    return {r["node"] for r in query_rows(reader, f"""
+SELECT DISTINCT node FROM {POD_HOURLY.rows_since("start")} WHERE {IN_CLUSTER}""", {"start": _sql_ts(start)})}
+
+
 def _queue(reader: SqlReader, start: datetime, team: str | None) -> Rows:
+    """The pods whose wait overlapped capacity windows with enough free GPUs but too few on one node.
+
+    A pod meets the capacity windows of the hours its wait touches (an equi-join on the hour; the hours
+    begin a window's length before the pod was created, so a window that began earlier and overlaps is
+    met too), not every window of the period: the pairs grow with the waits, not with the period
+    squared."""
     team_filter = "AND if(l.team = '', '(none)', l.team) = {team:String}" if team is not None else ""
     rows = query_rows(reader, f"""
 WITH
-l AS (SELECT *, addMilliseconds(created_at, toInt64(floor(pending_s * 1000))) AS wait_end
+c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block,
+             intDiv(toInt64(toUnixTimestamp(window_start)), 3600) AS hour
+      FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')),
+w AS (SELECT *, addMilliseconds(created_at, toInt64(floor(pending_s * 1000))) AS wait_end
       FROM pod_lifecycle FINAL WHERE {IN_CLUSTER} AND gpus > 0 AND pending_s > 0),
-c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block
-      FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC'))
+l AS (SELECT *, arrayJoin(range(
+                    intDiv(toInt64(toUnixTimestamp(created_at)) - (SELECT intDiv(max(dateDiff('millisecond',
+                        window_start, window_end)), 1000) + 1 FROM c), 3600),
+                    intDiv(toInt64(toUnixTimestamp(wait_end)), 3600) + 1)) AS hour
+      FROM w WHERE wait_end > toDateTime64({{start:String}}, 3, 'UTC'))
 SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, any(l.team) AS team,
        any(l.gpus) AS gpus, any(l.created_at) AS created_at, any(l.scheduled_at) AS scheduled_at,
        any(l.pending_s) AS pending_s,
@@ -379,7 +522,7 @@ SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, 
        argMinIf(c.free, c.window_start, c.free >= l.gpus AND c.largest_free_block < l.gpus) AS free_gpus,
        argMinIf(c.largest_free_block, c.window_start, c.free >= l.gpus AND c.largest_free_block < l.gpus)
            AS largest_free_block
-FROM l CROSS JOIN c
+FROM l INNER JOIN c ON c.hour = l.hour
 WHERE c.window_end > l.created_at AND c.window_start < l.wait_end
       {team_filter}
 GROUP BY pod_uid

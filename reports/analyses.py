@@ -65,39 +65,32 @@ FROM pod_lifecycle FINAL WHERE {IN_CLUSTER}""")
     return round_floats([windows[0] | capacity[0] | lifecycle[0]])
 
 
-_TOP_MEASURES = {
-    "pod_windows FINAL": """sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 AS busy_gpu_hours,
-       sum(idle_s) / 3600 AS idle_gpu_hours,
-       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
-           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
-       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
-       sum(cost_usd) AS cost_usd""",
-    "team_daily": """sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(busy_gpu_s) / 3600 AS busy_gpu_hours,
+_TOP_MEASURES = """sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(busy_gpu_s) / 3600 AS busy_gpu_hours,
        sum(idle_gpu_s) / 3600 AS idle_gpu_hours,
        sum(util_pct_x_gpu_s) / nullIf(sum(util_gpu_s), 0) AS avg_sm_util_pct,
        max(peak_mem_bytes) AS peak_mem_bytes, sum(energy_total_j) / 3600000 AS energy_kwh,
-       sum(cost_total_usd) AS cost_usd""",
-}
-"""The same figures from the windows (per pod) and from their daily rollup (per team or project)."""
+       sum(cost_total_usd) AS cost_usd"""
+"""The top consumers' figures, from the windows' daily rollups: per team or project ``team_daily``,
+per pod ``pod_daily`` (the same measure columns, :mod:`sinks.rollups`)."""
 
 
 def top_consumers(reader: SqlReader, by: str, limit: int = 20) -> Rows:
-    """GPU-hours, utilisation and cost per team, project or pod, biggest first (teams and projects
-    from the windows' daily rollup)."""
+    """GPU-hours, utilisation and cost per team, project or pod, biggest first (from the windows'
+    daily rollups); equal figures as shown (rounded) by name, whatever order their sums were added in."""
     keys = {
         "team": f"{_label('team')} AS team",
         "project": f"{_label('team')} AS team, {_label('project')} AS project",
         "pod": f"namespace, pod, {_label('team')} AS team, {_label('project')} AS project",
     }[by]
     group = {"team": "team", "project": "team, project", "pod": "namespace, pod, team, project"}[by]
-    source = "pod_windows FINAL" if by == "pod" else "team_daily"
+    source = "pod_daily" if by == "pod" else "team_daily"
     return round_floats(query_rows(reader, f"""
 SELECT {keys},
-       {_TOP_MEASURES[source]}
+       {_TOP_MEASURES}
 FROM {source}
 WHERE {IN_CLUSTER}
 GROUP BY {group}
-ORDER BY gpu_hours DESC, {group}
+ORDER BY round(gpu_hours, 6) DESC, {group}
 LIMIT {int(limit)}"""))
 
 
@@ -209,13 +202,14 @@ ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project"""))
 
 
 def cost_per_unit_of_work(reader: SqlReader, limit: int = 50) -> Rows:
-    """Cost per training step and per 1k tokens for pods that report progress."""
+    """Cost per training step and per 1k tokens for pods that report progress (``v_cost_per_unit``:
+    the windows' daily rollup and the pods' progress totals), costliest first (equal costs as shown by name)."""
     return round_floats(query_rows(reader, f"""
 SELECT namespace, pod, {_label('team')} AS team, {_label('project')} AS project, gpu_hours, cost_usd,
        steps, tokens, cost_per_step_usd, cost_per_1k_tokens_usd
 FROM v_cost_per_unit
 WHERE {IN_CLUSTER}
-ORDER BY cost_usd DESC, namespace, pod
+ORDER BY round(cost_usd, 9) DESC, namespace, pod
 LIMIT {int(limit)}"""), 9)
 
 
@@ -231,16 +225,16 @@ LIMIT {int(limit)}"""))
 
 
 def pods(reader: SqlReader) -> Rows:
-    """Per pod: GPU-hours, idle GPU-hours, utilisation and cost from its windows, and how it ended."""
+    """Per pod: GPU-hours, idle GPU-hours, utilisation and cost from its windows (their daily rollup),
+    and how it ended."""
     return round_floats(query_rows(reader, f"""
 WITH w AS (
     SELECT pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team, any(project) AS project,
            any(node) AS node, uniqExact(gpu_uuid) AS gpus,
-           sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
-           sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
-               / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
-           max(max_mem_used_bytes) AS peak_mem_bytes, sum(cost_usd) AS cost_usd
-    FROM pod_windows FINAL WHERE {IN_CLUSTER} GROUP BY pod_uid
+           sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(idle_gpu_s) / 3600 AS idle_gpu_hours,
+           sum(util_pct_x_gpu_s) / nullIf(sum(util_gpu_s), 0) AS avg_sm_util_pct,
+           max(peak_mem_bytes) AS peak_mem_bytes, sum(cost_total_usd) AS cost_usd
+    FROM pod_daily WHERE {IN_CLUSTER} GROUP BY pod_uid
 ),
 l AS (SELECT pod_uid, end_reason, pending_s, running_s FROM pod_lifecycle FINAL WHERE {IN_CLUSTER})
 SELECT w.namespace AS namespace, w.pod AS name, {_label('w.team')} AS team, {_label('w.project')} AS project,

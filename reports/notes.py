@@ -35,7 +35,7 @@ GROUP BY gpu_model ORDER BY gpu_model"""
 
 _GAP_PODS = f"""
 SELECT DISTINCT namespace, pod, if(team = '', {NONE}, team) AS team
-FROM pod_windows WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
+FROM pod_daily WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
 
 _GAP_NODES = f"""
 SELECT DISTINCT node FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
@@ -143,7 +143,7 @@ def gap_notes(gaps: PriceGaps) -> list[str]:
 
 _PERIOD_START = f"""
 SELECT min(start) AS start FROM (
-    SELECT min(window_start) AS start FROM pod_windows WHERE {IN_CLUSTER}
+    SELECT min(first_start) AS start FROM team_daily WHERE {IN_CLUSTER}
     UNION ALL SELECT min(window_start) AS start FROM cluster_capacity WHERE {IN_CLUSTER})"""
 
 

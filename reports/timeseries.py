@@ -40,11 +40,12 @@ def _epoch(value: str | None) -> float | None:
 
 
 def data_span(reader: SqlReader) -> Rows:
-    """First and last instant covered by pod windows and capacity windows (one row; None when empty)."""
+    """First and last instant covered by pod windows (their daily rollup's first and last window) and
+    capacity windows (one row; None when empty)."""
     return query_rows(reader, f"""
 SELECT minOrNull(start) AS first_at, maxOrNull(end) AS last_at
 FROM (
-    SELECT min(window_start) AS start, max(window_end) AS end FROM pod_windows WHERE {IN_CLUSTER}
+    SELECT min(first_start) AS start, max(last_end) AS end FROM team_daily WHERE {IN_CLUSTER}
     UNION ALL
     SELECT min(window_start) AS start, max(window_end) AS end FROM cluster_capacity WHERE {IN_CLUSTER}
 )
@@ -150,39 +151,76 @@ def pod_vram_peaks(reader: SqlReader, limit: int = 40) -> Rows:
     """Per pod: the VRAM it used at its peak and at its 95th percentile window, against the memory of
     the GPUs it held (NVML's total from the samples, else the node's advertised GPU memory: raw samples
     expire first), biggest GPU-hours first: who could move to a smaller MIG slice or share a GPU. Pods
-    without a VRAM reading are left out (no made-up zero)."""
+    without a VRAM reading are left out (no made-up zero); GPU-hours count the windows with a reading.
+
+    The pods, their GPU-hours, GPUs, peak and GPU memory come from ``pod_daily`` (``mem_gpu_s``: the
+    allocated seconds of windows with a reading); only the percentile reads raw windows, those of the
+    ``limit`` pods listed (the windows' sorting key starts with the namespace and the pod's uid), so the
+    cost follows the answer's rows, not the history's length. The percentile covers the windows the raw
+    TTL keeps (NULL once they have all expired)."""
     return round_floats(query_rows(reader, f"""
 WITH g AS (SELECT gpu_uuid, max(mem_total_bytes) AS gpu_mem_bytes FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER}
            GROUP BY gpu_uuid),
      n AS (SELECT node, argMax(gpu_memory_bytes, ts) AS node_gpu_mem_bytes FROM node_states WHERE {IN_CLUSTER}
-           GROUP BY node)
-SELECT w.namespace AS namespace, w.pod AS pod, if(w.team = '', '(none)', w.team) AS team,
-       any(w.gpu_model) AS gpu_model, uniqExact(w.gpu_uuid) AS gpus, sum(w.allocated_s) / 3600 AS gpu_hours,
-       max(w.max_mem_used_bytes) AS peak_mem_bytes, quantile(0.95)(w.max_mem_used_bytes) AS p95_mem_bytes,
-       max(coalesce(g.gpu_mem_bytes, n.node_gpu_mem_bytes)) AS gpu_mem_bytes,
-       peak_mem_bytes / nullIf(gpu_mem_bytes, 0) AS peak_share
-FROM pod_windows AS w FINAL
-LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
-LEFT JOIN n ON n.node = w.node
-WHERE w.max_mem_used_bytes IS NOT NULL AND w.{IN_CLUSTER}
-GROUP BY namespace, pod, team
-ORDER BY gpu_hours DESC, namespace, pod
-LIMIT {int(limit)}"""))
+           GROUP BY node),
+     top AS (
+         SELECT d.namespace AS namespace, d.pod AS pod, if(d.team = '', '(none)', d.team) AS team,
+                any(d.gpu_model) AS gpu_model, uniqExact(d.gpu_uuid) AS gpus,
+                sum(d.mem_gpu_s) / 3600 AS gpu_hours, max(d.peak_mem_bytes) AS peak_mem_bytes,
+                max(coalesce(g.gpu_mem_bytes, n.node_gpu_mem_bytes)) AS gpu_mem_bytes,
+                groupUniqArray(d.pod_uid) AS pod_uids
+         FROM pod_daily AS d
+         LEFT JOIN g ON g.gpu_uuid = d.gpu_uuid
+         LEFT JOIN n ON n.node = d.node
+         WHERE d.peak_mem_bytes IS NOT NULL AND d.{IN_CLUSTER}
+         GROUP BY namespace, pod, team
+         ORDER BY round(gpu_hours, 9) DESC, namespace, pod
+         LIMIT {int(limit)}),
+     p AS (
+         SELECT namespace, pod, if(team = '', '(none)', team) AS team,
+                CAST(quantile(0.95)(max_mem_used_bytes) AS Nullable(Float64)) AS p95_mem_bytes
+         FROM pod_windows FINAL
+         WHERE (namespace, pod_uid) IN (SELECT namespace, arrayJoin(pod_uids) FROM top)
+           AND max_mem_used_bytes IS NOT NULL AND {IN_CLUSTER}
+         GROUP BY namespace, pod, team)
+SELECT t.namespace AS namespace, t.pod AS pod, t.team AS team, t.gpu_model AS gpu_model, t.gpus AS gpus,
+       t.gpu_hours AS gpu_hours, t.peak_mem_bytes AS peak_mem_bytes, p.p95_mem_bytes AS p95_mem_bytes,
+       t.gpu_mem_bytes AS gpu_mem_bytes, t.peak_mem_bytes / nullIf(t.gpu_mem_bytes, 0) AS peak_share
+FROM top AS t
+LEFT JOIN p ON p.namespace = t.namespace AND p.pod = t.pod AND p.team = t.team
+ORDER BY round(gpu_hours, 9) DESC, namespace, pod"""))
 
 
 def allocator_by_pod(reader: SqlReader, limit: int = 40) -> Rows:
     """Per pod and GPU that reported its caching allocator's statistics: the most VRAM reserved but
     unused (reserved - allocated) in any window, the last reserved and allocated figures, and the
     allocation retries and OOMs over the period; retries and OOMs first (fragmentation that hurts),
-    then the most unused. Pods without allocator statistics are left out (no made-up zero)."""
+    then the most unused. Pods without allocator statistics are left out (no made-up zero).
+
+    ``pod_daily`` ranks the pods and GPUs (a window's allocator figures come together:
+    ``stream_jobs.allocator``), then the figures are taken from the raw windows of the ``limit`` listed
+    only (the windows' sorting key starts with the namespace, the pod's uid and the GPU): the peak VRAM
+    over the windows with allocator statistics is not a rollup measure. The cost follows the answer's
+    rows, not the history's length."""
     return round_floats(query_rows(reader, f"""
+WITH top AS (
+    SELECT namespace, pod, if(team = '', '(none)', team) AS team_label, node, gpu_uuid,
+           max(peak_reserved_unused_bytes) AS unused, sum(alloc_retries_total) AS retries,
+           sum(alloc_ooms_total) AS ooms, groupUniqArray(pod_uid) AS pod_uids
+    FROM pod_daily
+    WHERE peak_reserved_unused_bytes IS NOT NULL AND {IN_CLUSTER}
+    GROUP BY namespace, pod, team_label, node, gpu_uuid
+    ORDER BY retries + ooms DESC, unused DESC, namespace, pod, gpu_uuid
+    LIMIT {int(limit)})
 SELECT namespace, pod, if(team = '', '(none)', team) AS team, node, gpu_uuid,
        max(max_reserved_unused_bytes) AS max_reserved_unused_bytes,
        argMax(alloc_reserved_bytes, window_start) AS reserved_bytes,
        argMax(alloc_allocated_bytes, window_start) AS allocated_bytes,
        sum(alloc_retries) AS alloc_retries, sum(alloc_ooms) AS alloc_ooms,
        max(max_mem_used_bytes) AS peak_mem_bytes
-FROM (SELECT * FROM pod_windows FINAL WHERE max_reserved_unused_bytes IS NOT NULL AND {IN_CLUSTER})
+FROM (SELECT * FROM pod_windows FINAL
+      WHERE (namespace, pod_uid, gpu_uuid) IN (SELECT namespace, arrayJoin(pod_uids), gpu_uuid FROM top)
+        AND max_reserved_unused_bytes IS NOT NULL AND {IN_CLUSTER})
 GROUP BY namespace, pod, team, node, gpu_uuid
 ORDER BY alloc_retries + alloc_ooms DESC, max_reserved_unused_bytes DESC, namespace, pod, gpu_uuid
 LIMIT {int(limit)}"""))
@@ -193,7 +231,7 @@ def firing_alerts(reader: SqlReader, limit: int = 200) -> Rows:
     end of the data (the store's latest window, not the wall clock: a replayed or demo history is dated
     in the past or the future)."""
     return round_floats(query_rows(reader, f"""
-WITH (SELECT max(window_end) FROM pod_windows WHERE {IN_CLUSTER}) AS data_end
+WITH (SELECT max(last_end) FROM team_daily WHERE {IN_CLUSTER}) AS data_end
 SELECT alert_type, current_severity AS severity, kind, namespace, name, node, first_at,
        dateDiff('second', first_at, greatest(data_end, last_at)) AS age_s, last_summary AS summary
 FROM v_alerts

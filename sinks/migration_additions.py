@@ -1,6 +1,6 @@
-"""Migrations 8-12 of the sink's schema as committed SQL: the fragmentation tables and columns (8),
+"""Migrations 8-12 and 16 of the sink's schema as committed SQL: the fragmentation tables and columns (8),
 the allocator columns (9), the engine's path for GPU samples (10, 11: :mod:`sinks.sample_json`),
-the batch journal's group (12).
+the batch journal's group (12), the GPUs' tenancy per day and the shared-GPU cost view over it (16).
 
 Why literal text: a migration runs on stores created long after it was written, and must do there
 exactly what it did on the first one; the engine path's structure in particular follows the column
@@ -254,3 +254,65 @@ M12_BATCH_GROUP: tuple[str, ...] = (
 )
 """Migration 12: sink_batches: the group a journalled range was stored in."""
 
+
+
+M16_SHARED_GPU_COST: tuple[str, ...] = (
+    """CREATE OR REPLACE VIEW v_shared_gpu_cost AS
+WITH t AS (
+    SELECT cluster, day, gpu_uuid, namespace, pod_uid, min(first_start) AS first_start,
+           max(last_start) AS last_start, min(share_min) AS share_min
+    FROM gpu_tenancy_daily GROUP BY cluster, day, gpu_uuid, namespace, pod_uid
+),
+c AS (
+    SELECT a.cluster AS cluster, a.day AS day, a.gpu_uuid AS gpu_uuid, a.namespace AS namespace,
+           a.pod_uid AS pod_uid
+    FROM t AS a INNER JOIN t AS b ON b.cluster = a.cluster AND b.day = a.day AND b.gpu_uuid = a.gpu_uuid
+    WHERE a.share_min < 1 OR ((b.namespace != a.namespace OR b.pod_uid != a.pod_uid)
+                              AND b.first_start <= a.last_start AND a.first_start <= b.last_start)
+),
+n AS (
+    SELECT cluster, gpu_uuid, toUInt32(row_number() OVER (ORDER BY cluster, gpu_uuid)) AS gpu_no
+    FROM (SELECT DISTINCT cluster, gpu_uuid FROM c)
+),
+w AS (
+    SELECT cluster, namespace, team, project, pod, pod_uid, gpu_uuid, gpu_model, window_start, allocated_s,
+           busy_s, share_fraction
+    FROM pod_windows FINAL
+    WHERE (cluster, namespace, pod_uid, gpu_uuid) IN (SELECT cluster, namespace, pod_uid, gpu_uuid FROM c)
+      AND (cluster, namespace, pod_uid, gpu_uuid, toDate(window_start)) IN (
+          SELECT cluster, namespace, pod_uid, gpu_uuid, day FROM c)
+),
+x AS (SELECT w.*, n.gpu_no AS gpu_no FROM w INNER JOIN n ON n.cluster = w.cluster AND n.gpu_uuid = w.gpu_uuid),
+g AS (
+    SELECT gpu_no, window_start, count() AS pods_on_gpu, sum(busy_s) AS gpu_busy_s,
+           max(allocated_s) AS gpu_window_s
+    FROM x GROUP BY gpu_no, window_start
+    HAVING pods_on_gpu > 1 OR max(share_fraction < 1)
+)
+SELECT x.cluster AS cluster, x.namespace AS namespace, x.team AS team, x.project AS project, x.pod AS pod,
+       x.pod_uid AS pod_uid,
+       sum(x.allocated_s * x.share_fraction) / 3600 AS requested_gpu_hours,
+       sum(g.gpu_window_s * if(g.gpu_busy_s > 0, x.busy_s / g.gpu_busy_s, 1 / g.pods_on_gpu)) / 3600 AS \
+usage_gpu_hours,
+       sum(x.allocated_s * x.share_fraction) / 3600 * any(coalesce(p.usd_per_gpu_hour, 0)) AS \
+request_based_cost_usd,
+       sum(g.gpu_window_s * if(g.gpu_busy_s > 0, x.busy_s / g.gpu_busy_s, 1 / g.pods_on_gpu)) / 3600
+           * any(coalesce(p.usd_per_gpu_hour, 0)) AS usage_based_cost_usd
+FROM x
+INNER JOIN g ON g.gpu_no = x.gpu_no AND g.window_start = x.window_start
+LEFT JOIN (SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour FROM gpu_prices GROUP \
+BY gpu_model) AS p ON p.gpu_model = x.gpu_model
+GROUP BY cluster, namespace, team, project, pod, pod_uid""",
+)
+"""Migration 16's view: ``v_shared_gpu_cost`` over ``gpu_tenancy_daily`` (:data:`sinks.rollups.GPU_TENANCY_DAILY`:
+each pod's first and last window start and least share per GPU and day).
+
+The view's answer is migration 7's: per pod, its windows in a GPU-window that had more than one pod
+or a share under 1, the GPU's window split by busy share. Migration 7 grouped every GPU-window of the
+history to find them; this view reads only the windows that can be such: a pod's windows on a GPU
+and day where its share fell under 1 or its first-to-last span met another pod's on that GPU (two
+pods in one GPU-window both span it; a pod has one window per GPU and start, its ``window_id`` being
+their hash). The candidate GPUs are numbered so that the per-GPU-window figures are grouped and
+joined on two fixed-width keys. Minima and maxima are the same however often a window is inserted,
+so a retried or replayed batch changes nothing; the back-fill reads every stored version of a
+window, as the materialized view sees every insert."""

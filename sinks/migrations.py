@@ -96,8 +96,15 @@ MIGRATIONS: tuple[Migration, ...] = (
               committed(rollups.GPU_HOURLY.migration())),
     Migration(14, "team_hourly, team_daily: pod windows per team and idle class, back-filled, then fed by views",
               committed((*rollups.TEAM_HOURLY.migration(), *rollups.TEAM_DAILY.migration()))),
+    Migration(15, "pod_hourly, pod_daily, progress_daily: pod windows per pod and GPU, progress per pod, "
+                  "back-filled, then fed by views; v_cost_per_unit reads them",
+              committed((*rollups.POD_HOURLY.migration(), *rollups.POD_DAILY.migration(),
+                         *rollups.PROGRESS_DAILY.migration(), rollups.COST_PER_UNIT_VIEW))),
+    Migration(16, "gpu_tenancy_daily: the first and last window and least share of each pod per GPU and day, "
+                  "back-filled, then fed by a view; v_shared_gpu_cost reads the windows it may share",
+              committed((*rollups.GPU_TENANCY_DAILY.migration(), *additions.M16_SHARED_GPU_COST))),
 )
-"""Every migration in order. A new one: ``Migration(15, "what it adds", lambda ttl: [...])`` with
+"""Every migration in order. A new one: ``Migration(17, "what it adds", lambda ttl: [...])`` with
 statements from the spec (``tables.GPU_SAMPLES.add_columns("name")``, ``sample_json.ddl_update()``),
 then its hash pinned in tests/sinks/test_migrations_frozen.py."""
 
@@ -123,6 +130,10 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "gpu_hourly": ("hour", "rollup"),
     "team_hourly": ("hour", "rollup"),
     "team_daily": ("day", "rollup"),
+    "pod_hourly": ("hour", "rollup"),
+    "pod_daily": ("day", "rollup"),
+    "progress_daily": ("day", "rollup"),
+    "gpu_tenancy_daily": ("day", "rollup"),
 }
 
 

@@ -17,12 +17,31 @@ merge rows with (:meth:`Rollup.merged`) are built from that declaration.
   allocated, busy, idle and gap seconds, utilisation, peak VRAM, energy, cost and its idle part,
   first and last window. The report's fleet summary, top teams and projects, idle by team and class,
   cost by team and utilisation by team read them.
+- :data:`POD_HOURLY`, :data:`POD_DAILY`: pod windows per pod and GPU (with the pod's namespace, name,
+  team and project, its node and the GPU model), per hour and per day (``pod_windows``): windows and
+  busy windows, allocated, busy, idle, gap and held (allocated x share) GPU-seconds, utilisation,
+  peak VRAM and SM utilisation, energy, cost and its idle part, the steps and tokens the windows
+  carried, the largest share, the allocator's peak reserved-but-unused bytes, retries, OOMs and last
+  reserved and allocated bytes, the first and last window and the end of the last busy one (NULL:
+  never busy). The report's top pods, pods and cost per unit of work (``v_cost_per_unit``) read the
+  daily one; the advisor reads the hourly one from its start on (:meth:`Rollup.rows_since`).
+- :data:`PROGRESS_DAILY`: workload progress per pod and day (``workload_progress``): the least and the
+  greatest of each total it reported (steps, tokens, samples), so a pod's progress over any days is
+  the greatest less the least (``v_cost_per_unit``).
+- :data:`GPU_TENANCY_DAILY`: pod windows per GPU, pod and day (``pod_windows``): the pod's first and
+  last window start and least share on that GPU, so ``v_shared_gpu_cost`` (migration 16) reads only
+  the windows of GPU-days where a share fell under 1 or two pods' spans met.
+
+An optional figure (a Nullable raw column) stays NULL in a rollup where every raw row had none, as
+in the raw answer: its measure is a ``Nullable`` sum or max, or ``...OrNull``.
 
 Exactly once, like their raw tables: the views run on the blocks the sink inserts (a block the
 engine drops as a retry is dropped in the views too), and the sink never inserts a window or a
 sample again at a new offset (:mod:`sinks.batches`). Every measure is a sum, count, max, min, a
-distinct count's state or the value of a key, so the rollups' answers equal the raw tables' under
-``FINAL`` (sums to float rounding); ``gpu_hourly.interval_s`` is any sample interval of the hour.
+distinct count's or a last value's state or the value of a key, so the rollups' answers equal the
+raw tables' under ``FINAL`` (sums to float rounding); ``gpu_hourly.interval_s`` is any sample interval
+of the hour. ``progress_daily`` and ``gpu_tenancy_daily`` hold least and greatest values only, which
+a record stored twice leaves as they are.
 Their TTL is the rollups' (730 days by default), so they answer beyond the raw tables' TTLs.
 """
 
@@ -31,7 +50,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sinks.tables import GPU_HOURLY_TABLE, TEAM_DAILY_TABLE, TEAM_HOURLY_TABLE, Table
+from sinks.tables import (
+    GPU_HOURLY_TABLE,
+    GPU_TENANCY_DAILY_TABLE,
+    POD_DAILY_TABLE,
+    POD_HOURLY_TABLE,
+    PROGRESS_DAILY_TABLE,
+    TEAM_DAILY_TABLE,
+    TEAM_HOURLY_TABLE,
+    Table,
+)
 
 IDLE_UTIL_PCT = 5
 """An allocated GPU whose utilisation is under this (%) in a sample is idle in that sample."""
@@ -82,6 +110,27 @@ class Rollup:
         measures = ", ".join(f"{expression} AS {name}" for name, expression in self.measures.items())
         return (f"SELECT {keys}, {measures}\nFROM {source}{f' WHERE {where}' if where else ''}\n"
                 f"GROUP BY {', '.join(('cluster', self.period, *self.keys))}")
+
+    def rows_since(self, start_param: str | None = None) -> str:
+        """A subquery of an hourly rollup's columns but ``hour`` whose rows, merged per measure
+        (:meth:`merged`), give each group's figures over its raw rows at or after the query
+        parameter ``start_param`` (a ``String`` time; None: every row).
+
+        A start inside an hour takes that hour's part from the raw table under ``FINAL`` (its rows
+        whose :attr:`time` is at or after the start) and the rollup from the next full hour on; past
+        the raw table's TTL the part hour is empty, so such a figure may miss at most the start's
+        hour."""
+        if self.period != "hour":
+            raise ValueError(f"{self.table.name}: rows since a time come from an hourly rollup")
+        columns = ", ".join(name for name in self.table.names if name != "hour")
+        if start_param is None:
+            return f"(SELECT {columns} FROM {self.table.name})"
+        start = f"toDateTime64({{{start_param}:String}}, 3, 'UTC')"
+        boundary = (f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), "
+                    f"toStartOfHour({start}) + INTERVAL 1 HOUR)")
+        raw = self.aggregate(f"{self.source} FINAL", f"{self.time} >= {start} AND {self.time} < {boundary}")
+        return (f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {boundary}\n"
+                f"UNION ALL SELECT {columns} FROM ({raw}))")
 
     def migration(self) -> tuple[str, ...]:
         """The table, its back-fill from the raw rows already stored, then the view.
@@ -147,25 +196,83 @@ TEAM_DAILY = Rollup(TEAM_DAILY_TABLE, "pod_windows", "window_start", "day", _TEA
                     (("idle_class", IDLE_CLASS),))
 
 
-ROLLUPS = (GPU_HOURLY, TEAM_HOURLY, TEAM_DAILY)
+_POD_KEYS = ("pod_uid", "gpu_uuid", "namespace", "pod", "team", "project", "node", "gpu_model")
+_POD_MEASURES = {
+    "windows": "count()",
+    "busy_windows": "countIf(busy_s > 0)",
+    "allocated_gpu_s": "sum(allocated_s)",
+    "busy_gpu_s": "sum(busy_s)",
+    "idle_gpu_s": "sum(idle_s)",
+    "gap_gpu_s": "sum(gap_s)",
+    "held_gpu_s": "sum(allocated_s * share_fraction)",
+    "util_pct_x_gpu_s": _TEAM_MEASURES["util_pct_x_gpu_s"],
+    "util_gpu_s": _TEAM_MEASURES["util_gpu_s"],
+    "mem_gpu_s": "sumIf(allocated_s, max_mem_used_bytes IS NOT NULL)",
+    "peak_mem_bytes": "max(max_mem_used_bytes)",
+    "peak_sm_pct": "max(max_sm_util_pct)",
+    "energy_total_j": _TEAM_MEASURES["energy_total_j"],
+    "cost_total_usd": _TEAM_MEASURES["cost_total_usd"],
+    "idle_cost_usd": _TEAM_MEASURES["idle_cost_usd"],
+    "window_steps": "sum(steps)",
+    "window_tokens": "sum(tokens)",
+    "share_max": "max(share_fraction)",
+    "peak_reserved_unused_bytes": "max(max_reserved_unused_bytes)",
+    "alloc_retries_total": "sum(alloc_retries)",
+    "alloc_ooms_total": "sum(alloc_ooms)",
+    "last_reserved_bytes": "argMaxState(alloc_reserved_bytes, window_start)",
+    "last_allocated_bytes": "argMaxState(alloc_allocated_bytes, window_start)",
+    "first_start": "min(window_start)",
+    "last_end": "max(window_end)",
+    "last_busy_end": "maxIfOrNull(window_end, busy_s > 0)",
+}
+POD_HOURLY = Rollup(POD_HOURLY_TABLE, "pod_windows", "window_start", "hour", _POD_KEYS, _POD_MEASURES)
+POD_DAILY = Rollup(POD_DAILY_TABLE, "pod_windows", "window_start", "day", _POD_KEYS, _POD_MEASURES)
+PROGRESS_DAILY = Rollup(PROGRESS_DAILY_TABLE, "workload_progress", "ts", "day", ("pod_uid",), {
+    f"{total}_{bound}": f"{bound}({total}_total)"
+    for total in ("steps", "tokens", "samples") for bound in ("min", "max")})
+
+COST_PER_UNIT_VIEW = """CREATE OR REPLACE VIEW v_cost_per_unit AS
+WITH c AS (
+    SELECT cluster, pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team,
+           any(project) AS project,
+           sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(cost_total_usd) AS cost_usd,
+           sum(allocated_gpu_s) / 3600 * any(coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+           sum(window_steps) AS window_steps, sum(window_tokens) AS window_tokens
+    FROM pod_daily AS w
+    LEFT JOIN (SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour FROM gpu_prices \
+GROUP BY gpu_model) AS p ON p.gpu_model = w.gpu_model
+    GROUP BY cluster, pod_uid
+),
+u AS (
+    SELECT cluster, pod_uid, max(steps_max) - min(steps_min) AS steps, max(tokens_max) - min(tokens_min) AS tokens,
+           max(samples_max) - min(samples_min) AS samples
+    FROM progress_daily GROUP BY cluster, pod_uid
+)
+SELECT c.cluster AS cluster, c.namespace AS namespace, c.pod AS pod, c.pod_uid AS pod_uid, c.team AS team,
+       c.project AS project,
+       c.gpu_hours AS gpu_hours, greatest(c.cost_usd, c.list_cost_usd) AS cost_usd,
+       coalesce(nullIf(u.steps, 0), nullIf(c.window_steps, 0)) AS steps,
+       coalesce(nullIf(u.tokens, 0), nullIf(c.window_tokens, 0)) AS tokens,
+       greatest(c.cost_usd, c.list_cost_usd) / steps AS cost_per_step_usd,
+       greatest(c.cost_usd, c.list_cost_usd) / tokens * 1000 AS cost_per_1k_tokens_usd
+FROM c LEFT JOIN u ON u.cluster = c.cluster AND u.pod_uid = c.pod_uid
+WHERE steps > 0 OR tokens > 0"""
+"""Cost per step and per 1k tokens per pod (per cluster): its windows' GPU-hours, cost and steps from
+``pod_daily``, its progress (the greatest minus the least total it reported) from ``progress_daily``."""
+
+
+GPU_TENANCY_DAILY = Rollup(GPU_TENANCY_DAILY_TABLE, "pod_windows", "window_start", "day",
+                           ("gpu_uuid", "namespace", "pod_uid"),
+                           {"first_start": "min(window_start)", "last_start": "max(window_start)",
+                            "share_min": "min(share_fraction)"})
+
+ROLLUPS = (GPU_HOURLY, TEAM_HOURLY, TEAM_DAILY, POD_HOURLY, POD_DAILY, PROGRESS_DAILY, GPU_TENANCY_DAILY)
 SOURCES = frozenset(rollup.source for rollup in ROLLUPS) | {"pod_windows"}
 """Raw tables whose inserts feed rollups (``pod_windows`` also feeds ``rollup_hourly`` and
 ``rollup_daily``, migration 2): a row inserted there is counted in a rollup even if deleted later."""
 
 
 def gpu_rows_since(start_param: str | None = None) -> str:
-    """A subquery of ``gpu_hourly``'s columns but ``hour`` whose rows, merged per measure
-    (:meth:`Rollup.merged`), give every GPU's figures over its samples at or after the query
-    parameter ``start_param`` (a ``String`` time; None: every sample).
-
-    A start inside an hour takes that hour's part from ``gpu_samples FINAL`` (its samples from the
-    start on) and the rollup from the next full hour; past the raw samples' TTL the part hour is
-    empty, so such a figure may miss at most the start's hour."""
-    columns = ", ".join(name for name in GPU_HOURLY.table.names if name != "hour")
-    if start_param is None:
-        return f"(SELECT {columns} FROM gpu_hourly)"
-    start = f"toDateTime64({{{start_param}:String}}, 3, 'UTC')"
-    boundary = f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), toStartOfHour({start}) + INTERVAL 1 HOUR)"
-    raw = GPU_HOURLY.aggregate("gpu_samples FINAL", f"ts >= {start} AND ts < {boundary}")
-    return (f"(SELECT {columns} FROM gpu_hourly WHERE hour >= {boundary}\n"
-            f"UNION ALL SELECT {columns} FROM ({raw}))")
+    """:meth:`Rollup.rows_since` of :data:`GPU_HOURLY`: every GPU's figures over its samples at or
+    after the query parameter ``start_param``."""
+    return GPU_HOURLY.rows_since(start_param)

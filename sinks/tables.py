@@ -527,6 +527,70 @@ def _team_rollup(name: str, period: Column) -> Table:
 TEAM_HOURLY_TABLE = _team_rollup("team_hourly", Column("hour", Kind("DateTime('UTC')")))
 TEAM_DAILY_TABLE = _team_rollup("team_daily", Column("day", Kind("Date")))
 
+
+def _pod_rollup(name: str, period: Column) -> Table:
+    """Pod windows per pod and GPU (with the pod's names and labels, the node and the GPU model), per
+    hour or per day."""
+    sums = ("allocated_gpu_s", "busy_gpu_s", "idle_gpu_s", "gap_gpu_s", "held_gpu_s", "util_pct_x_gpu_s",
+            "util_gpu_s", "mem_gpu_s")
+    optional_sum = Kind("SimpleAggregateFunction(sum, Nullable(Float64))")
+    optional_count = Kind("SimpleAggregateFunction(sum, Nullable(UInt64))")
+    last_bytes = Kind("AggregateFunction(argMax, Nullable(UInt64), DateTime64(3, 'UTC'))")
+    return Table(name, (
+        Column("cluster", LC),
+        period,
+        Column("pod_uid", STRING),
+        Column("gpu_uuid", LC),
+        Column("namespace", LC),
+        Column("pod", STRING),
+        *(Column(key, LC) for key in ("team", "project", "node", "gpu_model")),
+        Column("windows", COUNT),
+        Column("busy_windows", COUNT),
+        *(Column(measure, SUM) for measure in sums),
+        Column("peak_mem_bytes", PEAK_BYTES),
+        Column("peak_sm_pct", Kind("SimpleAggregateFunction(max, Nullable(Float32))")),
+        Column("energy_total_j", SUM),
+        Column("cost_total_usd", SUM),
+        Column("idle_cost_usd", optional_sum),
+        Column("window_steps", optional_sum),
+        Column("window_tokens", optional_sum),
+        Column("share_max", Kind("SimpleAggregateFunction(max, Float32)")),
+        Column("peak_reserved_unused_bytes", PEAK_BYTES),
+        Column("alloc_retries_total", optional_count),
+        Column("alloc_ooms_total", optional_count),
+        Column("last_reserved_bytes", last_bytes),
+        Column("last_allocated_bytes", last_bytes),
+        Column("first_start", FIRST),
+        Column("last_end", LAST),
+        Column("last_busy_end", Kind("SimpleAggregateFunction(max, Nullable(DateTime64(3, 'UTC')))")),
+    ))
+
+
+POD_HOURLY_TABLE = _pod_rollup("pod_hourly", Column("hour", Kind("DateTime('UTC')")))
+POD_DAILY_TABLE = _pod_rollup("pod_daily", Column("day", Kind("Date")))
+
+PROGRESS_DAILY_TABLE = Table("progress_daily", (
+    Column("cluster", LC),
+    Column("day", Kind("Date")),
+    Column("pod_uid", STRING),
+    *(Column(f"{total}_{bound}", Kind(f"SimpleAggregateFunction({bound}, Nullable(Float64))"))
+      for total in ("steps", "tokens", "samples") for bound in ("min", "max")),
+))
+"""Workload progress per pod and day: the least and the greatest of each total it reported."""
+
+GPU_TENANCY_DAILY_TABLE = Table("gpu_tenancy_daily", (
+    Column("cluster", LC),
+    Column("day", Kind("Date")),
+    Column("gpu_uuid", LC),
+    Column("namespace", LC),
+    Column("pod_uid", STRING),
+    Column("first_start", FIRST),
+    Column("last_start", LAST),
+    Column("share_min", Kind("SimpleAggregateFunction(min, Float32)")),
+))
+"""Each pod's windows per GPU and day: the first and the last window's start, the least share
+(migration 16: which GPU-windows ``v_shared_gpu_cost`` reads)."""
+
 GPU_PRICES = Table("gpu_prices", (
     Column("gpu_model", STRING),
     Column("usd_per_gpu_hour", FLOAT64),
@@ -551,7 +615,8 @@ SCHEMA_MIGRATIONS = Table("schema_migrations", (
 TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
-    ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
+    ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, POD_HOURLY_TABLE, POD_DAILY_TABLE,
+    PROGRESS_DAILY_TABLE, GPU_TENANCY_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""
 

@@ -188,6 +188,8 @@ def expand_macros(sql_text: str, start: datetime, end: datetime) -> str:
     lo, hi = f"{start:%Y-%m-%d %H:%M:%S}", f"{end:%Y-%m-%d %H:%M:%S}"
     sql_text = re.sub(r"\$__timeFilter\(([^)]+)\)",
                       rf"\1 >= toDateTime64('{lo}', 3, 'UTC') AND \1 <= toDateTime64('{hi}', 3, 'UTC')", sql_text)
+    sql_text = sql_text.replace("$__fromTime", f"toDateTime('{lo}', 'UTC')")
+    sql_text = sql_text.replace("$__toTime", f"toDateTime('{hi}', 'UTC')")
     step = grafana_step_s((end - start).total_seconds())
     sql_text = re.sub(r"\$__timeInterval\(([^)]+)\)", rf"toStartOfInterval(toDateTime(\1), INTERVAL {step} second)",
                       sql_text)
@@ -209,6 +211,10 @@ def panels() -> list[tuple[str, str, str]]:
 
 LISTING_PANELS = re.compile(r"active alerts|pending pods|reserved but unused|retries", re.IGNORECASE)
 """Panels whose answer is a list of pods or alerts (cost per row of the answer), not an aggregate."""
+
+POINT_PER_WINDOW = re.compile(r"\bwindow_start AS time\b")
+"""Time series with a point per stored capacity window (not per ``$__timeInterval``): the answer has
+a row per minute of the range, so it is rated per row of the answer, like a list."""
 
 
 def cookbook() -> list[tuple[str, str]]:
@@ -242,7 +248,7 @@ def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, 
         found.append(Subject(f"report section {name}", "section", section(reader, name), aggregate=name not in LISTS))
     for dashboard, title, raw in panels():
         found.append(Subject(f"panel {dashboard}: {title}", "panel", sql(reader, expand_macros(raw, start, end)),
-                             aggregate=not LISTING_PANELS.search(title)))
+                             aggregate=not (LISTING_PANELS.search(title) or POINT_PER_WINDOW.search(raw))))
     for i, (heading, text) in enumerate(cookbook(), start=1):
         found.append(Subject(f"sql.md #{i} {heading}", "cookbook", sql(reader, text),
                              aggregate=not any(word in text for word in COOKBOOK_LISTS)))

@@ -10,7 +10,9 @@ Faithful where it matters to the sampler:
   devices, while the other GPUs keep answering;
 - XIDs injected with :meth:`FakeNvml.inject_xid` are returned once by ``drain_xids``;
 - per-process utilisation samples carry a microsecond clock and only samples newer than the
-  caller's ``since_us`` come back, like ``nvmlDeviceGetProcessUtilization``.
+  caller's ``since_us`` come back, like ``nvmlDeviceGetProcessUtilization``;
+- ``physical_fields`` answers a GPU's gauges in one call (the simulator reads every GPU of a fleet
+  each tick), with exactly what the per-field methods answer.
 
 Everything is mutable: the simulator changes utilisation, memory and processes between samples.
 """
@@ -27,10 +29,12 @@ from producers.agent.nvml_api import (
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
+    PhysicalFields,
     ProcessInfo,
     ProcessUtilSample,
     Utilization,
     XidRecord,
+    read_physical,
 )
 
 FIELDS = (
@@ -224,7 +228,10 @@ class FakeNvml:
         self._check(device, "memory")
         if isinstance(device, FakeMigDevice):
             return MemoryInfo(device.mem_total_bytes, device.mem_used_bytes)
-        gpu: FakeGpu = device
+        return self._physical_memory(device)
+
+    @staticmethod
+    def _physical_memory(gpu: FakeGpu) -> MemoryInfo:
         if gpu.mig_mode:  # the parent reports the sum over its MIG devices
             return MemoryInfo(gpu.mem_total_bytes, sum(m.mem_used_bytes for m in gpu.mig_devices))
         return MemoryInfo(gpu.mem_total_bytes, gpu.mem_used_bytes)
@@ -264,12 +271,19 @@ class FakeNvml:
             ]
         if gpu.mig_mode:
             return []
+        return self._processes(gpu)
+
+    @staticmethod
+    def _processes(gpu: FakeGpu) -> list[ProcessInfo]:
         return [ProcessInfo(p.pid, p.used_gpu_memory_bytes) for p in gpu.processes]
 
     def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
         gpu = self._check(device, "process_utilization", physical_only=True)
         if gpu.mig_mode:
             raise NvmlNotSupported("Not Supported")
+        return self._process_samples(gpu, since_us)
+
+    def _process_samples(self, gpu: FakeGpu, since_us: int) -> list[ProcessUtilSample]:
         self._clock_us += 1_000_000
         if self._clock_us <= since_us:
             return []
@@ -278,6 +292,27 @@ class FakeNvml:
             for p in gpu.processes
             if p.sm_util_pct is not None
         ]
+
+    def physical_fields(self, device: Device, since_us: int) -> PhysicalFields:
+        """What :func:`read_physical` gives through the per-field methods, in one call when no field of
+        the GPU is unsupported or failing (the per-field methods then give each field's error)."""
+        gpu = self._gpu_of(device)
+        if gpu.unsupported or gpu.failing or device is not gpu:
+            return read_physical(self, device, since_us)
+        mig = gpu.mig_mode
+        processes = None if mig else self._processes(gpu)
+        return PhysicalFields(
+            name=gpu.model,
+            memory=self._physical_memory(gpu),
+            utilization=None if mig else Utilization(gpu.gpu_util_pct, gpu.mem_util_pct),
+            power_w=gpu.power_w, temperature_c=gpu.temperature_c,
+            sm_clock_mhz=gpu.sm_clock_mhz, mem_clock_mhz=gpu.mem_clock_mhz,
+            pcie_bytes_per_s=(gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s),
+            nvlink_bytes_total=(gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total),
+            mig_enabled=mig,
+            processes=processes,
+            process_samples=self._process_samples(gpu, since_us) if processes else None,
+        )
 
     def mig_enabled(self, device: Device) -> bool:
         gpu = self._check(device, "mig_enabled", physical_only=True)

@@ -2,13 +2,18 @@
 NVML call, each field asked on its own), the plain records it returns, and the errors pynvml's are
 translated into (:class:`NvmlNotSupported`, :class:`NvmlGpuLost`, :class:`NvmlUnavailable`, ...).
 :class:`producers.agent.nvml.PynvmlBackend` is the real backend (the only module that imports
-pynvml); ``fake_nvml.FakeNvml`` behaves the same way without a GPU."""
+pynvml); ``fake_nvml.FakeNvml`` behaves the same way without a GPU.
+
+A physical GPU's gauges are read as one :class:`PhysicalFields`, with each field's error kept
+beside it: :func:`read_physical` asks the per-field methods of any backend, and a backend that can
+answer them all at once (:class:`ReadsPhysicalFields`, the fake NVML: the fleet simulator reads
+every GPU of a fleet each tick) gives the same record in one call."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from common.errors import PermanentError
 from producers.agent.source import SourceError, SourceUnavailable
@@ -58,19 +63,25 @@ class NvmlLibraryNotFound(NvmlUnavailable):
     kind = "library_not_found"
 
 
-@dataclass(frozen=True)
+# The records of a reading below are not frozen: a frozen dataclass sets each field through
+# ``object.__setattr__`` and takes four times as long to make, and a sampler makes several per GPU at
+# every sample (the fleet simulator: for every GPU of a fleet at every tick). Nothing changes one
+# once made.
+
+
+@dataclass(slots=True)
 class MemoryInfo:
     total_bytes: int
     used_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Utilization:
     gpu_pct: float
     mem_pct: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ProcessInfo:
     """One compute process on a device (from the newest running-processes call the driver has)."""
 
@@ -80,7 +91,7 @@ class ProcessInfo:
     compute_instance_id: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ProcessUtilSample:
     """One per-process utilisation sample (nvmlDeviceGetProcessUtilization)."""
 
@@ -158,3 +169,92 @@ class NvmlBackend(Protocol):
 
     def drain_xids(self) -> list[XidRecord]:
         """XID events seen since the previous call, oldest first."""
+
+
+@dataclass(slots=True)
+class PhysicalFields:
+    """The gauges of one physical GPU, read in one pass. A field is None where the GPU does not answer
+    it: unsupported (nothing else to say), or failed with another error, listed in ``failed`` as
+    (the sampler's label for the field, the error), in reading order. ``lost``: the GPU fell off the
+    bus after its first field was asked (the fields from there on are None). A GPU lost at its first
+    field raises :class:`NvmlGpuLost` (nothing was read), as NVML as a whole gone raises
+    :class:`NvmlUnavailable`."""
+
+    name: str | None
+    memory: MemoryInfo | None
+    utilization: Utilization | None
+    power_w: float | None
+    temperature_c: float | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    pcie_bytes_per_s: tuple[float, float] | None
+    nvlink_bytes_total: tuple[int, int] | None
+    mig_enabled: bool | None
+    processes: list[ProcessInfo] | None = None
+    """Asked only outside MIG mode (a MIG GPU's processes are its MIG devices')."""
+    process_samples: list[ProcessUtilSample] | None = None
+    """Per-process utilisation samples newer than the caller's ``since_us``: asked only when
+    ``processes`` lists some."""
+    failed: tuple[tuple[str, NvmlError], ...] = ()
+    lost: NvmlGpuLost | None = None
+
+
+PHYSICAL_READS: tuple[tuple[str, str, str, tuple[Any, ...]], ...] = (
+    ("name", "name", "name", ()),
+    ("memory", "memory", "memory", ()),
+    ("utilization", "utilization", "utilization", ()),
+    ("power_w", "power", "power_w", ()),
+    ("temperature_c", "temperature", "temperature_c", ()),
+    ("sm_clock_mhz", "sm_clock", "clock_mhz", ("sm",)),
+    ("mem_clock_mhz", "mem_clock", "clock_mhz", ("mem",)),
+    ("pcie_bytes_per_s", "pcie_throughput", "pcie_throughput_bytes_per_s", ()),
+    ("nvlink_bytes_total", "nvlink_throughput", "nvlink_bytes_total", ()),
+    ("mig_enabled", "mig_mode", "mig_enabled", ()),
+)
+""":class:`PhysicalFields`' gauges in reading order: (the field; the sampler's label for it, in its
+errors and health reasons; the :class:`NvmlBackend` method; the method's arguments after the device).
+Outside MIG mode the processes follow (``"processes"``, then ``"process_utilization"`` where there
+are some)."""
+
+
+def read_physical(nvml: NvmlBackend, device: Device, since_us: int) -> PhysicalFields:
+    """A physical GPU's :class:`PhysicalFields` through the backend's per-field methods, in
+    :data:`PHYSICAL_READS` order, then its processes (any backend; the per-field errors are the
+    methods' own)."""
+    values: dict[str, Any] = {}
+    failed: list[tuple[str, NvmlError]] = []
+
+    def ask(label: str, method: str, *args: Any) -> Any:
+        try:
+            return getattr(nvml, method)(device, *args)
+        except NvmlNotSupported:
+            return None
+        except NvmlGpuLost:
+            raise
+        except NvmlUnavailable:
+            raise
+        except NvmlError as exc:
+            failed.append((label, exc))
+            return None
+
+    try:
+        for name, label, method, args in PHYSICAL_READS:
+            values[name] = ask(label, method, *args)
+        if values["mig_enabled"]:
+            return PhysicalFields(**values, failed=tuple(failed))
+        processes = ask("processes", "compute_processes")
+        samples = ask("process_utilization", "process_utilization", since_us) if processes else None
+        return PhysicalFields(**values, processes=processes, process_samples=samples, failed=tuple(failed))
+    except NvmlGpuLost as exc:
+        if not values:
+            raise
+        gauges = dict.fromkeys(name for name, *_ in PHYSICAL_READS) | values  # from the lost one on: None
+        return PhysicalFields(**gauges, failed=tuple(failed), lost=exc)
+
+
+@runtime_checkable
+class ReadsPhysicalFields(Protocol):
+    """A backend that reads a physical GPU's gauges and processes in one call, with what
+    :func:`read_physical` gives for the same device."""
+
+    def physical_fields(self, device: Device, since_us: int) -> PhysicalFields: ...

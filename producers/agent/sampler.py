@@ -4,7 +4,9 @@
 PodResources, a PID -> container resolver): given the same answers it builds the same
 :class:`schemas.messages.GpuSample`, so tests, the fleet simulator and the live agent share it.
 
-What each failure means here (NVML answers field by field):
+What each failure means here (NVML answers field by field; a physical GPU's fields come as one
+:class:`producers.agent.nvml_api.PhysicalFields`, each field's error kept beside it, in one call
+where the backend can: the fake NVML, so that a fleet replay reads each GPU once per tick):
 - a field NVML does not support on this GPU or mode -> that field is absent (None), nothing else;
 - any other error on one field -> the field is absent, the GPU is marked ``degraded`` with the
   reason, the sample's ``errors`` name it, and ``on_nvml_error(kind)`` counts it;
@@ -31,7 +33,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeGuard, TypeVar
 
 from common.logs import get_logger
 from producers.agent.cgroup import ProcessResolver
@@ -42,7 +45,12 @@ from producers.agent.nvml_api import (
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
+    PhysicalFields,
+    ProcessInfo,
+    ProcessUtilSample,
+    ReadsPhysicalFields,
     XidRecord,
+    read_physical,
 )
 from producers.agent.podresources import PodResourcesAnswer, PodResourcesError, PodResourcesSource
 from schemas.messages import GpuSample, PodRef, XidEvent
@@ -157,6 +165,7 @@ class NodeSampler:
         self._nvlink_prev: dict[str, tuple[datetime, int, int]] = {}
         self._util_since_us: dict[str, int] = {}
         self._last_answer: tuple[int, PodResourcesAnswer] | None = None
+        self._physical_fields: Callable[[Device, int], PhysicalFields] = partial(read_physical, nvml)
 
     def init(self) -> None:
         self.nvml.init()
@@ -175,6 +184,8 @@ class NodeSampler:
     def sample(self, ts: datetime) -> GpuSample:
         """Read everything once; raises :class:`NvmlUnavailable` if NVML as a whole is gone."""
         errors: list[str] = []
+        nvml = self.nvml
+        self._physical_fields = nvml.physical_fields if _reads_physical(nvml) else partial(read_physical, nvml)
         driver, cuda = self._read_versions(errors)
         count = self.nvml.device_count()
         devices: list[_ReadingDraft] = []
@@ -267,34 +278,35 @@ class NodeSampler:
     def _read_physical(
         self, device: _ReadingDraft, handle: Device, index: int, ts: datetime, errors: list[str]
     ) -> list[_ReadingDraft]:
-        nvml, f, uuid = self.nvml, device.fields, device.uuid
-        name = self._field(device, "name", errors, nvml.name, handle)
-        f["model"] = name or f["model"] or "unknown"
+        f, uuid = device.fields, device.uuid
+        read = self._physical_fields(handle, self._util_since_us.get(uuid, 0))
+        for what, exc in read.failed:
+            self._field_failed(device, what, exc, errors)
+        f["model"] = read.name or f["model"] or "unknown"
         self._identity[index] = (uuid, f["model"])
-        memory = self._field(device, "memory", errors, nvml.memory, handle)
+        memory, util, power, nvlink = read.memory, read.utilization, read.power_w, read.nvlink_bytes_total
         if memory is not None:
             f["mem_total_bytes"], f["mem_used_bytes"] = memory.total_bytes, memory.used_bytes
-        util = self._field(device, "utilization", errors, nvml.utilization, handle)
         if util is not None:
             f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
-        power = self._field(device, "power", errors, nvml.power_w, handle)
         f["power_w"] = max(0.0, power) if power is not None else None
-        f["temperature_c"] = self._field(device, "temperature", errors, nvml.temperature_c, handle)
-        f["sm_clock_mhz"] = self._field(device, "sm_clock", errors, nvml.clock_mhz, handle, "sm")
-        f["mem_clock_mhz"] = self._field(device, "mem_clock", errors, nvml.clock_mhz, handle, "mem")
-        pcie = self._field(device, "pcie_throughput", errors, nvml.pcie_throughput_bytes_per_s, handle)
-        if pcie is not None:
-            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = pcie
-        nvlink = self._field(device, "nvlink_throughput", errors, nvml.nvlink_bytes_total, handle)
+        f["temperature_c"] = read.temperature_c
+        f["sm_clock_mhz"] = read.sm_clock_mhz
+        f["mem_clock_mhz"] = read.mem_clock_mhz
+        if read.pcie_bytes_per_s is not None:
+            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = read.pcie_bytes_per_s
         if nvlink is not None:
             f["nvlink_tx_bytes_per_s"], f["nvlink_rx_bytes_per_s"] = self._nvlink_rate(uuid, ts, nvlink)
-        mig = bool(self._field(device, "mig_mode", errors, nvml.mig_enabled, handle))
+        if read.lost is not None:  # lost during the read: the fields from there on are None
+            raise read.lost
         readings = [device]
-        if not mig:
-            device.processes = self._processes(device, handle, errors, per_process_util=True)
+        if not read.mig_enabled:
+            samples = read.process_samples
+            device.processes = self._process_list(read.processes or [],
+                                                  None if samples is None else self._sm_util(uuid, samples))
             return readings
         # MIG: the parent lists no processes of its own; each MIG device is its own reading
-        for mig_handle in self._field(device, "mig_devices", errors, nvml.mig_devices, handle) or []:
+        for mig_handle in self._field(device, "mig_devices", errors, self.nvml.mig_devices, handle) or []:
             try:
                 readings.append(self._read_mig(device, mig_handle, errors))
             except (NvmlGpuLost, NvmlUnavailable):
@@ -327,7 +339,7 @@ class NodeSampler:
         util = self._field(device, "utilization", errors, nvml.utilization, handle)
         if util is not None:
             f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
-        device.processes = self._processes(device, handle, errors, per_process_util=False)
+        device.processes = self._processes(device, handle, errors)
         return device
 
     def _nvlink_rate(
@@ -342,25 +354,25 @@ class NodeSampler:
             return None, None  # first sample, clock went back, or the counters were reset
         return (totals[0] - previous[1]) / seconds, (totals[1] - previous[2]) / seconds
 
-    def _processes(
-        self, device: _ReadingDraft, handle: Device, errors: list[str], per_process_util: bool
-    ) -> list[dict[str, Any]]:
-        nvml = self.nvml
-        infos = self._field(device, "processes", errors, nvml.compute_processes, handle) or []
-        if not infos:
-            return []
-        sm_util: dict[int, float] | None = None
-        if per_process_util:
-            since = self._util_since_us.get(device.uuid, 0)
-            samples = self._field(device, "process_utilization", errors, nvml.process_utilization, handle, since)
-            if samples is not None:
-                sums: dict[int, list[float]] = {}
-                for s in samples:
-                    sums.setdefault(s.pid, []).append(s.sm_util_pct)
-                    since = max(since, s.timestamp_us)
-                self._util_since_us[device.uuid] = since
-                # a process without a sample since the last read did not run on the SMs
-                sm_util = {pid: _pct(sum(v) / len(v)) for pid, v in sums.items()}
+    def _processes(self, device: _ReadingDraft, handle: Device, errors: list[str]) -> list[dict[str, Any]]:
+        """A MIG device's processes (NVML has no per-process utilisation for them)."""
+        infos = self._field(device, "processes", errors, self.nvml.compute_processes, handle) or []
+        return self._process_list(infos, None)
+
+    def _sm_util(self, uuid: str, samples: list[ProcessUtilSample]) -> dict[int, float]:
+        """Each process's mean SM utilisation over ``samples`` (the device's newer than the last read,
+        whose clock is kept for the next)."""
+        since = self._util_since_us.get(uuid, 0)
+        sums: dict[int, list[float]] = {}
+        for s in samples:
+            sums.setdefault(s.pid, []).append(s.sm_util_pct)
+            since = max(since, s.timestamp_us)
+        self._util_since_us[uuid] = since
+        return {pid: _pct(sum(v) / len(v)) for pid, v in sums.items()}
+
+    def _process_list(self, infos: list[ProcessInfo], sm_util: dict[int, float] | None) -> list[dict[str, Any]]:
+        """The processes as the reading's, by PID; ``sm_util``: None where NVML gave no per-process
+        utilisation (a process without a sample since the last read did not run on the SMs: 0)."""
         out = []
         for info in sorted(infos, key=lambda p: p.pid):
             ref = self.processes.resolve(info.pid)
@@ -470,6 +482,20 @@ class NodeSampler:
                     del inferred[uid]
                     break
         return inferred
+
+
+_READS_PHYSICAL: dict[type, bool] = {}
+"""Backend class -> whether it is a :class:`ReadsPhysicalFields` (a protocol check costs a few
+microseconds, and it is asked at every sample)."""
+
+
+def _reads_physical(backend: object) -> TypeGuard[ReadsPhysicalFields]:
+    """Whether a backend reads a GPU in one call (:class:`ReadsPhysicalFields`)."""
+    kind = type(backend)
+    known = _READS_PHYSICAL.get(kind)
+    if known is None:
+        known = _READS_PHYSICAL[kind] = issubclass(kind, ReadsPhysicalFields)
+    return known
 
 
 def _pct(value: float) -> float:

@@ -49,6 +49,7 @@ from sinks.cluster import (
 from sinks.ddl import DEDUP_WINDOW, TtlDays
 from sinks.migrations import migrate
 from sinks.service import prepare_cluster
+from sinks.tables import TABLES
 
 CLUSTER = "gpulens_replicas"
 
@@ -129,8 +130,9 @@ def test_every_mergetree_table_is_replicated_with_the_macros(recorded: Recording
         if table.group(1) not in ("gpu_prices", "schema_migrations"):  # no Kafka-fed inserts
             assert (f"replicated_deduplication_window = {DEDUP_WINDOW}, "
                     f"replicated_deduplication_window_seconds = {DEDUP_WINDOW_S}") in formatted, formatted[-300:]
-    # 21 tables of migrations 1-14 and schema_migrations, the staging tables of migration 4 (2) and 7 (14)
-    assert created == 38, created
+    # every table of the store (sinks.tables.TABLES: migrations' tables and schema_migrations), the
+    # staging tables of migration 4 (2) and 7 (14)
+    assert created == len(TABLES) + 2 + 14, created
 
 
 def _settings_of(formatted: str) -> dict[str, str]:
@@ -294,7 +296,8 @@ def test_a_replica_creates_every_table_and_shows_it_back_as_single_server_mode_r
                           check=False)
     answer = json.loads(done.stdout or "null")
     assert answer is not None, done.stderr[-2000:]
-    assert len(answer["created"]) == len(creates) == 40
+    # the tables above and the engine path's Null table (created by migrations 10 and 11)
+    assert len(answer["created"]) == len(creates) == len(TABLES) + 2 + 14 + 2
     for (statement, shown), created in zip(recorded.shown, answer["created"], strict=True):
         assert "error" not in created, (statement[:200], created)
         name = _CREATE_TABLE.match(statement).group(1)  # type: ignore[union-attr]

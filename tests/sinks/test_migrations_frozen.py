@@ -33,6 +33,8 @@ PINNED: dict[int, str] = {
     12: "d3be91b129e1cb22d7c252be624c504dce379963ebbd9e10bb530652d6229be7",
     13: "58607106a9f0b4ef37b4bf43d41862c7fcbea6bc3b7ed8ec9c7eef058abb9e19",
     14: "e3dfdb84074aa0c8dd514886829b9d43f755cd0b7aee62ce434f82426b6958af",
+    15: "cf151784503534449cf86a229652b223cdbaa9b030a74aba2cc6866634a3b3ae",
+    16: "94085d66af175205b369ba11184489793761a23dc8625ff446a5086f9d5e77ce",
 }
 """sha256 of each migration's statements rendered with :data:`TTL`, joined by ``\\n;\\n``."""
 

@@ -10,9 +10,14 @@ and a batch the sink stores again does not make them count twice:
 - per GPU and hour, and per GPU from a start inside an hour (:func:`sinks.rollups.gpu_rows_since`, as
   the advisor reads it): sample counts, seconds (all, unallocated, allocated but idle), memory, first
   and last sample time equal those of ``gpu_samples FINAL``;
-- the report's sections that read the team rollups (``team_daily``, ``team_hourly``: fleet summary,
+- per pod and GPU, per hour and per day (``pod_hourly``, ``pod_daily``), and per pod and day
+  (``progress_daily``): every measure equals its aggregate over ``pod_windows FINAL`` (or
+  ``workload_progress FINAL``), and so do the pod figures from a start inside an hour
+  (:meth:`sinks.rollups.Rollup.rows_since`);
+- the report's sections that read the rollups (``team_daily``, ``team_hourly``: fleet summary,
   top teams and projects, idle by team and class, cost by team, utilisation by team per hour and
-  per day) equal the same analyses written directly in SQL over ``pod_windows FINAL``;
+  per day; ``pod_daily`` and ``progress_daily``: top pods, pods, cost per unit of work) equal the
+  same analyses written directly in SQL over ``pod_windows FINAL`` and ``workload_progress FINAL``;
 - a played day's window batch written again, as the sink's retry writes it (the same offsets: the
   same deduplication token) and as a worker replay delivers it (the same windows at new offsets),
   changes neither the raw windows nor a rollup figure.
@@ -38,6 +43,7 @@ from sinks import rollups
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
+from tests.sinks.test_pod_rollups import Figures, assert_figures_equal, raw_figures, rollup_figures
 
 SPEC = FillSpec(gpus=32, days=3, day_s=3600, template_nodes=4, gpus_per_node=4, variants=2)
 KEYS = "cluster, namespace, team, project, node, gpu_model"
@@ -93,12 +99,44 @@ def test_rollups_equal_the_raw_windows(filled: FillOutcome) -> None:
         assert any("~k1" in node for node in copies), "the fleet copies are rolled up too"
 
 
+POD_ROLLUPS = (rollups.POD_HOURLY, rollups.POD_DAILY, rollups.PROGRESS_DAILY)
+
+
+def _pod_figures(store: ClickHouseStore) -> list[tuple[Figures, Figures]]:
+    """(raw, rolled) figures of every pod rollup per its keys and period."""
+    keys = [("cluster", rollup.period, *rollup.keys) for rollup in POD_ROLLUPS]
+    return [(raw_figures(store, rollup, k), rollup_figures(store, rollup, k)) for rollup, k in zip(POD_ROLLUPS, keys,
+                                                                                                    strict=True)]
+
+
+def test_the_pod_rollups_equal_the_raw_windows_and_progress(filled: FillOutcome) -> None:
+    with closing(open_store(f"chdb://{filled.path}")) as store:
+        for rollup, (raw, rolled) in zip(POD_ROLLUPS, _pod_figures(store), strict=True):
+            assert_figures_equal(raw, rolled, rollup.table.name)
+        pods = int(store.query("SELECT uniqExact(pod_uid) FROM pod_windows").rows[0][0])
+        assert len({key[2] for key in rollup_figures(store, rollups.POD_DAILY, ("cluster", "day", "pod_uid"))}) == pods
+
+        # from a start inside an hour, and on the hour, as the advisor asks
+        first, last = (datetime.fromtimestamp(int(ms) / 1000, UTC) for ms in store.query(
+            "SELECT toUnixTimestamp64Milli(min(window_start)), toUnixTimestamp64Milli(max(window_start)) "
+            "FROM pod_windows").rows[0])
+        keys = ("cluster", *rollups.POD_HOURLY.keys)
+        on_the_hour = first.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+        for start in (first + (last - first) / 3 + timedelta(seconds=1234.5), on_the_hour):
+            params = {"start": start.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]}
+            raw = raw_figures(store, rollups.POD_HOURLY, keys,
+                              "window_start >= toDateTime64({start:String}, 3, 'UTC')", params)
+            assert_figures_equal(raw, rollup_figures(store, rollups.POD_HOURLY, keys,
+                                                     rollups.POD_HOURLY.rows_since("start"), params), f"since {start}")
+
+
 def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
     scenario = template_scenario(SPEC, 0)
     records = replay_records(scenario, run_in_process(scenario))[POD_WINDOWS.name(PREFIX)]
     settings = sink_settings(SPEC, filled.path)
     with closing(open_store(f"chdb://{filled.path}")) as store:
         before = _everything(store)
+        pods_before = _pod_figures(store)
         raw_rows = store.query("SELECT count() FROM pod_windows").rows[0][0]
         writer = BatchWriter(store, SinkMetrics(MetricsRegistry()), PREFIX, TtlDays.from_settings(settings),
                              max_future_skew_s=settings.max_future_skew_s)
@@ -113,6 +151,10 @@ def test_a_batch_stored_again_is_not_counted_twice(filled: FillOutcome) -> None:
         after = _everything(store)
         for old, new in zip(before, after, strict=True):
             _assert_equal(old, new)
+        for rollup, (raw, rolled), (_, rolled_after) in zip(POD_ROLLUPS, pods_before, _pod_figures(store),
+                                                            strict=True):
+            assert_figures_equal(raw, rolled_after, f"{rollup.table.name} after the batch again")
+            assert_figures_equal(rolled, rolled_after, f"{rollup.table.name} as before")
 
 
 GPU_KEYS = ["cluster", *rollups.GPU_HOURLY.keys]
@@ -182,7 +224,7 @@ SELECT {team} AS team, sum(allocated_s) / 3600 AS gpu_hours, sum(busy_s) / 3600 
            / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
        max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
        sum(cost_usd) AS cost_usd
-FROM pod_windows FINAL GROUP BY team ORDER BY gpu_hours DESC, team LIMIT 20""",
+FROM pod_windows FINAL GROUP BY team ORDER BY round(gpu_hours, 6) DESC, team LIMIT 20""",
     "top_projects": """
 SELECT {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hours,
        sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
@@ -190,7 +232,55 @@ SELECT {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hour
            / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
        max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
        sum(cost_usd) AS cost_usd
-FROM pod_windows FINAL GROUP BY team, project ORDER BY gpu_hours DESC, team, project LIMIT 20""",
+FROM pod_windows FINAL GROUP BY team, project ORDER BY round(gpu_hours, 6) DESC, team, project LIMIT 20""",
+    "top_pods": """
+SELECT namespace, pod, {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hours,
+       sum(busy_s) / 3600 AS busy_gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+       sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+           / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+       max(max_mem_used_bytes) AS peak_mem_bytes, sum(coalesce(energy_j, 0)) / 3600000 AS energy_kwh,
+       sum(cost_usd) AS cost_usd
+FROM pod_windows FINAL GROUP BY namespace, pod, team, project
+ORDER BY round(gpu_hours, 6) DESC, namespace, pod, team, project LIMIT 20""",
+    "pods": """
+WITH w AS (
+    SELECT pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team, any(project) AS project,
+           any(node) AS node, uniqExact(gpu_uuid) AS gpus,
+           sum(allocated_s) / 3600 AS gpu_hours, sum(idle_s) / 3600 AS idle_gpu_hours,
+           sumIf(avg_sm_util_pct * allocated_s, avg_sm_util_pct IS NOT NULL)
+               / nullIf(sumIf(allocated_s, avg_sm_util_pct IS NOT NULL), 0) AS avg_sm_util_pct,
+           max(max_mem_used_bytes) AS peak_mem_bytes, sum(cost_usd) AS cost_usd
+    FROM pod_windows FINAL GROUP BY pod_uid
+),
+l AS (SELECT pod_uid, end_reason, pending_s, running_s FROM pod_lifecycle FINAL)
+SELECT w.namespace AS namespace, w.pod AS name, if(w.team = '', '(none)', w.team) AS team,
+       if(w.project = '', '(none)', w.project) AS project,
+       w.node AS node, w.gpus AS gpus, w.gpu_hours AS gpu_hours, w.idle_gpu_hours AS idle_gpu_hours,
+       w.avg_sm_util_pct AS avg_sm_util_pct, w.peak_mem_bytes AS peak_mem_bytes, w.cost_usd AS cost_usd,
+       l.end_reason AS end_reason, l.pending_s AS pending_s, l.running_s AS running_s
+FROM w LEFT JOIN l ON l.pod_uid = w.pod_uid
+ORDER BY namespace, name""",
+    "cost_per_unit_of_work": """
+WITH c AS (
+    SELECT pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team, any(project) AS project,
+           sum(allocated_s) / 3600 AS gpu_hours, sum(cost_usd) AS window_cost_usd,
+           sum(allocated_s) / 3600 * any(coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
+           sum(steps) AS window_steps, sum(tokens) AS window_tokens
+    FROM pod_windows AS w FINAL LEFT JOIN {price} AS p ON p.gpu_model = w.gpu_model
+    GROUP BY pod_uid
+),
+u AS (
+    SELECT pod_uid, max(steps_total) - min(steps_total) AS steps, max(tokens_total) - min(tokens_total) AS tokens
+    FROM workload_progress FINAL GROUP BY pod_uid
+)
+SELECT c.namespace AS namespace, c.pod AS pod, {team} AS team, {project} AS project, c.gpu_hours AS gpu_hours,
+       greatest(c.window_cost_usd, c.list_cost_usd) AS cost_usd,
+       coalesce(nullIf(u.steps, 0), nullIf(c.window_steps, 0)) AS steps,
+       coalesce(nullIf(u.tokens, 0), nullIf(c.window_tokens, 0)) AS tokens,
+       cost_usd / steps AS cost_per_step_usd, cost_usd / tokens * 1000 AS cost_per_1k_tokens_usd
+FROM c LEFT JOIN u ON u.pod_uid = c.pod_uid
+WHERE steps > 0 OR tokens > 0
+ORDER BY round(cost_usd, 9) DESC, namespace, pod LIMIT 50""",
     "idle_by_team_and_class": """
 SELECT {team} AS team, {idle_class} AS idle_class,
        sum(idle_s) / 3600 AS idle_gpu_hours, sum(gap_s) / 3600 AS gap_gpu_hours, uniqExact(pod_uid) AS pods,
@@ -206,7 +296,7 @@ SELECT {team} AS team, {project} AS project, sum(allocated_s) / 3600 AS gpu_hour
 FROM pod_windows AS w FINAL LEFT JOIN {price} AS p ON p.gpu_model = w.gpu_model
 GROUP BY team, project ORDER BY window_cost_usd DESC, list_cost_usd DESC, team, project""",
 }
-"""Each report section the team rollups answer, written directly over the raw windows."""
+"""Each report section the rollups answer, written directly over the raw windows and progress."""
 
 RAW_UTILISATION = """
 WITH w AS (SELECT toStartOfInterval(window_start, toIntervalSecond({bucket_s})) AS bucket, * FROM pod_windows FINAL),
@@ -233,7 +323,7 @@ def _assert_rows_equal(raw: list[dict[str, Any]], rolled: list[dict[str, Any]], 
                 assert got[name] == value, (what, name, expected)
 
 
-def test_the_report_sections_from_the_team_rollups_equal_the_same_sql_over_the_raw_windows(
+def test_the_report_sections_from_the_rollups_equal_the_same_sql_over_the_raw_windows(
         filled: FillOutcome) -> None:
     names = {"team": "if(team = '', '(none)', team)", "project": "if(project = '', '(none)', project)",
              "idle_class": rollups.IDLE_CLASS, "price": PRICE}
@@ -241,7 +331,7 @@ def test_the_report_sections_from_the_team_rollups_equal_the_same_sql_over_the_r
         reader = scoped(store)
         report = run_report(reader, list(RAW_SECTIONS))
         for name, sql in RAW_SECTIONS.items():
-            raw = round_floats(store.query(sql.format(**names)).dicts())
+            raw = round_floats(store.query(sql.format(**names)).dicts(), 9 if name == "cost_per_unit_of_work" else 6)
             if name == "summary":  # its capacity and lifecycle figures come from their own tables
                 report[name] = [{key: report[name][0][key] for key in raw[0]}]
             _assert_rows_equal(raw, report[name], name)
