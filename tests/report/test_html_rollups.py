@@ -27,7 +27,6 @@ from sinks import rollups
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.rows import rows_for
 from tests.conftest import REPO_ROOT
 from tests.report.conftest import StoredReport
 from tests.sinks import factories as f
@@ -124,15 +123,6 @@ def _windows() -> Iterator[PodWindow]:
         yield _window("blind", 5, minute, mem=None)
 
 
-def _insert(store: ClickHouseStore, messages: list[Any]) -> None:
-    columns: dict[str, dict[str, list[object]]] = {}
-    for offset, message in enumerate(messages):
-        for table, row in rows_for(message, 0, offset):
-            for name, value in row.items():
-                columns.setdefault(table, {}).setdefault(name, []).append(value)
-    for table, data in columns.items():
-        store.insert(table, data)
-
 
 @contextlib.contextmanager
 def _opened(path: Path) -> Iterator[ClickHouseStore]:
@@ -150,7 +140,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with _opened(path) as store:
         migrate(store, TtlDays(raw=36500, state=36500, rollup=36500))
         node = f.node_state("gpu-a").model_copy(update={"ts": START, "gpu_memory_bytes": 80 * f.GIB})
-        _insert(store, [*_windows(), node])
+        f.store_rows(store, [*_windows(), node])
     return path
 
 

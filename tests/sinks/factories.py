@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -18,6 +19,8 @@ from schemas.messages import (
     XidEvent,
 )
 from schemas.outputs import Alert, AlertSubject, AlertType, ClusterCapacity, EndReason, PodLifecycle, PodWindow
+from sinks.clickhouse import ClickHouseStore
+from sinks.rows import Decoded, rows_for
 
 T0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
 """Recent on purpose: raw samples older than their TTL (14 days) are dropped on insert."""
@@ -117,3 +120,15 @@ def alert(n: int, state: Literal["firing", "resolved"] = "firing", kind: AlertTy
                  started_at=started, subject=AlertSubject(kind="pod", namespace="research", name=f"pod-{n}",
                                                           gpu_uuid="GPU-gpu-a-0"),
                  summary=f"pod-{n} holds an idle GPU", details={"reason": "vram_held", "n": n})
+
+
+def store_rows(store: ClickHouseStore, messages: Iterable[Decoded]) -> None:
+    """Insert ``messages`` as the sink maps them to rows (:func:`sinks.rows.rows_for`), one insert per
+    table, at offsets 0.. of partition 0."""
+    columns: dict[str, dict[str, list[object]]] = {}
+    for offset, message in enumerate(messages):
+        for table, row in rows_for(message, 0, offset):
+            for name, value in row.items():
+                columns.setdefault(table, {}).setdefault(name, []).append(value)
+    for table, data in columns.items():
+        store.insert(table, data)

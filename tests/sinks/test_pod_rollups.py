@@ -31,7 +31,6 @@ from sinks import rollups
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import TTL_TABLES, migrate
-from sinks.rows import rows_for
 from tests.sinks import factories as f
 
 MIDNIGHT = datetime(2026, 3, 2, tzinfo=UTC)
@@ -109,15 +108,6 @@ def _windows() -> Iterator[PodWindow]:
         yield _at(_without_optional_figures(f.window("bare", 3, 0, busy_s=0.0, node="gpu-b")), start)
 
 
-def _store(store: ClickHouseStore, messages: list[Any]) -> None:
-    columns: dict[str, dict[str, list[object]]] = {}
-    for offset, message in enumerate(messages):
-        for table, row in rows_for(message, 0, offset):
-            for name, value in row.items():
-                columns.setdefault(table, {}).setdefault(name, []).append(value)
-    for table, data in columns.items():
-        store.insert(table, data)
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseStore]:
@@ -129,7 +119,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClickHouseStore]
             update={"ts": MIDNIGHT + timedelta(minutes=minute - 90)}) for minute in range(0, 180, 11)]
         progress.append(f.progress("bare", 0, 0.0).model_copy(
             update={"ts": MIDNIGHT, "steps_total": None, "tokens_total": None}))
-        _store(opened, [*_windows(), *progress])
+        f.store_rows(opened, [*_windows(), *progress])
         yield opened
     finally:
         opened.close()

@@ -9,10 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sinks.clickhouse import ClickHouseStore, open_store
+from sinks.clickhouse import open_store
 from sinks.ddl import TtlDays
 from sinks.migrations import migrate
-from sinks.rows import rows_for
 from tests.sinks import factories as f
 
 
@@ -23,22 +22,13 @@ def test_windows_with_no_util_figure_roll_up(tmp_path: Path) -> None:
         windows = [f.window("mig-pod", gpu, minute).model_copy(update={"avg_sm_util_pct": None,
                                                                          "max_sm_util_pct": None})
                    for gpu in range(2) for minute in range(3)]
-        _store(store, windows)
+        f.store_rows(store, windows)
         hourly = store.query("SELECT sum(allocated_gpu_hours), sum(util_hours) FROM rollup_hourly").rows[0]
         assert round(float(hourly[0]), 6) == round(6 * 60 / 3600, 6)
         assert float(hourly[1]) == 0.0
     finally:
         store.close()
 
-
-def _store(store: ClickHouseStore, messages: list[Any]) -> None:
-    columns: dict[str, dict[str, list[object]]] = {}
-    for offset, message in enumerate(messages):
-        for table, row in rows_for(message, 0, offset):
-            for name, value in row.items():
-                columns.setdefault(table, {}).setdefault(name, []).append(value)
-    for table, data in columns.items():
-        store.insert(table, data)
 
 
 def _without_optional_figures(model: BaseModel) -> Any:
@@ -55,7 +45,7 @@ def test_windows_and_samples_without_any_optional_figure_roll_up(tmp_path: Path)
                    for minute in range(3)]
         sample = f.sample("n1", 0)
         bare = sample.model_copy(update={"gpus": [_without_optional_figures(g) for g in sample.gpus]})
-        _store(store, [*windows, bare])
+        f.store_rows(store, [*windows, bare])
         for table in ("team_hourly", "team_daily"):
             rows = store.query(f"SELECT sum(windows), uniqExactMerge(pods), sum(allocated_gpu_s), "
                                f"max(peak_mem_bytes), sum(idle_cost_usd) FROM {table}").rows
