@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from common.logs import get_logger
 from sinks import migration_additions as additions
@@ -49,6 +50,7 @@ from sinks import rollups
 from sinks.clickhouse import ClickHouseStore
 from sinks.cluster import ClusterStore
 from sinks.ddl import TtlDays
+from sinks.migration_lock import ClaimTiming, MigrationLock, timing_for
 
 log = get_logger(__name__)
 
@@ -137,39 +139,67 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
 }
 
 
-def applied_versions(store: ClickHouseStore) -> set[int]:
-    store.command(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, "
-        "applied_at DateTime64(3, 'UTC')) ENGINE = ReplacingMergeTree ORDER BY version"
-    )
-    return {int(str(row[0])) for row in store.query("SELECT version FROM schema_migrations").rows}
+CREATE_SCHEMA_MIGRATIONS = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (version UInt32, name String, "
+    "applied_at DateTime64(3, 'UTC')) ENGINE = ReplacingMergeTree ORDER BY version"
+)
 
 
-def migrate(store: ClickHouseStore, ttl: TtlDays | None = None, cluster: str = "") -> list[int]:
+def applied_versions(store: ClickHouseStore, settings: dict[str, Any] | None = None) -> set[int]:
+    rows = store.query("SELECT version FROM schema_migrations", settings=settings).rows
+    return {int(str(row[0])) for row in rows}
+
+
+def migrate(store: ClickHouseStore, ttl: TtlDays | None = None, cluster: str = "",
+            timing: ClaimTiming | None = None) -> list[int]:
     """Apply every missing migration in order; returns the versions applied now (idempotent).
     ``cluster``: run every statement on each replica of that ClickHouse cluster, with replicated
-    engines (:mod:`sinks.cluster`); empty: one server."""
+    engines (:mod:`sinks.cluster`); empty: one server.
+
+    One sink migrates at a time (:mod:`sinks.migration_lock`): a sink that finds a migration missing
+    claims the lock and either migrates or waits until the holder has applied every migration (then
+    returns ``[]``). A sink with nothing to migrate takes no lock and does not wait. ``timing``: the
+    lock's settle time, expiry and polling (default: :func:`sinks.migration_lock.timing_for`)."""
     ttl = ttl or TtlDays()
-    if cluster:
-        store = ClusterStore(store, cluster)
-    done = applied_versions(store)
+    lock = MigrationLock(store if not cluster else ClusterStore(store, cluster), timing or timing_for(store),
+                         replicated=bool(cluster))
+    store = lock.store
+    lock.create_table()
+    store.command(CREATE_SCHEMA_MIGRATIONS)
+
+    def pending() -> bool:
+        done = applied_versions(store, lock.read_settings)
+        return any(migration.version not in done for migration in MIGRATIONS)
+
+    applied: list[int] = []
+    if pending():
+        applied = lock.run_exclusively(pending, lambda renew: _apply_missing(store, ttl, lock, renew), [])
+    apply_ttls(store, ttl)
+    return applied
+
+
+def _apply_missing(store: ClickHouseStore, ttl: TtlDays, lock: MigrationLock, renew: Callable[[], None]) -> list[int]:
+    """Every missing migration, by the sink holding the lock (``renew``: called between statements)."""
+    done = applied_versions(store, lock.read_settings)
     applied: list[int] = []
     for migration in MIGRATIONS:
         if migration.version in done:
             continue
         for statement in migration.statements(ttl):
+            renew()
             store.command(statement)
         if migration.apply is not None:
+            renew()
             migration.apply(store, ttl)
+        renew()
         now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
         name = migration.name.replace("'", "")
         store.command(
             f"INSERT INTO schema_migrations (version, name, applied_at) "
-            f"VALUES ({migration.version}, '{name}', '{now}')"
+            f"VALUES ({migration.version}, '{name}', '{now}')", lock.insert_settings
         )
         log.info("migration applied", version=migration.version, name=migration.name)
         applied.append(migration.version)
-    apply_ttls(store, ttl)
     return applied
 
 

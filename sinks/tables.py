@@ -612,11 +612,19 @@ SCHEMA_MIGRATIONS = Table("schema_migrations", (
     Column("applied_at", DATETIME),
 ))
 
+SCHEMA_MIGRATION_CLAIMS = Table("schema_migration_claims", (
+    Column("claimant", STRING),
+    Column("claimed_at", DATETIME),
+    Column("expires_at", DATETIME),
+))
+"""Starting sinks' claims to run the missing migrations, one at a time (:mod:`sinks.migration_lock`)."""
+
 TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
     ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, POD_HOURLY_TABLE, POD_DAILY_TABLE,
     PROGRESS_DAILY_TABLE, GPU_TENANCY_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
+    SCHEMA_MIGRATION_CLAIMS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""
 
