@@ -5,8 +5,8 @@ data in the store, each figure from what answers it with the fewest rows and equ
 windows give (docs/advise.md, "Where the figures come from"; tests/advise/test_advise_rollups.py):
 per pod and GPU, and per pod, time bucket and GPU, the held, allocated and busy seconds, cost and
 peaks from ``pod_hourly``; the figures over a pod's active windows (windows in which any of its
-GPUs was busy: evidence, SM percentile, VRAM) from the raw ``pod_windows`` of the pods that were
-busy, in slices that bound the engine's memory; capacity and its cost from ``cluster_capacity`` and
+GPUs was busy: evidence, SM percentile, VRAM) from ``pod_active_hourly``, percentiles within a bin
+of the exact ones; capacity and its cost from ``cluster_capacity`` and
 ``gpu_hourly``; waits from ``pod_lifecycle``; pools from ``node_states``. The categories
 (docs/advise.md has the method, by hand):
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,7 +38,7 @@ from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
 from sinks import rollups
-from sinks.rollups import POD_HOURLY
+from sinks.rollups import POD_ACTIVE_HOURLY, POD_HOURLY, PRICE
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -125,29 +124,15 @@ def _evidence(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseT
 def _pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
     """One row per (pod, GPU) of the period, by pod uid and GPU: the pod's labels, its GPU's memory and
     index, held seconds, cost, price and last busy window from ``pod_hourly`` (:func:`_pod_gpu_totals`),
-    and the figures over the pod's active windows (:func:`_active_figures`)."""
-    totals = _pod_gpu_totals(reader, start, team)
-    active: dict[tuple[str, str], Row] = {}
-    for pods in _slices(totals, every_pod=team is not None):
-        for r in _active_figures(reader, start, team, cfg, pods):
-            active[(r["pod_uid"], r["gpu_uuid"])] = r
-    return [r | active.get((r["pod_uid"], r["gpu_uuid"]), _NO_ACTIVE_WINDOW) for r in totals]
+    and the figures over the pod's active windows from ``pod_active_hourly`` (:func:`_active_figures`)."""
+    active = {(r["pod_uid"], r["gpu_uuid"]): r for r in _active_figures(reader, start, team, cfg)}
+    return [r | active.get((r["pod_uid"], r["gpu_uuid"]), _NO_ACTIVE_WINDOW)
+            for r in _pod_gpu_totals(reader, start, team)]
 
 
 _NO_ACTIVE_WINDOW: Row = {"active_windows": 0, "active_s": 0.0, "pct_sm": None, "sm_windows": 0, "peak_sm": None,
                           "peak_mem": 0, "pct_mem": 0}
 """The active-window figures of a (pod, GPU) none of whose pod's windows had busy time."""
-
-SLICE_WINDOWS = 2_000_000
-"""The most pod windows one query of :func:`_active_figures` reads. The engine holds every active
-window's SM and VRAM peak (``quantileExact`` keeps them) and the set of the shared pods' busy (pod,
-window start) pairs: about 20 MiB per million windows on the history benchmark's fleet, 60 MiB
-when every pod is a shared one, so a slice stays at or under about 120 MiB, a quarter of the 512
-MiB that leaves the product's read limit (2 GiB) a 4x margin, whatever the period's length."""
-
-SLICE_PODS = 5_000
-"""The most pods of one slice: their uids travel as a query parameter (in the URL of a request to a
-ClickHouse server, about 40 bytes each, far under its 1 MiB limit)."""
 
 
 def _pod_gpu_totals(reader: SqlReader, start: datetime, team: str | None) -> Rows:
@@ -170,82 +155,30 @@ SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespa
        {merged["windows"]} AS windows
 FROM {POD_HOURLY.rows_since("start")} AS w
 LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
-LEFT JOIN {_PRICE} AS p ON p.gpu_model = w.gpu_model
+LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
 WHERE {where}
 GROUP BY pod_uid, gpu_uuid
 ORDER BY pod_uid, gpu_uuid""", params)
 
 
-@dataclass
-class PodSlice:
-    """Pods whose active windows one query reads."""
-
-    own: list[str] = field(default_factory=list)
-    """Pods whose window is active exactly when it had busy time itself: one GPU, or busy in every window."""
-    shared: list[str] = field(default_factory=list)
-    """Pods of several GPUs whose window may be active through another GPU's busy time."""
-    windows: int = 0
-
-
-def _slices(totals: Rows, every_pod: bool = False) -> list[PodSlice]:
-    """The period's pods with a busy window, in slices of at most :data:`SLICE_WINDOWS` windows (a pod
-    with more is a slice of its own) and :data:`SLICE_PODS` pods each, in the windows' sort order
-    (namespace, pod uid), so that a slice's pods lie together in the table and a query of one reads
-    little of the others'.
-
-    A pod none of whose windows had busy time has no active window: it is in no slice. With
-    ``every_pod`` (``totals`` has only a team's windows, and a window of a pod labelled with another
-    team may have made one of them active) every pod is in a slice, as a shared one."""
-    pods: dict[tuple[str, str], list[int]] = {}
-    for r in totals:
-        figures = pods.setdefault((r["namespace"], r["pod_uid"]), [0, 0, 0])  # GPUs, windows, busy windows
-        figures[0] += 1
-        figures[1] += int(r["windows"])
-        figures[2] += int(r["busy_windows"])
-    slices: list[PodSlice] = []
-    for (_, uid), (gpus, windows, busy) in sorted(pods.items()):
-        if not busy and not every_pod:
-            continue
-        if (not slices or slices[-1].windows + windows > SLICE_WINDOWS
-                or len(slices[-1].own) + len(slices[-1].shared) >= SLICE_PODS):
-            slices.append(PodSlice())
-        own = not every_pod and (gpus == 1 or busy == windows)
-        (slices[-1].own if own else slices[-1].shared).append(uid)
-        slices[-1].windows += windows
-    return slices
-
-
-def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds,
-                    pods: PodSlice) -> Rows:
-    """Per (pod, GPU) of ``pods``, over the pod's active windows (windows in which any GPU of the pod had
-    busy time): their count and allocated seconds, the percentile and peak of the windows' SM peaks, the
-    peak and percentile of their VRAM peaks.
-
-    From the raw windows in one pass: a window of an own pod is active when it had busy time; one of a
-    shared pod when its (pod, window start) is in the set of the shared pods' busy windows. A window
-    is active through another GPU's window, which a rollup fed per insert block cannot see (a pod's
-    GPUs' windows may be stored by different inserts)."""
+def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
+    """Per (pod, GPU) with an active window since ``start`` (a window in which any GPU of the pod had
+    busy time, as the node stage stamps it), from the hourly rollup of active windows: their count
+    and allocated seconds, the percentile and peak of their SM peaks, the peak and percentile of their
+    VRAM peaks. A percentile is that of ``quantileExact`` within a bin
+    (:data:`~sinks.rollups.SM_BIN_PCT`, :data:`~sinks.rollups.VRAM_BIN_BYTES`) above it."""
     level = cfg.percentile / 100
-    where, params = _params(start, team)
-    active = []
-    if pods.own:
-        active.append("pod_uid IN {own:Array(String)} AND busy_s > 0")
-    if pods.shared:
-        active.append(f"""pod_uid IN {{shared:Array(String)}} AND (pod_uid, window_start) IN (
-      SELECT pod_uid, window_start FROM pod_windows FINAL
-      WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC') AND busy_s > 0
-        AND pod_uid IN {{shared:Array(String)}})""")
+    where, params = _params(start, team, time_column="")
+    m = {name: POD_ACTIVE_HOURLY.merged(name) for name in POD_ACTIVE_HOURLY.measures}
     return query_rows(reader, f"""
-SELECT pod_uid, gpu_uuid, count() AS active_windows, sum(allocated_s) AS active_s,
-       quantileExactIf({level!r})(max_sm_util_pct, max_sm_util_pct IS NOT NULL) AS pct_sm,
-       countIf(max_sm_util_pct IS NOT NULL) AS sm_windows, max(max_sm_util_pct) AS peak_sm,
-       max(coalesce(max_mem_used_bytes, 0)) AS peak_mem,
-       quantileExact({level!r})(coalesce(max_mem_used_bytes, 0)) AS pct_mem
-FROM pod_windows FINAL
-WHERE {where} AND pod_uid IN {{pods:Array(String)}}
-  AND ({" OR ".join(f"({condition})" for condition in active)})
-GROUP BY pod_uid, gpu_uuid""", params | {"pods": pods.own + pods.shared}
-                      | ({"own": pods.own} if pods.own else {}) | ({"shared": pods.shared} if pods.shared else {}))
+SELECT pod_uid, gpu_uuid, {m["active_windows"]} AS active_windows, {m["active_gpu_s"]} AS active_s,
+       {m["sm_windows"]} AS sm_windows, {m["active_peak_sm_pct"]} AS peak_sm,
+       {m["active_peak_mem_bytes"]} AS peak_mem,
+       {rollups.percentile(m["sm_bins"], "sm_windows", "peak_sm", rollups.SM_BIN_PCT, level)} AS pct_sm,
+       {rollups.percentile(m["mem_bins"], "active_windows", "peak_mem", rollups.VRAM_BIN_BYTES, level)} AS pct_mem
+FROM {POD_ACTIVE_HOURLY.rows_since("start")}
+WHERE {where}
+GROUP BY pod_uid, gpu_uuid""", params)
 
 
 def _owners(reader: SqlReader) -> dict[str, Row]:
@@ -341,7 +274,8 @@ def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) ->
 
 def _buckets(reader: SqlReader, start: datetime, team: str | None,
              cfg: AdviseThresholds) -> dict[str, dict[int, dict[str, float]]]:
-    """Pod uid -> time bucket (unix seconds) -> its GPUs' held, present and busy seconds and peak VRAM.
+    """Pod uid -> time bucket (unix seconds) -> its GPUs' held, present and busy seconds and peak VRAM
+    (:data:`_BUCKET_FIGURES`).
 
     Buckets of whole hours (the default) add up ``pod_hourly``'s rows since ``start`` (an hour's rows
     fall in the bucket of their first window); other buckets add up the raw windows."""
@@ -358,21 +292,25 @@ def _buckets(reader: SqlReader, start: datetime, team: str | None,
                    "sum(busy_s) AS busy_gpu_s")
         peak = "max(coalesce(max_mem_used_bytes, 0))"
     buckets = query_rows(reader, f"""
-SELECT pod_uid, toUnixTimestamp(toStartOfInterval({bucket_time}, toIntervalSecond({{bucket_s:UInt32}}))) AS bucket,
-       gpu_uuid, {figures}, {peak} AS peak_mem
-FROM {source}
-WHERE {where}
-GROUP BY pod_uid, bucket, gpu_uuid
-ORDER BY pod_uid, bucket, gpu_uuid""", params | {"bucket_s": int(cfg.bucket_s)})
+SELECT pod_uid, bucket, sum(held_gpu_s) AS held_s, max(allocated_gpu_s) AS present_s, sum(busy_gpu_s) AS busy_s,
+       max(peak_mem) AS peak_mem
+FROM (
+    SELECT pod_uid, toUnixTimestamp(toStartOfInterval({bucket_time}, toIntervalSecond({{bucket_s:UInt32}})))
+               AS bucket, gpu_uuid, {figures}, {peak} AS peak_mem
+    FROM {source}
+    WHERE {where}
+    GROUP BY pod_uid, bucket, gpu_uuid)
+GROUP BY pod_uid, bucket
+ORDER BY pod_uid, bucket""", params | {"bucket_s": int(cfg.bucket_s)})
     per_pod: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for r in buckets:
-        b = per_pod[r["pod_uid"]].setdefault(int(r["bucket"]), {"held_s": 0.0, "present_s": 0.0, "busy_s": 0.0,
-                                                                 "peak_mem": 0.0})
-        b["held_s"] += float(r["held_gpu_s"])
-        b["present_s"] = max(b["present_s"], float(r["allocated_gpu_s"]))
-        b["busy_s"] += float(r["busy_gpu_s"])
-        b["peak_mem"] = max(b["peak_mem"], float(r["peak_mem"]))
+        per_pod[r["pod_uid"]][int(r["bucket"])] = {name: float(r[name]) for name in _BUCKET_FIGURES}
     return per_pod
+
+
+_BUCKET_FIGURES = ("held_s", "present_s", "busy_s", "peak_mem")
+"""A pod's figures per time bucket: held GPU-seconds (allocated x share) and busy seconds of its GPUs
+added up, the most seconds any of its GPUs was allocated (present), the peak VRAM of any."""
 
 
 def _categories(reclaim_rows: Rows, right_rows: Rows, pack_rows: Rows,
@@ -445,14 +383,10 @@ WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')"
     cost = query_rows(reader, f"""
 SELECT sum(s.sampled_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
 FROM {rollups.gpu_rows_since("start")} AS s
-LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
+LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER} AND s.mig_parent_uuid = ''""",
                       {"start": _sql_ts(start)})[0]
     return {k: float(v or 0.0) for k, v in (cap | cost).items()}
-
-
-_PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
-          "FROM gpu_prices GROUP BY gpu_model)")
 
 
 def _scale_to_zero(reader: SqlReader, start: datetime, cfg: AdviseThresholds,
@@ -465,7 +399,7 @@ SELECT s.node AS node, any(s.gpu_model) AS gpu_model, uniqExactIf(s.gpu_uuid, s.
        min(s.first_ts) AS first_seen, max(s.last_ts) AS last_seen,
        any(coalesce(p.usd_per_gpu_hour, 0)) AS usd_per_gpu_hour
 FROM {rollups.gpu_rows_since("start")} AS s
-LEFT JOIN {_PRICE} AS p ON p.gpu_model = s.gpu_model
+LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER}
 GROUP BY node
 HAVING allocated_samples = 0

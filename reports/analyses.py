@@ -21,13 +21,12 @@ from typing import TYPE_CHECKING
 from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats, scoped
 from reports.reader import ClusterError as ClusterError  # raised by run_report; callers catch it from here
 from sinks import rollups
+from sinks.rollups import PRICE
 
 if TYPE_CHECKING:  # settings (pydantic) only where the advisor runs: `gpulens report --help` stays fast
     from common.settings import AdviseThresholds
 
 NONE = "'(none)'"
-PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour "
-         "FROM gpu_prices GROUP BY gpu_model)")
 
 
 _WINDOW_S = "(dateDiff('millisecond', window_start, window_end) / 1000)"

@@ -304,6 +304,10 @@ def _distinct_gpus(gpus: list[Any]) -> list[Any]:
     """A sample's GPU readings, each GPU once: no UUID twice, no index twice among the physical GPUs
     (a MIG device carries its parent's index). Readings are models or, validated into plain data
     (``schemas.codec.plain_validator``), dicts."""
+    fields_of = [gpu if type(gpu) is dict else gpu.__dict__ for gpu in gpus]
+    physical = [fields["index"] for fields in fields_of if fields.get("mig_parent_uuid") is None]
+    if len({fields["uuid"] for fields in fields_of}) == len(fields_of) and len(set(physical)) == len(physical):
+        return gpus  # nothing repeats (every valid sample): the walk below finds the first repeat
     uuids: set[str] = set()
     indexes: set[int] = set()
     for position, gpu in enumerate(gpus):

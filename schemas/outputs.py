@@ -65,6 +65,18 @@ class PodWindow(Message):
     max_reserved_unused_bytes: NonNegInt | None = None
     alloc_retries: NonNegInt | None = None
     alloc_ooms: NonNegInt | None = None
+    # The windows of this window's start that the node stage closed together (a pod's GPUs and a
+    # GPU's pods are on one node): what a question about the pod's other GPUs or the GPU's other
+    # pods needs, on this window alone. Absent: a stream job that does not stamp them.
+    pod_busy_s: NonNegFloat | None = None
+    """The most busy seconds any GPU of the pod had in the window (above 0: one of the pod's active
+    windows, even when this GPU was idle)."""
+    gpu_pods: NonNegInt | None = None
+    """How many pods held this GPU in the window (this one included)."""
+    gpu_busy_s: NonNegFloat | None = None
+    """The busy seconds of every pod on this GPU in the window, added up."""
+    gpu_allocated_s: NonNegFloat | None = None
+    """The most seconds any pod held this GPU in the window: the GPU's time its pods split."""
 
 
 # --------------------------------------------------------------------------- cluster.capacity.v1

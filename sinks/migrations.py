@@ -46,7 +46,7 @@ from common.logs import get_logger
 from sinks import migration_additions as additions
 from sinks import migration_core as core
 from sinks import migration_rebuilds as rebuilds
-from sinks import rollups
+from sinks import rollups, tables
 from sinks.clickhouse import ClickHouseStore
 from sinks.cluster import ClusterStore
 from sinks.ddl import TtlDays
@@ -105,6 +105,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(16, "gpu_tenancy_daily: the first and last window and least share of each pod per GPU and day, "
                   "back-filled, then fed by a view; v_shared_gpu_cost reads the windows it may share",
               committed((*rollups.GPU_TENANCY_DAILY.migration(), *additions.M16_SHARED_GPU_COST))),
+    Migration(17, "pod_windows: the stamps of the pod's and the GPU's windows of the same start; pod_active_hourly, "
+                  "shared_gpu_daily: a pod's active windows and its windows on shared GPUs, back-filled, then fed "
+                  "by views; v_shared_gpu_cost reads shared_gpu_daily, and gpu_tenancy_daily goes",
+              committed((tables.POD_WINDOWS.add_columns("pod_busy_s", "gpu_pods", "gpu_busy_s", "gpu_allocated_s"),
+                         *rollups.POD_ACTIVE_HOURLY.migration(), *rollups.SHARED_GPU_DAILY.migration(),
+                         rollups.SHARED_GPU_COST_VIEW, "DROP VIEW IF EXISTS gpu_tenancy_daily_mv",
+                         "DROP TABLE IF EXISTS gpu_tenancy_daily"))),
 )
 """Every migration in order. A new one: ``Migration(17, "what it adds", lambda ttl: [...])`` with
 statements from the spec (``tables.GPU_SAMPLES.add_columns("name")``, ``sample_json.ddl_update()``),
@@ -129,13 +136,7 @@ TTL_TABLES: dict[str, tuple[str, str]] = {
     "alerts": ("started_at", "state"),
     "rollup_hourly": ("hour", "rollup"),
     "rollup_daily": ("day", "rollup"),
-    "gpu_hourly": ("hour", "rollup"),
-    "team_hourly": ("hour", "rollup"),
-    "team_daily": ("day", "rollup"),
-    "pod_hourly": ("hour", "rollup"),
-    "pod_daily": ("day", "rollup"),
-    "progress_daily": ("day", "rollup"),
-    "gpu_tenancy_daily": ("day", "rollup"),
+    **{rollup.table.name: (rollup.period, "rollup") for rollup in rollups.ROLLUPS},
 }
 
 

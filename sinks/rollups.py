@@ -53,16 +53,25 @@ from dataclasses import dataclass
 from sinks.tables import (
     GPU_HOURLY_TABLE,
     GPU_TENANCY_DAILY_TABLE,
+    POD_ACTIVE_HOURLY_TABLE,
     POD_DAILY_TABLE,
     POD_HOURLY_TABLE,
     PROGRESS_DAILY_TABLE,
+    SHARED_GPU_DAILY_TABLE,
     TEAM_DAILY_TABLE,
     TEAM_HOURLY_TABLE,
     Table,
 )
 
+PRICE = ("(SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour FROM gpu_prices "
+         "GROUP BY gpu_model)")
+"""Each GPU model's latest list price (``gpu_prices``), to join on ``gpu_model``."""
+
 IDLE_UTIL_PCT = 5
 """An allocated GPU whose utilisation is under this (%) in a sample is idle in that sample."""
+
+_BACKFILL_SETTINGS = "\nSETTINGS max_bytes_before_external_sort = 1000000000"
+"""A stamped back-fill sorts every stored window by its pod's or GPU's window: on disk past 1 GB."""
 
 PERIODS = {"hour": "toStartOfHour({time})", "day": "toDate({time})"}
 
@@ -85,6 +94,12 @@ class Rollup:
     name would mean the aggregate."""
     derived: tuple[tuple[str, str], ...] = ()
     """(key, expression over raw rows) for keys that are not raw columns."""
+    condition: str = ""
+    """The raw rows it adds up (``""``: every row)."""
+    stamped: str = ""
+    """For measures that read the windows' stamps (``pod_busy_s``, ``gpu_pods``, ...): the raw columns
+    the back-fill and a part hour read, the stamps among them computed over the windows of the same
+    start, as the node stage stamps them (windows stored without stamps have NULL there)."""
 
     def __post_init__(self) -> None:
         if self.table.names != ("cluster", self.period, *self.keys, *self.measures):
@@ -101,15 +116,22 @@ class Rollup:
             return f"{state.group(1)}Merge({column})"
         raise ValueError(f"{self.table.name}.{column} is not a measure")
 
-    def aggregate(self, source: str, where: str = "") -> str:
+    def aggregate(self, source: str) -> str:
         """``SELECT`` of the rollup's rows from ``source`` (the raw table, ``FINAL`` or not)."""
         derived = dict(self.derived)
         period = PERIODS[self.period].format(time=self.time)
         keys = ", ".join(["cluster", f"{period} AS {self.period}",
                           *(f"{derived[k]} AS {k}" if k in derived else k for k in self.keys)])
         measures = ", ".join(f"{expression} AS {name}" for name, expression in self.measures.items())
-        return (f"SELECT {keys}, {measures}\nFROM {source}{f' WHERE {where}' if where else ''}\n"
+        return (f"SELECT {keys}, {measures}\nFROM {source}{f' WHERE {self.condition}' if self.condition else ''}\n"
                 f"GROUP BY {', '.join(('cluster', self.period, *self.keys))}")
+
+    def stored(self, where: str = "") -> str:
+        """The raw rows as stored (``FINAL``), those matching ``where`` (``""``: all): the table, or
+        for a :attr:`stamped` rollup a subquery that computes the stamps."""
+        if not self.stamped:
+            return f"(SELECT * FROM {self.source} FINAL WHERE {where})" if where else f"{self.source} FINAL"
+        return f"(SELECT {self.stamped} FROM {self.source} FINAL{f' WHERE {where}' if where else ''})"
 
     def rows_since(self, start_param: str | None = None) -> str:
         """A subquery of an hourly rollup's columns but ``hour`` whose rows, merged per measure
@@ -128,7 +150,7 @@ class Rollup:
         start = f"toDateTime64({{{start_param}:String}}, 3, 'UTC')"
         boundary = (f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), "
                     f"toStartOfHour({start}) + INTERVAL 1 HOUR)")
-        raw = self.aggregate(f"{self.source} FINAL", f"{self.time} >= {start} AND {self.time} < {boundary}")
+        raw = self.aggregate(self.stored(f"{self.time} >= {start} AND {self.time} < {boundary}"))
         return (f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {boundary}\n"
                 f"UNION ALL SELECT {columns} FROM ({raw}))")
 
@@ -146,7 +168,8 @@ class Rollup:
                               f"ORDER BY ({order})\nTTL {self.period} + INTERVAL {{rollup_ttl_days}} DAY\n"
                               "SETTINGS non_replicated_deduplication_window = 10000"),
             f"DELETE FROM {name} WHERE true",
-            f"INSERT INTO {name} ({', '.join(self.table.names)})\n{self.aggregate(f'{self.source} FINAL')}",
+            f"INSERT INTO {name} ({', '.join(self.table.names)})\n{self.aggregate(self.stored())}"
+            f"{_BACKFILL_SETTINGS if self.stamped else ''}",
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name}_mv TO {name} AS\n{self.aggregate(self.source)}",
         )
 
@@ -231,7 +254,7 @@ PROGRESS_DAILY = Rollup(PROGRESS_DAILY_TABLE, "workload_progress", "ts", "day", 
     f"{total}_{bound}": f"{bound}({total}_total)"
     for total in ("steps", "tokens", "samples") for bound in ("min", "max")})
 
-COST_PER_UNIT_VIEW = """CREATE OR REPLACE VIEW v_cost_per_unit AS
+COST_PER_UNIT_VIEW = f"""CREATE OR REPLACE VIEW v_cost_per_unit AS
 WITH c AS (
     SELECT cluster, pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team,
            any(project) AS project,
@@ -239,8 +262,7 @@ WITH c AS (
            sum(allocated_gpu_s) / 3600 * any(coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
            sum(window_steps) AS window_steps, sum(window_tokens) AS window_tokens
     FROM pod_daily AS w
-    LEFT JOIN (SELECT gpu_model, argMax(usd_per_gpu_hour, updated_at) AS usd_per_gpu_hour FROM gpu_prices \
-GROUP BY gpu_model) AS p ON p.gpu_model = w.gpu_model
+    LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
     GROUP BY cluster, pod_uid
 ),
 u AS (
@@ -266,7 +288,87 @@ GPU_TENANCY_DAILY = Rollup(GPU_TENANCY_DAILY_TABLE, "pod_windows", "window_start
                            {"first_start": "min(window_start)", "last_start": "max(window_start)",
                             "share_min": "min(share_fraction)"})
 
-ROLLUPS = (GPU_HOURLY, TEAM_HOURLY, TEAM_DAILY, POD_HOURLY, POD_DAILY, PROGRESS_DAILY, GPU_TENANCY_DAILY)
+ACTIVE = "coalesce(pod_busy_s, busy_s) > 0"
+"""A pod's active window: any GPU of the pod had busy time in it (a window stored without the stamp:
+its own GPU had)."""
+
+SM_BIN_PCT = 1
+"""Width of a bin of :data:`POD_ACTIVE_HOURLY`'s SM histogram (percentage points)."""
+VRAM_BIN_BYTES = 16 * 2**20
+"""Width of a bin of :data:`POD_ACTIVE_HOURLY`'s VRAM histogram."""
+
+
+def _bin(value: str, width: int) -> str:
+    """The histogram entry of one value: bin ``ceil(value / width)``, holding ``(bin - 1, bin] x width``."""
+    return f"([toUInt16(ceil({value} / {width}))], [toUInt64(1)])"
+
+
+POD_ACTIVE_HOURLY = Rollup(
+    POD_ACTIVE_HOURLY_TABLE, "pod_windows", "window_start", "hour", ("pod_uid", "gpu_uuid", "team"),
+    {
+        "active_windows": "count()",
+        "active_gpu_s": "sum(allocated_s)",
+        "sm_windows": "count(max_sm_util_pct)",
+        "active_peak_sm_pct": "max(max_sm_util_pct)",
+        "active_peak_mem_bytes": "max(coalesce(max_mem_used_bytes, 0))",
+        "sm_bins": f"sumMapIf({_bin('max_sm_util_pct', SM_BIN_PCT)}, max_sm_util_pct IS NOT NULL)",
+        "mem_bins": f"sumMap({_bin('coalesce(max_mem_used_bytes, 0)', VRAM_BIN_BYTES)})",
+    },
+    condition=ACTIVE,
+    stamped="cluster, window_start, pod_uid, gpu_uuid, team, allocated_s, busy_s, max_sm_util_pct, "
+            "max_mem_used_bytes, max(busy_s) OVER (PARTITION BY cluster, pod_uid, window_start) AS pod_busy_s",
+)
+"""Each pod's active windows per GPU and hour: what the advisor's right-sizing reads, a percentile
+of the SM or VRAM peaks within a bin of the exact one (:func:`percentile`)."""
+
+SHARED = "coalesce(gpu_pods, 1) > 1 OR share_fraction < 1"
+"""A window on a shared GPU: another pod held the GPU in the same window, or the pod's share was
+under 1 (a window stored without the stamps: by its share alone)."""
+
+SHARED_GPU_DAILY = Rollup(
+    SHARED_GPU_DAILY_TABLE, "pod_windows", "window_start", "day",
+    ("namespace", "team", "project", "pod", "pod_uid", "gpu_model"),
+    {
+        "windows": "count()",
+        "requested_gpu_s": "sum(allocated_s * share_fraction)",
+        "usage_gpu_s": "sum(coalesce(gpu_allocated_s, allocated_s) * if(coalesce(gpu_busy_s, busy_s) > 0, "
+                       "busy_s / coalesce(gpu_busy_s, busy_s), 1 / coalesce(gpu_pods, 1)))",
+    },
+    condition=SHARED,
+    stamped="cluster, window_start, namespace, team, project, pod, pod_uid, gpu_model, allocated_s, busy_s, "
+            "share_fraction, toUInt16(count() OVER gpu_window) AS gpu_pods, sum(busy_s) OVER gpu_window AS gpu_busy_s, "
+            "max(allocated_s) OVER gpu_window AS gpu_allocated_s".replace(
+                "gpu_window", "(PARTITION BY cluster, gpu_uuid, window_start)"),
+)
+"""Each pod's windows on a shared GPU per day: the GPU-seconds it requested (allocated x share) and
+those it used, the GPU's window split by the pods' busy seconds (evenly when none was busy)."""
+
+SHARED_GPU_COST_VIEW = f"""CREATE OR REPLACE VIEW v_shared_gpu_cost AS
+SELECT s.cluster AS cluster, s.namespace AS namespace, s.team AS team, s.project AS project, s.pod AS pod,
+       s.pod_uid AS pod_uid,
+       sum(s.requested_gpu_s) / 3600 AS requested_gpu_hours, sum(s.usage_gpu_s) / 3600 AS usage_gpu_hours,
+       sum(s.requested_gpu_s * coalesce(p.usd_per_gpu_hour, 0)) / 3600 AS request_based_cost_usd,
+       sum(s.usage_gpu_s * coalesce(p.usd_per_gpu_hour, 0)) / 3600 AS usage_based_cost_usd
+FROM shared_gpu_daily AS s
+LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
+GROUP BY cluster, namespace, team, project, pod, pod_uid"""
+"""Per pod, its windows on shared GPUs: requested and used GPU-hours and their cost at the model's
+list price, from ``shared_gpu_daily``."""
+
+
+def percentile(histogram: str, count: str, peak: str, width: int, level: float) -> str:
+    """The expression of the ``level`` percentile (0-1) of ``count`` values whose merged
+    :data:`HISTOGRAM <sinks.tables.HISTOGRAM>` is ``histogram`` and greatest value ``peak``, as
+    ``quantileExact(level)`` picks it (the value at index ``level x count`` of the sorted values, the
+    last one at level 1): its bin's upper bound, or the peak where that is less. Never below the
+    exact value, less than ``width`` above it; NULL when there is no value."""
+    rank = f"if({level!r} < 1, toUInt64(floor({level!r} * {count})), {count} - 1)"
+    bin_ = f"({histogram}).1[arrayFirstIndex(c -> c > {rank}, arrayCumSum(({histogram}).2))]"
+    return f"if({count} = 0, NULL, least({bin_} * {width}, {peak}))"
+
+
+ROLLUPS = (GPU_HOURLY, TEAM_HOURLY, TEAM_DAILY, POD_HOURLY, POD_DAILY, PROGRESS_DAILY, POD_ACTIVE_HOURLY,
+           SHARED_GPU_DAILY)
 SOURCES = frozenset(rollup.source for rollup in ROLLUPS) | {"pod_windows"}
 """Raw tables whose inserts feed rollups (``pod_windows`` also feeds ``rollup_hourly`` and
 ``rollup_daily``, migration 2): a row inserted there is counted in a rollup even if deleted later."""

@@ -389,6 +389,10 @@ def window_rows(msg: PodWindow, partition: int, offset: int) -> Iterator[tuple[s
         "max_reserved_unused_bytes": msg.max_reserved_unused_bytes,
         "alloc_retries": msg.alloc_retries,
         "alloc_ooms": msg.alloc_ooms,
+        "pod_busy_s": msg.pod_busy_s,
+        "gpu_pods": msg.gpu_pods,
+        "gpu_busy_s": msg.gpu_busy_s,
+        "gpu_allocated_s": msg.gpu_allocated_s,
         "kafka_partition": partition, "kafka_offset": offset,
     }
 

@@ -105,6 +105,7 @@ NULL_UINT64 = Kind("Nullable(UInt64)")
 FLOAT64 = Kind("Float64")
 NULL_FLOAT64 = Kind("Nullable(Float64)")
 SECONDS = Kind("Float32", "ZSTD(1)")
+NULL_SECONDS = Kind("Nullable(Float32)", "ZSTD(1)")
 INDEX = Kind("UInt16", "T64, ZSTD(1)")
 """Small integers (GPU index, process count, Kafka partition)."""
 SEQUENCE = Kind("UInt64", "Delta, ZSTD(1)")
@@ -119,6 +120,8 @@ LABELS = Kind("Map(LowCardinality(String), String)")
 SUM = Kind("SimpleAggregateFunction(sum, Float64)")
 COUNT = Kind("SimpleAggregateFunction(sum, UInt64)")
 PEAK_BYTES = Kind("SimpleAggregateFunction(max, Nullable(UInt64))")
+HISTOGRAM = Kind("SimpleAggregateFunction(sumMap, Tuple(Array(UInt16), Array(UInt64)))")
+"""Counts per bin (``sumMap``: bins sorted, counts added up)."""
 FIRST = Kind("SimpleAggregateFunction(min, DateTime64(3, 'UTC'))")
 LAST = Kind("SimpleAggregateFunction(max, DateTime64(3, 'UTC'))")
 
@@ -319,6 +322,10 @@ POD_WINDOWS = Table("pod_windows", (
     Column("max_reserved_unused_bytes", NULL_UINT64),
     Column("alloc_retries", NULL_UINT64),
     Column("alloc_ooms", NULL_UINT64),
+    Column("pod_busy_s", NULL_SECONDS),
+    Column("gpu_pods", Kind("Nullable(UInt16)", "ZSTD(1)")),
+    Column("gpu_busy_s", NULL_SECONDS),
+    Column("gpu_allocated_s", NULL_SECONDS),
 ))
 
 CLUSTER_CAPACITY = Table("cluster_capacity", (
@@ -588,8 +595,40 @@ GPU_TENANCY_DAILY_TABLE = Table("gpu_tenancy_daily", (
     Column("last_start", LAST),
     Column("share_min", Kind("SimpleAggregateFunction(min, Float32)")),
 ))
-"""Each pod's windows per GPU and day: the first and the last window's start, the least share
-(migration 16: which GPU-windows ``v_shared_gpu_cost`` reads)."""
+"""Each pod's windows per GPU and day: the first and the last window's start, the least share.
+Migration 16's table (which GPU-windows its ``v_shared_gpu_cost`` read), dropped by migration 17:
+its spec stays for migration 16's statements, and it is in no store's :data:`TABLES`."""
+
+POD_ACTIVE_HOURLY_TABLE = Table("pod_active_hourly", (
+    Column("cluster", LC),
+    Column("hour", Kind("DateTime('UTC')")),
+    Column("pod_uid", STRING),
+    Column("gpu_uuid", LC),
+    Column("team", LC),
+    Column("active_windows", COUNT),
+    Column("active_gpu_s", SUM),
+    Column("sm_windows", COUNT),
+    Column("active_peak_sm_pct", Kind("SimpleAggregateFunction(max, Nullable(Float32))")),
+    Column("active_peak_mem_bytes", Kind("SimpleAggregateFunction(max, UInt64)")),
+    Column("sm_bins", HISTOGRAM),
+    Column("mem_bins", HISTOGRAM),
+))
+"""A pod's active windows (any GPU of the pod busy) per GPU and hour: their count and seconds, the
+peak and a histogram of their SM and VRAM peaks (:data:`sinks.rollups.POD_ACTIVE_HOURLY`)."""
+
+SHARED_GPU_DAILY_TABLE = Table("shared_gpu_daily", (
+    Column("cluster", LC),
+    Column("day", Kind("Date")),
+    *(Column(key, LC) for key in ("namespace", "team", "project")),
+    Column("pod", STRING),
+    Column("pod_uid", STRING),
+    Column("gpu_model", LC),
+    Column("windows", COUNT),
+    Column("requested_gpu_s", SUM),
+    Column("usage_gpu_s", SUM),
+))
+"""A pod's windows on a shared GPU (another pod in the same GPU-window, or a share under 1) per day:
+the GPU-seconds it requested and those its busy share used (``v_shared_gpu_cost``)."""
 
 GPU_PRICES = Table("gpu_prices", (
     Column("gpu_model", STRING),
@@ -623,7 +662,7 @@ TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
     ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, POD_HOURLY_TABLE, POD_DAILY_TABLE,
-    PROGRESS_DAILY_TABLE, GPU_TENANCY_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
+    PROGRESS_DAILY_TABLE, POD_ACTIVE_HOURLY_TABLE, SHARED_GPU_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
     SCHEMA_MIGRATION_CLAIMS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""

@@ -120,6 +120,16 @@ class _Device:
 
 def attribute(reading: GpuReading, uid_by_name: dict[tuple[str, str], str]) -> list[Share]:
     """Shares of ``reading`` per assigned pod, in a deterministic order (by pod uid)."""
+    assigned = reading.assigned_to
+    if not assigned:
+        return []
+    if len(assigned) == 1:  # a device of one pod (nearly every one): its share without the tables below
+        ref = assigned[0]
+        uid = ref.pod_uid or uid_by_name.get((ref.namespace, ref.pod))
+        if uid is None:
+            uid = f"{ref.namespace}/{ref.pod}"
+        return [Share(uid, ref.namespace, ref.pod, 1.0, False, _device_util(reading), reading.mem_used_bytes,
+                      len(reading.processes))]
     pods = _assigned_pods(reading, uid_by_name)
     if not pods:
         return []

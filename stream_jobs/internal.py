@@ -9,7 +9,19 @@ messages like the public ones, so they survive a worker restart.
 
 from __future__ import annotations
 
-from schemas.messages import Message, NodeState, NonNegFloat, NonNegInt, PodState, UtcDatetime, WorkloadState
+from schemas.messages import (
+    GpuSample,
+    K8sEvent,
+    Message,
+    NodeState,
+    NonNegFloat,
+    NonNegInt,
+    PodState,
+    UtcDatetime,
+    WorkloadAllocator,
+    WorkloadProgress,
+    WorkloadState,
+)
 from schemas.outputs import MigGpuLayout, SharedGpuState
 
 MAX_NAME_CHARS = 256
@@ -20,6 +32,8 @@ def kept(message: Message) -> Message:
     """What a stage keeps of an input: labels are dropped (the stages use the team, project and
     gang the watcher extracted from them) and those names are cut to ``MAX_NAME_CHARS``, so stage
     state grows with the fleet, never with the size of what users put in labels."""
+    if type(message) in _KEPT_AS_IS:
+        return message  # no labels, no names to cut (a sample, most of a stage's inputs)
     if isinstance(message, PodState):
         names = {key: getattr(message, key) for key in ("team", "project", "gang_id")}
         cut = {key: value[:MAX_NAME_CHARS] for key, value in names.items()
@@ -78,3 +92,8 @@ class PodUsage(Message):
     """The pod's caching allocator (workload.allocator.v1): most reserved-but-unused bytes on one GPU."""
     alloc_retries: NonNegInt | None = None
     alloc_ooms: NonNegInt | None = None
+
+
+_KEPT_AS_IS: frozenset[type[Message]] = frozenset({GpuSample, K8sEvent, WorkloadAllocator, WorkloadProgress,
+                                                   NodeSummary, PodUsage})
+"""Input types :func:`kept` returns as they are (exactly these types: a subclass is looked at)."""

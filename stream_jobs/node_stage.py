@@ -19,6 +19,8 @@ State is plain JSON-serialisable data (:meth:`to_dict` / :meth:`from_dict`).
 
 from __future__ import annotations
 
+from itertools import groupby
+
 from common.logs import get_logger
 from schemas.messages import DEFAULT_CLUSTER, GpuReading, GpuSample, Message, NodeState, PodState, WorkloadAllocator
 from schemas.outputs import SharedGpuState
@@ -33,7 +35,7 @@ from stream_jobs.mig import layouts_from_sample
 from stream_jobs.scoping import stamped
 from stream_jobs.shared_vram import NoisyNeighbours, replicas_per_gpu
 from stream_jobs.stage import Stage
-from stream_jobs.state import RESTARTS_KEPT, GpuHealth, NodeInfo, NodePod, PodGpuUsage, PodGpuWindow
+from stream_jobs.state import RESTARTS_KEPT, GpuHealth, NodeInfo, NodePod, PodGpuUsage, PodGpuWindow, WindowStamps
 from stream_jobs.timeutil import EPS, elapsed, fmt_duration, from_epoch, iso, window_start
 
 log = get_logger(__name__)
@@ -233,42 +235,41 @@ class NodeStage(Stage):
     def _on_sample(self, ts: float, sample: GpuSample) -> None:
         self.counters["samples"] += 1
         dt = sample.sample_interval_s
-        if sample.driver_version:
-            self.info.driver_version = sample.driver_version
-        if sample.cuda_driver_version:
-            self.info.cuda_driver_version = sample.cuda_driver_version
+        self.info.driver_version = sample.driver_version or self.info.driver_version
+        self.info.cuda_driver_version = sample.cuda_driver_version or self.info.cuda_driver_version
         uid_by_name = {(p.namespace, p.name): uid for uid, p in self.pods.items()}
         sample = self._join_dra(sample, uid_by_name)
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
         shared: list[SharedGpuState] = []
+        config, replicated = self.config, self.info.replicas_per_gpu > 1.0
         for reading in sample.gpus:
             self._health(reading, ts)
-            if reading.mig_parent_uuid is None:
+            whole = reading.mig_parent_uuid is None
+            if whole:
                 physical += 1
-                price += self.config.price(reading.model)
-            if reading.uuid in parents:
+                price += config.price(reading.model)
+            if parents and reading.uuid in parents:
                 continue  # a MIG parent is not an allocation unit; its MIG devices are
             units += 1
             shares = attribute(reading, uid_by_name)
-            if reading.mig_parent_uuid is None and (reading.shared or self.info.replicas_per_gpu > 1.0):
+            if whole and (reading.shared or replicated):
                 shared += self._shared_gpu(ts, reading, shares)
             if not shares:
                 continue
             allocated += 1
             device_busy = self._apply_shares(reading, shares, ts, dt)
             if device_busy is not None:
-                busy, idle_alloc = (busy + 1, idle_alloc) if device_busy else (busy, idle_alloc + 1)
+                busy += device_busy
+                idle_alloc += not device_busy
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
                                      allocated=allocated, busy=busy, idle_allocated=idle_alloc,
                                      mig=layouts_from_sample(sample.gpus), shared=shared or None))
         self.shared.forget({g.gpu_uuid for g in shared}, self.alerting["noisy_neighbour"])
         self._idle_node(ts, units, physical, price, allocated > 0)
-        for uid in sorted(self.pods):
-            pod = self.pods[uid]
-            if pod.crash is not None:
-                self._check_crashloop(pod, ts)
+        for uid in sorted(uid for uid, pod in self.pods.items() if pod.crash is not None):
+            self._check_crashloop(self.pods[uid], ts)
 
     def _join_dra(self, sample: GpuSample, uid_by_name: dict[tuple[str, str], str]) -> GpuSample:
         """The sample with its DRA allocations' pods on their GPUs; what did not resolve is counted
@@ -305,10 +306,12 @@ class NodeStage(Stage):
         return busy
 
     def _health(self, reading: GpuReading, ts: float) -> None:
-        th = self.config.thresholds
         g = self.gpus.get(reading.uuid)
         if g is None:
             g = self.gpus[reading.uuid] = GpuHealth()
+        if g.alert is None and not reading.xids and reading.health not in ("lost", "error"):
+            return  # healthy, no alert to resolve: what nearly every reading is
+        th = self.config.thresholds
         critical = [x for x in reading.xids if x.critical] if reading.xids else []
         bad = reading.health in ("lost", "error") or bool(critical)
         if bad:
@@ -334,9 +337,10 @@ class NodeStage(Stage):
 
     def _account(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float) -> None:
         th = self.config.thresholds
-        key = f"{pod.uid}|{reading.uuid}"
+        uid = pod.uid
+        key = f"{uid}|{reading.uuid}"
         last = self.last_sample.get(key)
-        usage = self.usage[pod.uid]
+        usage = self.usage[uid]
         gap = 0.0
         if last is not None and ts - last > th.gap_intervals * dt + EPS:
             gap = ts - last - dt
@@ -355,7 +359,7 @@ class NodeStage(Stage):
         usage.cost_units_s += dt * unit * share.share
         usage.gpu_model = reading.model
         usage.share_estimated = usage.share_estimated or share.estimated
-        self.allocator.saw(pod.uid, reading)
+        self.allocator.saw(uid, reading)
         idle = util is not None and util < th.idle_util_pct
         if util is not None:
             usage.data_s += dt
@@ -366,12 +370,14 @@ class NodeStage(Stage):
                 usage.busy_s += dt
         if share.mem_bytes is not None:
             usage.peak_mem_bytes = max(usage.peak_mem_bytes or 0, share.mem_bytes)
-        self._accumulate(pod, reading, share, ts, dt, idle)
+        self._accumulate(pod, reading, share, ts, dt, idle, unit)
 
-        context = rules.PodGpu(node=self.node, namespace=pod.namespace, pod=pod.name, reading=reading, share=share,
-                               thresholds=th)
+        context = rules.PodGpu(self.node, pod.namespace, pod.name, reading, share, th)
+        alerting = self.alerting
         for rule in rules.POD_GPU_RULES:
-            self._out += rules.step(rule, self.alerting[rule.alert_type], key, context, ts, th)
+            transitions = rules.step(rule, alerting[rule.kind.name], key, context, ts, th)
+            if transitions:
+                self._out += transitions
 
     def _idle_node(self, ts: float, units: int, physical: int, price_per_hour: float, allocated: bool) -> None:
         ready = self.info.ready is not False and not self.info.deleted
@@ -403,18 +409,18 @@ class NodeStage(Stage):
         return w
 
     def _accumulate(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float,
-                    idle: bool) -> None:
+                    idle: bool, unit: float) -> None:
+        """Add one sample's share to the pod's windows of the GPU (``unit``: :func:`unit_fraction`)."""
         width = self.config.window_s
-        unit = unit_fraction(reading)
         price = self.config.price(reading.model)
+        util, mem, power, mem_total = share.util_pct, share.mem_bytes, reading.power_w, reading.mem_total_bytes
+        fraction, estimated = share.share, share.estimated
         t, end, first = ts, ts + dt, True
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            self._window(pod, reading, ws).add(
-                seg, first=first, idle=idle, util_pct=share.util_pct, mem_bytes=share.mem_bytes,
-                power_w=reading.power_w, share=share.share, share_estimated=share.estimated,
-                cost_usd=seg * unit * share.share * price / 3600.0, mem_total_bytes=reading.mem_total_bytes)
+            self._window(pod, reading, ws).add(seg, first, idle, util, mem, power, fraction, estimated,
+                                               seg * unit * fraction * price / 3600.0, mem_total)
             first = False
             t += seg
 
@@ -435,10 +441,14 @@ class NodeStage(Stage):
         width = self.config.window_s
         done = [(w.window_start, w.pod_uid, w.gpu_uuid, key) for key, w in self.windows.items()
                 if final or w.window_start + width <= watermark + EPS]
-        for ws, _uid, _gpu, key in sorted(done):
-            message = self.windows.pop(key).message(self.node, width)
-            figures = self.allocator.window_figures(message.pod_uid, message.gpu_uuid, ws)
-            self._out.append(message.model_copy(update=figures) if figures else message)
+        closed = [self.windows.pop(key) for *_, key in sorted(done)]
+        for start, windows in groupby(closed, key=lambda w: w.window_start):
+            of_start = list(windows)
+            stamps = WindowStamps.of(of_start)
+            for window in of_start:
+                message = window.message(self.node, width, stamps)
+                figures = self.allocator.window_figures(message.pod_uid, message.gpu_uuid, start)
+                self._out.append(message.model_copy(update=figures) if figures else message)
         self.allocator.forget_windows(watermark if not final else float("inf"))
 
     # ------------------------------------------------------------------ checkpoint

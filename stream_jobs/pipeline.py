@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import orjson
+from pydantic import ValidationError
 
-from schemas.codec import ORJSON_INT_RANGE, MessageError, check_key, decode
+from schemas.codec import MAX_MESSAGE_BYTES, ORJSON_INT_RANGE, MessageError, check_key, decode, model_json_validator
 from schemas.dead_letters import dead_letter
 from schemas.messages import (
     GpuSample,
@@ -74,15 +75,39 @@ def decode_record(suffix: str, value: bytes | None, key: bytes | str | None = No
         raise MessageError(f"not an input topic of the stream jobs: {suffix}")
     if value is None and suffix in COMPACTED_SUFFIXES:
         raise TombstoneSkipped(suffix)
-    message = decode(value, spec.message)
-    assert value is not None  # decode refuses a tombstone where a message is expected
-    problem = wire_error(suffix, value, message)
-    if problem is not None:
-        raise problem
+    message = _narrowed_sample(suffix, value)
+    if message is None:
+        message = decode(value, spec.message)
+        assert value is not None  # decode refuses a tombstone where a message is expected
+        problem = wire_error(suffix, value, message)
+        if problem is not None:
+            raise problem
     if accept_clusters is not None and message.cluster not in accept_clusters:
         raise MessageError(f"cluster {message.cluster!r} is not one this worker accepts (GPULENS_ACCEPT_CLUSTERS: "
                            f"{', '.join(sorted(accept_clusters))})", "cluster", DeadLetterReason.UNKNOWN_CLUSTER)
     check_key(key, message)  # a sample keyed by one node that claims another: inconsistent
+    return message
+
+
+def _narrowed_sample(suffix: str, value: bytes | None) -> Message | None:
+    """A GPU sample as the contract's narrowed one-pass validator (``schemas.codec.model_json_validator``,
+    the first path of ``schemas.codec.decode``) reads it, or None when the record is not a sample, not
+    bytes within the size limit, or refused (:func:`decode` and :func:`wire_error` then give the verdict).
+
+    A sample it accepts passes :func:`wire_error` by construction, so the check is not run: for a
+    sample that check is only that every number lies within what orjson writes and reads back (the
+    stages checkpoint the sample through orjson; it is not forwarded as bytes), and that validator
+    bounds every integer of the schema to orjson's range and refuses every float that is not finite.
+    The check's byte search costs about a sixth of decoding a GPU sample."""
+    if suffix != GPU_SAMPLES.suffix or not isinstance(value, bytes) or len(value) > MAX_MESSAGE_BYTES:
+        return None
+    validator = model_json_validator(GpuSample)
+    if validator is None:
+        return None
+    try:
+        message: GpuSample = validator.validate_json(value)
+    except ValidationError:
+        return None
     return message
 
 

@@ -50,6 +50,10 @@ def message_bytes(message: Message) -> bytes:
         return orjson.dumps(str(message))
 
 
+_KIND_OF: dict[tuple[type[Stage], type[Message]], str] = {}
+"""A stage class's input kind of each message type (:meth:`Stage._kind_of`)."""
+
+
 class Stage:
     """Base of :class:`~stream_jobs.node_stage.NodeStage` and :class:`~stream_jobs.cluster_stage.ClusterStage`."""
 
@@ -122,10 +126,17 @@ class Stage:
     # ------------------------------------------------------------------ hooks
 
     def _kind_of(self, message: Message) -> str:
-        for kind, (_rank, cls) in self.KINDS.items():
-            if isinstance(message, cls):
-                return kind
-        raise TypeError(f"the {self.NAME} does not take {type(message).__name__}")
+        """The first of :attr:`KINDS` whose class ``message`` is an instance of; remembered per
+        message type (an ``isinstance`` of a pydantic model goes through ``ABCMeta``: one per kind
+        tried, for every input)."""
+        key = (type(self), type(message))
+        kind = _KIND_OF.get(key)
+        if kind is None:
+            kind = next((kind for kind, (_rank, cls) in self.KINDS.items() if isinstance(message, cls)), None)
+            if kind is None:
+                raise TypeError(f"the {self.NAME} does not take {type(message).__name__}")
+            _KIND_OF[key] = kind
+        return kind
 
     def _apply(self, kind: str, ts: float, message: Message) -> None:
         getattr(self, f"_on_{kind}")(ts, message)

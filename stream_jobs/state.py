@@ -125,7 +125,7 @@ class PodGpuWindow:
         self.allocated_s += seg_s
         self.gap_s += seg_s
 
-    def message(self, node: str, width_s: float) -> PodWindow:
+    def message(self, node: str, width_s: float, stamps: WindowStamps) -> PodWindow:
         share = self.share_s / self.allocated_s if self.allocated_s > 0 else 1.0
         return PodWindow(
             window_id=window_id(self.pod_uid, self.gpu_uuid, self.window_start), pod_uid=self.pod_uid,
@@ -141,6 +141,9 @@ class PodGpuWindow:
             cost_usd=min(self.cost_usd, MAX_USD),
             gpu_index=self.gpu_index, container=self.container, mem_total_bytes=self.mem_total_bytes,
             avg_power_w=self.power_w_s / self.power_data_s if self.power_data_s else None,
+            pod_busy_s=stamps.pod_busy_s[self.pod_uid], gpu_pods=len(stamps.gpu_windows[self.gpu_uuid]),
+            gpu_busy_s=sum(w.busy_s for w in stamps.gpu_windows[self.gpu_uuid]),
+            gpu_allocated_s=max(w.allocated_s for w in stamps.gpu_windows[self.gpu_uuid]),
         )
 
     def to_dict(self) -> JsonDict:
@@ -149,6 +152,26 @@ class PodGpuWindow:
     @classmethod
     def from_dict(cls, data: JsonObject) -> PodGpuWindow:
         return rebuild(cls, data)
+
+
+@dataclass
+class WindowStamps:
+    """The windows of one start a node stage closes together, by pod and by GPU: what each window's
+    message says about its pod's other GPUs and its GPU's other pods (a pod's GPUs and a GPU's pods
+    are all on the stage's node)."""
+
+    pod_busy_s: dict[str, float] = field(default_factory=dict)
+    """Pod uid -> the most busy seconds of any of its GPUs."""
+    gpu_windows: dict[str, list[PodGpuWindow]] = field(default_factory=dict)
+    """GPU uuid -> the windows of the pods that held it."""
+
+    @classmethod
+    def of(cls, windows: list[PodGpuWindow]) -> WindowStamps:
+        stamps = cls()
+        for w in windows:
+            stamps.pod_busy_s[w.pod_uid] = max(stamps.pod_busy_s.get(w.pod_uid, 0.0), w.busy_s)
+            stamps.gpu_windows.setdefault(w.gpu_uuid, []).append(w)
+        return stamps
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ pod's windows joined with ``pod_active``), ``pod_windows`` and ``pod_lifecycle``
 
 - per (pod, GPU): labels, share, GPU memory and index, held seconds, cost, price, last busy window
   and busy windows (``pod_hourly`` now), active windows and seconds, the SM percentile and peak and
-  the VRAM peak and percentile over the pod's active windows (raw windows in pod slices now),
-  exactly; the slices of one pod each, and every pod in one, give the same rows;
+  the VRAM peak over the pod's active windows (``pod_active_hourly`` now), exactly; the SM and VRAM
+  percentiles never below the exact ones and less than a bin above them;
 - per (pod, time bucket, GPU): held, allocated and busy seconds and peak VRAM, from ``pod_hourly``
   (whole-hour buckets) and from the raw windows (other buckets);
 - the period's end and the nodes pods held, and the queue's fragmented waits (their rows here; the
@@ -17,9 +17,7 @@ pod's windows joined with ``pod_active``), ``pod_windows`` and ``pod_lifecycle``
 - from a start on the hour and inside an hour, per team, at other percentiles and buckets.
 
 The store has multi-GPU pods with one GPU idle while another computes (their windows are active
-through the other GPU), pods busy in every window and pods never busy, which the slices treat
-each their own way (one-GPU pods busy at times, the third way, are in the goldens of
-tests/advise/test_advise.py).
+through the other GPU), pods busy in every window, at times and never.
 """
 
 from __future__ import annotations
@@ -157,8 +155,13 @@ def reader(filled: FillOutcome) -> Iterator[ClusterScope]:
         yield scoped(store)
 
 
+ADVICE_BINS = {"percentile_sm_pct": rollups.SM_BIN_PCT, "percentile_vram_bytes": rollups.VRAM_BIN_BYTES}
+"""The advice's percentiles: from a histogram, never below the exact one and less than a bin above it."""
+
+
 def _same(new: Any, raw: Any, where: str = "") -> None:
-    """``new`` equals ``raw``: numbers to float rounding (sums in another order), the rest exactly."""
+    """``new`` equals ``raw``: numbers to float rounding (sums in another order), percentiles within
+    their bin (:data:`ADVICE_BINS`), the rest exactly."""
     if isinstance(raw, dict):
         assert isinstance(new, dict) and set(new) == set(raw), (where, sorted(set(new) ^ set(raw)))
         for key in raw:
@@ -167,6 +170,8 @@ def _same(new: Any, raw: Any, where: str = "") -> None:
         assert isinstance(new, list) and len(new) == len(raw), (where, new, raw)
         for i, (a, b) in enumerate(zip(new, raw, strict=True)):
             _same(a, b, f"{where}[{i}]")
+    elif where.rsplit(".", 1)[-1] in ADVICE_BINS and raw is not None:
+        assert raw <= new < raw + ADVICE_BINS[where.rsplit(".", 1)[-1]], (where, new, raw)
     elif isinstance(raw, float) and not isinstance(new, bool):
         assert new == pytest.approx(raw, rel=1e-9, abs=1e-6), where
     else:
@@ -204,7 +209,7 @@ def _start(reader: SqlReader, since_s: float) -> datetime:
 # --------------------------------------------------------------------------- the tests
 
 
-def test_the_store_has_what_the_slices_tell_apart(reader: ClusterScope) -> None:
+def test_the_store_has_pods_active_through_another_gpu(reader: ClusterScope) -> None:
     pods = query_rows(reader, """
 SELECT pod_uid, uniqExact(gpu_uuid) AS gpus, countIf(busy_s > 0) AS busy, count() AS windows,
        countIf(through_another) AS through_another
@@ -218,44 +223,33 @@ GROUP BY pod_uid""")
     assert any(p["gpus"] > 1 and 0 < p["busy"] < p["windows"] for p in pods), "a multi-GPU pod busy at times"
 
 
+BINS = {"pct_sm": rollups.SM_BIN_PCT, "pct_mem": rollups.VRAM_BIN_BYTES}
+"""A percentile from the rollup's histogram is never below the exact one and less than a bin above it."""
+
+
 @pytest.mark.parametrize("since_h", [1.7, 2.0, 24 * 7.0], ids=["inside-an-hour", "on-the-hour", "everything"])
-def test_pod_gpu_rows_equal_the_raw_windows(reader: ClusterScope, since_h: float,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    for percentile in (95.0, 50.0, 100.0):
+@pytest.mark.parametrize("team", [None, "nlp"])
+def test_pod_gpu_rows_equal_the_raw_windows(reader: ClusterScope, since_h: float, team: str | None) -> None:
+    for percentile in (95.0, 50.0, 100.0, 1.0):
         cfg = AdviseThresholds(since_s=since_h * 3600, percentile=percentile, **SHORT)
         start = _start(reader, cfg.since_s)
         assert since_h > 3 or start != start.replace(minute=0, second=0, microsecond=0) or since_h == 2.0
-        raw = {(r["pod_uid"], r["gpu_uuid"]): r for r in raw_pod_gpu_rows(reader, start, None, cfg)}
-        assert any(r["active_windows"] for r in raw.values()) and any(not r["active_windows"] for r in raw.values())
-        for slice_windows in (advisor.SLICE_WINDOWS, 200):
-            monkeypatch.setattr(advisor, "SLICE_WINDOWS", slice_windows)
-            rows = advisor._pod_gpu_rows(reader, start, None, cfg)
-            assert [(r["pod_uid"], r["gpu_uuid"]) for r in rows] == list(raw), "the same (pod, GPU)s, in order"
-            for r in rows:
-                key = (r["pod_uid"], r["gpu_uuid"])
-                # the last busy window of a GPU never busy is read nowhere (the SQL's is 1970, the rollup's null)
-                same = [k for k in raw[key] if k != "last_busy" or raw[key]["busy_windows"]]
-                _same({k: r[k] for k in same}, {k: raw[key][k] for k in same}, f"{key} p{percentile:g}")
-
-
-def test_the_slices_read_a_pod_once_and_only_pods_with_busy_windows(reader: ClusterScope,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = AdviseThresholds(**SHORT)
-    totals = advisor._pod_gpu_totals(reader, _start(reader, cfg.since_s), None)
-    monkeypatch.setattr(advisor, "SLICE_WINDOWS", 200)
-    slices = advisor._slices(totals)
-    pods = [uid for s in slices for uid in (*s.own, *s.shared)]
-    assert len(pods) == len(set(pods)) and len(slices) > 3
-    busy = {r["pod_uid"] for r in totals if r["busy_windows"]}
-    assert set(pods) == busy != {r["pod_uid"] for r in totals}
-    assert all(s.windows <= 200 or len(s.own) + len(s.shared) == 1 for s in slices)
-    monkeypatch.setattr(advisor, "SLICE_PODS", 3)
-    few = advisor._slices(totals)
-    assert [uid for s in few for uid in (*s.own, *s.shared)] == pods
-    assert all(len(s.own) + len(s.shared) <= 3 for s in few) and len(few) > len(slices)
-    assert any(s.shared for s in slices) and any(s.own for s in slices)
-    every = {uid for s in advisor._slices(totals, every_pod=True) for uid in s.shared}
-    assert every == {r["pod_uid"] for r in totals}
+        raw = {(r["pod_uid"], r["gpu_uuid"]): r for r in raw_pod_gpu_rows(reader, start, team, cfg)}
+        assert any(r["active_windows"] for r in raw.values())
+        assert team or any(not r["active_windows"] for r in raw.values())
+        rows = advisor._pod_gpu_rows(reader, start, team, cfg)
+        assert [(r["pod_uid"], r["gpu_uuid"]) for r in rows] == list(raw), "the same (pod, GPU)s, in order"
+        for r in rows:
+            key = (r["pod_uid"], r["gpu_uuid"])
+            # the last busy window of a GPU never busy is read nowhere (the SQL's is 1970, the rollup's null)
+            same = [k for k in raw[key] if k not in BINS and (k != "last_busy" or raw[key]["busy_windows"])]
+            _same({k: r[k] for k in same}, {k: raw[key][k] for k in same}, f"{key} p{percentile:g}")
+            for k, width in BINS.items():
+                exact = raw[key][k] if raw[key]["sm_windows" if k == "pct_sm" else "active_windows"] else None
+                if exact is None:
+                    assert r[k] in (None, 0), (key, k)
+                    continue
+                assert exact <= r[k] < exact + width, (key, k, percentile, r[k], exact)
 
 
 @pytest.mark.parametrize("bucket_s", [3600.0, 7200.0, 1800.0, 300.0])

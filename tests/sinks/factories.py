@@ -90,6 +90,21 @@ def window(pod_uid: str, gpu: int, minute: int, busy_s: float = 60.0, team: str 
         energy_j=350.0 * 60, cost_usd=cost_usd, steps=steps)
 
 
+def stamped(windows: Iterable[PodWindow]) -> list[PodWindow]:
+    """``windows`` with the stamps a node stage gives the windows it closes together, written here
+    from their definitions (schemas.outputs.PodWindow) over all of ``windows`` of each start."""
+    listed = list(windows)
+    pod_busy: dict[tuple[datetime, str], float] = {}
+    on_gpu: dict[tuple[datetime, str], list[PodWindow]] = {}
+    for w in listed:
+        pod_busy[w.window_start, w.pod_uid] = max(pod_busy.get((w.window_start, w.pod_uid), 0.0), w.busy_s)
+        on_gpu.setdefault((w.window_start, w.gpu_uuid), []).append(w)
+    return [w.model_copy(update={
+        "pod_busy_s": pod_busy[w.window_start, w.pod_uid], "gpu_pods": len(on_gpu[w.window_start, w.gpu_uuid]),
+        "gpu_busy_s": sum(o.busy_s for o in on_gpu[w.window_start, w.gpu_uuid]),
+        "gpu_allocated_s": max(o.allocated_s for o in on_gpu[w.window_start, w.gpu_uuid])}) for w in listed]
+
+
 def capacity(minute: int, free: int = 4, stranded: int = 0) -> ClusterCapacity:
     start = T0 + timedelta(minutes=minute)
     return ClusterCapacity(window_id=f"cluster/{start.isoformat()}", window_start=start,

@@ -131,8 +131,8 @@ def test_every_mergetree_table_is_replicated_with_the_macros(recorded: Recording
             assert (f"replicated_deduplication_window = {DEDUP_WINDOW}, "
                     f"replicated_deduplication_window_seconds = {DEDUP_WINDOW_S}") in formatted, formatted[-300:]
     # every table of the store (sinks.tables.TABLES: migrations' tables and schema_migrations), the
-    # staging tables of migration 4 (2) and 7 (14)
-    assert created == len(TABLES) + 2 + 14, created
+    # staging tables of migration 4 (2) and 7 (14), and migration 16's gpu_tenancy_daily (17 drops it)
+    assert created == len(TABLES) + 2 + 14 + 1, created
 
 
 def _settings_of(formatted: str) -> dict[str, str]:
@@ -296,8 +296,9 @@ def test_a_replica_creates_every_table_and_shows_it_back_as_single_server_mode_r
                           check=False)
     answer = json.loads(done.stdout or "null")
     assert answer is not None, done.stderr[-2000:]
-    # the tables above and the engine path's Null table (created by migrations 10 and 11)
-    assert len(answer["created"]) == len(creates) == len(TABLES) + 2 + 14 + 2
+    # the tables above (migration 16's gpu_tenancy_daily among them) and the engine path's Null table
+    # (created by migrations 10 and 11)
+    assert len(answer["created"]) == len(creates) == len(TABLES) + 2 + 14 + 1 + 2
     for (statement, shown), created in zip(recorded.shown, answer["created"], strict=True):
         assert "error" not in created, (statement[:200], created)
         name = _CREATE_TABLE.match(statement).group(1)  # type: ignore[union-attr]

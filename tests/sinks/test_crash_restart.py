@@ -38,8 +38,9 @@ def _dataset() -> list[Item]:
     for seq in range(SEQS):
         items += [(GPU_SAMPLES, node, f.sample(node, seq)) for node in NODES]
     for minute in range(MINUTES):
-        for p in PODS:
-            items += [(POD_WINDOWS, p, f.window(p, g, minute, busy_s=30.0)) for g in range(GPUS_PER_POD)]
+        # every pod on every GPU of gpu-a: each GPU-window shared by all pods, as the node stage stamps it
+        windows = f.stamped(f.window(p, g, minute, busy_s=30.0) for p in PODS for g in range(GPUS_PER_POD))
+        items += [(POD_WINDOWS, w.pod_uid, w) for w in windows]
         items.append((CLUSTER_CAPACITY, "cluster", f.capacity(minute)))
     return items
 
@@ -121,6 +122,13 @@ def test_sigkill_at_random_points_then_restart_stores_every_row_once(
         hours = store.query("SELECT sum(allocated_gpu_hours), sum(busy_gpu_hours) FROM rollup_daily").rows[0]
         expected = len(PODS) * GPUS_PER_POD * MINUTES / 60
         assert hours == [pytest.approx(expected), pytest.approx(expected / 2)], f"seed {seed}"
+        active = store.query("SELECT sum(active_windows), sum(active_gpu_s) FROM pod_active_hourly").rows[0]
+        assert active == [len(PODS) * GPUS_PER_POD * MINUTES, pytest.approx(expected * 3600)], f"seed {seed}"
+        shared = store.query(
+            "SELECT sum(windows), sum(requested_gpu_s), sum(usage_gpu_s) FROM shared_gpu_daily").rows[0]
+        # each GPU's minute is split among the pods on it: the used GPU-seconds add up to the GPUs' time
+        assert shared == [len(PODS) * GPUS_PER_POD * MINUTES, pytest.approx(expected * 3600),
+                          pytest.approx(GPUS_PER_POD * MINUTES * 60)], f"seed {seed}"
     finally:
         store.close()
 

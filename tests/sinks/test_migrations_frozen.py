@@ -35,6 +35,7 @@ PINNED: dict[int, str] = {
     14: "e3dfdb84074aa0c8dd514886829b9d43f755cd0b7aee62ce434f82426b6958af",
     15: "cf151784503534449cf86a229652b223cdbaa9b030a74aba2cc6866634a3b3ae",
     16: "94085d66af175205b369ba11184489793761a23dc8625ff446a5086f9d5e77ce",
+    17: "c43ba4f0cd388faa770ecc53cd2b00648f6cb052c06393f47261363841517a98",
 }
 """sha256 of each migration's statements rendered with :data:`TTL`, joined by ``\\n;\\n``."""
 

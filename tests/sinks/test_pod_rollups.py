@@ -57,13 +57,14 @@ def rollup_figures(store: ClickHouseStore, rollup: rollups.Rollup, keys: tuple[s
 def raw_figures(store: ClickHouseStore, rollup: rollups.Rollup, keys: tuple[str, ...], where: str = "",
                 params: dict[str, Any] | None = None) -> Figures:
     """Every measure of ``rollup`` per ``keys`` over its raw table under ``FINAL`` (the rollup's
-    period among them: the period of each row's time)."""
+    period among them: the period of each row's time), its rows that match ``where`` and its
+    condition, with their stamps computed from the stored windows (:meth:`sinks.rollups.Rollup.stored`)."""
     period = rollups.PERIODS[rollup.period].format(time=rollup.time)
     measures = ", ".join(f"{raw_expression(e)} AS {n}" for n, e in rollup.measures.items())
     group = ", ".join(keys)
     columns = ", ".join(f"{period} AS {key}" if key == rollup.period else key for key in keys)
-    rows = store.query(f"SELECT {columns}, {measures} FROM {rollup.source} FINAL "
-                       f"{f'WHERE {where}' if where else ''} GROUP BY {group}", params).dicts()
+    rows = store.query(f"SELECT {columns}, {measures} FROM {rollup.stored(where)} "
+                       f"{f'WHERE {rollup.condition}' if rollup.condition else ''} GROUP BY {group}", params).dicts()
     return {tuple(str(r[k]) for k in keys): r for r in rows}
 
 

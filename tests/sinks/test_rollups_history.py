@@ -10,10 +10,12 @@ and a batch the sink stores again does not make them count twice:
 - per GPU and hour, and per GPU from a start inside an hour (:func:`sinks.rollups.gpu_rows_since`, as
   the advisor reads it): sample counts, seconds (all, unallocated, allocated but idle), memory, first
   and last sample time equal those of ``gpu_samples FINAL``;
-- per pod and GPU, per hour and per day (``pod_hourly``, ``pod_daily``), and per pod and day
-  (``progress_daily``): every measure equals its aggregate over ``pod_windows FINAL`` (or
-  ``workload_progress FINAL``), and so do the pod figures from a start inside an hour
-  (:meth:`sinks.rollups.Rollup.rows_since`);
+- per pod and GPU, per hour and per day (``pod_hourly``, ``pod_daily``), per pod, GPU and hour over
+  its active windows (``pod_active_hourly``), per pod and day (``progress_daily``, and
+  ``shared_gpu_daily`` over its windows on shared GPUs): every measure equals its aggregate over
+  ``pod_windows FINAL`` (or ``workload_progress FINAL``; the stamps the node stage gave the windows
+  computed from the stored windows of each start), and so do the pod figures from a start inside an
+  hour (:meth:`sinks.rollups.Rollup.rows_since`);
 - the report's sections that read the rollups (``team_daily``, ``team_hourly``: fleet summary,
   top teams and projects, idle by team and class, cost by team, utilisation by team per hour and
   per day; ``pod_daily`` and ``progress_daily``: top pods, pods, cost per unit of work) equal the
@@ -33,7 +35,7 @@ import pytest
 
 from benchmarks.history.fill import FillOutcome, FillSpec, fill, sink_settings, template_scenario
 from common.metrics import MetricsRegistry
-from reports.analyses import PRICE, run_report
+from reports.analyses import run_report
 from reports.reader import round_floats, scoped
 from reports.timeseries import utilisation_by_team
 from schemas.topics import POD_WINDOWS
@@ -43,6 +45,7 @@ from sinks import rollups
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
+from sinks.rollups import PRICE
 from tests.sinks.test_pod_rollups import Figures, assert_figures_equal, raw_figures, rollup_figures
 
 SPEC = FillSpec(gpus=32, days=3, day_s=3600, template_nodes=4, gpus_per_node=4, variants=2)
@@ -99,7 +102,10 @@ def test_rollups_equal_the_raw_windows(filled: FillOutcome) -> None:
         assert any("~k1" in node for node in copies), "the fleet copies are rolled up too"
 
 
-POD_ROLLUPS = (rollups.POD_HOURLY, rollups.POD_DAILY, rollups.PROGRESS_DAILY)
+POD_ROLLUPS = (rollups.POD_HOURLY, rollups.POD_DAILY, rollups.PROGRESS_DAILY, rollups.POD_ACTIVE_HOURLY,
+               rollups.SHARED_GPU_DAILY)
+"""Those with a measure per pod: the active windows' and shared GPUs' rollups read the node stage's
+stamps, which their raw figures compute from the stored windows of each start."""
 
 
 def _pod_figures(store: ClickHouseStore) -> list[tuple[Figures, Figures]]:

@@ -1,8 +1,9 @@
-"""``v_shared_gpu_cost`` and the report's ``shared_gpu_cost`` section (migration 16: they read only
-the GPU-windows ``gpu_tenancy_daily`` shows may be shared) give what the same SQL over every
-GPU-window of ``pod_windows FINAL`` gives (migration 7's view, kept below as the raw twin), on a
-history store filled by the history benchmark's bulk path (its time-sliced GPUs) plus windows written
-through the sink's writer for the cases the prefilter must not miss nor invent:
+"""``v_shared_gpu_cost`` and the report's ``shared_gpu_cost`` section (they read ``shared_gpu_daily``,
+fed by the windows' stamps of their GPU's other pods) give what the same SQL over every GPU-window
+of ``pod_windows FINAL`` gives (migration 7's view, kept below as the raw twin), on a history store
+filled by the history benchmark's bulk path (its time-sliced GPUs, stamped by the node stage) plus
+windows written through the sink's writer, stamped as a node stage closes them, for the cases the
+rollup must not miss nor invent:
 
 - two pods on one GPU in the same windows, their windows written in separate batches, the pods
   meeting only after midnight while one of them ran alone on the GPU the day before;
@@ -11,7 +12,9 @@ through the sink's writer for the cases the prefilter must not miss nor invent:
 - a pod whose share fell under 1 in a window without another pod's window (a co-tenant the stage
   did not know);
 - the sink storing those batches again (its retry: the same offsets; a worker's replay: new offsets)
-  changes neither the view, the section nor ``gpu_tenancy_daily``.
+  changes neither the view, the section nor ``shared_gpu_daily``;
+- the same windows without stamps (a stream job that does not stamp them) count as shared by their
+  share alone until the migration's back-fill, which computes the stamps and gives the raw answer.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from schemas.codec import encode
 from schemas.outputs import PodWindow
 from schemas.topics import POD_WINDOWS
 from simulation.store import PREFIX
+from sinks import rollups
 from sinks.batches import Batch, BatchWriter, ConsumedRecord, SinkMetrics
 from sinks.clickhouse import ClickHouseStore, open_store
 from sinks.ddl import TtlDays
 from sinks.service import load_prices
+from tests.sinks import factories as f
 
 SPEC = FillSpec(gpus=32, days=3, day_s=3600, template_nodes=4, gpus_per_node=4, variants=2)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -85,8 +90,9 @@ def _window(pod: str, gpu: int, start: datetime, allocated_s: float = 60.0, busy
         cost_usd=0.04)
 
 
-def _batches(midnight: datetime) -> list[list[PodWindow]]:
-    """The windows of the cases above, as the sink's batches (each its own insert block)."""
+def _batches(midnight: datetime, stamps: bool = True) -> list[list[PodWindow]]:
+    """The windows of the cases above, as the sink's batches (each its own insert block), stamped
+    over all of them (without ``stamps``: of cluster ``unstamped``)."""
     def at(minute: int) -> datetime:
         return midnight + timedelta(minutes=minute)
 
@@ -96,7 +102,12 @@ def _batches(midnight: datetime) -> list[list[PodWindow]]:
     takes_over = [_window("d", 1, at(3), allocated_s=40.0, busy_s=40.0)] + [_window("d", 1, at(m)) for m in (4, 5)]
     adjacent = [_window("e", 2, at(m)) for m in range(0, 3)] + [_window("f", 2, at(m)) for m in range(3, 6)]
     share_alone = [_window("g", 3, at(m), share=0.5 if m == 2 else 1.0) for m in range(0, 5)]
-    return [alone_then_shared + hands_over, joins_after_midnight + takes_over, adjacent + share_alone]
+    batches = [alone_then_shared + hands_over, joins_after_midnight + takes_over, adjacent + share_alone]
+    if not stamps:
+        return [[w.model_copy(update={"cluster": "unstamped", "window_id": f"unstamped/{w.window_id}"}) for w in batch]
+                for batch in batches]
+    by_id = {w.window_id: w for w in f.stamped(w for batch in batches for w in batch)}
+    return [[by_id[w.window_id] for w in batch] for batch in batches]
 
 
 def _write(store: ClickHouseStore, path: Path, batches: list[list[PodWindow]], first_offset: int) -> None:
@@ -164,19 +175,31 @@ def test_the_view_and_the_section_equal_the_same_sql_over_every_gpu_window(
     section = _section(store)
     assert section == round_floats(store.query(RAW_SECTION).dicts())
     days = {str(r[0]) for r in store.query(
-        "SELECT DISTINCT day FROM gpu_tenancy_daily WHERE gpu_uuid = 'GPU-h4x-0'").rows}
-    assert days == {str(midnight.date() - timedelta(days=1)), str(midnight.date())}
+        "SELECT DISTINCT day FROM shared_gpu_daily WHERE cluster = 'default' AND pod = 'a'").rows}
+    assert days == {str(midnight.date())}, "a ran alone the day before"
 
 
 def test_a_batch_stored_again_changes_nothing(filled: tuple[FillOutcome, ClickHouseStore, datetime]) -> None:
     outcome, store, midnight = filled
-    tenancy = "SELECT cluster, day, gpu_uuid, namespace, pod_uid, min(first_start), max(last_start), min(share_min) " \
-              "FROM gpu_tenancy_daily GROUP BY ALL ORDER BY ALL"
-    before = (store.query("SELECT count() FROM pod_windows").rows, store.query(tenancy).rows,
+    shared = "SELECT cluster, day, pod_uid, sum(windows), round(sum(requested_gpu_s), 6), round(sum(usage_gpu_s), 6) " \
+             "FROM shared_gpu_daily GROUP BY ALL ORDER BY ALL"
+    before = (store.query("SELECT count() FROM pod_windows").rows, store.query(shared).rows,
               _view(store, "v_shared_gpu_cost"), _section(store))
     _write(store, outcome.path, _batches(midnight), 5 * 10**12)  # the sink's retry: the same offsets
     _write(store, outcome.path, _batches(midnight), 6 * 10**12)  # a worker's replay: new offsets
-    after = (store.query("SELECT count() FROM pod_windows").rows, store.query(tenancy).rows,
+    after = (store.query("SELECT count() FROM pod_windows").rows, store.query(shared).rows,
              _view(store, "v_shared_gpu_cost"), _section(store))
     assert after == before
     _assert_view_is_the_raw_twin(store)
+
+
+def test_windows_without_stamps_are_shared_by_their_share_until_the_back_fill(
+        filled: tuple[FillOutcome, ClickHouseStore, datetime]) -> None:
+    outcome, store, midnight = filled
+    _write(store, outcome.path, _batches(midnight, stamps=False), 7 * 10**12)
+    unstamped = {r["pod"] for r in _view(store, "v_shared_gpu_cost").values() if r["cluster"] == "unstamped"}
+    assert unstamped == {"g"}, "no stamp tells another pod's window apart; g's share does"
+    for statement in rollups.SHARED_GPU_DAILY.migration()[1:3]:
+        store.command(statement)
+    view = _assert_view_is_the_raw_twin(store)
+    assert {r["pod"] for r in view.values() if r["cluster"] == "unstamped"} == {"a", "b", "c", "d", "g"}

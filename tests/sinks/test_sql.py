@@ -91,7 +91,7 @@ def test_cost_views_shared_gpus_and_cost_per_step(store: ClickHouseStore) -> Non
     windows = [f.window("a", 0, m, busy_s=40.0) for m in range(10)]
     windows += [f.window("b", 0, m, busy_s=20.0) for m in range(10)]
     windows += [f.window("c", 1, m, busy_s=60.0, cost_usd=0.05) for m in range(10)]
-    _insert(store, [*windows, *(f.progress("c", m, steps=100.0 * m) for m in range(11))])
+    _insert(store, [*f.stamped(windows), *(f.progress("c", m, steps=100.0 * m) for m in range(11))])
 
     shared = {r["pod_uid"]: r for r in store.query("SELECT * FROM v_shared_gpu_cost").dicts()}
     assert set(shared) == {"a", "b"}
