@@ -3,11 +3,12 @@
 Everything comes from the history the pipeline stored, over a period counted back from the latest
 data in the store, each figure from what answers it with the fewest rows and equal to what the raw
 windows give (docs/advise.md, "Where the figures come from"; tests/advise/test_advise_rollups.py):
-per pod and GPU, and per pod, time bucket and GPU, the held, allocated and busy seconds, cost and
-peaks from ``pod_hourly``; the figures over a pod's active windows (windows in which any of its
-GPUs was busy: evidence, SM percentile, VRAM) from ``pod_active_hourly``, percentiles within a bin
-of the exact ones; capacity and its cost from ``cluster_capacity`` and
-``gpu_hourly``; waits from ``pod_lifecycle``; pools from ``node_states``. The categories
+per pod and GPU the held seconds, cost and peaks from ``pod_daily`` (whole days) and ``pod_hourly``
+(the hours before the period's first whole day), per pod, time bucket and GPU the held, allocated
+and busy seconds from ``pod_hourly``; the figures over a pod's active windows (windows in which any
+of its GPUs was busy: evidence, SM percentile, VRAM) from ``pod_active_daily`` and
+``pod_active_hourly`` alike, percentiles within a bin of the exact ones; capacity and its cost from
+``cluster_capacity`` and ``gpu_daily``; waits from ``pod_lifecycle``; pools from ``node_states``. The categories
 (docs/advise.md has the method, by hand):
 
 - **reclaim**: runs of wholly idle time buckets of a pod at least ``idle_stretch_s`` long; the pod's
@@ -38,7 +39,7 @@ from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
 from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
 from sinks import rollups
-from sinks.rollups import POD_ACTIVE_HOURLY, POD_HOURLY, PRICE
+from sinks.rollups import POD_ACTIVE_DAILY, POD_DAILY, POD_HOURLY, PRICE
 
 MONTH_H = 30 * 24
 """A month in hours, for the monthly figures."""
@@ -136,10 +137,10 @@ _NO_ACTIVE_WINDOW: Row = {"active_windows": 0, "active_s": 0.0, "pct_sm": None, 
 
 
 def _pod_gpu_totals(reader: SqlReader, start: datetime, team: str | None) -> Rows:
-    """Per (pod, GPU), from the hourly pod rollup (its rows since ``start``): what needs no window of
+    """Per (pod, GPU), from the pod rollups (their rows since ``start``): what needs no window of
     another GPU of the pod. The price is ``v_advise_windows``'s: the model's list price, else what the
     windows were costed at per held GPU-hour."""
-    merged = {name: POD_HOURLY.merged(name) for name in (
+    merged = {name: POD_DAILY.merged(name) for name in (
         "windows", "busy_windows", "held_gpu_s", "cost_total_usd", "share_max", "last_busy_end")}
     where, params = _params(start, team, "w.", time_column="")
     return query_rows(reader, f"""
@@ -153,7 +154,7 @@ SELECT w.pod_uid AS pod_uid, w.gpu_uuid AS gpu_uuid, any(w.namespace) AS namespa
        any(coalesce(p.usd_per_gpu_hour, w.cost_total_usd / nullIf(w.held_gpu_s / 3600, 0))) AS usd_per_gpu_hour,
        {merged["last_busy_end"]} AS last_busy, {merged["busy_windows"]} AS busy_windows,
        {merged["windows"]} AS windows
-FROM {POD_HOURLY.rows_since("start")} AS w
+FROM {POD_DAILY.rows_since("start")} AS w
 LEFT JOIN g ON g.gpu_uuid = w.gpu_uuid
 LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
 WHERE {where}
@@ -163,20 +164,20 @@ ORDER BY pod_uid, gpu_uuid""", params)
 
 def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
     """Per (pod, GPU) with an active window since ``start`` (a window in which any GPU of the pod had
-    busy time, as the node stage stamps it), from the hourly rollup of active windows: their count
+    busy time, as the node stage stamps it), from the rollups of active windows: their count
     and allocated seconds, the percentile and peak of their SM peaks, the peak and percentile of their
     VRAM peaks. A percentile is that of ``quantileExact`` within a bin
     (:data:`~sinks.rollups.SM_BIN_PCT`, :data:`~sinks.rollups.VRAM_BIN_BYTES`) above it."""
     level = cfg.percentile / 100
     where, params = _params(start, team, time_column="")
-    m = {name: POD_ACTIVE_HOURLY.merged(name) for name in POD_ACTIVE_HOURLY.measures}
+    m = {name: POD_ACTIVE_DAILY.merged(name) for name in POD_ACTIVE_DAILY.measures}
     return query_rows(reader, f"""
 SELECT pod_uid, gpu_uuid, {m["active_windows"]} AS active_windows, {m["active_gpu_s"]} AS active_s,
        {m["sm_windows"]} AS sm_windows, {m["active_peak_sm_pct"]} AS peak_sm,
        {m["active_peak_mem_bytes"]} AS peak_mem,
        {rollups.percentile(m["sm_bins"], "sm_windows", "peak_sm", rollups.SM_BIN_PCT, level)} AS pct_sm,
        {rollups.percentile(m["mem_bins"], "active_windows", "peak_mem", rollups.VRAM_BIN_BYTES, level)} AS pct_mem
-FROM {POD_ACTIVE_HOURLY.rows_since("start")}
+FROM {POD_ACTIVE_DAILY.rows_since("start")}
 WHERE {where}
 GROUP BY pod_uid, gpu_uuid""", params)
 
@@ -422,7 +423,7 @@ ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
 def _held_nodes(reader: SqlReader, start: datetime) -> set[str]:
     """Nodes on which a pod held a GPU in the period (a window of it since ``start``)."""
     return {r["node"] for r in query_rows(reader, f"""
-SELECT DISTINCT node FROM {POD_HOURLY.rows_since("start")} WHERE {IN_CLUSTER}""", {"start": _sql_ts(start)})}
+SELECT DISTINCT node FROM {POD_DAILY.rows_since("start")} WHERE {IN_CLUSTER}""", {"start": _sql_ts(start)})}
 
 
 def _queue(reader: SqlReader, start: datetime, team: str | None) -> Rows:

@@ -112,6 +112,9 @@ MIGRATIONS: tuple[Migration, ...] = (
                          *rollups.POD_ACTIVE_HOURLY.migration(), *rollups.SHARED_GPU_DAILY.migration(),
                          rollups.SHARED_GPU_COST_VIEW, "DROP VIEW IF EXISTS gpu_tenancy_daily_mv",
                          "DROP TABLE IF EXISTS gpu_tenancy_daily"))),
+    Migration(18, "gpu_daily, pod_active_daily: GPU samples per GPU and day, a pod's active windows per GPU and "
+                  "day, back-filled from their hourly rollups, then fed by views",
+              committed((*rollups.GPU_DAILY.migration(), *rollups.POD_ACTIVE_DAILY.migration()))),
 )
 """Every migration in order. A new one: ``Migration(17, "what it adds", lambda ttl: [...])`` with
 statements from the spec (``tables.GPU_SAMPLES.add_columns("name")``, ``sample_json.ddl_update()``),

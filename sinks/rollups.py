@@ -7,10 +7,13 @@ table it reads, its keys and its measures as aggregates over raw rows. Its migra
 a back-fill from the rows already stored, then the materialized view) and the expressions readers
 merge rows with (:meth:`Rollup.merged`) are built from that declaration.
 
-- :data:`GPU_HOURLY`: GPU samples per GPU and hour (``gpu_samples``): sample counts, seconds sampled,
-  unallocated and allocated but idle (utilisation under :data:`IDLE_UTIL_PCT` %), the GPU's memory,
-  first and last sample. The report's nodes to scale down, the advisor's capacity cost and scale to
-  zero, the GPUs' memory and index beside pod windows and the notes on unpriced models read it.
+- :data:`GPU_HOURLY`, :data:`GPU_DAILY`: GPU samples per GPU and hour and per day (``gpu_samples``):
+  sample counts, seconds sampled, unallocated and allocated but idle (utilisation under
+  :data:`IDLE_UTIL_PCT` %), the GPU's memory, first and last sample. The report's nodes to scale
+  down, the advisor's capacity cost and scale to zero, the GPUs' memory and index beside pod windows
+  and the notes on unpriced models read them (:func:`gpu_rows_since`: whole days from the daily one,
+  the hours before a start's first whole day from the hourly one). The daily one is back-filled from
+  the hourly one, which outlives the raw samples.
 - :data:`TEAM_HOURLY`, :data:`TEAM_DAILY`: pod windows per namespace, team, project, GPU model and
   idle class (``no_process``, ``vram_held``, else ``partly_idle``: the window had compute), per hour
   and per day (``pod_windows``): windows, distinct pods (all, and those with idle or gap seconds),
@@ -28,9 +31,10 @@ merge rows with (:meth:`Rollup.merged`) are built from that declaration.
 - :data:`PROGRESS_DAILY`: workload progress per pod and day (``workload_progress``): the least and the
   greatest of each total it reported (steps, tokens, samples), so a pod's progress over any days is
   the greatest less the least (``v_cost_per_unit``).
-- :data:`GPU_TENANCY_DAILY`: pod windows per GPU, pod and day (``pod_windows``): the pod's first and
-  last window start and least share on that GPU, so ``v_shared_gpu_cost`` (migration 16) reads only
-  the windows of GPU-days where a share fell under 1 or two pods' spans met.
+- :data:`POD_ACTIVE_HOURLY`: a pod's active windows per GPU, team and hour (the advisor's evidence and
+  percentiles); :data:`SHARED_GPU_DAILY`: a pod's windows on shared GPUs per day (``v_shared_gpu_cost``).
+  Both read the stamps the node stage gives each window (:attr:`Rollup.stamped`).
+- :data:`GPU_TENANCY_DAILY` declares migration 16's table, which migration 17 drops.
 
 An optional figure (a Nullable raw column) stays NULL in a rollup where every raw row had none, as
 in the raw answer: its measure is a ``Nullable`` sum or max, or ``...OrNull``.
@@ -40,8 +44,8 @@ engine drops as a retry is dropped in the views too), and the sink never inserts
 sample again at a new offset (:mod:`sinks.batches`). Every measure is a sum, count, max, min, a
 distinct count's or a last value's state or the value of a key, so the rollups' answers equal the
 raw tables' under ``FINAL`` (sums to float rounding); ``gpu_hourly.interval_s`` is any sample interval
-of the hour. ``progress_daily`` and ``gpu_tenancy_daily`` hold least and greatest values only, which
-a record stored twice leaves as they are.
+of the hour. ``progress_daily`` holds least and greatest values only, which a record stored twice
+leaves as they are.
 Their TTL is the rollups' (730 days by default), so they answer beyond the raw tables' TTLs.
 """
 
@@ -51,8 +55,10 @@ import re
 from dataclasses import dataclass
 
 from sinks.tables import (
+    GPU_DAILY_TABLE,
     GPU_HOURLY_TABLE,
     GPU_TENANCY_DAILY_TABLE,
+    POD_ACTIVE_DAILY_TABLE,
     POD_ACTIVE_HOURLY_TABLE,
     POD_DAILY_TABLE,
     POD_HOURLY_TABLE,
@@ -100,6 +106,12 @@ class Rollup:
     """For measures that read the windows' stamps (``pod_busy_s``, ``gpu_pods``, ...): the raw columns
     the back-fill and a part hour read, the stamps among them computed over the windows of the same
     start, as the node stage stamps them (windows stored without stamps have NULL there)."""
+    finer: Rollup | None = None
+    """For a daily rollup: the hourly one of the same keys and measures, which :meth:`rows_since`
+    reads the start's part day from."""
+    backfilled_from_finer: bool = False
+    """Its back-fill merges :attr:`finer`'s rows per day (they outlive the raw rows' TTL), not the raw
+    rows."""
 
     def __post_init__(self) -> None:
         if self.table.names != ("cluster", self.period, *self.keys, *self.measures):
@@ -115,6 +127,12 @@ class Rollup:
         if state:
             return f"{state.group(1)}Merge({column})"
         raise ValueError(f"{self.table.name}.{column} is not a measure")
+
+    def merged_state(self, column: str) -> str:
+        """The expression that merges ``column``'s rows into one row of a coarser rollup (its
+        aggregate, or ``...MergeState`` of a state)."""
+        merged = self.merged(column)
+        return merged.replace("Merge(", "MergeState(", 1) if "Merge(" in merged else merged
 
     def aggregate(self, source: str) -> str:
         """``SELECT`` of the rollup's rows from ``source`` (the raw table, ``FINAL`` or not)."""
@@ -134,25 +152,41 @@ class Rollup:
         return f"(SELECT {self.stamped} FROM {self.source} FINAL{f' WHERE {where}' if where else ''})"
 
     def rows_since(self, start_param: str | None = None) -> str:
-        """A subquery of an hourly rollup's columns but ``hour`` whose rows, merged per measure
+        """A subquery of the rollup's columns but its period whose rows, merged per measure
         (:meth:`merged`), give each group's figures over its raw rows at or after the query
         parameter ``start_param`` (a ``String`` time; None: every row).
 
         A start inside an hour takes that hour's part from the raw table under ``FINAL`` (its rows
-        whose :attr:`time` is at or after the start) and the rollup from the next full hour on; past
-        the raw table's TTL the part hour is empty, so such a figure may miss at most the start's
-        hour."""
-        if self.period != "hour":
-            raise ValueError(f"{self.table.name}: rows since a time come from an hourly rollup")
-        columns = ", ".join(name for name in self.table.names if name != "hour")
+        whose :attr:`time` is at or after the start); an hourly rollup gives the rest; a daily one
+        with a :attr:`finer` hourly rollup gives the whole days, the hourly one the hours before the
+        first. Past the raw table's TTL the part hour is empty, so such a figure may miss at most the
+        start's hour."""
+        columns = ", ".join(name for name in self.table.names if name != self.period)
         if start_param is None:
             return f"(SELECT {columns} FROM {self.table.name})"
         start = f"toDateTime64({{{start_param}:String}}, 3, 'UTC')"
-        boundary = (f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), "
-                    f"toStartOfHour({start}) + INTERVAL 1 HOUR)")
-        raw = self.aggregate(self.stored(f"{self.time} >= {start} AND {self.time} < {boundary}"))
-        return (f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {boundary}\n"
+        hour = (f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), "
+                f"toStartOfHour({start}) + INTERVAL 1 HOUR)")
+        raw = self.aggregate(self.stored(f"{self.time} >= {start} AND {self.time} < {hour}"))
+        if self.period == "hour":
+            return (f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {hour}\n"
+                    f"UNION ALL SELECT {columns} FROM ({raw}))")
+        if self.finer is None:
+            raise ValueError(f"{self.table.name}: rows since a time come from an hourly rollup")
+        day = f"if(toStartOfDay({start}) = {start}, toStartOfDay({start}), toStartOfDay({start}) + INTERVAL 1 DAY)"
+        return (f"(SELECT {columns} FROM {self.table.name} WHERE day >= toDate({day})\n"
+                f"UNION ALL SELECT {columns} FROM {self.finer.table.name} WHERE hour >= {hour} AND hour < {day}\n"
                 f"UNION ALL SELECT {columns} FROM ({raw}))")
+
+    def backfill(self) -> str:
+        """The ``SELECT`` of the rollup's rows from those already stored: the raw rows, or the
+        :attr:`finer` rollup's rows merged per day."""
+        if self.finer is None or not self.backfilled_from_finer:
+            return f"{self.aggregate(self.stored())}{_BACKFILL_SETTINGS if self.stamped else ''}"
+        keys = ", ".join(("cluster", f"toDate(hour) AS {self.period}", *self.keys))
+        measures = ", ".join(f"{self.finer.merged_state(name)} AS {name}" for name in self.measures)
+        return (f"SELECT {keys}, {measures}\nFROM {self.finer.table.name}\n"
+                f"GROUP BY {', '.join(('cluster', self.period, *self.keys))}")
 
     def migration(self) -> tuple[str, ...]:
         """The table, its back-fill from the raw rows already stored, then the view.
@@ -168,27 +202,27 @@ class Rollup:
                               f"ORDER BY ({order})\nTTL {self.period} + INTERVAL {{rollup_ttl_days}} DAY\n"
                               "SETTINGS non_replicated_deduplication_window = 10000"),
             f"DELETE FROM {name} WHERE true",
-            f"INSERT INTO {name} ({', '.join(self.table.names)})\n{self.aggregate(self.stored())}"
-            f"{_BACKFILL_SETTINGS if self.stamped else ''}",
+            f"INSERT INTO {name} ({', '.join(self.table.names)})\n{self.backfill()}",
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name}_mv TO {name} AS\n{self.aggregate(self.source)}",
         )
 
 
-GPU_HOURLY = Rollup(
-    GPU_HOURLY_TABLE, "gpu_samples", "ts", "hour", ("node", "gpu_uuid", "gpu_index", "gpu_model", "mig_parent_uuid"),
-    {
-        "samples": "count()",
-        "allocated_samples": "countIf(NOT empty(pod_uids))",
-        "sampled_s": "sum(sample_interval_s)",
-        "unallocated_s": "sumIf(sample_interval_s, empty(pod_uids))",
-        "allocated_idle_s":
-            f"sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < {IDLE_UTIL_PCT})",
-        "mem_total_bytes": "max(mem_total_bytes)",
-        "interval_s": "any(sample_interval_s)",
-        "first_ts": "min(ts)",
-        "last_ts": "max(ts)",
-    },
-)
+_GPU_KEYS = ("node", "gpu_uuid", "gpu_index", "gpu_model", "mig_parent_uuid")
+_GPU_MEASURES = {
+    "samples": "count()",
+    "allocated_samples": "countIf(NOT empty(pod_uids))",
+    "sampled_s": "sum(sample_interval_s)",
+    "unallocated_s": "sumIf(sample_interval_s, empty(pod_uids))",
+    "allocated_idle_s":
+        f"sumIf(sample_interval_s, NOT empty(pod_uids) AND coalesce(gpu_util_pct, 0) < {IDLE_UTIL_PCT})",
+    "mem_total_bytes": "max(mem_total_bytes)",
+    "interval_s": "any(sample_interval_s)",
+    "first_ts": "min(ts)",
+    "last_ts": "max(ts)",
+}
+GPU_HOURLY = Rollup(GPU_HOURLY_TABLE, "gpu_samples", "ts", "hour", _GPU_KEYS, _GPU_MEASURES)
+GPU_DAILY = Rollup(GPU_DAILY_TABLE, "gpu_samples", "ts", "day", _GPU_KEYS, _GPU_MEASURES, finer=GPU_HOURLY,
+                   backfilled_from_finer=True)
 
 IDLE_CLASS = ("multiIf(busy_s = 0 AND coalesce(max_mem_used_bytes, 0) = 0, 'no_process', busy_s = 0, 'vram_held', "
               "'partly_idle')")
@@ -249,7 +283,7 @@ _POD_MEASURES = {
     "last_busy_end": "maxIfOrNull(window_end, busy_s > 0)",
 }
 POD_HOURLY = Rollup(POD_HOURLY_TABLE, "pod_windows", "window_start", "hour", _POD_KEYS, _POD_MEASURES)
-POD_DAILY = Rollup(POD_DAILY_TABLE, "pod_windows", "window_start", "day", _POD_KEYS, _POD_MEASURES)
+POD_DAILY = Rollup(POD_DAILY_TABLE, "pod_windows", "window_start", "day", _POD_KEYS, _POD_MEASURES, finer=POD_HOURLY)
 PROGRESS_DAILY = Rollup(PROGRESS_DAILY_TABLE, "workload_progress", "ts", "day", ("pod_uid",), {
     f"{total}_{bound}": f"{bound}({total}_total)"
     for total in ("steps", "tokens", "samples") for bound in ("min", "max")})
@@ -303,23 +337,26 @@ def _bin(value: str, width: int) -> str:
     return f"([toUInt16(ceil({value} / {width}))], [toUInt64(1)])"
 
 
-POD_ACTIVE_HOURLY = Rollup(
-    POD_ACTIVE_HOURLY_TABLE, "pod_windows", "window_start", "hour", ("pod_uid", "gpu_uuid", "team"),
-    {
-        "active_windows": "count()",
-        "active_gpu_s": "sum(allocated_s)",
-        "sm_windows": "count(max_sm_util_pct)",
-        "active_peak_sm_pct": "max(max_sm_util_pct)",
-        "active_peak_mem_bytes": "max(coalesce(max_mem_used_bytes, 0))",
-        "sm_bins": f"sumMapIf({_bin('max_sm_util_pct', SM_BIN_PCT)}, max_sm_util_pct IS NOT NULL)",
-        "mem_bins": f"sumMap({_bin('coalesce(max_mem_used_bytes, 0)', VRAM_BIN_BYTES)})",
-    },
-    condition=ACTIVE,
-    stamped="cluster, window_start, pod_uid, gpu_uuid, team, allocated_s, busy_s, max_sm_util_pct, "
-            "max_mem_used_bytes, max(busy_s) OVER (PARTITION BY cluster, pod_uid, window_start) AS pod_busy_s",
-)
-"""Each pod's active windows per GPU and hour: what the advisor's right-sizing reads, a percentile
-of the SM or VRAM peaks within a bin of the exact one (:func:`percentile`)."""
+_POD_ACTIVE_KEYS = ("pod_uid", "gpu_uuid", "team")
+_POD_ACTIVE_MEASURES = {
+    "active_windows": "count()",
+    "active_gpu_s": "sum(allocated_s)",
+    "sm_windows": "count(max_sm_util_pct)",
+    "active_peak_sm_pct": "max(max_sm_util_pct)",
+    "active_peak_mem_bytes": "max(coalesce(max_mem_used_bytes, 0))",
+    "sm_bins": f"sumMapIf({_bin('max_sm_util_pct', SM_BIN_PCT)}, max_sm_util_pct IS NOT NULL)",
+    "mem_bins": f"sumMap({_bin('coalesce(max_mem_used_bytes, 0)', VRAM_BIN_BYTES)})",
+}
+_POD_ACTIVE_STAMPED = ("cluster, window_start, pod_uid, gpu_uuid, team, allocated_s, busy_s, max_sm_util_pct, "
+                       "max_mem_used_bytes, "
+                       "max(busy_s) OVER (PARTITION BY cluster, pod_uid, window_start) AS pod_busy_s")
+POD_ACTIVE_HOURLY = Rollup(POD_ACTIVE_HOURLY_TABLE, "pod_windows", "window_start", "hour", _POD_ACTIVE_KEYS,
+                           _POD_ACTIVE_MEASURES, condition=ACTIVE, stamped=_POD_ACTIVE_STAMPED)
+POD_ACTIVE_DAILY = Rollup(POD_ACTIVE_DAILY_TABLE, "pod_windows", "window_start", "day", _POD_ACTIVE_KEYS,
+                          _POD_ACTIVE_MEASURES, condition=ACTIVE, stamped=_POD_ACTIVE_STAMPED,
+                          finer=POD_ACTIVE_HOURLY, backfilled_from_finer=True)
+"""Each pod's active windows per GPU and hour and per day: what the advisor's right-sizing reads, a
+percentile of the SM or VRAM peaks within a bin of the exact one (:func:`percentile`)."""
 
 SHARED = "coalesce(gpu_pods, 1) > 1 OR share_fraction < 1"
 """A window on a shared GPU: another pod held the GPU in the same window, or the pod's share was
@@ -367,14 +404,14 @@ def percentile(histogram: str, count: str, peak: str, width: int, level: float) 
     return f"if({count} = 0, NULL, least({bin_} * {width}, {peak}))"
 
 
-ROLLUPS = (GPU_HOURLY, TEAM_HOURLY, TEAM_DAILY, POD_HOURLY, POD_DAILY, PROGRESS_DAILY, POD_ACTIVE_HOURLY,
-           SHARED_GPU_DAILY)
+ROLLUPS = (GPU_HOURLY, GPU_DAILY, TEAM_HOURLY, TEAM_DAILY, POD_HOURLY, POD_DAILY, PROGRESS_DAILY, POD_ACTIVE_HOURLY,
+           POD_ACTIVE_DAILY, SHARED_GPU_DAILY)
 SOURCES = frozenset(rollup.source for rollup in ROLLUPS) | {"pod_windows"}
 """Raw tables whose inserts feed rollups (``pod_windows`` also feeds ``rollup_hourly`` and
 ``rollup_daily``, migration 2): a row inserted there is counted in a rollup even if deleted later."""
 
 
 def gpu_rows_since(start_param: str | None = None) -> str:
-    """:meth:`Rollup.rows_since` of :data:`GPU_HOURLY`: every GPU's figures over its samples at or
+    """:meth:`Rollup.rows_since` of :data:`GPU_DAILY`: every GPU's figures over its samples at or
     after the query parameter ``start_param``."""
-    return GPU_HOURLY.rows_since(start_param)
+    return GPU_DAILY.rows_since(start_param)

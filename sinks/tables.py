@@ -490,25 +490,30 @@ ROLLUP_DAILY = Table("rollup_daily", (
     Column("windows", Kind("SimpleAggregateFunction(sum, UInt64)")),
 ))
 
-GPU_HOURLY_TABLE = Table("gpu_hourly", (
-    Column("cluster", LC),
-    Column("hour", Kind("DateTime('UTC')")),
-    Column("node", LC),
-    Column("gpu_uuid", LC),
-    Column("gpu_index", Kind("UInt16")),
-    Column("gpu_model", LC),
-    Column("mig_parent_uuid", LC),
-    Column("samples", COUNT),
-    Column("allocated_samples", COUNT),
-    Column("sampled_s", SUM),
-    Column("unallocated_s", SUM),
-    Column("allocated_idle_s", SUM),
-    Column("mem_total_bytes", PEAK_BYTES),
-    Column("interval_s", Kind("SimpleAggregateFunction(any, Float32)")),
-    Column("first_ts", FIRST),
-    Column("last_ts", LAST),
-))
-"""GPU samples per GPU and hour (:mod:`sinks.rollups`: what each measure is, and why)."""
+def _gpu_rollup(name: str, period: Column) -> Table:
+    """GPU samples per GPU, per hour or per day (:mod:`sinks.rollups`: what each measure is, and why)."""
+    return Table(name, (
+        Column("cluster", LC),
+        period,
+        Column("node", LC),
+        Column("gpu_uuid", LC),
+        Column("gpu_index", Kind("UInt16")),
+        Column("gpu_model", LC),
+        Column("mig_parent_uuid", LC),
+        Column("samples", COUNT),
+        Column("allocated_samples", COUNT),
+        Column("sampled_s", SUM),
+        Column("unallocated_s", SUM),
+        Column("allocated_idle_s", SUM),
+        Column("mem_total_bytes", PEAK_BYTES),
+        Column("interval_s", Kind("SimpleAggregateFunction(any, Float32)")),
+        Column("first_ts", FIRST),
+        Column("last_ts", LAST),
+    ))
+
+
+GPU_HOURLY_TABLE = _gpu_rollup("gpu_hourly", Column("hour", Kind("DateTime('UTC')")))
+GPU_DAILY_TABLE = _gpu_rollup("gpu_daily", Column("day", Kind("Date")))
 
 
 def _team_rollup(name: str, period: Column) -> Table:
@@ -599,22 +604,27 @@ GPU_TENANCY_DAILY_TABLE = Table("gpu_tenancy_daily", (
 Migration 16's table (which GPU-windows its ``v_shared_gpu_cost`` read), dropped by migration 17:
 its spec stays for migration 16's statements, and it is in no store's :data:`TABLES`."""
 
-POD_ACTIVE_HOURLY_TABLE = Table("pod_active_hourly", (
-    Column("cluster", LC),
-    Column("hour", Kind("DateTime('UTC')")),
-    Column("pod_uid", STRING),
-    Column("gpu_uuid", LC),
-    Column("team", LC),
-    Column("active_windows", COUNT),
-    Column("active_gpu_s", SUM),
-    Column("sm_windows", COUNT),
-    Column("active_peak_sm_pct", Kind("SimpleAggregateFunction(max, Nullable(Float32))")),
-    Column("active_peak_mem_bytes", Kind("SimpleAggregateFunction(max, UInt64)")),
-    Column("sm_bins", HISTOGRAM),
-    Column("mem_bins", HISTOGRAM),
-))
-"""A pod's active windows (any GPU of the pod busy) per GPU and hour: their count and seconds, the
-peak and a histogram of their SM and VRAM peaks (:data:`sinks.rollups.POD_ACTIVE_HOURLY`)."""
+def _pod_active_rollup(name: str, period: Column) -> Table:
+    """A pod's active windows (any GPU of the pod busy) per GPU, per hour or per day: their count and
+    seconds, the peak and a histogram of their SM and VRAM peaks (:data:`sinks.rollups.POD_ACTIVE_HOURLY`)."""
+    return Table(name, (
+        Column("cluster", LC),
+        period,
+        Column("pod_uid", STRING),
+        Column("gpu_uuid", LC),
+        Column("team", LC),
+        Column("active_windows", COUNT),
+        Column("active_gpu_s", SUM),
+        Column("sm_windows", COUNT),
+        Column("active_peak_sm_pct", Kind("SimpleAggregateFunction(max, Nullable(Float32))")),
+        Column("active_peak_mem_bytes", Kind("SimpleAggregateFunction(max, UInt64)")),
+        Column("sm_bins", HISTOGRAM),
+        Column("mem_bins", HISTOGRAM),
+    ))
+
+
+POD_ACTIVE_HOURLY_TABLE = _pod_active_rollup("pod_active_hourly", Column("hour", Kind("DateTime('UTC')")))
+POD_ACTIVE_DAILY_TABLE = _pod_active_rollup("pod_active_daily", Column("day", Kind("Date")))
 
 SHARED_GPU_DAILY_TABLE = Table("shared_gpu_daily", (
     Column("cluster", LC),
@@ -661,9 +671,9 @@ SCHEMA_MIGRATION_CLAIMS = Table("schema_migration_claims", (
 TABLES: dict[str, Table] = {table.name: table for table in (
     GPU_SAMPLES, GPU_PROCESSES, GPU_XIDS, POD_STATES, NODE_STATES, STATE_TOMBSTONES, K8S_EVENTS, WORKLOAD_PROGRESS,
     POD_WINDOWS, CLUSTER_CAPACITY, MIG_GPU_WINDOWS, SHARED_GPU_WINDOWS, POD_LIFECYCLE, ALERTS, ROLLUP_HOURLY,
-    ROLLUP_DAILY, GPU_HOURLY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, POD_HOURLY_TABLE, POD_DAILY_TABLE,
-    PROGRESS_DAILY_TABLE, POD_ACTIVE_HOURLY_TABLE, SHARED_GPU_DAILY_TABLE, GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS,
-    SCHEMA_MIGRATION_CLAIMS,
+    ROLLUP_DAILY, GPU_HOURLY_TABLE, GPU_DAILY_TABLE, TEAM_HOURLY_TABLE, TEAM_DAILY_TABLE, POD_HOURLY_TABLE,
+    POD_DAILY_TABLE, PROGRESS_DAILY_TABLE, POD_ACTIVE_HOURLY_TABLE, POD_ACTIVE_DAILY_TABLE, SHARED_GPU_DAILY_TABLE,
+    GPU_PRICES, SINK_BATCHES, SCHEMA_MIGRATIONS, SCHEMA_MIGRATION_CLAIMS,
 )}
 """Every table of the store (not views, nor the engine path's ``gpu_samples_json``: :mod:`sinks.sample_json`)."""
 

@@ -1,5 +1,5 @@
 """``python -m benchmarks history [--gpus N] [--days N] [--sample-interval-s S] [--cache-dir DIR]
-[--runs N]``: fill (or reuse) a 1-day and an N-day store of the same fleet, measure both, print the
+[--runs N] [--end YYYY-MM-DD]``: fill (or reuse) a 1-day and an N-day store of the same fleet, measure both, print the
 table (docs/performance.md, "History at fleet scale").
 
 Figures and their baselines, all from one run:
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 import orjson
@@ -50,6 +50,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=RUNS, help=f"warm runs per subject, best kept (default {RUNS})")
     parser.add_argument("--template-nodes", type=int, default=8, help="8-GPU nodes of the played template (default 8)")
     parser.add_argument("--variants", type=int, default=2, help="distinct played days (default 2)")
+    parser.add_argument("--end", type=date.fromisoformat, default=None,
+                        help="the day the history ends on, exclusive, YYYY-MM-DD (default today, UTC); "
+                             "the same day reuses the cached stores")
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.days < 1 or args.sample_interval_s <= 0 or args.runs < 1:
         parser.error("--gpus, --days and --runs must be at least 1, --sample-interval-s above 0")
@@ -122,13 +125,13 @@ def cost_figures(short: StoreFigures, long: StoreFigures) -> list[Result]:
 
 
 def run_history(gpus: int, days: int, sample_interval_s: float, cache_dir: Path, runs: int = RUNS,
-                template_nodes: int = 8, variants: int = 2) -> list[Result]:
+                template_nodes: int = 8, variants: int = 2, end: date | None = None) -> list[Result]:
     """Fill (or reuse) the 1-day and the ``days``-day store and measure both."""
     results: list[Result] = []
     figures: dict[int, StoreFigures] = {}
     for n in sorted({1, days}):
         spec = FillSpec(gpus=gpus, days=n, sample_interval_s=sample_interval_s, template_nodes=template_nodes,
-                        variants=variants)
+                        variants=variants, end=end.isoformat() if end else "")
         print(f"== history: {n} d x {spec.fleet_gpus} GPUs @ {sample_interval_s:g} s ({spec.key()})", flush=True)
         started = time.perf_counter()
         outcome = fill(spec, cache_dir, progress=lambda step: print(f"   {step}", flush=True))
@@ -148,7 +151,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     cache_dir = args.cache_dir or load_settings(CommonSettings).data_dir / "bench" / "history"
     results = run_history(args.gpus, args.days, args.sample_interval_s, cache_dir, args.runs, args.template_nodes,
-                          args.variants)
+                          args.variants, args.end)
     print()
     print_table(results)
     out = cache_dir / "results.json"

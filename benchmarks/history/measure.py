@@ -74,7 +74,7 @@ class LoggedEngine:
         return int(self.rows("SELECT toUnixTimestamp64Micro(now64(6))")[0][0])
 
     def finished_since(self, since_us: int) -> list[QueryCost]:
-        self.store.command("SYSTEM FLUSH LOGS", settings=_UNLOGGED)
+        self.store.command("SYSTEM FLUSH LOGS")
         return [QueryCost(int(r[0]), int(r[1]), int(r[2]) / 1e6, int(r[3]), float(r[4]) / 1000, int(r[5]), str(r[6]))
                 for r in self.rows(
                     "SELECT read_rows, read_bytes, ProfileEvents['UserTimeMicroseconds'] + "

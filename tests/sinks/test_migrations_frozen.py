@@ -36,6 +36,7 @@ PINNED: dict[int, str] = {
     15: "cf151784503534449cf86a229652b223cdbaa9b030a74aba2cc6866634a3b3ae",
     16: "94085d66af175205b369ba11184489793761a23dc8625ff446a5086f9d5e77ce",
     17: "c43ba4f0cd388faa770ecc53cd2b00648f6cb052c06393f47261363841517a98",
+    18: "e550dedbe00754787d624a3ad3de415ba81137dcbb2645e8e65bb9cd8d991f99",
 }
 """sha256 of each migration's statements rendered with :data:`TTL`, joined by ``\\n;\\n``."""
 

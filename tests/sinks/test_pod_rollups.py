@@ -164,11 +164,6 @@ def test_rows_since_a_start_inside_an_hour_equal_the_raw_windows_from_it(store: 
     assert_figures_equal(raw_figures(store, rollups.POD_HOURLY, keys), everything, "since the beginning")
 
 
-def test_only_hourly_rollups_answer_from_a_start() -> None:
-    with pytest.raises(ValueError, match="hourly"):
-        rollups.POD_DAILY.rows_since("start")
-
-
 def test_progress_per_pod_equals_the_raw_progress(store: ClickHouseStore) -> None:
     keys = ("cluster", "day", "pod_uid")
     assert_figures_equal(raw_figures(store, rollups.PROGRESS_DAILY, keys),
