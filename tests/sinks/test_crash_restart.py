@@ -116,14 +116,17 @@ def test_sigkill_at_random_points_then_restart_stores_every_row_once(
         }, f"seed {seed}, journal replays {replays}"
         seqs = store.query("SELECT node, count(), uniqExact(seq, gpu_uuid) FROM gpu_samples GROUP BY node").rows
         assert all(r[1] == r[2] == SEQS * 8 for r in seqs)
-        rolled = store.query("SELECT node, sum(samples) FROM gpu_hourly GROUP BY node ORDER BY node").rows
-        assert [(str(r[0]), int(r[1])) for r in rolled] == [(node, SEQS * 8) for node in sorted(NODES)], (
-            f"seed {seed}: the GPU rollup counts every sample once")
+        for table in ("gpu_hourly", "gpu_daily"):
+            rolled = store.query(f"SELECT node, sum(samples) FROM {table} GROUP BY node ORDER BY node").rows
+            assert [(str(r[0]), int(r[1])) for r in rolled] == [(node, SEQS * 8) for node in sorted(NODES)], (
+                f"seed {seed}: {table} counts every sample once")
         hours = store.query("SELECT sum(allocated_gpu_hours), sum(busy_gpu_hours) FROM rollup_daily").rows[0]
         expected = len(PODS) * GPUS_PER_POD * MINUTES / 60
         assert hours == [pytest.approx(expected), pytest.approx(expected / 2)], f"seed {seed}"
-        active = store.query("SELECT sum(active_windows), sum(active_gpu_s) FROM pod_active_hourly").rows[0]
-        assert active == [len(PODS) * GPUS_PER_POD * MINUTES, pytest.approx(expected * 3600)], f"seed {seed}"
+        for table in ("pod_active_hourly", "pod_active_daily"):
+            active = store.query(f"SELECT sum(active_windows), sum(active_gpu_s) FROM {table}").rows[0]
+            assert active == [len(PODS) * GPUS_PER_POD * MINUTES, pytest.approx(expected * 3600)], (
+                f"seed {seed}: {table}")
         shared = store.query(
             "SELECT sum(windows), sum(requested_gpu_s), sum(usage_gpu_s) FROM shared_gpu_daily").rows[0]
         # each GPU's minute is split among the pods on it: the used GPU-seconds add up to the GPUs' time
