@@ -84,6 +84,11 @@ class _Dressing:
     dra: list[DraAllocation] = field(default_factory=list)
 
 
+_IDLE_POWER_W, _POWER_W_PER_PCT = 70.0, 6.3
+_IDLE_TEMPERATURE_C, _TEMPERATURE_C_PER_PCT = 35.0, 0.4
+"""A simulated whole GPU's power and temperature: idle, plus so much per point of utilisation."""
+
+
 class FleetSimulator:
     def __init__(self, scenario: Scenario, translate_config: TranslateConfig | None = None) -> None:
         self.scenario = scenario
@@ -134,6 +139,8 @@ class FleetSimulator:
         """Claims their pods' ends released or deleted: the watcher sees them after the pods' messages."""
         self._dra_touched: set[str] = set()
         """Pods (by uid) whose GPU demand the DRA objects applied this tick may have changed."""
+        self._dressed: dict[str, tuple[Any, ...]] = {}
+        """Node name -> what its last dressing depended on (:meth:`_dress_key`)."""
 
     # ------------------------------------------------------------------ set-up
 
@@ -600,18 +607,20 @@ class FleetSimulator:
 
     def _samples(self, t: float, ts: datetime) -> list[SimulatedRecord]:
         sc = self.scenario
+        faults, gaps, late = sc.faults, sc.agent_gaps, sc.late_samples  # a fleet scenario has none
         out = []
         for node in self.nodes.values():
             if node.removed:
                 continue
-            self._apply_faults(node, t)
-            if any(g.node == node.spec.name and g.start <= t + EPS < g.end for g in sc.agent_gaps):
+            if faults:
+                self._apply_faults(node, t)
+            if gaps and any(g.node == node.spec.name and g.start <= t + EPS < g.end for g in gaps):
                 continue
             self._dress(node, t)
             sample = node.sampler.sample(ts)
             record = self._encode(GPU_SAMPLES.suffix, node.spec.name, sample)
-            delay = next((late.by for late in sc.late_samples
-                          if late.node == node.spec.name and abs(late.at - t) < self.dt / 2), None)
+            delay = next((spec.by for spec in late
+                          if spec.node == node.spec.name and abs(spec.at - t) < self.dt / 2), None) if late else None
             if delay is not None:
                 self._late.append((t + delay, record))
             else:
@@ -642,27 +651,74 @@ class FleetSimulator:
 
     def _procs(self, pod: SimPod, ordinal: int, util: float, mem: int, count: int, stats: bool,
                resolver: dict[int, ContainerRef]) -> list[FakeProcess]:
+        if count == 0:
+            return []
+        container = self._containers.get(pod.index)
+        if container is None or container.pod_uid != pod.uid:
+            container = self._containers[pod.index] = ContainerRef(pod.container_id, pod.uid, "containerd")
+        first_pid = 100_000 + pod.index * 10_000 + ordinal * 100
+        share_util = util / count if stats else None
         procs = []
         for j in range(count):
-            pid = 100_000 + pod.index * 10_000 + ordinal * 100 + j
+            pid = first_pid + j
             share_mem = mem // count + (mem % count if j == 0 else 0)
-            procs.append(FakeProcess(pid=pid, used_gpu_memory_bytes=share_mem if stats else None,
-                                     sm_util_pct=util / count if stats else None))
-            container = self._containers.get(pod.index)
-            if container is None or container.pod_uid != pod.uid:
-                container = self._containers[pod.index] = ContainerRef(pod.container_id, pod.uid, "containerd")
+            procs.append(FakeProcess(pid, share_mem if stats else None, share_util))
             resolver[pid] = container
         return procs
 
+    def _dress_key(self, node: SimNode, t: float) -> tuple[Any, ...] | None:
+        """Everything a device-plugin node's dressing at ``t`` depends on: which pod holds each unit,
+        and each holder's uid, start, units and load steps in force. Equal keys, equal dressings (what
+        ``_dress_gpu``, ``_load``, ``_procs`` and ``_pod_ref`` read: the node's spec and GPUs do not
+        change while it runs). None where a dressing depends on more (DRA devices and claims, MIG
+        layouts, shared units): such a node is dressed at every tick."""
+        spec = node.spec
+        if spec.dra or spec.mig or spec.mig_layout is not None or node.shares:
+            return None
+        by_index = self._by_index
+        holders: list[tuple[Any, ...]] = []
+        for owner in dict.fromkeys(node.slots):
+            if owner is None:
+                continue
+            pod = by_index[owner]
+            if pod.claim is not None:
+                return None
+            if pod.scheduled is None:
+                holders.append((owner, pod.uid, None, tuple(pod.slots)))
+                continue
+            offset = t - pod.scheduled
+            holders.append((owner, pod.uid, pod.scheduled, tuple(pod.slots), step_value(pod.spec.util, offset),
+                            step_value(pod.spec.memory_gib, offset)))
+        return (tuple(node.slots), *holders)
+
     def _dress(self, node: SimNode, t: float) -> None:
-        """Set the fake GPUs, the kubelet's assignments and the process map for this tick."""
+        """Set the fake GPUs, the kubelet's assignments and the process map for this tick (unless they
+        stand as the last tick set them: nothing they depend on changed since, see :meth:`_dress_key`;
+        nothing else sets them, and the fake NVML, the kubelet and the sampler only read them)."""
+        key = self._dress_key(node, t)
+        if key is not None and self._dressed.get(node.spec.name) == key:
+            return
+        self._dressed.pop(node.spec.name, None)
+        self._dress_all(node, t)
+        if key is not None:
+            self._dressed[node.spec.name] = key
+
+    def _dress_all(self, node: SimNode, t: float) -> None:
         spec = node.spec
         mig_mode = bool(spec.mig) or spec.mig_layout is not None
         per_gpu = spec.mig_per_gpu if mig_mode else spec.time_slicing
         tick = _Dressing(t=t, by_index=self._by_index,
                          devices=slot_devices(node) if spec.dra else [])
+        slots = node.slots
         for gpu in node.gpus:
-            owners = [node.slots[gpu.index * per_gpu + k] for k in range(per_gpu)]
+            first = gpu.index * per_gpu
+            owners = slots[first:first + per_gpu]
+            if not mig_mode and per_gpu == 1 and owners[0] is None:  # an idle whole GPU
+                gpu.gpu_util_pct = gpu.mem_util_pct = 0.0
+                gpu.mem_used_bytes = 0
+                gpu.processes = []
+                gpu.power_w, gpu.temperature_c = _IDLE_POWER_W, _IDLE_TEMPERATURE_C
+                continue
             if mig_mode:
                 self._dress_mig(node, gpu, owners, per_gpu, tick)
             else:
@@ -698,29 +754,35 @@ class FleetSimulator:
                    tick: _Dressing) -> None:
         """A whole (or time-sliced) GPU: its pods, their load, its processes and readings."""
         spec = node.spec
-        util_sum, mem_sum, procs, refs = 0.0, 0, [], []
+        dra, stats, t, resolver, by_index = spec.dra, spec.process_stats, tick.t, tick.resolver, tick.by_index
+        util_sum, mem_sum = 0.0, 0
+        procs: list[FakeProcess] = []
+        refs: list[PodRef] = []
+        first = gpu.index * per_gpu
         for k, owner in enumerate(owners):
             if owner is None:
                 continue
-            slot = gpu.index * per_gpu + k
-            for pod in self._holders(node, slot, owner, tick.by_index):
+            slot = first + k
+            for pod in self._holders(node, slot, owner, by_index):
                 ordinal = pod.slots.index(slot)
-                util, mem, count = self._load(pod, tick.t, gpu.mem_total_bytes - mem_sum, ordinal)
+                util, mem, count = self._load(pod, t, gpu.mem_total_bytes - mem_sum, ordinal)
                 util_sum += util
                 mem_sum += mem
-                procs += self._procs(pod, ordinal, util, mem, count, spec.process_stats, tick.resolver)
+                if count:
+                    procs += self._procs(pod, ordinal, util, mem, count, stats, resolver)
                 ref = self._pod_ref(pod)
-                if ref not in refs:
+                if not refs or ref not in refs:
                     refs.append(ref)
-                if spec.dra:
+                if dra:
                     tick.dra.append(self._allocation(node, pod, slot, tick.devices[slot]))
-        gpu.gpu_util_pct = min(100.0, util_sum)
-        gpu.mem_util_pct = min(100.0, util_sum * 0.6)
+        gpu_util = gpu.gpu_util_pct = util_sum if util_sum < 100.0 else 100.0  # min(100.0, util_sum)
+        mem_util = util_sum * 0.6
+        gpu.mem_util_pct = mem_util if mem_util < 100.0 else 100.0
         gpu.mem_used_bytes = mem_sum
         gpu.processes = procs
-        gpu.power_w = 70.0 + 6.3 * gpu.gpu_util_pct
-        gpu.temperature_c = 35.0 + 0.4 * gpu.gpu_util_pct
-        if refs and not spec.dra:  # a DRA device is reported as the claim's, not the device plugin's
+        gpu.power_w = _IDLE_POWER_W + _POWER_W_PER_PCT * gpu_util
+        gpu.temperature_c = _IDLE_TEMPERATURE_C + _TEMPERATURE_C_PER_PCT * gpu_util
+        if refs and not dra:  # a DRA device is reported as the claim's, not the device plugin's
             tick.mapping[gpu.uuid] = refs
 
     def _pod_ref(self, pod: SimPod) -> PodRef:

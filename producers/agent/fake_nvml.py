@@ -19,7 +19,7 @@ Everything is mutable: the simulator changes utilisation, memory and processes b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from producers.agent.nvml_api import (
     Clock,
@@ -51,6 +51,12 @@ FIELDS = (
     "mig_enabled",
 )
 """Field names accepted in ``FakeGpu.unsupported`` / ``FakeGpu.failing`` (the backend method names)."""
+
+_PHYSICAL_ORDER = ("name", "memory", "utilization", "power_w", "temperature_c", "sm_clock_mhz", "mem_clock_mhz",
+                   "pcie_bytes_per_s", "nvlink_bytes_total", "mig_enabled", "processes", "process_samples")
+"""The order :meth:`FakeNvml.physical_fields` passes :class:`PhysicalFields`' fields in (positionally)."""
+if tuple(f.name for f in fields(PhysicalFields))[:len(_PHYSICAL_ORDER)] != _PHYSICAL_ORDER:
+    raise ImportError("PhysicalFields' fields were reordered: update fake_nvml._PHYSICAL_ORDER and physical_fields")
 
 
 @dataclass
@@ -200,7 +206,8 @@ class FakeNvml:
         return len(self.gpus)
 
     def device_by_index(self, index: int) -> Device:
-        self._ready()
+        if not self.initialised or self.driver_gone:
+            self._ready()
         for gpu in self.gpus:
             if gpu.index == index:
                 for mig in gpu.mig_devices:
@@ -215,7 +222,9 @@ class FakeNvml:
     # -- per device
 
     def uuid(self, device: Device) -> str:
-        self._gpu_of(device)
+        # what _gpu_of checks, in one expression for a physical GPU that answers (the common case)
+        if type(device) is not FakeGpu or device.lost or not self.initialised or self.driver_gone:
+            self._gpu_of(device)  # raises what NVML raises for it, if anything
         return str(device.uuid)
 
     def name(self, device: Device) -> str:
@@ -275,7 +284,7 @@ class FakeNvml:
 
     @staticmethod
     def _processes(gpu: FakeGpu) -> list[ProcessInfo]:
-        return [ProcessInfo(p.pid, p.used_gpu_memory_bytes) for p in gpu.processes]
+        return [ProcessInfo(p.pid, p.used_gpu_memory_bytes, None, None) for p in gpu.processes]
 
     def process_utilization(self, device: Device, since_us: int) -> list[ProcessUtilSample]:
         gpu = self._check(device, "process_utilization", physical_only=True)
@@ -296,22 +305,24 @@ class FakeNvml:
     def physical_fields(self, device: Device, since_us: int) -> PhysicalFields:
         """What :func:`read_physical` gives through the per-field methods, in one call when no field of
         the GPU is unsupported or failing (the per-field methods then give each field's error)."""
-        gpu = self._gpu_of(device)
+        answers = type(device) is FakeGpu and not device.lost and self.initialised and not self.driver_gone
+        gpu = device if answers else self._gpu_of(device)  # _gpu_of's checks, in one expression where they pass
         if gpu.unsupported or gpu.failing or device is not gpu:
             return read_physical(self, device, since_us)
-        mig = gpu.mig_mode
-        processes = None if mig else self._processes(gpu)
+        # positional, in _PHYSICAL_ORDER (checked at import): keywords triple the cost of making the record
+        if gpu.mig_devices:
+            return PhysicalFields(
+                gpu.model, self._physical_memory(gpu), None, gpu.power_w, gpu.temperature_c,
+                gpu.sm_clock_mhz, gpu.mem_clock_mhz, (gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s),
+                (gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total), True, None, None,
+            )
+        processes = [ProcessInfo(p.pid, p.used_gpu_memory_bytes, None, None) for p in gpu.processes]
         return PhysicalFields(
-            name=gpu.model,
-            memory=self._physical_memory(gpu),
-            utilization=None if mig else Utilization(gpu.gpu_util_pct, gpu.mem_util_pct),
-            power_w=gpu.power_w, temperature_c=gpu.temperature_c,
-            sm_clock_mhz=gpu.sm_clock_mhz, mem_clock_mhz=gpu.mem_clock_mhz,
-            pcie_bytes_per_s=(gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s),
-            nvlink_bytes_total=(gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total),
-            mig_enabled=mig,
-            processes=processes,
-            process_samples=self._process_samples(gpu, since_us) if processes else None,
+            gpu.model, MemoryInfo(gpu.mem_total_bytes, gpu.mem_used_bytes),
+            Utilization(gpu.gpu_util_pct, gpu.mem_util_pct), gpu.power_w, gpu.temperature_c,
+            gpu.sm_clock_mhz, gpu.mem_clock_mhz, (gpu.pcie_tx_bytes_per_s, gpu.pcie_rx_bytes_per_s),
+            (gpu.nvlink_tx_bytes_total, gpu.nvlink_rx_bytes_total), False,
+            processes, self._process_samples(gpu, since_us) if processes else None,
         )
 
     def mig_enabled(self, device: Device) -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeGuard, TypeVar
@@ -53,7 +52,7 @@ from producers.agent.nvml_api import (
     read_physical,
 )
 from producers.agent.podresources import PodResourcesAnswer, PodResourcesError, PodResourcesSource
-from schemas.messages import GpuSample, PodRef, XidEvent
+from schemas.messages import GpuReading, GpuSample, PodRef, XidEvent
 
 log = get_logger(__name__)
 
@@ -95,39 +94,42 @@ def mig_profile(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-@dataclass
 class _ReadingDraft:
-    """A reading under construction (GpuReading is immutable)."""
+    """A reading under construction (GpuReading is immutable). ``uuid`` and ``is_mig`` are fixed
+    by the fields it starts with (a reading's identity does not change while it is read)."""
 
-    fields: dict[str, Any]
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    issues: list[str] = field(default_factory=list)
-    xids: list[XidEvent] = field(default_factory=list)
-    assigned_to: list[PodRef] = field(default_factory=list)
+    __slots__ = ("assigned_to", "fields", "is_mig", "issues", "processes", "uuid", "xids")
 
-    @property
-    def uuid(self) -> str:
-        return str(self.fields["uuid"])
-
-    @property
-    def is_mig(self) -> bool:
-        return self.fields.get("mig_parent_uuid") is not None
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self.uuid = str(fields["uuid"])
+        self.is_mig = fields.get("mig_parent_uuid") is not None
+        self.processes: list[dict[str, Any]] = []
+        self.issues: list[str] = []
+        self.xids: list[XidEvent] = []
+        self.assigned_to: list[PodRef] = []
 
     def build(self) -> dict[str, Any]:
-        """The reading as :class:`GpuReading`'s fields: the sample validates every reading with itself,
-        in one call (a model per reading built first costs a tenth of a sample)."""
-        fields = dict(self.fields)
-        if self.issues and fields.get("health", "ok") == "ok":
-            fields["health"] = "degraded"
-            fields["health_reason"] = "nvml errors: " + ", ".join(self.issues)
-        critical = [x for x in self.xids if x.critical]
-        if critical and fields.get("health", "ok") in ("ok", "degraded"):
-            reason = "; ".join(f"xid {x.xid}: {x.message}" for x in critical)
-            fields["health"] = "degraded"
-            fields["health_reason"] = reason if not self.issues else f"{reason}; {fields.get('health_reason')}"
-        pods = {(r.namespace, r.pod) for r in self.assigned_to}
-        return fields | {"xids": self.xids, "assigned_to": self.assigned_to, "processes": self.processes,
-                         "shared": len(pods) > 1}
+        """The reading as :class:`GpuReading`'s fields (the draft's own ``fields``, completed: call
+        once): the sample validates every reading with itself, in one call (a model per reading
+        built first costs a tenth of a sample)."""
+        fields = self.fields
+        if self.issues or self.xids:
+            issues = self.issues
+            if issues and fields.get("health", "ok") == "ok":
+                fields["health"] = "degraded"
+                fields["health_reason"] = "nvml errors: " + ", ".join(issues)
+            critical = [x for x in self.xids if x.critical]
+            if critical and fields.get("health", "ok") in ("ok", "degraded"):
+                reason = "; ".join(f"xid {x.xid}: {x.message}" for x in critical)
+                fields["health"] = "degraded"
+                fields["health_reason"] = reason if not issues else f"{reason}; {fields.get('health_reason')}"
+        assigned = self.assigned_to
+        fields["xids"] = self.xids
+        fields["assigned_to"] = assigned
+        fields["processes"] = self.processes
+        fields["shared"] = len(assigned) > 1 and len({(r.namespace, r.pod) for r in assigned}) > 1
+        return fields
 
 
 class NodeSampler:
@@ -166,6 +168,12 @@ class NodeSampler:
         self._util_since_us: dict[str, int] = {}
         self._last_answer: tuple[int, PodResourcesAnswer] | None = None
         self._physical_fields: Callable[[Device, int], PhysicalFields] = partial(read_physical, nvml)
+        self._readings: dict[str, tuple[dict[str, Any], GpuReading]] = {}
+        """Each device's reading in the last sample, by UUID: the fields it was validated from and the
+        model. A reading whose fields equal its last ones is that model again: validation is a pure
+        function of the fields, and pydantic's lax conversions give equal inputs equal outputs (1 and
+        1.0 both become the field's type), so the sample is the one a full validation builds, at a
+        fraction of its cost (in a steady fleet most readings repeat from one sample to the next)."""
 
     def init(self) -> None:
         self.nvml.init()
@@ -187,13 +195,23 @@ class NodeSampler:
         nvml = self.nvml
         self._physical_fields = nvml.physical_fields if _reads_physical(nvml) else partial(read_physical, nvml)
         driver, cuda = self._read_versions(errors)
-        count = self.nvml.device_count()
+        count = nvml.device_count()
         devices: list[_ReadingDraft] = []
         for index in range(count):
             devices.extend(self._read_gpu(index, ts, errors))
-        self._attach_xids(devices, self.nvml.drain_xids(), ts, errors)
+        xids = nvml.drain_xids()
+        if xids:
+            self._attach_xids(devices, xids, ts, errors)
         answer = self._pod_resources(errors)
         self._attribute(devices, answer.assignments)
+        known = self._readings
+        built: list[dict[str, Any]] = []
+        gpus: list[dict[str, Any] | GpuReading] = []
+        for draft in devices:
+            fields = draft.build()
+            built.append(fields)
+            last = known.get(draft.uuid)
+            gpus.append(last[1] if last is not None and last[0] == fields else fields)
         sample = GpuSample.model_validate({
             "node": self.node_name,
             "ts": ts,
@@ -202,10 +220,12 @@ class NodeSampler:
             "sample_interval_s": self.sample_interval_s,
             "driver_version": driver,
             "cuda_driver_version": cuda,
-            "gpus": [d.build() for d in devices],
+            "gpus": gpus,
             "errors": errors,
             "dra_allocations": answer.dra_allocations,
         })
+        self._readings = {draft.uuid: (fields, reading)
+                          for draft, fields, reading in zip(devices, built, sample.gpus, strict=True)}
         self.seq += 1
         return sample
 
@@ -280,31 +300,40 @@ class NodeSampler:
     ) -> list[_ReadingDraft]:
         f, uuid = device.fields, device.uuid
         read = self._physical_fields(handle, self._util_since_us.get(uuid, 0))
-        for what, exc in read.failed:
-            self._field_failed(device, what, exc, errors)
-        f["model"] = read.name or f["model"] or "unknown"
-        self._identity[index] = (uuid, f["model"])
-        memory, util, power, nvlink = read.memory, read.utilization, read.power_w, read.nvlink_bytes_total
+        if read.failed:
+            for what, exc in read.failed:
+                self._field_failed(device, what, exc, errors)
+        model = f["model"] = read.name or f["model"] or "unknown"
+        known = self._identity.get(index)
+        if known is None or known[0] != uuid or known[1] != model:
+            self._identity[index] = (uuid, model)
+        memory = read.memory
         if memory is not None:
-            f["mem_total_bytes"], f["mem_used_bytes"] = memory.total_bytes, memory.used_bytes
+            f["mem_total_bytes"] = memory.total_bytes
+            f["mem_used_bytes"] = memory.used_bytes
+        util = read.utilization
         if util is not None:
             f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
-        f["power_w"] = max(0.0, power) if power is not None else None
+        power = read.power_w
+        f["power_w"] = None if power is None else power if power > 0.0 else 0.0  # max(0.0, power), NaN -> 0.0
         f["temperature_c"] = read.temperature_c
         f["sm_clock_mhz"] = read.sm_clock_mhz
         f["mem_clock_mhz"] = read.mem_clock_mhz
-        if read.pcie_bytes_per_s is not None:
-            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = read.pcie_bytes_per_s
+        pcie = read.pcie_bytes_per_s
+        if pcie is not None:
+            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = pcie
+        nvlink = read.nvlink_bytes_total
         if nvlink is not None:
             f["nvlink_tx_bytes_per_s"], f["nvlink_rx_bytes_per_s"] = self._nvlink_rate(uuid, ts, nvlink)
         if read.lost is not None:  # lost during the read: the fields from there on are None
             raise read.lost
-        readings = [device]
         if not read.mig_enabled:
             samples = read.process_samples
-            device.processes = self._process_list(read.processes or [],
-                                                  None if samples is None else self._sm_util(uuid, samples))
-            return readings
+            sm_util = None if samples is None else self._sm_util(uuid, samples)
+            if read.processes:
+                device.processes = self._process_list(read.processes, sm_util)
+            return [device]
+        readings = [device]
         # MIG: the parent lists no processes of its own; each MIG device is its own reading
         for mig_handle in self._field(device, "mig_devices", errors, self.nvml.mig_devices, handle) or []:
             try:
@@ -345,14 +374,15 @@ class NodeSampler:
     def _nvlink_rate(
         self, uuid: str, ts: datetime, totals: tuple[int, int]
     ) -> tuple[float | None, float | None]:
+        tx, rx = totals
         previous = self._nvlink_prev.get(uuid)
-        self._nvlink_prev[uuid] = (ts, totals[0], totals[1])
+        self._nvlink_prev[uuid] = (ts, tx, rx)
         if previous is None:
             return None, None
         seconds = (ts - previous[0]).total_seconds()
-        if seconds <= 0 or totals[0] < previous[1] or totals[1] < previous[2]:
+        if seconds <= 0 or tx < previous[1] or rx < previous[2]:
             return None, None  # first sample, clock went back, or the counters were reset
-        return (totals[0] - previous[1]) / seconds, (totals[1] - previous[2]) / seconds
+        return (tx - previous[1]) / seconds, (rx - previous[2]) / seconds
 
     def _processes(self, device: _ReadingDraft, handle: Device, errors: list[str]) -> list[dict[str, Any]]:
         """A MIG device's processes (NVML has no per-process utilisation for them)."""
@@ -363,10 +393,19 @@ class NodeSampler:
         """Each process's mean SM utilisation over ``samples`` (the device's newer than the last read,
         whose clock is kept for the next)."""
         since = self._util_since_us.get(uuid, 0)
+        if len(samples) == 1:  # the usual case: one process, one sample since the last read
+            only = samples[0]
+            self._util_since_us[uuid] = only.timestamp_us if only.timestamp_us > since else since
+            return {only.pid: _pct(only.sm_util_pct)}  # its own mean
         sums: dict[int, list[float]] = {}
         for s in samples:
-            sums.setdefault(s.pid, []).append(s.sm_util_pct)
-            since = max(since, s.timestamp_us)
+            values = sums.get(s.pid)
+            if values is None:
+                sums[s.pid] = [s.sm_util_pct]
+            else:
+                values.append(s.sm_util_pct)
+            if s.timestamp_us > since:
+                since = s.timestamp_us
         self._util_since_us[uuid] = since
         return {pid: _pct(sum(v) / len(v)) for pid, v in sums.items()}
 
@@ -374,15 +413,17 @@ class NodeSampler:
         """The processes as the reading's, by PID; ``sm_util``: None where NVML gave no per-process
         utilisation (a process without a sample since the last read did not run on the SMs: 0)."""
         out = []
-        for info in sorted(infos, key=lambda p: p.pid):
-            ref = self.processes.resolve(info.pid)
+        resolve = self.processes.resolve
+        for info in sorted(infos, key=_by_pid) if len(infos) > 1 else infos:
+            pid = info.pid
+            ref = resolve(pid)
             out.append(
                 {
-                    "pid": info.pid,
+                    "pid": pid,
                     "container_id": ref.container_id if ref else None,
                     "pod_uid": ref.pod_uid if ref else None,
                     "mem_used_bytes": info.used_memory_bytes,
-                    "sm_util_pct": None if sm_util is None else sm_util.get(info.pid, 0.0),
+                    "sm_util_pct": None if sm_util is None else sm_util.get(pid, 0.0),
                 }
             )
         return out
@@ -423,27 +464,45 @@ class NodeSampler:
         return answer
 
     def _attribute(self, devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> None:
-        by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
+        by_index: dict[int, str] | None = None
         assigned: dict[str, list[PodRef]] = {}
         for device_id, refs in raw.items():
-            base = device_id.split("::", 1)[0]  # time-slicing replica "uuid::n"
+            base = device_id.split("::", 1)[0] if "::" in device_id else device_id  # time-slicing replica "uuid::n"
             if base.isdigit():  # deviceIDStrategy=index
+                if by_index is None:
+                    by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
                 base = by_index.get(int(base), base)
-            bucket = assigned.setdefault(base, [])
+            bucket = assigned.get(base)
+            if bucket is None and len(refs) == 1:
+                assigned[base] = [refs[0]]
+                continue
+            if bucket is None:
+                bucket = assigned[base] = []
             for ref in refs:
                 if ref not in bucket:
                     bucket.append(ref)
         for device in devices:
-            device.assigned_to = assigned.get(device.uuid, [])
+            refs_here = assigned.get(device.uuid)
+            if refs_here is not None:
+                device.assigned_to = refs_here
 
         pod_of_uid = self._bind_uids(devices)
+        if not pod_of_uid:
+            return
         for device in devices:
+            assigned_to = device.assigned_to
             for proc in device.processes:
-                pod = pod_of_uid.get(proc["pod_uid"]) if proc["pod_uid"] else None
+                uid = proc["pod_uid"]
+                pod = pod_of_uid.get(uid) if uid else None
                 if pod is None:
                     continue
                 proc["pod_namespace"], proc["pod_name"] = pod
-                containers = {r.container for r in device.assigned_to if (r.namespace, r.pod) == pod}
+                if len(assigned_to) == 1:  # the usual case: one pod's container holds the device
+                    ref = assigned_to[0]
+                    if (ref.namespace, ref.pod) == pod:
+                        proc["container_name"] = ref.container
+                    continue
+                containers = {r.container for r in assigned_to if (r.namespace, r.pod) == pod}
                 if len(containers) == 1:
                     proc["container_name"] = next(iter(containers))
 
@@ -455,9 +514,12 @@ class NodeSampler:
             for ref in device.assigned_to:
                 if ref.pod_uid:
                     bound[ref.pod_uid] = (ref.namespace, ref.pod)
-        if all(p["pod_uid"] in bound for device in devices for p in device.processes if p["pod_uid"]):
-            return bound  # nothing left to infer (the usual case: the kubelet names every pod's UID)
-        return bound | NodeSampler._infer_uids(devices, bound)
+        for device in devices:
+            for p in device.processes:
+                uid = p["pod_uid"]
+                if uid and uid not in bound:
+                    return bound | NodeSampler._infer_uids(devices, bound)
+        return bound  # nothing left to infer (the usual case: the kubelet names every pod's UID)
 
     @staticmethod
     def _infer_uids(devices: list[_ReadingDraft], bound: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
@@ -499,4 +561,13 @@ def _reads_physical(backend: object) -> TypeGuard[ReadsPhysicalFields]:
 
 
 def _pct(value: float) -> float:
-    return min(100.0, max(0.0, float(value)))
+    """``value`` within 0..100 (NaN: 0): what ``min(100.0, max(0.0, float(value)))`` gives, in
+    comparisons."""
+    value = float(value)
+    if not value > 0.0:
+        return 0.0
+    return value if value < 100.0 else 100.0
+
+
+def _by_pid(process: ProcessInfo) -> int:
+    return process.pid
