@@ -106,10 +106,13 @@ class AllocatorTracker:
 
     def saw(self, pod_uid: str, reading: GpuReading) -> None:
         """A sample attributed ``reading`` to the pod: remember the GPU, its index and memory."""
-        gpus = self.gpus.setdefault(pod_uid, {})
+        gpus = self.gpus.get(pod_uid)
+        if gpus is None:
+            gpus = self.gpus[pod_uid] = {}
         known = gpus.get(reading.uuid)
         total = reading.mem_total_bytes if reading.mem_total_bytes is not None else (known[1] if known else None)
-        gpus[reading.uuid] = [reading.index, total]
+        if known is None or known[0] != reading.index or known[1] != total:  # else as it was (every sample)
+            gpus[reading.uuid] = [reading.index, total]
 
     def _gpu_of(self, pod_uid: str, device: AllocatorDevice) -> str | None:
         gpus = self.gpus.get(pod_uid, {})
@@ -184,6 +187,8 @@ class AllocatorTracker:
 
     def window_figures(self, pod_uid: str, gpu: str, ws: float) -> dict[str, int]:
         """The ``PodWindow`` fields of one window (empty: no report in it); forgets them."""
+        if not self.windows:  # no report in any open window (a node without allocator reports)
+            return {}
         w = self.windows.pop(_key(pod_uid, gpu, repr(ws)), None)
         if w is None:
             return {}

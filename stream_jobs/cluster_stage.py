@@ -356,12 +356,13 @@ class ClusterStage(Stage):
         self.counters["instants"] += 1
         self.cap.last_instant = t
         self._integrate_to(t)
-        free = self._free_by_node()
+        used = self._used_by_node()  # once per instant: the free GPUs and the snapshot both read it
+        free = self._free_by_node(used)
         pending = sorted((p for p in self.pods.values()
                           if p.end is None and p.node is None and p.gpus > 0 and p.created <= t + EPS),
                          key=lambda p: (p.created, p.uid))
         queued = self._queued(t)
-        snap = self._snapshot(t, free, pending, queued)
+        snap = self._snapshot(t, free, pending, queued, used)
         self.cap.snapshot = snap
         if self._end is not None and t >= self._end - EPS:
             # a replay's end is no tick (FORMAT.md: ticks while t < duration): the instant holds for
@@ -393,18 +394,18 @@ class ClusterStage(Stage):
                     bucket[res] = bucket.get(res, 0) + n
         return used
 
-    def _free_by_node(self) -> dict[str, dict[str, int]]:
-        """Free GPUs of the schedulable Ready nodes, by node (sorted) then resource."""
-        used = self._used_by_node()
+    def _free_by_node(self, used: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """Free GPUs of the schedulable Ready nodes, by node (sorted) then resource (``used``:
+        :meth:`_used_by_node`)."""
         return {name: {res: max(n - used.get(name, {}).get(res, 0), 0) for res, n in node.allocatable.items()}
                 for name, node in sorted(self.nodes.items())
                 if node.ready and not node.deleted and not node.unschedulable}
 
     def _snapshot(self, t: float, free: dict[str, dict[str, int]], pending: list[ClusterPod],
-                  queued: list[Workload]) -> CapacitySnapshot:
+                  queued: list[Workload], used: dict[str, dict[str, int]]) -> CapacitySnapshot:
         """The cluster's capacity at ``t``: totals over the Ready nodes, the busy / idle figures of the
-        samples that stand for ``t``, and the free GPUs no waiting request fits (stranded)."""
-        used = self._used_by_node()
+        samples that stand for ``t``, and the free GPUs no waiting request fits (stranded); ``used``:
+        :meth:`_used_by_node`."""
         total = allocated = 0
         parts: list[SamplePart] = []
         for name in sorted(self.nodes):

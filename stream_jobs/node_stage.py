@@ -47,6 +47,10 @@ KINDS: dict[str, tuple[int, type[Message]]] = {
     "allocator": (4, WorkloadAllocator),  # after the sample of the same instant (the GPU's memory)
 }
 _ENDED_KEEP = 2000
+_RuleTables = list[tuple[rules.SustainedRule[rules.PodGpu], rules.RuleTable]]
+"""The pod-GPU rules with the stage's table of each (``rules.POD_GPU_RULES`` order)."""
+_UNHEALTHY = ("lost", "error")
+"""GPU health values that fire ``gpu_health`` (as a critical XID does)."""
 
 
 def pod_end_reason(state: PodState) -> str | None:
@@ -233,23 +237,33 @@ class NodeStage(Stage):
     # ------------------------------------------------------------------ samples
 
     def _on_sample(self, ts: float, sample: GpuSample) -> None:
-        self.counters["samples"] += 1
+        """One sample: every reading's health, attribution and windows, then the node's summary and
+        rules. What is the same for every reading of the sample (the pod-GPU rules' tables, a GPU
+        model's price) is looked up once here, not per reading or per pod's share."""
+        counters, info = self.counters, self.info
+        counters["samples"] += 1
         dt = sample.sample_interval_s
-        self.info.driver_version = sample.driver_version or self.info.driver_version
-        self.info.cuda_driver_version = sample.cuda_driver_version or self.info.cuda_driver_version
+        info.driver_version = sample.driver_version or info.driver_version
+        info.cuda_driver_version = sample.cuda_driver_version or info.cuda_driver_version
         uid_by_name = {(p.namespace, p.name): uid for uid, p in self.pods.items()}
-        sample = self._join_dra(sample, uid_by_name)
+        if sample.dra_allocations:  # without allocations the join gives the sample back and counts nothing
+            sample = self._join_dra(sample, uid_by_name)
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
         shared: list[SharedGpuState] = []
-        config, replicated = self.config, self.info.replicas_per_gpu > 1.0
+        config, replicated = self.config, info.replicas_per_gpu > 1.0
+        health = self.gpus
+        tables = [(rule, self.alerting[rule.alert_type]) for rule in rules.POD_GPU_RULES]
         for reading in sample.gpus:
-            self._health(reading, ts)
+            g = health.get(reading.uuid)
+            if g is None or g.alert is not None or reading.xids or reading.health in _UNHEALTHY:
+                self._health(reading, ts)  # else healthy with no alert to resolve: nothing to do
             whole = reading.mig_parent_uuid is None
+            gpu_price = config.price(reading.model)
             if whole:
                 physical += 1
-                price += config.price(reading.model)
+                price += gpu_price
             if parents and reading.uuid in parents:
                 continue  # a MIG parent is not an allocation unit; its MIG devices are
             units += 1
@@ -259,14 +273,16 @@ class NodeStage(Stage):
             if not shares:
                 continue
             allocated += 1
-            device_busy = self._apply_shares(reading, shares, ts, dt)
+            unit = 1.0 if whole else unit_fraction(reading)
+            device_busy = self._apply_shares(reading, shares, ts, dt, unit, gpu_price, tables)
             if device_busy is not None:
                 busy += device_busy
                 idle_alloc += not device_busy
         self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
                                      allocated=allocated, busy=busy, idle_allocated=idle_alloc,
                                      mig=layouts_from_sample(sample.gpus), shared=shared or None))
-        self.shared.forget({g.gpu_uuid for g in shared}, self.alerting["noisy_neighbour"])
+        if self.shared.gpus:  # forgetting walks the tracked shared GPUs: none on most nodes
+            self.shared.forget({g.gpu_uuid for g in shared}, self.alerting["noisy_neighbour"])
         self._idle_node(ts, units, physical, price, allocated > 0)
         for uid in sorted(uid for uid, pod in self.pods.items() if pod.crash is not None):
             self._check_crashloop(self.pods[uid], ts)
@@ -291,33 +307,37 @@ class NodeStage(Stage):
         self._out.extend(transitions)
         return [gpu_state] if gpu_state is not None else []
 
-    def _apply_shares(self, reading: GpuReading, shares: list[Share], ts: float, dt: float) -> bool | None:
-        """Account each known pod's share of an allocated device; whether the device was busy (at or
-        above ``idle_util_pct`` for some pod), None when no share had a utilisation figure."""
+    def _apply_shares(self, reading: GpuReading, shares: list[Share], ts: float, dt: float, unit: float,
+                      price: float, tables: _RuleTables) -> bool | None:
+        """Account each known pod's share of an allocated device (``unit``: :func:`unit_fraction`,
+        ``price``: USD per hour of its model, ``tables``: the pod-GPU rules with their tables); whether
+        the device was busy (at or above ``idle_util_pct`` for some pod), None when no share had a
+        utilisation figure."""
         busy: bool | None = None
+        pods, idle_below = self.pods, self.config.thresholds.idle_util_pct
         for share in shares:
-            pod = self.pods.get(share.pod_uid)
+            pod = pods.get(share.pod_uid)
             if pod is None:
                 self.counters["unattributed_readings"] += 1
                 continue
-            self._account(pod, reading, share, ts, dt)
+            self._account(pod, reading, share, ts, dt, unit, price, tables)
             if share.util_pct is not None:
-                busy = bool(busy) or share.util_pct >= self.config.thresholds.idle_util_pct
+                busy = bool(busy) or share.util_pct >= idle_below
         return busy
 
     def _health(self, reading: GpuReading, ts: float) -> None:
         g = self.gpus.get(reading.uuid)
         if g is None:
             g = self.gpus[reading.uuid] = GpuHealth()
-        if g.alert is None and not reading.xids and reading.health not in ("lost", "error"):
+        if g.alert is None and not reading.xids and reading.health not in _UNHEALTHY:
             return  # healthy, no alert to resolve: what nearly every reading is
         th = self.config.thresholds
         critical = [x for x in reading.xids if x.critical] if reading.xids else []
-        bad = reading.health in ("lost", "error") or bool(critical)
+        bad = reading.health in _UNHEALTHY or bool(critical)
         if bad:
             g.bad_ts = ts
             if g.alert is None:
-                what = (f"GPU {reading.health}" if reading.health in ("lost", "error")
+                what = (f"GPU {reading.health}" if reading.health in _UNHEALTHY
                         else "critical XID " + ", ".join(str(x.xid) for x in critical))
                 details: alerts.Details = {
                     "gpu_index": reading.index, "health": reading.health, "reason": reading.health_reason,
@@ -335,7 +355,8 @@ class NodeStage(Stage):
                 g.alert, ts, f"healthy with no critical XID for {fmt_duration(rules.GPU_HEALTH.quiet(th))}"))
             g.alert = None
 
-    def _account(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float) -> None:
+    def _account(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float, unit: float,
+                 price: float, tables: _RuleTables) -> None:
         th = self.config.thresholds
         uid = pod.uid
         key = f"{uid}|{reading.uuid}"
@@ -349,7 +370,6 @@ class NodeStage(Stage):
                 rules.restart(table, [key])
             self._gap_windows(pod, reading, last + dt, ts, window_start(last, self.config.window_s))
         self.last_sample[key] = ts
-        unit = unit_fraction(reading)
         util = share.util_pct
         # seconds count per allocation unit (a MIG device is a unit); cost weighs the unit's
         # fraction of a physical GPU and the pod's share of a shared one
@@ -370,12 +390,14 @@ class NodeStage(Stage):
                 usage.busy_s += dt
         if share.mem_bytes is not None:
             usage.peak_mem_bytes = max(usage.peak_mem_bytes or 0, share.mem_bytes)
-        self._accumulate(pod, reading, share, ts, dt, idle, unit)
+        self._accumulate(pod, reading, share, ts, dt, idle, unit, price, key)
 
         context = rules.PodGpu(self.node, pod.namespace, pod.name, reading, share, th)
-        alerting = self.alerting
-        for rule in rules.POD_GPU_RULES:
-            transitions = rules.step(rule, alerting[rule.kind.name], key, context, ts, th)
+        for rule, table in tables:
+            holds = rule.condition(context)
+            if holds is None or not (holds or key in table):
+                continue  # unknown, or false with no timer: ``rules.step`` would change nothing
+            transitions = rules.step(rule, table, key, context, ts, th)
             if transitions:
                 self._out += transitions
 
@@ -384,8 +406,10 @@ class NodeStage(Stage):
         holds = allocated or any(p.gpus > 0 for p in self.pods.values())
         context = rules.IdleNode(node=self.node, ready=ready, units=units, physical_gpus=physical, holds=holds,
                                  usd_per_hour=price_per_hour, gpu_model=self.info.gpu_product)
-        self._out += rules.step(rules.IDLE_NODE, self.alerting["idle_node"], self.node, context, ts,
-                                self.config.thresholds)
+        table = self.alerting["idle_node"]
+        if not rules.IDLE_NODE.condition(context) and self.node not in table:
+            return  # a node that holds GPUs and has no timer: ``rules.step`` would change nothing
+        self._out += rules.step(rules.IDLE_NODE, table, self.node, context, ts, self.config.thresholds)
 
     def _resolve_idle_node(self, ts: float, why: str) -> None:
         table = self.alerting["idle_node"]
@@ -409,18 +433,22 @@ class NodeStage(Stage):
         return w
 
     def _accumulate(self, pod: NodePod, reading: GpuReading, share: Share, ts: float, dt: float,
-                    idle: bool, unit: float) -> None:
-        """Add one sample's share to the pod's windows of the GPU (``unit``: :func:`unit_fraction`)."""
+                    idle: bool, unit: float, price: float, key: str) -> None:
+        """Add one sample's share to the pod's windows of the GPU (``unit``: :func:`unit_fraction`,
+        ``price``: USD per hour of the GPU's model, ``key``: ``pod_uid|gpu_uuid``)."""
         width = self.config.window_s
-        price = self.config.price(reading.model)
+        windows = self.windows
         util, mem, power, mem_total = share.util_pct, share.mem_bytes, reading.power_w, reading.mem_total_bytes
         fraction, estimated = share.share, share.estimated
         t, end, first = ts, ts + dt, True
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            self._window(pod, reading, ws).add(seg, first, idle, util, mem, power, fraction, estimated,
-                                               seg * unit * fraction * price / 3600.0, mem_total)
+            w = windows.get(f"{key}|{ws!r}")  # the key :meth:`_window` files it under
+            if w is None:
+                w = self._window(pod, reading, ws)
+            w.add(seg, first, idle, util, mem, power, fraction, estimated, seg * unit * fraction * price / 3600.0,
+                  mem_total)
             first = False
             t += seg
 
@@ -444,9 +472,9 @@ class NodeStage(Stage):
         closed = [self.windows.pop(key) for *_, key in sorted(done)]
         for start, windows in groupby(closed, key=lambda w: w.window_start):
             of_start = list(windows)
-            stamps = WindowStamps.of(of_start)
+            stamps = WindowStamps.of(of_start, start, width)
             for window in of_start:
-                message = window.message(self.node, width, stamps)
+                message = window.message(self.node, stamps)
                 figures = self.allocator.window_figures(message.pod_uid, message.gpu_uuid, start)
                 self._out.append(message.model_copy(update=figures) if figures else message)
         self.allocator.forget_windows(watermark if not final else float("inf"))

@@ -284,6 +284,9 @@ class LocalPipeline:
     def submit(self, message: Message, source: Source | None = None) -> None:
         """``source``: where ``message`` came from (named by its dead letter should a stage fail to
         apply it): ``[topic, partition, offset, n]``, ``n`` the record's number in this pipeline."""
+        if type(message) is GpuSample:  # most inputs: :func:`route`'s first case, without its list
+            self.node_stage(node_key(message.cluster, message.node), message).submit(message, source)
+            return
         for stage, key in route(message):
             if stage == "node":
                 assert key is not None and isinstance(message, GpuSample | PodState | NodeState | WorkloadAllocator)

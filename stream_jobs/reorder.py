@@ -50,10 +50,12 @@ class ReorderBuffer(Generic[Item]):
 
     def pop_until(self, watermark: float) -> list[tuple[float, str, Item, Source | None]]:
         """Every buffered item with ``ts <= watermark``, in event-time order: (ts, kind, item, source)."""
+        heap, dumped = self._heap, self._dumped
         out = []
-        while self._heap and self._heap[0][0] <= watermark:
-            ts, _rank, seq, kind, item, source = heapq.heappop(self._heap)
-            self._dumped.pop(seq, None)
+        while heap and heap[0][0] <= watermark:
+            ts, _rank, seq, kind, item, source = heapq.heappop(heap)
+            if dumped:  # written by a checkpoint only
+                dumped.pop(seq, None)
             out.append((ts, kind, item, source))
         return out
 

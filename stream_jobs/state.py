@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from schemas.messages import MAX_USD
 from schemas.outputs import ClusterCapacity, PodWindow
@@ -51,8 +52,9 @@ def _open_alert(data: JsonValue) -> OpenAlert | None:
     return None if data is None else OpenAlert.from_dict(as_object(data))
 
 
-def window_id(pod_uid: str, gpu_uuid: str, start: float) -> str:
-    return stable_id("window", pod_uid, gpu_uuid, iso(start))
+def window_id(pod_uid: str, gpu_uuid: str, start_iso: str) -> str:
+    """A pod window's id: of its pod, GPU and start (as ``timeutil.iso`` writes it)."""
+    return stable_id("window", pod_uid, gpu_uuid, start_iso)
 
 
 @dataclass
@@ -125,12 +127,15 @@ class PodGpuWindow:
         self.allocated_s += seg_s
         self.gap_s += seg_s
 
-    def message(self, node: str, width_s: float, stamps: WindowStamps) -> PodWindow:
+    def message(self, node: str, stamps: WindowStamps) -> PodWindow:
+        """The window's output; ``stamps``: those of the windows of its start closed with it (its
+        start and end times, its pod's and its GPU's figures)."""
         share = self.share_s / self.allocated_s if self.allocated_s > 0 else 1.0
+        gpu = self.gpu_uuid
         return PodWindow(
-            window_id=window_id(self.pod_uid, self.gpu_uuid, self.window_start), pod_uid=self.pod_uid,
-            namespace=self.namespace, pod=self.pod, node=node, gpu_uuid=self.gpu_uuid, gpu_model=self.gpu_model,
-            window_start=from_epoch(self.window_start), window_end=from_epoch(self.window_start + width_s),
+            window_id=window_id(self.pod_uid, gpu, stamps.start_iso), pod_uid=self.pod_uid,
+            namespace=self.namespace, pod=self.pod, node=node, gpu_uuid=gpu, gpu_model=self.gpu_model,
+            window_start=stamps.start, window_end=stamps.end,
             team=self.team, project=self.project, allocated_s=self.allocated_s, busy_s=self.busy_s,
             idle_s=self.idle_s, gap_s=self.gap_s, samples=self.samples,
             avg_sm_util_pct=min(100.0, self.util_pct_s / self.util_data_s) if self.util_data_s > 0 else None,
@@ -141,9 +146,8 @@ class PodGpuWindow:
             cost_usd=min(self.cost_usd, MAX_USD),
             gpu_index=self.gpu_index, container=self.container, mem_total_bytes=self.mem_total_bytes,
             avg_power_w=self.power_w_s / self.power_data_s if self.power_data_s else None,
-            pod_busy_s=stamps.pod_busy_s[self.pod_uid], gpu_pods=len(stamps.gpu_windows[self.gpu_uuid]),
-            gpu_busy_s=sum(w.busy_s for w in stamps.gpu_windows[self.gpu_uuid]),
-            gpu_allocated_s=max(w.allocated_s for w in stamps.gpu_windows[self.gpu_uuid]),
+            pod_busy_s=stamps.pod_busy_s[self.pod_uid], gpu_pods=stamps.gpu_pods[gpu],
+            gpu_busy_s=stamps.gpu_busy_s[gpu], gpu_allocated_s=stamps.gpu_allocated_s[gpu],
         )
 
     def to_dict(self) -> JsonDict:
@@ -158,19 +162,37 @@ class PodGpuWindow:
 class WindowStamps:
     """The windows of one start a node stage closes together, by pod and by GPU: what each window's
     message says about its pod's other GPUs and its GPU's other pods (a pod's GPUs and a GPU's pods
-    are all on the stage's node)."""
+    are all on the stage's node), and the start and end every one of them has. Worked out once for
+    all of them (:meth:`of`), not again for each window's message."""
 
+    start: datetime
+    end: datetime
+    start_iso: str
+    """``start`` as ``timeutil.iso`` writes it (what a window's id hashes)."""
     pod_busy_s: dict[str, float] = field(default_factory=dict)
     """Pod uid -> the most busy seconds of any of its GPUs."""
-    gpu_windows: dict[str, list[PodGpuWindow]] = field(default_factory=dict)
-    """GPU uuid -> the windows of the pods that held it."""
+    gpu_pods: dict[str, int] = field(default_factory=dict)
+    """GPU uuid -> how many windows (pods) held it."""
+    gpu_busy_s: dict[str, float] = field(default_factory=dict)
+    """GPU uuid -> the busy seconds of its windows, added up in the windows' order."""
+    gpu_allocated_s: dict[str, float] = field(default_factory=dict)
+    """GPU uuid -> the most allocated seconds of any of its windows (the first of equals)."""
 
     @classmethod
-    def of(cls, windows: list[PodGpuWindow]) -> WindowStamps:
-        stamps = cls()
+    def of(cls, windows: list[PodGpuWindow], start: float, width_s: float) -> WindowStamps:
+        """``windows``: every window of ``start`` (epoch seconds) the stage closes, in their order."""
+        stamps = cls(start=from_epoch(start), end=from_epoch(start + width_s), start_iso=iso(start))
+        pod_busy, pods, busy, allocated = stamps.pod_busy_s, stamps.gpu_pods, stamps.gpu_busy_s, stamps.gpu_allocated_s
         for w in windows:
-            stamps.pod_busy_s[w.pod_uid] = max(stamps.pod_busy_s.get(w.pod_uid, 0.0), w.busy_s)
-            stamps.gpu_windows.setdefault(w.gpu_uuid, []).append(w)
+            pod_busy[w.pod_uid] = max(pod_busy.get(w.pod_uid, 0.0), w.busy_s)
+            gpu = w.gpu_uuid
+            if gpu in pods:
+                pods[gpu] += 1
+                busy[gpu] += w.busy_s
+                if w.allocated_s > allocated[gpu]:
+                    allocated[gpu] = w.allocated_s
+            else:  # as ``sum`` and ``max`` over the GPU's windows would start
+                pods[gpu], busy[gpu], allocated[gpu] = 1, 0 + w.busy_s, w.allocated_s
         return stamps
 
 
