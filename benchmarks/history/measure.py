@@ -127,9 +127,19 @@ class Subject:
     kind: str
     """``cli``, ``section`` (one section of ``gpulens report``), ``panel``, ``cookbook``, ``baseline``."""
     run: Callable[[], object]
-    aggregate: bool = True
+    aggregate: bool | None = True
     """A fleet- or team-level aggregate (its cost must not grow with the history); False: it lists
-    pods or rows, whose cost may grow with its answer."""
+    pods or rows, whose cost may grow with its answer; None: told by its answer (:func:`is_aggregate`)."""
+
+
+def is_aggregate(subject: Subject, short: Cost, long: Cost) -> bool:
+    """Whether ``subject`` is rated as an aggregate, given its costs over 1 day (``short``) and over
+    the long range: as declared, or where undeclared (the cookbook's free-form queries) unless its
+    long answer has at least twice the rows of its 1-day answer, as a list of pods or alerts or a row
+    per hour or day has (its cost is then rated per row of the answer)."""
+    if subject.aggregate is not None:
+        return subject.aggregate
+    return long.result_rows < 2 * max(short.result_rows, 1)
 
 
 def measure(engine: LoggedEngine, subject: Subject, runs: int = RUNS) -> Cost:
@@ -229,9 +239,6 @@ def cookbook() -> list[tuple[str, str]]:
     return found
 
 
-COOKBOOK_LISTS = ("LIMIT", "pod_lifecycle FINAL\nORDER BY")
-
-
 def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, since_days: int,
              scratch: Path) -> list[Subject]:
     """Everything measured on the store at ``url`` for the range ``start`` .. ``end``."""
@@ -250,8 +257,7 @@ def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, 
         found.append(Subject(f"panel {dashboard}: {title}", "panel", sql(reader, expand_macros(raw, start, end)),
                              aggregate=not (LISTING_PANELS.search(title) or POINT_PER_WINDOW.search(raw))))
     for i, (heading, text) in enumerate(cookbook(), start=1):
-        found.append(Subject(f"sql.md #{i} {heading}", "cookbook", sql(reader, text),
-                             aggregate=not any(word in text for word in COOKBOOK_LISTS)))
+        found.append(Subject(f"sql.md #{i} {heading}", "cookbook", sql(reader, text), aggregate=None))
     return found
 
 

@@ -14,7 +14,17 @@ import pytest
 
 from benchmarks.history.fill import FillSpec, fill
 from benchmarks.history.main import MEMORY_TARGET, TIME_TARGET_S, cost_figures
-from benchmarks.history.measure import StoreFigures, cookbook, expand_macros, grafana_step_s, measure_store, panels
+from benchmarks.history.measure import (
+    Cost,
+    StoreFigures,
+    Subject,
+    cookbook,
+    expand_macros,
+    grafana_step_s,
+    is_aggregate,
+    measure_store,
+    panels,
+)
 from reports.analyses import ANALYSES, LISTS
 from tests.conftest import REPO_ROOT
 
@@ -64,3 +74,15 @@ def test_the_cache_is_reused(tmp_path: Path) -> None:
     first = fill(spec, tmp_path)
     again = fill(spec, tmp_path)
     assert not first.cached and again.cached and again.path == first.path and again.rows == first.rows
+
+
+def test_an_undeclared_subject_is_rated_per_row_when_its_answer_grows_with_the_range() -> None:
+    def cost(result_rows: int) -> Cost:
+        return Cost(queries=1, read_rows=10, read_bytes=100, cpu_s=0.01, peak_memory_bytes=1, max_query_s=0.01,
+                    result_rows=result_rows, wall_s=0.01)
+
+    query = Subject("sql.md #1", "cookbook", lambda: None, aggregate=None)
+    assert is_aggregate(query, cost(7), cost(7)) and is_aggregate(query, cost(0), cost(1))
+    assert not is_aggregate(query, cost(24), cost(720)), "a row per hour over 30 days lists rows"
+    section = Subject("report section summary", "section", lambda: None)
+    assert is_aggregate(section, cost(4), cost(400)), "a declared aggregate stays one"
