@@ -103,11 +103,17 @@ def test_the_daily_rollup_and_the_rows_since_any_start_equal_the_raw_samples(sto
         _assert_equal(raw, _rolled(store, rollups.gpu_rows_since("start"), params=params), what)
 
 
-def test_the_back_fill_keeps_the_days_whose_raw_samples_are_gone(store: ClickHouseStore,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def store_before_daily(store: ClickHouseStore, monkeypatch: pytest.MonkeyPatch) -> ClickHouseStore:
+    """A store migrated up to migration 17: before the daily rollups migration 18 adds."""
     with monkeypatch.context() as before:
         before.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:17])
         migrate(store, TTL)
+    return store
+
+
+def test_the_back_fill_keeps_the_days_whose_raw_samples_are_gone(store_before_daily: ClickHouseStore) -> None:
+    store = store_before_daily
     f.store_rows(store, _samples())
     by_day = _raw(store, "toDate(ts)")
     store.command("TRUNCATE TABLE gpu_samples")  # as the raw TTL drops them; gpu_hourly keeps its rows
@@ -172,11 +178,9 @@ def test_a_daily_rollup_without_an_hourly_twin_does_not_answer_from_a_start() ->
         rollups.PROGRESS_DAILY.rows_since("start")
 
 
-def test_the_active_windows_back_fill_keeps_the_days_whose_windows_are_gone(store: ClickHouseStore,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    with monkeypatch.context() as before:
-        before.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:17])
-        migrate(store, TTL)
+def test_the_active_windows_back_fill_keeps_the_days_whose_windows_are_gone(
+        store_before_daily: ClickHouseStore) -> None:
+    store = store_before_daily
     f.store_rows(store, _windows())
     per_day = ("cluster", "day", *rollups.POD_ACTIVE_DAILY.keys)
     raw = raw_figures(store, rollups.POD_ACTIVE_DAILY, per_day)
