@@ -3,22 +3,38 @@
 JSON on the wire (orjson: fast, strict UTF-8) so any consumer can read it; validation through the
 pydantic models, with errors that name the field path and the reason. A size limit guards every
 decode so one giant record cannot exhaust a consumer.
+
+GPU samples repeat most of their readings from one sample to the next (a steady GPU reads the same,
+and the agent hands an unchanged reading back as the same immutable object), so :func:`encode`
+remembers, per node, the JSON of the readings of the node's last sample (:class:`LastReadings`) and
+reuses it for the same reading object: a reading's JSON depends on nothing but its fields. Only the
+last sample's readings of each node are kept (replaced at the node's next sample), and the nodes
+kept are at most :data:`MAX_REMEMBERED_NODES` (forgotten all at once beyond that).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import orjson
 from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 
-from schemas.messages import DEFAULT_CLUSTER, INCONSISTENT, SCHEMA_VERSION, GpuSample, Message, scoped_key
+from schemas.messages import (
+    DEFAULT_CLUSTER,
+    INCONSISTENT,
+    SCHEMA_VERSION,
+    GpuReading,
+    GpuSample,
+    Message,
+    scoped_key,
+)
 from schemas.outputs import DeadLetterReason
 
 M = TypeVar("M", bound=Message)
+V = TypeVar("V")
 
 MAX_MESSAGE_BYTES = 1024 * 1024
 
@@ -51,12 +67,73 @@ def encode(message: Message) -> bytes:
     left out, as a reader's validation puts them back; ``schema_version`` and ``cluster`` are always
     written. A GPU sample shrinks to about half, which halves what Kafka carries and what every
     consumer parses."""
-    data = orjson.dumps({"schema_version": message.schema_version, "cluster": message.cluster}
-                        | message.model_dump(mode="json", exclude_defaults=True))
+    if type(message) is GpuSample and message.gpus:
+        data = _encode_sample(message)
+    else:
+        data = orjson.dumps({"schema_version": message.schema_version, "cluster": message.cluster}
+                            | message.model_dump(mode="json", exclude_defaults=True))
     if len(data) > MAX_MESSAGE_BYTES:
         raise MessageError(f"encoded size {len(data)} bytes exceeds limit {MAX_MESSAGE_BYTES}",
                            code=DeadLetterReason.TOO_LARGE)
     return data
+
+
+MAX_REMEMBERED_NODES = 8192
+"""Nodes whose last sample's readings :class:`LastReadings` keeps (one worker's or simulator's share
+of a fleet); a further node makes it forget all of them."""
+
+
+class LastReadings(Generic[V]):
+    """What was made of the GPU readings of each node's last sample (``V``), kept per ``(cluster,
+    node)``: what a node's next sample makes replaces it, and beyond ``max_nodes`` nodes all is
+    forgotten, so only readings still in use are held."""
+
+    def __init__(self, max_nodes: int = MAX_REMEMBERED_NODES) -> None:
+        self.max_nodes = max_nodes
+        self._nodes: dict[tuple[str, str], V] = {}
+
+    def get(self, cluster: str, node: str) -> V | None:
+        return self._nodes.get((cluster, node))
+
+    def keep(self, cluster: str, node: str, readings: V) -> None:
+        """``readings`` (what the node's sample just handled made) in place of the node's last ones."""
+        nodes = self._nodes
+        if len(nodes) >= self.max_nodes and (cluster, node) not in nodes:
+            nodes.clear()
+        nodes[(cluster, node)] = readings
+
+    def __len__(self) -> int:
+        """How many nodes' readings are kept."""
+        return len(self._nodes)
+
+
+_ENCODED_READINGS: LastReadings[dict[int, tuple[GpuReading, orjson.Fragment]]] = LastReadings()
+"""Each reading's JSON, by the reading object's ``id`` (with the reading, so the ``id`` stays its own):
+models are immutable, and the agent hands an unchanged reading back as the same object."""
+
+
+def _encode_sample(sample: GpuSample) -> bytes:
+    """:func:`encode` of a sample with readings, byte for byte, with each reading's JSON made once per
+    reading object: the same keys in the same order (``schema_version``, ``cluster``, then the
+    model's fields with ``gpus`` at its place), each reading as its own ``model_dump`` writes it."""
+    last = _ENCODED_READINGS.get(sample.cluster, sample.node) or {}
+    kept: dict[int, tuple[GpuReading, orjson.Fragment]] = {}
+    gpus = []
+    for reading in sample.gpus:
+        entry = last.get(id(reading))
+        if entry is None or entry[0] is not reading:
+            entry = (reading, orjson.Fragment(orjson.dumps(reading.model_dump(mode="json", exclude_defaults=True))))
+        kept[id(reading)] = entry
+        gpus.append(entry[1])
+    _ENCODED_READINGS.keep(sample.cluster, sample.node, kept)
+    fields = sample.model_dump(mode="json", exclude_defaults=True, exclude={"gpus"})
+    data: dict[str, Any] = {"schema_version": sample.schema_version, "cluster": sample.cluster}
+    for name in GpuSample.model_fields:
+        if name == "gpus":
+            data[name] = gpus
+        elif name in fields:
+            data[name] = fields[name]
+    return orjson.dumps(data)
 
 
 def _parse(payload: bytes | str | None) -> PlainData:
