@@ -19,6 +19,7 @@ State is plain JSON-serialisable data (:meth:`to_dict` / :meth:`from_dict`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import groupby
 
 from common.logs import get_logger
@@ -71,6 +72,21 @@ def pod_end_reason(state: PodState) -> str | None:
     if state.deleted:
         return "Deleted"
     return None
+
+
+@dataclass(frozen=True)
+class _SampleTally:
+    """What a sample's readings add up to: allocation units (whole GPUs and MIG devices, not MIG
+    parents), those allocated, busy and allocated but idle, physical GPUs and their price per hour
+    (USD), and the shared GPUs' states."""
+
+    units: int
+    allocated: int
+    busy: int
+    idle_allocated: int
+    physical: int
+    price: float
+    shared: list[SharedGpuState]
 
 
 class NodeStage(Stage):
@@ -237,9 +253,8 @@ class NodeStage(Stage):
     # ------------------------------------------------------------------ samples
 
     def _on_sample(self, ts: float, sample: GpuSample) -> None:
-        """One sample: every reading's health, attribution and windows, then the node's summary and
-        rules. What is the same for every reading of the sample (the pod-GPU rules' tables, a GPU
-        model's price) is looked up once here, not per reading or per pod's share."""
+        """One sample: every reading's health, attribution and windows (:meth:`_tally`), then the
+        node's summary and rules."""
         counters, info = self.counters, self.info
         counters["samples"] += 1
         dt = sample.sample_interval_s
@@ -248,11 +263,27 @@ class NodeStage(Stage):
         uid_by_name = {(p.namespace, p.name): uid for uid, p in self.pods.items()}
         if sample.dra_allocations:  # without allocations the join gives the sample back and counts nothing
             sample = self._join_dra(sample, uid_by_name)
+        tally = self._tally(ts, sample, uid_by_name)
+        self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=tally.units,
+                                     allocated=tally.allocated, busy=tally.busy,
+                                     idle_allocated=tally.idle_allocated, mig=layouts_from_sample(sample.gpus),
+                                     shared=tally.shared or None))
+        if self.shared.gpus:  # forgetting walks the tracked shared GPUs: none on most nodes
+            self.shared.forget({g.gpu_uuid for g in tally.shared}, self.alerting["noisy_neighbour"])
+        self._idle_node(ts, tally.units, tally.physical, tally.price, tally.allocated > 0)
+        for uid in sorted(uid for uid, pod in self.pods.items() if pod.crash is not None):
+            self._check_crashloop(self.pods[uid], ts)
+
+    def _tally(self, ts: float, sample: GpuSample, uid_by_name: dict[tuple[str, str], str]) -> _SampleTally:
+        """Every reading's health, attribution and windows, added up for the node's summary and its
+        idle-node rule. What is the same for every reading of the sample (the pod-GPU rules' tables,
+        a GPU model's price) is looked up once here, not per reading or per pod's share."""
+        dt = sample.sample_interval_s
         parents = {r.mig_parent_uuid for r in sample.gpus if r.mig_parent_uuid}
         units = allocated = busy = idle_alloc = physical = 0
         price = 0.0
         shared: list[SharedGpuState] = []
-        config, replicated = self.config, info.replicas_per_gpu > 1.0
+        config, replicated = self.config, self.info.replicas_per_gpu > 1.0
         health = self.gpus
         tables = [(rule, self.alerting[rule.alert_type]) for rule in rules.POD_GPU_RULES]
         for reading in sample.gpus:
@@ -278,14 +309,7 @@ class NodeStage(Stage):
             if device_busy is not None:
                 busy += device_busy
                 idle_alloc += not device_busy
-        self._out.append(NodeSummary(node=self.node, ts=from_epoch(ts), sample_interval_s=dt, gpus=units,
-                                     allocated=allocated, busy=busy, idle_allocated=idle_alloc,
-                                     mig=layouts_from_sample(sample.gpus), shared=shared or None))
-        if self.shared.gpus:  # forgetting walks the tracked shared GPUs: none on most nodes
-            self.shared.forget({g.gpu_uuid for g in shared}, self.alerting["noisy_neighbour"])
-        self._idle_node(ts, units, physical, price, allocated > 0)
-        for uid in sorted(uid for uid, pod in self.pods.items() if pod.crash is not None):
-            self._check_crashloop(self.pods[uid], ts)
+        return _SampleTally(units, allocated, busy, idle_alloc, physical, price, shared)
 
     def _join_dra(self, sample: GpuSample, uid_by_name: dict[tuple[str, str], str]) -> GpuSample:
         """The sample with its DRA allocations' pods on their GPUs; what did not resolve is counted

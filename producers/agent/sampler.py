@@ -132,6 +132,50 @@ class _ReadingDraft:
         return fields
 
 
+def _assignments(devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> dict[str, list[PodRef]]:
+    """Device UUID -> the pods the kubelet assigned it, each once: a time-slicing replica
+    (``uuid::n``) counts as its GPU, an index (``deviceIDStrategy=index``) as the GPU of that index."""
+    by_index: dict[int, str] | None = None
+    assigned: dict[str, list[PodRef]] = {}
+    for device_id, refs in raw.items():
+        base = device_id.split("::", 1)[0] if "::" in device_id else device_id
+        if base.isdigit():
+            if by_index is None:
+                by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
+            base = by_index.get(int(base), base)
+        bucket = assigned.get(base)
+        if bucket is None and len(refs) == 1:
+            assigned[base] = [refs[0]]
+            continue
+        if bucket is None:
+            bucket = assigned[base] = []
+        for ref in refs:
+            if ref not in bucket:
+                bucket.append(ref)
+    return assigned
+
+
+def _name_processes(devices: list[_ReadingDraft], pod_of_uid: dict[str, tuple[str, str]]) -> None:
+    """Each process of a known pod gets the pod's namespace and name, and its container's name where
+    one container of that pod holds the device."""
+    for device in devices:
+        assigned_to = device.assigned_to
+        for proc in device.processes:
+            uid = proc["pod_uid"]
+            pod = pod_of_uid.get(uid) if uid else None
+            if pod is None:
+                continue
+            proc["pod_namespace"], proc["pod_name"] = pod
+            if len(assigned_to) == 1:  # the usual case: one pod's container holds the device
+                ref = assigned_to[0]
+                if (ref.namespace, ref.pod) == pod:
+                    proc["container_name"] = ref.container
+                continue
+            containers = {r.container for r in assigned_to if (r.namespace, r.pod) == pod}
+            if len(containers) == 1:
+                proc["container_name"] = next(iter(containers))
+
+
 class NodeSampler:
     """Builds one :class:`GpuSample` per call; ``seq`` increments with every sample produced.
 
@@ -307,24 +351,7 @@ class NodeSampler:
         known = self._identity.get(index)
         if known is None or known[0] != uuid or known[1] != model:
             self._identity[index] = (uuid, model)
-        memory = read.memory
-        if memory is not None:
-            f["mem_total_bytes"] = memory.total_bytes
-            f["mem_used_bytes"] = memory.used_bytes
-        util = read.utilization
-        if util is not None:
-            f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
-        power = read.power_w
-        f["power_w"] = None if power is None else power if power > 0.0 else 0.0  # max(0.0, power), NaN -> 0.0
-        f["temperature_c"] = read.temperature_c
-        f["sm_clock_mhz"] = read.sm_clock_mhz
-        f["mem_clock_mhz"] = read.mem_clock_mhz
-        pcie = read.pcie_bytes_per_s
-        if pcie is not None:
-            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = pcie
-        nvlink = read.nvlink_bytes_total
-        if nvlink is not None:
-            f["nvlink_tx_bytes_per_s"], f["nvlink_rx_bytes_per_s"] = self._nvlink_rate(uuid, ts, nvlink)
+        self._gauges(f, read, uuid, ts)
         if read.lost is not None:  # lost during the read: the fields from there on are None
             raise read.lost
         if not read.mig_enabled:
@@ -343,6 +370,27 @@ class NodeSampler:
             except NvmlError as exc:
                 self._field_failed(device, "mig device", exc, errors)
         return readings
+
+    def _gauges(self, f: dict[str, Any], read: PhysicalFields, uuid: str, ts: datetime) -> None:
+        """The reading's gauges from ``read`` into its fields ``f`` (an unread gauge stays as it is)."""
+        memory = read.memory
+        if memory is not None:
+            f["mem_total_bytes"] = memory.total_bytes
+            f["mem_used_bytes"] = memory.used_bytes
+        util = read.utilization
+        if util is not None:
+            f["gpu_util_pct"], f["mem_util_pct"] = _pct(util.gpu_pct), _pct(util.mem_pct)
+        power = read.power_w
+        f["power_w"] = None if power is None else power if power > 0.0 else 0.0  # max(0.0, power), NaN -> 0.0
+        f["temperature_c"] = read.temperature_c
+        f["sm_clock_mhz"] = read.sm_clock_mhz
+        f["mem_clock_mhz"] = read.mem_clock_mhz
+        pcie = read.pcie_bytes_per_s
+        if pcie is not None:
+            f["pcie_tx_bytes_per_s"], f["pcie_rx_bytes_per_s"] = pcie
+        nvlink = read.nvlink_bytes_total
+        if nvlink is not None:
+            f["nvlink_tx_bytes_per_s"], f["nvlink_rx_bytes_per_s"] = self._nvlink_rate(uuid, ts, nvlink)
 
     def _read_mig(self, parent: _ReadingDraft, handle: Device, errors: list[str]) -> _ReadingDraft:
         nvml = self.nvml
@@ -464,47 +512,15 @@ class NodeSampler:
         return answer
 
     def _attribute(self, devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> None:
-        by_index: dict[int, str] | None = None
-        assigned: dict[str, list[PodRef]] = {}
-        for device_id, refs in raw.items():
-            base = device_id.split("::", 1)[0] if "::" in device_id else device_id  # time-slicing replica "uuid::n"
-            if base.isdigit():  # deviceIDStrategy=index
-                if by_index is None:
-                    by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
-                base = by_index.get(int(base), base)
-            bucket = assigned.get(base)
-            if bucket is None and len(refs) == 1:
-                assigned[base] = [refs[0]]
-                continue
-            if bucket is None:
-                bucket = assigned[base] = []
-            for ref in refs:
-                if ref not in bucket:
-                    bucket.append(ref)
+        """Each device's pods (the kubelet's assignments) and each process's pod and container."""
+        assigned = _assignments(devices, raw)
         for device in devices:
             refs_here = assigned.get(device.uuid)
             if refs_here is not None:
                 device.assigned_to = refs_here
-
         pod_of_uid = self._bind_uids(devices)
-        if not pod_of_uid:
-            return
-        for device in devices:
-            assigned_to = device.assigned_to
-            for proc in device.processes:
-                uid = proc["pod_uid"]
-                pod = pod_of_uid.get(uid) if uid else None
-                if pod is None:
-                    continue
-                proc["pod_namespace"], proc["pod_name"] = pod
-                if len(assigned_to) == 1:  # the usual case: one pod's container holds the device
-                    ref = assigned_to[0]
-                    if (ref.namespace, ref.pod) == pod:
-                        proc["container_name"] = ref.container
-                    continue
-                containers = {r.container for r in assigned_to if (r.namespace, r.pod) == pod}
-                if len(containers) == 1:
-                    proc["container_name"] = next(iter(containers))
+        if pod_of_uid:
+            _name_processes(devices, pod_of_uid)
 
     @staticmethod
     def _bind_uids(devices: list[_ReadingDraft]) -> dict[str, tuple[str, str]]:
