@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import (
@@ -32,6 +32,7 @@ from confluent_kafka.admin import (
 
 from common.backoff import Backoff
 from common.errors import RetriableError, UserError
+from common.logs import get_logger
 from common.settings import KafkaSettings, ProducerSettings, TopicSettings
 from schemas.codec import WIRE_HEADERS
 from schemas.topics import TopicSpec
@@ -39,6 +40,7 @@ from schemas.topics import TopicSpec
 Headers = list[tuple[str, str | bytes | None]]
 
 __all__ = [
+    "TOPIC_CALL_TIMEOUT_S",
     "BoundedProducer",
     "BrokerUnavailable",
     "Consumer",
@@ -64,10 +66,12 @@ __all__ = [
     "read_ranges",
     "read_to_end",
     "topic_configs",
+    "wait_for_broker",
 ]
 
 
 _LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+log = get_logger(__name__)
 
 
 def _client_conf(kafka: KafkaSettings) -> dict[str, Any]:
@@ -77,6 +81,32 @@ def _client_conf(kafka: KafkaSettings) -> dict[str, Any]:
 
 class BrokerUnavailable(RetriableError):
     """No broker answered at the configured bootstrap servers."""
+
+
+T = TypeVar("T")
+
+TOPIC_CALL_TIMEOUT_S = 3.0
+"""How long one attempt of a starting service to create its topics waits for the broker before the
+next, backed off (:func:`wait_for_broker`)."""
+
+
+def wait_for_broker(attempt: Callable[[], T], wait_s: float, what: str) -> T:
+    """``attempt()``, called again while it raises :class:`BrokerUnavailable` (a broker not started
+    yet, restarting, or a replicated cluster's broker killed), backing off from 1 s to 30 s, for
+    up to ``wait_s``; then that error. ``what`` names the caller in the log lines."""
+    deadline = time.monotonic() + wait_s
+    backoff = Backoff(base_s=1.0, cap_s=30.0)
+    while True:
+        try:
+            return attempt()
+        except BrokerUnavailable as exc:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise
+            delay = min(backoff.next_delay_s(), remaining)
+            log.warning("waiting for the Kafka broker", waiting=what, retry_in_s=round(delay, 1), error=str(exc),
+                        gives_up_in_s=round(remaining))
+            time.sleep(delay)
 
 
 def broker_unavailable(exc: Exception, *, env_hint: bool = True, also: str | None = None) -> UserError:
@@ -432,6 +462,8 @@ def ensure_topics(
                 code = exc.args[0].code()
                 if code == KafkaError.TOPIC_ALREADY_EXISTS:
                     report.existing.append(name)
+                elif _broker_away(exc):
+                    raise BrokerUnavailable(f"creating {name}: {exc}") from None
                 elif code == KafkaError.INVALID_REPLICATION_FACTOR:
                     raise UserError(
                         f"cannot create {name} with {factor} replicas on {len(metadata.brokers)} broker(s) "
@@ -482,7 +514,8 @@ def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str:
 
 def _describe_topic(admin: AdminClient, topic: str, timeout_s: float) -> dict[str, str]:
     """Every config of ``topic``, asked again for up to ``timeout_s`` while the broker asked does not
-    know it yet (a topic just created is listed before every broker has it)."""
+    know it yet (a topic just created is listed before every broker has it) or is away (killed or
+    restarting: the next ask may reach another); still away then, :class:`BrokerUnavailable`."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -490,9 +523,26 @@ def _describe_topic(admin: AdminClient, topic: str, timeout_s: float) -> dict[st
             result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
             return {key: str(entry.value) for key, entry in result.items()}
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() >= deadline:
+            away = _broker_away(exc)
+            if not away and exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            if time.monotonic() >= deadline:
+                if away:
+                    raise BrokerUnavailable(f"no broker answered about {topic} in {timeout_s:.0f}s: {exc}") from None
                 raise
             time.sleep(0.2)
+
+
+_BROKER_AWAY = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.BROKER_NOT_AVAILABLE,
+                          KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION})
+"""Admin errors of a broker that is down, restarting or handing over its role: a moment of a
+replicated cluster, not a fault of the caller (which retries, with backoff)."""
+
+
+def _broker_away(exc: KafkaException) -> bool:
+    error = exc.args[0]
+    return bool(error.retriable()) or error.code() in _BROKER_AWAY
 
 
 @dataclass(frozen=True)

@@ -603,7 +603,15 @@ class Thresholds(BaseModel):
         return self.model_dump()
 
 
-class WorkerSettings(CommonSettings):
+class KafkaServiceSettings(CommonSettings):
+    """What the long-running Kafka services (the stream worker, the sink) share."""
+
+    broker_wait_s: float = Field(default=300.0, ge=0)
+    """How long a starting worker or sink waits for the Kafka broker (retrying with backoff from
+    1 s to 30 s) before it exits with an error; 0 = fail at once."""
+
+
+class WorkerSettings(KafkaServiceSettings):
     stage: Literal["node", "cluster", "all"] = "all"
     window_s: float = Field(default=60.0, ge=1.0)
     sample_interval_s: float = Field(default=10.0, ge=1.0)
@@ -620,9 +628,6 @@ class WorkerSettings(CommonSettings):
     max_skew_s: float = Field(default=600.0, gt=0)
     """Inputs whose event time is more than this ahead of the stream's clock (the wall clock live,
     the driver's marks in control mode) go to the dead-letter topic with that reason."""
-    broker_wait_s: float = Field(default=300.0, ge=0)
-    """How long a starting worker waits for the Kafka broker (retrying with backoff from 1 s to
-    30 s) before it exits with an error; 0 = fail at once."""
     state_record_max_bytes: int = Field(default=512 * 1024, ge=1024, le=1_000_000)
     """Largest state record a stage writes to its changelog; larger states are split (the broker's
     default maximum message size is 1 MB)."""
@@ -692,7 +697,7 @@ class WorkerSettings(CommonSettings):
         return None if self.accept_clusters is None else frozenset(self.accept_clusters.split(","))
 
 
-class SinkSettings(CommonSettings):
+class SinkSettings(KafkaServiceSettings):
     batch_max_rows: int = Field(default=10_000, ge=1)
     batch_max_age_s: float = Field(default=2.0, gt=0)
     batch_group_max_rows: int = Field(default=10_000, ge=1)

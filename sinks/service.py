@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from types import FrameType
 
 from common.errors import UserError
-from common.kafka import ensure_topics
+from common.kafka import TOPIC_CALL_TIMEOUT_S, ensure_topics, wait_for_broker
 from common.logs import get_logger
 from common.metrics import MetricsRegistry
 from common.settings import SinkSettings
@@ -95,7 +95,9 @@ def running_services(settings: SinkSettings, store: ClickHouseStore, registry: M
 def run_sink(settings: SinkSettings, exit_when_idle_s: float | None = None, create_topics: bool = True) -> FlushOutcome:
     """The whole sink process: returns totals when stopped (SIGTERM/SIGINT) or idle."""
     if create_topics:
-        ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix, settings.topics)
+        wait_for_broker(lambda: ensure_topics(settings.kafka, (*SINK_TOPICS, DEADLETTER), settings.topic_prefix,
+                                              settings.topics, timeout_s=TOPIC_CALL_TIMEOUT_S),
+                        settings.broker_wait_s, "sink")
     store = prepare_store(settings)
     registry = MetricsRegistry()
     sink = ClickHouseSink(settings, store, registry)

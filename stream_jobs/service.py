@@ -12,10 +12,14 @@ series, :class:`~stream_jobs.fleet_metrics.FleetSeries`) and runs the stream job
 
 from __future__ import annotations
 
-import time
-
-from common.backoff import Backoff
-from common.kafka import BrokerUnavailable, TopicReport, broker_unavailable, ensure_topics
+from common.kafka import (
+    TOPIC_CALL_TIMEOUT_S,
+    BrokerUnavailable,
+    TopicReport,
+    broker_unavailable,
+    ensure_topics,
+    wait_for_broker,
+)
 from common.logs import get_logger
 from common.settings import ConfigError, WorkerSettings
 from schemas.topics import GPU_SAMPLES, node_stage_topics
@@ -27,30 +31,22 @@ __all__ = ["create_topics", "run_worker"]
 
 log = get_logger(__name__)
 
-TOPIC_CALL_TIMEOUT_S = 3.0
-"""How long one attempt to create the topics waits for the broker before the next, backed off."""
 
 
 def create_topics(settings: WorkerSettings) -> TopicReport:
     """Create the worker's topics and changelogs if missing, waiting for the broker with backoff
     for up to ``settings.broker_wait_s``; raises the user error for an absent broker after that."""
-    deadline = time.monotonic() + settings.broker_wait_s
-    backoff = Backoff(base_s=1.0, cap_s=30.0)
-    while True:
-        try:
-            report = ensure_topics(settings.kafka, node_stage_topics(settings.node_input_partitions),
-                                   settings.topic_prefix, settings.topics, timeout_s=TOPIC_CALL_TIMEOUT_S)
-            ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), settings.topics,
-                          timeout_s=TOPIC_CALL_TIMEOUT_S)
-            return report
-        except BrokerUnavailable as exc:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise broker_unavailable(exc) from None
-            delay = min(backoff.next_delay_s(), remaining)
-            log.warning("waiting for the Kafka broker", retry_in_s=round(delay, 1), error=str(exc),
-                        gives_up_in_s=round(remaining))
-            time.sleep(delay)
+    def attempt() -> TopicReport:
+        report = ensure_topics(settings.kafka, node_stage_topics(settings.node_input_partitions),
+                               settings.topic_prefix, settings.topics, timeout_s=TOPIC_CALL_TIMEOUT_S)
+        ensure_topics(settings.kafka, changelog_topics(settings), app_id(settings), settings.topics,
+                      timeout_s=TOPIC_CALL_TIMEOUT_S)
+        return report
+
+    try:
+        return wait_for_broker(attempt, settings.broker_wait_s, "worker")
+    except BrokerUnavailable as exc:
+        raise broker_unavailable(exc) from None
 
 
 def run_worker(settings: WorkerSettings) -> None:

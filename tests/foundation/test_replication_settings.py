@@ -167,17 +167,19 @@ def test_auto_replication_counts_a_broker_that_is_down_or_fenced_for_a_moment(mo
 
 
 class _ConfigsAdmin:
-    """``AdminClient.describe_configs`` of a broker that learns of a new topic after ``unknown`` asks."""
+    """``AdminClient.describe_configs`` of a broker that answers ``error`` (by default: it does not know
+the topic yet) to the first ``unknown`` asks."""
 
-    def __init__(self, unknown: int) -> None:
+    def __init__(self, unknown: int, error: int = KafkaError.UNKNOWN_TOPIC_OR_PART) -> None:
         self.unknown = unknown
+        self.error = error
         self.asked = 0
 
     def describe_configs(self, resources: list[ConfigResource], request_timeout: float) -> dict[object, Future[object]]:
         self.asked += 1
         answer: Future[object] = Future()
         if self.asked <= self.unknown:
-            answer.set_exception(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))
+            answer.set_exception(KafkaException(KafkaError(self.error)))
         else:
             answer.set_result({"cleanup.policy": SimpleNamespace(value="compact")})
         return {resources[0]: answer}
@@ -192,3 +194,22 @@ def test_a_topic_just_created_by_another_client_is_asked_about_again(monkeypatch
     assert admin.asked == 4
     with pytest.raises(KafkaException):  # a topic that stays unknown past the timeout is an error
         kafka_module._cleanup_policy(_ConfigsAdmin(unknown=10**9), "gone", 0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("error", [KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.NOT_CONTROLLER])
+def test_a_broker_away_while_a_worker_starts_is_asked_again_then_waited_for(monkeypatch: MonkeyPatch,
+                                                                           error: int) -> None:
+    """A worker restarting while a broker of a replicated cluster is killed asks that broker about its
+    topics: a moment of the cluster, not the worker's fault. Asked again; still away past the
+    timeout, :class:`BrokerUnavailable` (the retriable error the worker, sink and watcher wait out
+    with backoff), never a crash on a raw Kafka error."""
+    monkeypatch.setattr(kafka_module.time, "sleep", lambda _s: None)
+    admin = _ConfigsAdmin(unknown=2, error=error)
+    assert kafka_module._cleanup_policy(admin, "gpulens.gpu.samples.v1", 5.0) == "compact"  # type: ignore[arg-type]
+    assert admin.asked == 3
+    with pytest.raises(kafka_module.BrokerUnavailable, match=r"gpulens\.gpu\.samples\.v1"):
+        kafka_module._cleanup_policy(_ConfigsAdmin(unknown=10**9, error=error),  # type: ignore[arg-type]
+                                     "gpulens.gpu.samples.v1", 0.0)
+    with pytest.raises(KafkaException):  # a refusal is not a broker away: raised at once
+        kafka_module._cleanup_policy(_ConfigsAdmin(unknown=1, error=KafkaError.TOPIC_AUTHORIZATION_FAILED),  # type: ignore[arg-type]
+                                     "gpulens.gpu.samples.v1", 5.0)

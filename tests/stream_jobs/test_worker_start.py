@@ -1,6 +1,6 @@
-"""A starting ``gpulens worker`` waits for the Kafka broker with backoff (a broker restart or a
-worker started first must not kill it), then, past ``broker_wait_s``, exits 2 naming the broker;
-it exits 2 as well, naming the setting, when the samples topic's partitions do not match its own."""
+"""A starting ``gpulens worker`` or ``gpulens sink`` waits for the Kafka broker with backoff (a broker
+restart or a service started first must not kill it), then, past ``broker_wait_s``, exits 2 naming
+the broker. A worker exits 2 as well, naming the setting, when the samples topic's partitions do not match its own."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_worker_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("service", ["worker", "sink"])
+def test_a_service_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path, service: str) -> None:
     bootstrap = f"127.0.0.1:{_closed_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
     env |= {"GPULENS_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "GPULENS_BROKER_WAIT_S": "8",
             "GPULENS_DATA_DIR": str(tmp_path), "GPULENS_LOG_FORMAT": "json"}
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "gpulens", "worker"], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "gpulens", service], env=env, capture_output=True, text=True,
                             timeout=120, check=False)
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
