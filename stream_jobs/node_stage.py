@@ -74,6 +74,11 @@ def pod_end_reason(state: PodState) -> str | None:
     return None
 
 
+def _window_key(pod_gpu: str, ws: float) -> str:
+    """The key of a pod's window on a GPU (``pod_gpu``: ``pod_uid|gpu_uuid``) starting at ``ws``."""
+    return f"{pod_gpu}|{ws!r}"
+
+
 @dataclass(frozen=True)
 class _SampleTally:
     """What a sample's readings add up to: allocation units (whole GPUs and MIG devices, not MIG
@@ -284,12 +289,9 @@ class NodeStage(Stage):
         price = 0.0
         shared: list[SharedGpuState] = []
         config, replicated = self.config, self.info.replicas_per_gpu > 1.0
-        health = self.gpus
         tables = [(rule, self.alerting[rule.alert_type]) for rule in rules.POD_GPU_RULES]
         for reading in sample.gpus:
-            g = health.get(reading.uuid)
-            if g is None or g.alert is not None or reading.xids or reading.health in _UNHEALTHY:
-                self._health(reading, ts)  # else healthy with no alert to resolve: nothing to do
+            self._health(reading, ts)
             whole = reading.mig_parent_uuid is None
             gpu_price = config.price(reading.model)
             if whole:
@@ -418,9 +420,6 @@ class NodeStage(Stage):
 
         context = rules.PodGpu(self.node, pod.namespace, pod.name, reading, share, th)
         for rule, table in tables:
-            holds = rule.condition(context)
-            if holds is None or not (holds or key in table):
-                continue  # unknown, or false with no timer: ``rules.step`` would change nothing
             transitions = rules.step(rule, table, key, context, ts, th)
             if transitions:
                 self._out += transitions
@@ -430,10 +429,8 @@ class NodeStage(Stage):
         holds = allocated or any(p.gpus > 0 for p in self.pods.values())
         context = rules.IdleNode(node=self.node, ready=ready, units=units, physical_gpus=physical, holds=holds,
                                  usd_per_hour=price_per_hour, gpu_model=self.info.gpu_product)
-        table = self.alerting["idle_node"]
-        if not rules.IDLE_NODE.condition(context) and self.node not in table:
-            return  # a node that holds GPUs and has no timer: ``rules.step`` would change nothing
-        self._out += rules.step(rules.IDLE_NODE, table, self.node, context, ts, self.config.thresholds)
+        self._out += rules.step(rules.IDLE_NODE, self.alerting["idle_node"], self.node, context, ts,
+                                self.config.thresholds)
 
     def _resolve_idle_node(self, ts: float, why: str) -> None:
         table = self.alerting["idle_node"]
@@ -444,7 +441,7 @@ class NodeStage(Stage):
     # ------------------------------------------------------------------ windows
 
     def _window(self, pod: NodePod, reading: GpuReading, ws: float) -> PodGpuWindow:
-        key = f"{pod.uid}|{reading.uuid}|{ws!r}"
+        key = _window_key(f"{pod.uid}|{reading.uuid}", ws)
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = PodGpuWindow(
@@ -468,7 +465,7 @@ class NodeStage(Stage):
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            w = windows.get(f"{key}|{ws!r}")  # the key :meth:`_window` files it under
+            w = windows.get(_window_key(key, ws))
             if w is None:
                 w = self._window(pod, reading, ws)
             w.add(seg, first, idle, util, mem, power, fraction, estimated, seg * unit * fraction * price / 3600.0,
@@ -484,8 +481,7 @@ class NodeStage(Stage):
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            key = f"{pod.uid}|{reading.uuid}|{ws!r}"
-            if ws > last_ws or key in self.windows:
+            if ws > last_ws or _window_key(f"{pod.uid}|{reading.uuid}", ws) in self.windows:
                 self._window(pod, reading, ws).add_gap(seg)
             t += seg
 
