@@ -143,12 +143,7 @@ def _assignments(devices: list[_ReadingDraft], raw: dict[str, list[PodRef]]) -> 
             if by_index is None:
                 by_index = {d.fields["index"]: d.uuid for d in devices if not d.is_mig}
             base = by_index.get(int(base), base)
-        bucket = assigned.get(base)
-        if bucket is None and len(refs) == 1:
-            assigned[base] = [refs[0]]
-            continue
-        if bucket is None:
-            bucket = assigned[base] = []
+        bucket = assigned.setdefault(base, [])
         for ref in refs:
             if ref not in bucket:
                 bucket.append(ref)
@@ -166,11 +161,6 @@ def _name_processes(devices: list[_ReadingDraft], pod_of_uid: dict[str, tuple[st
             if pod is None:
                 continue
             proc["pod_namespace"], proc["pod_name"] = pod
-            if len(assigned_to) == 1:  # the usual case: one pod's container holds the device
-                ref = assigned_to[0]
-                if (ref.namespace, ref.pod) == pod:
-                    proc["container_name"] = ref.container
-                continue
             containers = {r.container for r in assigned_to if (r.namespace, r.pod) == pod}
             if len(containers) == 1:
                 proc["container_name"] = next(iter(containers))
@@ -441,10 +431,6 @@ class NodeSampler:
         """Each process's mean SM utilisation over ``samples`` (the device's newer than the last read,
         whose clock is kept for the next)."""
         since = self._util_since_us.get(uuid, 0)
-        if len(samples) == 1:  # the usual case: one process, one sample since the last read
-            only = samples[0]
-            self._util_since_us[uuid] = only.timestamp_us if only.timestamp_us > since else since
-            return {only.pid: _pct(only.sm_util_pct)}  # its own mean
         sums: dict[int, list[float]] = {}
         for s in samples:
             values = sums.get(s.pid)
