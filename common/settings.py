@@ -328,6 +328,15 @@ def _cluster_name(value: str | None) -> str | None:
     return value
 
 
+class KafkaServiceSettings(CommonSettings):
+    """What the long-running services that create their Kafka topics (the stream worker, the sink,
+    the cluster watcher) share."""
+
+    broker_wait_s: float = Field(default=300.0, ge=0)
+    """How long a starting worker, sink or watcher waits for the Kafka broker (retrying with backoff from
+    1 s to 30 s) before it exits with an error; 0 = fail at once."""
+
+
 class ProducerIdentity(CommonSettings):
     """What the two producers (agent, watcher) share: the cluster they report for."""
 
@@ -442,7 +451,7 @@ NVIDIA_DRA_DRIVERS: tuple[DraDriver, ...] = (
 type ``gpu`` or ``mig`` with ``uuid``, ``productName``, ``profile``, ``parentUUID`` and a ``memory`` capacity."""
 
 
-class WatcherSettings(ProducerIdentity):
+class WatcherSettings(ProducerIdentity, KafkaServiceSettings):
     kubeconfig: Path | None = None
     namespaces: list[str] = Field(default_factory=list)
     team_label_keys: list[str] = Field(default_factory=lambda: ["team", "gpulens.io/team"])
@@ -601,14 +610,6 @@ class Thresholds(BaseModel):
 
     def to_dict(self) -> dict[str, float]:
         return self.model_dump()
-
-
-class KafkaServiceSettings(CommonSettings):
-    """What the long-running Kafka services (the stream worker, the sink) share."""
-
-    broker_wait_s: float = Field(default=300.0, ge=0)
-    """How long a starting worker or sink waits for the Kafka broker (retrying with backoff from
-    1 s to 30 s) before it exits with an error; 0 = fail at once."""
 
 
 class WorkerSettings(KafkaServiceSettings):

@@ -18,7 +18,14 @@ from typing import Any
 
 from common import logs
 from common.errors import UserError
-from common.kafka import BoundedProducer, BrokerUnavailable, broker_unavailable, ensure_topics
+from common.kafka import (
+    TOPIC_CALL_TIMEOUT_S,
+    BoundedProducer,
+    BrokerUnavailable,
+    broker_unavailable,
+    ensure_topics,
+    wait_for_broker,
+)
 from common.settings import WatcherSettings, load_settings
 from producers.watcher.fake_apiserver import FakeApiServer
 from producers.watcher.fake_cluster import SimulatedCluster
@@ -66,8 +73,11 @@ def run_watcher(settings: WatcherSettings, *, to_stdout: bool = False, stop: thr
         sink = WatcherStdoutSink(settings.topic_prefix, on_closed=stop.set)
     else:
         try:
-            ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS, WORKLOAD_PROGRESS,
-                                           INTERNAL_CONTROL), settings.topic_prefix, settings.topics)
+            wait_for_broker(lambda: ensure_topics(settings.kafka, (K8S_PODS, K8S_NODES, K8S_EVENTS, K8S_WORKLOADS,
+                                                                   WORKLOAD_PROGRESS, INTERNAL_CONTROL),
+                                                  settings.topic_prefix, settings.topics,
+                                                  timeout_s=TOPIC_CALL_TIMEOUT_S),
+                            settings.broker_wait_s, "watcher")
         except BrokerUnavailable as exc:
             raise broker_unavailable(exc, also="use --stdout") from None
         except Exception as exc:  # e.g. no ACL to create or describe topics: they may well exist already

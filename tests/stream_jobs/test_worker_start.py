@@ -1,4 +1,4 @@
-"""A starting ``gpulens worker`` or ``gpulens sink`` waits for the Kafka broker with backoff (a broker
+"""A starting ``gpulens worker``, ``gpulens sink`` or ``gpulens watch`` waits for the Kafka broker with backoff (a broker
 restart or a service started first must not kill it), then, past ``broker_wait_s``, exits 2 naming
 the broker. A worker exits 2 as well, naming the setting, when the samples topic's partitions do not match its own."""
 
@@ -24,14 +24,14 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("service", ["worker", "sink"])
-def test_a_service_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path, service: str) -> None:
+@pytest.mark.parametrize("service", [["worker"], ["sink"], ["watch", "--simulate"]])
+def test_a_service_retries_the_broker_with_backoff_then_exits_2(tmp_path: Path, service: list[str]) -> None:
     bootstrap = f"127.0.0.1:{_closed_port()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULENS_")}
     env |= {"GPULENS_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "GPULENS_BROKER_WAIT_S": "8",
             "GPULENS_DATA_DIR": str(tmp_path), "GPULENS_LOG_FORMAT": "json"}
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "gpulens", service], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "gpulens", *service], env=env, capture_output=True, text=True,
                             timeout=120, check=False)
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
