@@ -496,7 +496,10 @@ def _await_metadata(admin: AdminClient, topics: list[str], timeout_s: float) -> 
     A controller acknowledges creation before the brokers' metadata has caught up."""
     deadline = time.monotonic() + timeout_s
     while topics:
-        metadata = admin.list_topics(timeout=timeout_s)
+        try:
+            metadata = admin.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            raise BrokerUnavailable(f"created topics, then no broker answered: {exc}") from None
         missing = [t for t in topics if t not in metadata.topics or not metadata.topics[t].partitions]
         if not missing:
             return

@@ -213,3 +213,15 @@ def test_a_broker_away_while_a_worker_starts_is_asked_again_then_waited_for(monk
     with pytest.raises(KafkaException):  # a refusal is not a broker away: raised at once
         kafka_module._cleanup_policy(_ConfigsAdmin(unknown=1, error=KafkaError.TOPIC_AUTHORIZATION_FAILED),  # type: ignore[arg-type]
                                      "gpulens.gpu.samples.v1", 5.0)
+
+
+class _GoneAdmin:
+    """``AdminClient.list_topics`` of a cluster whose brokers went away after creating the topics."""
+
+    def list_topics(self, timeout: float) -> object:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+
+def test_brokers_gone_after_creating_the_topics_are_waited_for_not_a_crash() -> None:
+    with pytest.raises(kafka_module.BrokerUnavailable, match="created topics"):
+        kafka_module._await_metadata(_GoneAdmin(), ["gpulens.gpu.samples.v1"], 1.0)  # type: ignore[arg-type]
