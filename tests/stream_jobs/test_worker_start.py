@@ -1,6 +1,7 @@
-"""A starting ``gpulens worker``, ``gpulens sink`` or ``gpulens watch`` waits for the Kafka broker with backoff (a broker
-restart or a service started first must not kill it), then, past ``broker_wait_s``, exits 2 naming
-the broker. A worker exits 2 as well, naming the setting, when the samples topic's partitions do not match its own."""
+"""A starting ``gpulens worker``, ``gpulens sink`` or ``gpulens watch`` waits for the Kafka broker
+with backoff (a broker restart or a service started first must not kill it), then, past
+``broker_wait_s``, exits 2 naming the broker. A worker exits 2 as well, naming the setting, when
+the samples topic's partitions do not match its own."""
 
 from __future__ import annotations
 
