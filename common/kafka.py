@@ -459,19 +459,9 @@ def ensure_topics(
                 future.result()
                 report.created.append(name)
             except KafkaException as exc:
-                code = exc.args[0].code()
-                if code == KafkaError.TOPIC_ALREADY_EXISTS:
-                    report.existing.append(name)
-                elif _broker_away(exc):
-                    raise BrokerUnavailable(f"creating {name}: {exc}") from None
-                elif code == KafkaError.INVALID_REPLICATION_FACTOR:
-                    raise UserError(
-                        f"cannot create {name} with {factor} replicas on {len(metadata.brokers)} broker(s) "
-                        f"answering at {kafka.bootstrap_servers}: start the brokers that are down (auto counts "
-                        "every broker the cluster's partitions name), or set GPULENS_TOPICS__REPLICATION_FACTOR "
-                        "to at most the number answering") from None
-                else:
-                    raise
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise _creation_error(name, exc, factor, len(metadata.brokers), kafka.bootstrap_servers) from None
+                report.existing.append(name)
         _await_metadata(admin, report.created, timeout_s)
     for name in present:
         spec = wanted[name]
@@ -488,6 +478,19 @@ def ensure_topics(
         else:
             report.existing.append(name)
     return report
+
+
+def _creation_error(name: str, exc: KafkaException, factor: int, answering: int, bootstrap: str) -> Exception:
+    """What a failed creation of topic ``name`` raises: a broker away is waited for
+    (:class:`BrokerUnavailable`), too few brokers for the replicas is the user's to fix."""
+    if _broker_away(exc):
+        return BrokerUnavailable(f"creating {name}: {exc}")
+    if exc.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR:
+        return UserError(
+            f"cannot create {name} with {factor} replicas on {answering} broker(s) answering at {bootstrap}: "
+            "start the brokers that are down (auto counts every broker the cluster's partitions name), or set "
+            "GPULENS_TOPICS__REPLICATION_FACTOR to at most the number answering")
+    return exc
 
 
 def _await_metadata(admin: AdminClient, topics: list[str], timeout_s: float) -> None:

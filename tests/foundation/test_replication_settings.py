@@ -225,3 +225,17 @@ class _GoneAdmin:
 def test_brokers_gone_after_creating_the_topics_are_waited_for_not_a_crash() -> None:
     with pytest.raises(kafka_module.BrokerUnavailable, match="created topics"):
         kafka_module._await_metadata(_GoneAdmin(), ["gpulens.gpu.samples.v1"], 1.0)  # type: ignore[arg-type]
+
+
+def test_a_failed_topic_creation_says_whose_it_is_to_fix() -> None:
+    """A broker away while creating is waited for; too few brokers for the replicas is the user's to
+    fix, naming the setting; any other refusal is raised as the broker said it."""
+    def failed(code: int) -> Exception:
+        return kafka_module._creation_error("t", KafkaException(KafkaError(code)), 3, 2, "127.0.0.1:9092")
+
+    assert isinstance(failed(KafkaError._TRANSPORT), kafka_module.BrokerUnavailable)
+    refused = failed(KafkaError.INVALID_REPLICATION_FACTOR)
+    assert isinstance(refused, UserError) and "GPULENS_TOPICS__REPLICATION_FACTOR" in str(refused)
+    assert "3 replicas on 2 broker(s)" in str(refused)
+    other = failed(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    assert type(other) is KafkaException and other.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
