@@ -394,7 +394,7 @@ class NodeStage(Stage):
             self.counters["gaps"] += 1
             for table in self.alerting.values():
                 rules.restart(table, [key])
-            self._gap_windows(pod, reading, last + dt, ts, window_start(last, self.config.window_s))
+            self._gap_windows(pod, reading, key, last + dt, ts, window_start(last, self.config.window_s))
         self.last_sample[key] = ts
         util = share.util_pct
         # seconds count per allocation unit (a MIG device is a unit); cost weighs the unit's
@@ -440,8 +440,9 @@ class NodeStage(Stage):
 
     # ------------------------------------------------------------------ windows
 
-    def _window(self, pod: NodePod, reading: GpuReading, ws: float) -> PodGpuWindow:
-        key = _window_key(f"{pod.uid}|{reading.uuid}", ws)
+    def _window(self, pod: NodePod, reading: GpuReading, ws: float, key: str) -> PodGpuWindow:
+        """The pod's window on the GPU starting at ``ws``, filed under ``key`` (:func:`_window_key`),
+        made if it is new."""
         w = self.windows.get(key)
         if w is None:
             w = self.windows[key] = PodGpuWindow(
@@ -465,24 +466,27 @@ class NodeStage(Stage):
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            w = windows.get(_window_key(key, ws))
+            window_key = _window_key(key, ws)
+            w = windows.get(window_key)
             if w is None:
-                w = self._window(pod, reading, ws)
+                w = self._window(pod, reading, ws, window_key)
             w.add(seg, first, idle, util, mem, power, fraction, estimated, seg * unit * fraction * price / 3600.0,
                   mem_total)
             first = False
             t += seg
 
-    def _gap_windows(self, pod: NodePod, reading: GpuReading, start: float, end: float,
+    def _gap_windows(self, pod: NodePod, reading: GpuReading, key: str, start: float, end: float,
                      last_ws: float) -> None:
-        """Record a gap's seconds in the windows it spans that were not already emitted."""
+        """Record a gap's seconds in the windows it spans that were not already emitted (``key``:
+        ``pod_uid|gpu_uuid``)."""
         width = self.config.window_s
         t = start
         while t < end - EPS:
             ws = window_start(t, width)
             seg = min(end, ws + width) - t
-            if ws > last_ws or _window_key(f"{pod.uid}|{reading.uuid}", ws) in self.windows:
-                self._window(pod, reading, ws).add_gap(seg)
+            window_key = _window_key(key, ws)
+            if ws > last_ws or window_key in self.windows:
+                self._window(pod, reading, ws, window_key).add_gap(seg)
             t += seg
 
     def _close_windows(self, watermark: float, final: bool) -> None:

@@ -32,7 +32,6 @@ __all__ = ["create_topics", "run_worker"]
 log = get_logger(__name__)
 
 
-
 def create_topics(settings: WorkerSettings) -> TopicReport:
     """Create the worker's topics and changelogs if missing, waiting for the broker with backoff
     for up to ``settings.broker_wait_s``; raises the user error for an absent broker after that."""
