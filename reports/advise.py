@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
-from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, query_rows
+from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, data_period, query_rows, sql_time, utc_time
 from sinks import rollups
 from sinks.rollups import POD_ACTIVE_DAILY, POD_DAILY, POD_HOURLY, PRICE
 
@@ -47,29 +47,6 @@ MONTH_H = 30 * 24
 POOL_LABELS = ("pool", "karpenter.sh/nodepool", "cloud.google.com/gke-nodepool", "eks.amazonaws.com/nodegroup",
                "kubernetes.azure.com/agentpool", "agentpool")
 """Node labels that name a node pool, first found wins; without one a node's pool is its GPU model."""
-
-
-def _period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
-    rows = query_rows(reader, f"""
-SELECT maxOrNull(e) AS data_end FROM (
-    SELECT max(last_end) AS e FROM pod_hourly WHERE {IN_CLUSTER}
-    UNION ALL SELECT max(window_end) AS e FROM cluster_capacity WHERE {IN_CLUSTER}
-) WHERE e > toDateTime64(0, 3, 'UTC')""")
-    end = rows[0]["data_end"] if rows else None
-    if not end:
-        return None
-    data_end = _ts(end)
-    return data_end - timedelta(seconds=since_s), data_end
-
-
-def _ts(value: object) -> datetime:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-
-
-def _sql_ts(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _label(value: str) -> str:
@@ -83,7 +60,7 @@ def _params(start: datetime, team: str | None, alias: str = "",
     where = f"{alias}{IN_CLUSTER}"
     if time_column:
         where += f" AND {alias}{time_column} >= toDateTime64({{start:String}}, 3, 'UTC')"
-    params = {"start": _sql_ts(start)}
+    params = {"start": sql_time(start)}
     if team is not None:
         where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
         params["team"] = team
@@ -214,7 +191,7 @@ def _add_gpu(ev: PodEvidence, r: Row) -> None:
     ev.peak_mem_bytes.append(int(r["peak_mem"] or 0))
     ev.pct_mem_bytes = max(ev.pct_mem_bytes, float(r["pct_mem"] or 0.0))
     if r["busy_windows"]:
-        last = iso_utc(_ts(r["last_busy"]))
+        last = iso_utc(utc_time(r["last_busy"]))
         ev.last_busy = max(ev.last_busy or last, last)
 
 
@@ -230,7 +207,7 @@ def _order_by_gpu(ev: PodEvidence) -> None:
 
 def advise(reader: SqlReader, cfg: AdviseThresholds, team: str | None = None) -> dict[str, Any]:
     """The advisor's findings as plain, JSON-friendly data (see the module docstring and docs/advise.md)."""
-    period = _period(reader, cfg.since_s)
+    period = data_period(reader, cfg.since_s)
     if period is None:
         return {"period": None, "headline": None, "headline_text": headline_text(None), "thresholds": cfg.model_dump(),
                 "reclaim": [], "scale_to_zero": [], "right_size": [], "pack": [], "queue": [], "totals": {}}
@@ -380,13 +357,13 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_sta
            AS unallocated_gpu_hours,
        sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS span_s
 FROM cluster_capacity FINAL
-WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": _sql_ts(start)})[0]
+WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": sql_time(start)})[0]
     cost = query_rows(reader, f"""
 SELECT sum(s.sampled_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
 FROM {rollups.gpu_rows_since("start")} AS s
 LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER} AND s.mig_parent_uuid = ''""",
-                      {"start": _sql_ts(start)})[0]
+                      {"start": sql_time(start)})[0]
     return {k: float(v or 0.0) for k, v in (cap | cost).items()}
 
 
@@ -404,7 +381,7 @@ LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
 WHERE s.{IN_CLUSTER}
 GROUP BY node
 HAVING allocated_samples = 0
-ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
+ORDER BY gpu_hours DESC, node""", {"start": sql_time(start)})
     held = _held_nodes(reader, start)
     out = []
     for r in rows:
@@ -413,8 +390,8 @@ ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
         node = nodes.get(r["node"])
         labels = (node or {}).get("labels") or {}
         out.append({"node": r["node"], "pool": _pool(node, r["gpu_model"]), "gpu_model": r["gpu_model"],
-                    "gpus": int(r["gpus"]), "first_seen": iso_utc(_ts(r["first_seen"])),
-                    "last_seen": iso_utc(_ts(r["last_seen"])), "gpu_hours": float(r["gpu_hours"]),
+                    "gpus": int(r["gpus"]), "first_seen": iso_utc(utc_time(r["first_seen"])),
+                    "last_seen": iso_utc(utc_time(r["last_seen"])), "gpu_hours": float(r["gpu_hours"]),
                     "cost_usd": float(r["gpu_hours"]) * float(r["usd_per_gpu_hour"]),
                     "labels": {k: v for k, v in sorted(labels.items()) if k in POOL_LABELS}})
     return out
@@ -423,7 +400,7 @@ ORDER BY gpu_hours DESC, node""", {"start": _sql_ts(start)})
 def _held_nodes(reader: SqlReader, start: datetime) -> set[str]:
     """Nodes on which a pod held a GPU in the period (a window of it since ``start``)."""
     return {r["node"] for r in query_rows(reader, f"""
-SELECT DISTINCT node FROM {POD_DAILY.rows_since("start")} WHERE {IN_CLUSTER}""", {"start": _sql_ts(start)})}
+SELECT DISTINCT node FROM {POD_DAILY.rows_since("start")} WHERE {IN_CLUSTER}""", {"start": sql_time(start)})}
 
 
 def _queue(reader: SqlReader, start: datetime, team: str | None) -> Rows:
@@ -462,15 +439,15 @@ WHERE c.window_end > l.created_at AND c.window_start < l.wait_end
       {team_filter}
 GROUP BY pod_uid
 HAVING fragmented_pending_s > 0
-ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": _sql_ts(start),
+ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": sql_time(start),
                                                         **({"team": team} if team is not None else {})})
     return [{
         "namespace": r["namespace"], "pod": r["pod"], "team": _label(r["team"]), "gpus": int(r["gpus"]),
-        "created_at": iso_utc(_ts(r["created_at"])),
-        "scheduled_at": iso_utc(_ts(r["scheduled_at"])) if r["scheduled_at"] else None,
+        "created_at": iso_utc(utc_time(r["created_at"])),
+        "scheduled_at": iso_utc(utc_time(r["scheduled_at"])) if r["scheduled_at"] else None,
         "pending_s": float(r["pending_s"]), "fragmented_pending_s": float(r["fragmented_pending_s"]),
         "delayed_gpu_hours": int(r["gpus"]) * float(r["fragmented_pending_s"]) / 3600,
-        "defrag_would_place_at": iso_utc(_ts(r["first_fragmented_at"])),
+        "defrag_would_place_at": iso_utc(utc_time(r["first_fragmented_at"])),
         "free_gpus": int(r["free_gpus"]), "largest_free_block": int(r["largest_free_block"]),
         "gpus_to_move": int(r["gpus"]) - int(r["largest_free_block"]),
     } for r in rows]

@@ -9,12 +9,12 @@ without MIG or shared GPUs (migration 8's columns are NULL there).
 
 from __future__ import annotations
 
-from reports.reader import IN_CLUSTER, Rows, SqlReader, query_rows, round_floats
+from reports.reader import IN_CLUSTER, WHOLE_HISTORY, Period, Rows, SqlReader, query_rows, round_floats
 
 _GIB = "pow(2, 30)"
 
 
-def fragmentation_over_time(reader: SqlReader, bucket_s: int) -> Rows:
+def fragmentation_over_time(reader: SqlReader, bucket_s: int, period: Period = WHOLE_HISTORY) -> Rows:
     return round_floats(query_rows(reader, f"""
 SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS bucket,
        max(mig_gpus) AS max_mig_gpus,
@@ -30,6 +30,6 @@ SELECT toStartOfInterval(window_start, toIntervalSecond({{bucket_s:UInt32}})) AS
        max(shared_vram_stranded_bytes) / {_GIB} AS max_shared_vram_stranded_gib,
        max(shared_vram_pending_bytes) / {_GIB} AS max_shared_vram_pending_gib
 FROM cluster_capacity FINAL
-WHERE {IN_CLUSTER} AND (mig_gpus IS NOT NULL OR shared_gpus IS NOT NULL)
+WHERE {IN_CLUSTER}{period.at_or_after("window_start")} AND (mig_gpus IS NOT NULL OR shared_gpus IS NOT NULL)
 GROUP BY bucket
-ORDER BY bucket""", {"bucket_s": int(bucket_s)}))
+ORDER BY bucket""", {"bucket_s": int(bucket_s), **period.parameters}))

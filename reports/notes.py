@@ -22,23 +22,28 @@ from typing import Any
 
 from reports.advise import headline_text
 from reports.analyses import NONE
-from reports.reader import IN_CLUSTER, SqlReader, query_rows
-from sinks import rollups
+from reports.reader import IN_CLUSTER, WHOLE_HISTORY, Period, SqlReader, query_rows
+from sinks.rollups import GPU_DAILY, POD_DAILY
 
-_UNPRICED = f"""
+
+def _unpriced(period: Period) -> str:
+    return f"""
 SELECT s.gpu_model AS gpu_model, sum(s.samples) AS samples
-FROM {rollups.gpu_rows_since()} AS s
+FROM {period.rows(GPU_DAILY)} AS s
 WHERE s.{IN_CLUSTER} AND s.gpu_model != '' AND s.mig_parent_uuid = ''
   AND s.gpu_model NOT IN (SELECT gpu_model FROM gpu_prices)
 GROUP BY gpu_model ORDER BY gpu_model"""
 
 
-_GAP_PODS = f"""
+def _gap_pods(period: Period) -> str:
+    return f"""
 SELECT DISTINCT namespace, pod, if(team = '', {NONE}, team) AS team
-FROM pod_daily WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
+FROM {period.rows(POD_DAILY)} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
 
-_GAP_NODES = f"""
-SELECT DISTINCT node FROM {rollups.gpu_rows_since()} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
+
+def _gap_nodes(period: Period) -> str:
+    return f"""
+SELECT DISTINCT node FROM {period.rows(GPU_DAILY)} WHERE {IN_CLUSTER} AND has({{models:Array(String)}}, gpu_model)"""
 
 POD_CATEGORIES = frozenset({"reclaim", "right_size", "queue", "scale_to_zero"})
 """Categories of the report's advisor rows whose ``subject`` names one pod (``ns/pod``) or node."""
@@ -74,16 +79,17 @@ class PriceGaps:
         return True
 
 
-def price_gaps(reader: SqlReader) -> PriceGaps:
-    """The price gaps of the cluster ``reader`` is bound to (empty when every model has a price)."""
-    models = unpriced_models(reader)
+def price_gaps(reader: SqlReader, period: Period = WHOLE_HISTORY) -> PriceGaps:
+    """The price gaps of the cluster ``reader`` is bound to over ``period`` (empty when every model it
+    sampled then has a price)."""
+    models = unpriced_models(reader, period)
     if not models:
         return PriceGaps()
-    params = {"models": models}
-    pods = query_rows(reader, _GAP_PODS, params)
+    params = {"models": models, **period.parameters}
+    pods = query_rows(reader, _gap_pods(period), params)
     return PriceGaps(tuple(models), frozenset((str(r["namespace"]), str(r["pod"])) for r in pods),
                      frozenset(str(r["team"]) for r in pods),
-                     frozenset(str(r["node"]) for r in query_rows(reader, _GAP_NODES, params)))
+                     frozenset(str(r["node"]) for r in query_rows(reader, _gap_nodes(period), params)))
 
 
 def is_money(column: str) -> bool:
@@ -120,9 +126,10 @@ def unknown_money_in_advice(advice: dict[str, Any], gaps: PriceGaps) -> None:
         advice["headline_text"] = headline_text(advice["headline"], advice["period"]["team"])
 
 
-def unpriced_models(reader: SqlReader) -> list[str]:
-    """GPU models in the cluster's GPU samples without a list price (``reader``: bound to a cluster)."""
-    return [str(row["gpu_model"]) for row in query_rows(reader, _UNPRICED)]
+def unpriced_models(reader: SqlReader, period: Period = WHOLE_HISTORY) -> list[str]:
+    """GPU models in the cluster's GPU samples (of ``period``) without a list price (``reader``: bound
+    to a cluster)."""
+    return [str(row["gpu_model"]) for row in query_rows(reader, _unpriced(period), period.parameters)]
 
 
 def price_note(models: list[str]) -> str | None:

@@ -13,12 +13,15 @@ report never silently mixes or picks clusters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.errors import UserError
 
 if TYPE_CHECKING:  # the ClickHouse client only where queries run: `gpulens report --help` stays fast
     from sinks.clickhouse import QueryResult
+    from sinks.rollups import Rollup
 
 
 class SqlReader(Protocol):
@@ -39,6 +42,56 @@ SELECT DISTINCT cluster FROM (
 ) ORDER BY cluster"""
 """The clusters a store holds data of; the windows' clusters from their daily rollup, which has them
 all (it is kept longer) in a few rows per day instead of one per pod, GPU and minute."""
+
+
+def sql_time(value: datetime) -> str:
+    """``value`` as the ``String`` a query parameter gives ``toDateTime64(..., 3, 'UTC')``."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def utc_time(value: object) -> datetime:
+    """A time of a query's answer (a ``datetime``, naive meaning UTC, or ISO text) as an aware ``datetime``."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+START = "toDateTime64({start:String}, 3, 'UTC')"
+"""The period's start in a query (the ``start`` parameter of :attr:`Period.parameters`)."""
+
+
+@dataclass(frozen=True)
+class Period:
+    """A report's period: the rows at or after :attr:`start` (None: the whole history), up to the
+    latest data, :attr:`end` (information). Each query takes the rows of its tables through it and
+    binds :attr:`parameters`."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """Its length (None: the whole history)."""
+        return None if self.start is None or self.end is None else (self.end - self.start).total_seconds()
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        return {} if self.start is None else {"start": sql_time(self.start)}
+
+    def rows(self, rollup: Rollup) -> str:
+        """The rollup's rows of the period (:meth:`~sinks.rollups.Rollup.rows_since`)."""
+        return rollup.rows_since(None if self.start is None else "start")
+
+    def at_or_after(self, time: str) -> str:
+        """`` AND time >= start``, or nothing for the whole history."""
+        return "" if self.start is None else f" AND {time} >= {START}"
+
+    def after(self, time: str) -> str:
+        """`` AND time > start`` (an end: what ended at the start had no time in the period), or nothing."""
+        return "" if self.start is None else f" AND {time} > {START}"
+
+
+WHOLE_HISTORY = Period()
 
 
 class ClusterError(UserError, ValueError):
@@ -83,6 +136,24 @@ def scoped(reader: SqlReader, cluster: str | None = None) -> ClusterScope:
     if names and cluster not in names:
         raise ClusterError(f"no data of cluster {cluster!r}; the store holds: {', '.join(names)}")
     return ClusterScope(reader.reader if isinstance(reader, ClusterScope) else reader, cluster)
+
+_DATA_END = f"""
+SELECT maxOrNull(e) AS data_end FROM (
+    SELECT max(last_end) AS e FROM pod_hourly WHERE {IN_CLUSTER}
+    UNION ALL SELECT max(window_end) AS e FROM cluster_capacity WHERE {IN_CLUSTER}
+) WHERE e > toDateTime64(0, 3, 'UTC')"""
+
+
+def data_period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
+    """The last ``since_s`` seconds of the data: counted back from the latest window stored (pod or
+    capacity; not the wall clock, so a replayed or lagging history reads the same); None: no data."""
+    rows = query_rows(reader, _DATA_END)
+    end = rows[0]["data_end"] if rows else None
+    if not end:
+        return None
+    data_end = utc_time(end)
+    return data_end - timedelta(seconds=since_s), data_end
+
 
 def query_rows(reader: SqlReader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:
     """Rows of ``sql`` as dicts; a query that names ``{cluster:String}`` reads :func:`scoped` ``reader``."""

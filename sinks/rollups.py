@@ -159,24 +159,28 @@ class Rollup:
         A start inside an hour takes that hour's part from the raw table under ``FINAL`` (its rows
         whose :attr:`time` is at or after the start); an hourly rollup gives the rest; a daily one
         with a :attr:`finer` hourly rollup gives the whole days, the hourly one the hours before the
-        first. Past the raw table's TTL the part hour is empty, so such a figure may miss at most the
-        start's hour."""
+        first. A daily one without takes the start's part day from the raw table. Past the raw
+        table's TTL that part is empty, so such a figure may miss at most the start's hour (its day
+        without a :attr:`finer` rollup)."""
         columns = ", ".join(name for name in self.table.names if name != self.period)
         if start_param is None:
             return f"(SELECT {columns} FROM {self.table.name})"
         start = f"toDateTime64({{{start_param}:String}}, 3, 'UTC')"
+
+        def raw_until(end: str) -> str:
+            raw = self.aggregate(self.stored(f"{self.time} >= {start} AND {self.time} < {end}"))
+            return f"UNION ALL SELECT {columns} FROM ({raw}))"
+
         hour = (f"if(toStartOfHour({start}) = {start}, toStartOfHour({start}), "
                 f"toStartOfHour({start}) + INTERVAL 1 HOUR)")
-        raw = self.aggregate(self.stored(f"{self.time} >= {start} AND {self.time} < {hour}"))
         if self.period == "hour":
-            return (f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {hour}\n"
-                    f"UNION ALL SELECT {columns} FROM ({raw}))")
-        if self.finer is None:
-            raise ValueError(f"{self.table.name}: rows since a time come from an hourly rollup")
+            return f"(SELECT {columns} FROM {self.table.name} WHERE hour >= {hour}\n{raw_until(hour)}"
         day = f"if(toStartOfDay({start}) = {start}, toStartOfDay({start}), toStartOfDay({start}) + INTERVAL 1 DAY)"
-        return (f"(SELECT {columns} FROM {self.table.name} WHERE day >= toDate({day})\n"
-                f"UNION ALL SELECT {columns} FROM {self.finer.table.name} WHERE hour >= {hour} AND hour < {day}\n"
-                f"UNION ALL SELECT {columns} FROM ({raw}))")
+        days = f"(SELECT {columns} FROM {self.table.name} WHERE day >= toDate({day})\n"
+        if self.finer is None:
+            return f"{days}{raw_until(day)}"
+        return (f"{days}UNION ALL SELECT {columns} FROM {self.finer.table.name} WHERE hour >= {hour} AND hour < {day}\n"
+                f"{raw_until(hour)}")
 
     def backfill(self) -> str:
         """The ``SELECT`` of the rollup's rows from those already stored: the raw rows, or the
@@ -250,7 +254,7 @@ _TEAM_MEASURES = {
 TEAM_HOURLY = Rollup(TEAM_HOURLY_TABLE, "pod_windows", "window_start", "hour", _TEAM_KEYS, _TEAM_MEASURES,
                      (("idle_class", IDLE_CLASS),))
 TEAM_DAILY = Rollup(TEAM_DAILY_TABLE, "pod_windows", "window_start", "day", _TEAM_KEYS, _TEAM_MEASURES,
-                    (("idle_class", IDLE_CLASS),))
+                    (("idle_class", IDLE_CLASS),), finer=TEAM_HOURLY)
 
 
 _POD_KEYS = ("pod_uid", "gpu_uuid", "namespace", "pod", "team", "project", "node", "gpu_model")
@@ -288,21 +292,25 @@ PROGRESS_DAILY = Rollup(PROGRESS_DAILY_TABLE, "workload_progress", "ts", "day", 
     f"{total}_{bound}": f"{bound}({total}_total)"
     for total in ("steps", "tokens", "samples") for bound in ("min", "max")})
 
-COST_PER_UNIT_VIEW = f"""CREATE OR REPLACE VIEW v_cost_per_unit AS
-WITH c AS (
+
+def cost_per_unit(pods: str = POD_DAILY_TABLE.name, progress: str = PROGRESS_DAILY_TABLE.name) -> str:
+    """Cost per step and per 1k tokens per pod (per cluster): its windows' GPU-hours, cost and steps from
+    ``pods`` (``pod_daily`` or its :meth:`Rollup.rows_since`), its progress (the greatest minus the least
+    total it reported) from ``progress`` (``progress_daily`` or its rows since a time)."""
+    return f"""WITH c AS (
     SELECT cluster, pod_uid, any(namespace) AS namespace, any(pod) AS pod, any(team) AS team,
            any(project) AS project,
            sum(allocated_gpu_s) / 3600 AS gpu_hours, sum(cost_total_usd) AS cost_usd,
            sum(allocated_gpu_s) / 3600 * any(coalesce(p.usd_per_gpu_hour, 0)) AS list_cost_usd,
            sum(window_steps) AS window_steps, sum(window_tokens) AS window_tokens
-    FROM pod_daily AS w
+    FROM {pods} AS w
     LEFT JOIN {PRICE} AS p ON p.gpu_model = w.gpu_model
     GROUP BY cluster, pod_uid
 ),
 u AS (
     SELECT cluster, pod_uid, max(steps_max) - min(steps_min) AS steps, max(tokens_max) - min(tokens_min) AS tokens,
            max(samples_max) - min(samples_min) AS samples
-    FROM progress_daily GROUP BY cluster, pod_uid
+    FROM {progress} GROUP BY cluster, pod_uid
 )
 SELECT c.cluster AS cluster, c.namespace AS namespace, c.pod AS pod, c.pod_uid AS pod_uid, c.team AS team,
        c.project AS project,
@@ -313,8 +321,10 @@ SELECT c.cluster AS cluster, c.namespace AS namespace, c.pod AS pod, c.pod_uid A
        greatest(c.cost_usd, c.list_cost_usd) / tokens * 1000 AS cost_per_1k_tokens_usd
 FROM c LEFT JOIN u ON u.cluster = c.cluster AND u.pod_uid = c.pod_uid
 WHERE steps > 0 OR tokens > 0"""
-"""Cost per step and per 1k tokens per pod (per cluster): its windows' GPU-hours, cost and steps from
-``pod_daily``, its progress (the greatest minus the least total it reported) from ``progress_daily``."""
+
+
+COST_PER_UNIT_VIEW = f"CREATE OR REPLACE VIEW v_cost_per_unit AS\n{cost_per_unit()}"
+"""Each pod's cost per unit of work over all its history (:func:`cost_per_unit`)."""
 
 
 GPU_TENANCY_DAILY = Rollup(GPU_TENANCY_DAILY_TABLE, "pod_windows", "window_start", "day",
@@ -380,17 +390,22 @@ SHARED_GPU_DAILY = Rollup(
 """Each pod's windows on a shared GPU per day: the GPU-seconds it requested (allocated x share) and
 those it used, the GPU's window split by the pods' busy seconds (evenly when none was busy)."""
 
-SHARED_GPU_COST_VIEW = f"""CREATE OR REPLACE VIEW v_shared_gpu_cost AS
-SELECT s.cluster AS cluster, s.namespace AS namespace, s.team AS team, s.project AS project, s.pod AS pod,
+def shared_gpu_cost(shared: str = SHARED_GPU_DAILY_TABLE.name) -> str:
+    """Per pod, its windows on shared GPUs: requested and used GPU-hours and their cost at the model's
+    list price, from ``shared`` (``shared_gpu_daily`` or its :meth:`Rollup.rows_since`)."""
+    return ("SELECT s.cluster AS cluster, s.namespace AS namespace, s.team AS team, s.project AS project, "
+            f"""s.pod AS pod,
        s.pod_uid AS pod_uid,
        sum(s.requested_gpu_s) / 3600 AS requested_gpu_hours, sum(s.usage_gpu_s) / 3600 AS usage_gpu_hours,
        sum(s.requested_gpu_s * coalesce(p.usd_per_gpu_hour, 0)) / 3600 AS request_based_cost_usd,
        sum(s.usage_gpu_s * coalesce(p.usd_per_gpu_hour, 0)) / 3600 AS usage_based_cost_usd
-FROM shared_gpu_daily AS s
+FROM {shared} AS s
 LEFT JOIN {PRICE} AS p ON p.gpu_model = s.gpu_model
-GROUP BY cluster, namespace, team, project, pod, pod_uid"""
-"""Per pod, its windows on shared GPUs: requested and used GPU-hours and their cost at the model's
-list price, from ``shared_gpu_daily``."""
+GROUP BY cluster, namespace, team, project, pod, pod_uid""")
+
+
+SHARED_GPU_COST_VIEW = f"CREATE OR REPLACE VIEW v_shared_gpu_cost AS\n{shared_gpu_cost()}"
+"""Each pod's usage-based cost on shared GPUs over all its history (:func:`shared_gpu_cost`)."""
 
 
 def percentile(histogram: str, count: str, peak: str, width: int, level: float) -> str:

@@ -10,6 +10,8 @@ Figures and their baselines, all from one run:
   or rows, and for a cookbook query whose N-day answer has at least twice the rows of its 1-day
   one); its largest query's peak memory and duration against the product's read limits with a
   margin of 4x (512 MiB, 15 s);
+- ``gpulens report --since 1d`` on the N-day store against the same on the 1-day store (the last day
+  of a long history costs what the day alone costs);
 - report and advise over N days against one full scan of one raw-samples column over the same N
   days (target: at most 3x);
 - bytes on disk per GPU-day, per table and in total (target: at most 150 KB);

@@ -250,6 +250,7 @@ def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, 
         Subject("gpulens report --json", "cli", cli(["report", "--json"], url)),
         Subject("gpulens report --html", "cli", cli(["report", "--html", str(html)], url)),
         Subject("gpulens advise --since <range>", "cli", cli(["advise", "--since", f"{since_days}d"], url)),
+        Subject("gpulens report --json --since 1d", "cli", cli(["report", "--json", "--since", "1d"], url)),
     ]
     for name in ANALYSES:
         found.append(Subject(f"report section {name}", "section", section(reader, name), aggregate=name not in LISTS))

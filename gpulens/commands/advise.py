@@ -7,7 +7,6 @@ settings; the flags here override them.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import click
@@ -16,7 +15,7 @@ import orjson
 from common.errors import UserError
 from common.text import printable
 from gpulens.commands.analysis import dead_letter_notes, echo_notes, format_table, human, open_analysis_reader
-from gpulens.commands.base import clickhouse_option, settings_from_flags, with_common_options
+from gpulens.commands.base import clickhouse_option, duration_s, settings_from_flags, with_common_options
 
 SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reclaim", "Reclaim: pods that held GPUs while idle",
@@ -35,13 +34,6 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "defrag_would_place_at", "free_gpus", "largest_free_block", "gpus_to_move")),
 )
 """The advisor's lists as the text output shows them: key, title, columns."""
-
-
-def duration_s(value: str | None, flag: str) -> float | None:
-    """``7d``, ``36h``, ``90m``, ``600s`` or bare seconds; a clear one-line error otherwise."""
-    from simulation.scenario import parse_duration
-
-    return None if value is None else parse_duration(value, flag, allow_zero=False)
 
 
 def render_text(advice: dict[str, Any]) -> str:
@@ -101,6 +93,7 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     from reports.advise import advise as run_advice
     from reports.analyses import ClusterError, scoped
     from reports.notes import gap_notes, price_gaps, unknown_money_in_advice
+    from reports.reader import Period, utc_time
     from sinks.clickhouse import StoreError
 
     overrides = {"since_s": ("--since", duration_s(since, "--since")),
@@ -119,13 +112,14 @@ def advise(since: str | None, team: str | None, cluster: str | None, as_json: bo
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
         advice = run_advice(scoped(reader, cluster), thresholds, team)
-        gaps = price_gaps(scoped(reader, cluster)) if advice["headline"] is not None else None
+        period = (Period(utc_time(advice["period"]["start"]), utc_time(advice["period"]["end"]))
+                  if advice["period"] is not None else None)
+        gaps = price_gaps(scoped(reader, cluster), period) if period and advice["headline"] is not None else None
         if gaps:
             unknown_money_in_advice(advice, gaps)
         notes = gap_notes(gaps) if gaps else []
-        if advice["period"] is not None:
-            start = datetime.fromisoformat(str(advice["period"]["start"]).replace("Z", "+00:00"))
-            notes = dead_letter_notes(settings, start) + notes
+        if period is not None and period.start is not None:
+            notes = dead_letter_notes(settings, period.start) + notes
     except (StoreError, ClusterError) as exc:
         raise UserError(str(exc)) from None
     finally:

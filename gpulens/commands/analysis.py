@@ -18,7 +18,7 @@ import orjson
 
 from common.errors import UserError
 from common.text import printable
-from gpulens.commands.base import clickhouse_option, settings_from_flags, with_common_options
+from gpulens.commands.base import clickhouse_option, duration_s, settings_from_flags, with_common_options
 from reports.analyses import ANALYSES
 
 if TYPE_CHECKING:
@@ -144,30 +144,37 @@ def sql(query: str, fmt: str, clickhouse_url: str | None, **flags: Any) -> None:
               help="write a self-contained HTML report with charts to FILE (all sections)")
 @click.option("--cluster", default=None,
               help="the cluster to report on; required when the store holds several (figures are per cluster)")
+@click.option("--since", default=None,
+              help="only the last part of the history, counted back from the latest data, e.g. 30d, 12h "
+                   "(default: the whole history; the advisor's section: its own period, 7d)")
 @clickhouse_option
 @with_common_options
-def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cluster: str | None,
+def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, cluster: str | None, since: str | None,
            clickhouse_url: str | None, **flags: Any) -> None:
     """Canned analyses: top consumers, idle GPU-hours, pending, fragmentation, scale-down, cost."""
     from common.settings import AdvisorSettings
-    from reports.analyses import TITLES, ClusterError, run_report, scoped
+    from reports.analyses import TITLES, ClusterError, report_period, run_report, scoped
     from reports.html.page import write_html_report
     from reports.notes import gap_notes, period_start, price_gaps, unknown_money_in_report
+    from reports.packing import iso_utc
     from sinks.clickhouse import StoreError
 
     if html_path is not None and (as_json or sections):
         raise UserError("--html writes the whole report; it cannot be combined with --json or --section")
+    since_s = duration_s(since, "--since")
     settings = settings_from_flags(AdvisorSettings, **flags)
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
-        gaps = price_gaps(scoped(reader, cluster))
-        notes = dead_letter_notes(settings, period_start(scoped(reader, cluster))) + gap_notes(gaps)
+        period = report_period(scoped(reader, cluster), since_s)
+        gaps = price_gaps(scoped(reader, cluster), period)
+        notes = (dead_letter_notes(settings, period.start or period_start(scoped(reader, cluster)))
+                 + gap_notes(gaps))
         if html_path is not None:
-            written = write_html_report(reader, html_path, settings.advise, cluster)
+            written = write_html_report(reader, html_path, settings.advise, cluster, period)
             click.echo(f"HTML report written to {written}")
             echo_notes(notes, err=True)
             return
-        data = run_report(reader, list(sections) or None, settings.advise, cluster)
+        data = run_report(reader, list(sections) or None, settings.advise, cluster, period)
         unknown_money_in_report(data, gaps)
     except OSError as exc:
         raise UserError(f"cannot write {html_path}: {exc.strerror or exc}") from None
@@ -179,6 +186,9 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
         click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         echo_notes(notes, err=True)
         return
+    if period.start is not None and period.end is not None:
+        click.echo(f"period: {iso_utc(period.start)} .. {iso_utc(period.end)} "
+                   "(--since counts back from the latest data)")
     for name, rows in data.items():
         click.echo(f"\n== {TITLES.get(name, name)}")
         if not rows:

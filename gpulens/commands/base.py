@@ -64,3 +64,10 @@ def settings_from_flags(settings_type: type[S], **flags: Any) -> S:
     settings = load_settings(settings_type, **flags)
     logs.configure(settings.log_level, settings.log_format)
     return settings
+
+
+def duration_s(value: str | None, flag: str) -> float | None:
+    """``7d``, ``36h``, ``90m``, ``600s`` or bare seconds; a clear one-line error otherwise."""
+    from simulation.scenario import parse_duration
+
+    return None if value is None else parse_duration(value, flag, allow_zero=False)

@@ -22,7 +22,7 @@ from pathlib import Path
 from common.settings import AdviseThresholds
 from reports import timeseries
 from reports.advise import advice_rows, advise
-from reports.analyses import ANALYSES, run_report
+from reports.analyses import ANALYSES, advisor_thresholds, run_report
 from reports.fragmentation_series import fragmentation_over_time
 from reports.html.allocator import allocator_section
 from reports.html.format import FONT, WIDTH, as_number, esc, fmt_ts
@@ -44,7 +44,7 @@ from reports.html.sections import (
     vram_section,
 )
 from reports.notes import price_gaps, unknown_money_in_advice, unknown_money_in_report
-from reports.reader import SqlReader, scoped
+from reports.reader import WHOLE_HISTORY, Period, SqlReader, scoped
 from schemas.messages import DEFAULT_CLUSTER
 
 CSS = """
@@ -150,36 +150,37 @@ def render_html(data: ReportData, title: str = "gpulens fleet report") -> str:
 
 
 def collect_report_data(reader: SqlReader, advise_thresholds: AdviseThresholds | None = None,
-                        cluster: str | None = None) -> ReportData:
+                        cluster: str | None = None, period: Period = WHOLE_HISTORY) -> ReportData:
     """Every canned analysis plus the time series the charts need, as plain rows, of one cluster
-    (``reports.reader.scoped``: the named one, else the store's only one); ``advice`` is the
-    reclaimable-capacity advisor's whole answer (``reports.advise``), run once for its section."""
+    (``reports.reader.scoped``: the named one, else the store's only one) over ``period``; ``advice``
+    is the reclaimable-capacity advisor's whole answer (``reports.advise``), run once for its section
+    (over ``period`` unless that is the whole history: then over the thresholds' period)."""
     reader = scoped(reader, cluster)
-    data: ReportData = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"]))
+    data: ReportData = dict(run_report(reader, [n for n in ANALYSES if n != "reclaimable_capacity"], period=period))
     data["cluster"] = reader.cluster
-    data["advice"] = advise(reader, advise_thresholds or AdviseThresholds())
-    gaps = price_gaps(reader)
+    data["advice"] = advise(reader, advisor_thresholds(advise_thresholds, period))
+    gaps = price_gaps(reader, period)
     unknown_money_in_advice(data["advice"], gaps)
     data["reclaimable_capacity"] = advice_rows(data["advice"])
-    bucket_s = timeseries.choose_bucket_s(reader)
+    bucket_s = timeseries.choose_bucket_s(reader, period=period)
     data["bucket_s"] = bucket_s
-    data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s)
-    data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s)
-    data["fragmentation_series"] = fragmentation_over_time(reader, bucket_s)
-    data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader)
-    data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader)
-    data["allocator_by_pod"] = timeseries.allocator_by_pod(reader)
+    data["utilisation_by_team"] = timeseries.utilisation_by_team(reader, bucket_s, period)
+    data["capacity_over_time"] = timeseries.capacity_over_time(reader, bucket_s, period)
+    data["fragmentation_series"] = fragmentation_over_time(reader, bucket_s, period)
+    data["longest_waiting_pods"] = timeseries.longest_waiting_pods(reader, period=period)
+    data["pod_vram_peaks"] = timeseries.pod_vram_peaks(reader, period=period)
+    data["allocator_by_pod"] = timeseries.allocator_by_pod(reader, period=period)
     data["firing_alerts"] = timeseries.firing_alerts(reader)
     unknown_money_in_report(data, gaps)
     return data
 
 
 def write_html_report(reader: SqlReader, path: Path | str, advise_thresholds: AdviseThresholds | None = None,
-                      cluster: str | None = None) -> Path:
-    """Query, render and write the report of one cluster (see :func:`collect_report_data`); returns the
-    file's path."""
+                      cluster: str | None = None, period: Period = WHOLE_HISTORY) -> Path:
+    """Query, render and write the report of one cluster over ``period`` (see :func:`collect_report_data`);
+    returns the file's path."""
     target = Path(path)
-    data = collect_report_data(reader, advise_thresholds, cluster)
+    data = collect_report_data(reader, advise_thresholds, cluster, period)
     page = render_html(data) if data["cluster"] == DEFAULT_CLUSTER else render_html(
         data, f"gpulens fleet report: cluster {data['cluster']}")
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ def test_the_queue_equals_every_pod_against_every_window(
     compared = 0
     for cluster, name in names.items():
         reader = ClusterScope(store, cluster)
-        first, last = (advisor._ts(v) for v in query_rows(reader, f"""
+        first, last = (advisor.utc_time(v) for v in query_rows(reader, f"""
 SELECT min(window_start) AS first, max(window_end) AS last FROM cluster_capacity WHERE {IN_CLUSTER}""")[0].values())
         for start in (datetime(1970, 1, 1, tzinfo=UTC), first + (last - first) / 2 + timedelta(seconds=7.5)):
             for team in (None, "(none)"):
@@ -71,7 +71,7 @@ SELECT min(window_start) AS first, max(window_end) AS last FROM cluster_capacity
                 for row, twin in zip(new, raw, strict=True):
                     compared += 1
                     assert row["fragmented_pending_s"] == pytest.approx(float(twin["fragmented_pending_s"])), name
-                    assert row["defrag_would_place_at"] == iso_utc(advisor._ts(twin["first_fragmented_at"])), name
+                    assert row["defrag_would_place_at"] == iso_utc(advisor.utc_time(twin["first_fragmented_at"])), name
                     assert (row["free_gpus"], row["largest_free_block"]) == (
                         twin["free_gpus"], twin["largest_free_block"]), name
     assert compared > 10, "the scenarios have fragmented waits"

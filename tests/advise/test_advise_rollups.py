@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import closing
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -55,8 +55,8 @@ SELECT maxOrNull(e) AS data_end FROM (
     end = rows[0]["data_end"] if rows else None
     if not end:
         return None
-    data_end = advisor._ts(end)
-    return data_end - advisor.timedelta(seconds=since_s), data_end
+    data_end = advisor.utc_time(end)
+    return data_end - timedelta(seconds=since_s), data_end
 
 
 def raw_pod_gpu_rows(reader: SqlReader, start: datetime, team: str | None, cfg: AdviseThresholds) -> Rows:
@@ -109,7 +109,7 @@ def raw_held_nodes(reader: SqlReader, start: datetime) -> set[str]:
     return {r["node"] for r in query_rows(reader, f"""
 SELECT DISTINCT node FROM pod_windows
 WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""",
-                                          {"start": advisor._sql_ts(start)})}
+                                          {"start": advisor.sql_time(start)})}
 
 
 def raw_queue_rows(reader: SqlReader, start: datetime, team: str | None) -> Rows:
@@ -137,7 +137,7 @@ WHERE c.window_end > l.created_at AND c.window_start < l.wait_end
       {team_filter}
 GROUP BY pod_uid
 HAVING fragmented_pending_s > 0
-ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": advisor._sql_ts(start),
+ORDER BY fragmented_pending_s DESC, namespace, pod""", {"start": advisor.sql_time(start),
                                                         **({"team": team} if team is not None else {})})
 
 
@@ -181,7 +181,7 @@ def _same(new: Any, raw: Any, where: str = "") -> None:
 def _raw_advice(reader: SqlReader, cfg: AdviseThresholds, team: str | None,
                 monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     with monkeypatch.context() as patch:
-        patch.setattr(advisor, "_period", raw_period)
+        patch.setattr(advisor, "data_period", raw_period)
         patch.setattr(advisor, "_pod_gpu_rows", raw_pod_gpu_rows)
         patch.setattr(advisor, "_buckets", raw_buckets)
         patch.setattr(advisor, "_held_nodes", raw_held_nodes)
@@ -201,7 +201,7 @@ def _queue_twin(query: Any) -> Any:
 
 
 def _start(reader: SqlReader, since_s: float) -> datetime:
-    period = advisor._period(reader, since_s)
+    period = advisor.data_period(reader, since_s)
     assert period is not None
     return period[0]
 
@@ -265,7 +265,7 @@ def test_buckets_equal_the_raw_windows(reader: ClusterScope, bucket_s: float) ->
 
 def test_period_and_held_nodes_equal_the_raw_windows(reader: ClusterScope) -> None:
     for since_h in (1.7, 2.0, 24 * 7.0):
-        assert advisor._period(reader, since_h * 3600) == raw_period(reader, since_h * 3600)
+        assert advisor.data_period(reader, since_h * 3600) == raw_period(reader, since_h * 3600)
         start = _start(reader, since_h * 3600)
         assert advisor._held_nodes(reader, start) == raw_held_nodes(reader, start)
 

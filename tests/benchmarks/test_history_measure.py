@@ -52,7 +52,7 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> StoreFigures:
 
 
 def test_every_subject_runs_and_is_costed_within_the_read_limits(figures: StoreFigures) -> None:
-    assert len(figures.costs) == 5 + len(ANALYSES) + len(panels()) + len(cookbook())
+    assert len(figures.costs) == 6 + len(ANALYSES) + len(panels()) + len(cookbook())
     for name, cost in figures.costs.items():
         assert cost.queries >= 1, f"{name}: no query in the engine's log"
         assert cost.peak_memory_bytes <= MEMORY_TARGET and cost.max_query_s <= TIME_TARGET_S, name

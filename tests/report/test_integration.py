@@ -9,6 +9,7 @@ GPUs, waiting times.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -179,3 +180,52 @@ def test_html_cannot_be_combined_with_json(tmp_path: Path, capsys: pytest.Captur
     assert main(["report", "--html", str(tmp_path / "r.html"), "--json", "--data-dir", str(tmp_path)]) == 2
     assert "--html writes the whole report" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_since_reports_the_last_part_of_the_history_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The steady fleet: an hour of windows, then 10 minutes 70 hours later. ``--since`` counts back
+    from the latest window: the last hour or two days hold the 10 late minutes only, three days all."""
+    _html_report_of(tmp_path, monkeypatch, *_STEADY_FLEET)
+
+    def report(*args: str) -> dict[str, list[dict[str, object]]]:
+        capsys.readouterr()
+        assert main(["report", "--json", *args, "--data-dir", str(tmp_path)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    whole = report()
+    for since, windows in (("1h", 10), ("2d", 10), ("3d", 70), ("10m", 10), ("5m", 5)):
+        got = report("--since", since)
+        summary, (pod,) = got["summary"][0], got["pods"]
+        assert summary["windows"] == windows, since
+        assert summary["gpu_hours_allocated"] == pytest.approx(windows / 60, abs=1e-6), since
+        assert summary["gpu_hours_capacity"] == pytest.approx(windows * 120 / 60, abs=1e-6), since
+        assert pod["cost_usd"] == pytest.approx(windows * 0.1, abs=1e-6), since
+        assert [r["hour"] for r in got["fragmentation_over_time"]] == [
+            r["hour"] for r in whole["fragmentation_over_time"]][-1 if windows < 60 else 0:], since
+    assert report("--since", "3d") == whole
+
+    # the HTML report's charts: the 10 late minutes, in minutes (the whole history: the 70 hours, hourly)
+    out = tmp_path / "since.html"
+    assert main(["report", "--html", str(out), "--since", "1h", "--data-dir", str(tmp_path)]) == 0
+    page = parse(out.read_text(encoding="utf-8"))
+    assert page.series_values("fleet-states", "busy") == pytest.approx([94.0] * 10)
+    util = [m.value for m in page.charts["utilisation"].marks if m.tag != "path" and not math.isnan(m.value)]
+    assert util == pytest.approx([90.0] * 10)
+
+    capsys.readouterr()
+    assert main(["report", "--section", "summary", "--since", "1h", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(
+        "period: 2026-01-08T07:10:00.000Z .. 2026-01-08T08:10:00.000Z (--since counts back from the latest data)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--since", "yesterday"], "--since"),
+    (["--since", "0h"], "--since"),
+])
+def test_a_bad_since_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                            message: str) -> None:
+    assert main(["report", *args, "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

@@ -1,11 +1,12 @@
-"""The daily rollups that answer from any start with their hourly twins (``gpu_daily`` with
-``gpu_hourly``, ``pod_daily`` with ``pod_hourly``, ``pod_active_daily`` with ``pod_active_hourly``)
-give the raw rows' figures per day, and their rows since a start (:meth:`sinks.rollups.Rollup.rows_since`:
-the start's part hour from the raw rows, the rest of its day from the hourly rollup, whole days from
-the daily one) equal the raw rows since that start, for starts inside an hour, on the hour, at
-midnight and before the first row, on samples and windows that cross a midnight. The back-fill of
-``gpu_daily`` and ``pod_active_daily`` (migration 18) merges the hourly rollup, so days whose raw
-rows the TTL already dropped keep their figures."""
+"""The daily rollups (``gpu_daily`` with its hourly twin ``gpu_hourly``, ``pod_daily``,
+``pod_active_daily`` and ``team_daily`` with theirs, ``shared_gpu_daily`` without one) give the raw
+rows' figures per day, and their rows since a start (:meth:`sinks.rollups.Rollup.rows_since`: the
+start's part hour from the raw rows, the rest of its day from the hourly rollup, whole days from the
+daily one; without an hourly twin the start's part day from the raw rows) equal the raw rows since
+that start, for starts inside an hour, on the hour, at midnight and before the first row, on samples
+and windows that cross a midnight. The back-fill of ``gpu_daily`` and ``pod_active_daily``
+(migration 18) merges the hourly rollup, so days whose raw rows the TTL already dropped keep their
+figures."""
 
 from __future__ import annotations
 
@@ -126,7 +127,9 @@ def test_the_back_fill_keeps_the_days_whose_raw_samples_are_gone(store_before_da
 
 
 MIDNIGHT = datetime(2026, 3, 2, tzinfo=UTC)
-POD_DAILY_ROLLUPS = (rollups.POD_DAILY, rollups.POD_ACTIVE_DAILY)
+POD_DAILY_ROLLUPS = tuple(r for r in rollups.ROLLUPS if r.source == "pod_windows" and r.period == "day")
+"""Every daily rollup of the windows: with an hourly twin (``pod_daily``, ``pod_active_daily``,
+``team_daily``) or without (``shared_gpu_daily``: the part day from the raw rows)."""
 
 
 def _at(window: Any, start: datetime) -> Any:
@@ -144,7 +147,8 @@ def _windows() -> list[Any]:
         windows += [
             _at(f.window("wide", 0, 0, busy_s=busy, mem=(3 + k % 5) * f.GIB).model_copy(
                 update={"max_sm_util_pct": 10.0 + (k * 7) % 80 if busy else 0.0}), start),
-            _at(f.window("wide", 1, 0, busy_s=0.0, mem=2 * f.GIB + k), start),
+            _at(f.window("wide", 1, 0, busy_s=0.0, mem=2 * f.GIB + k).model_copy(update={"share_fraction": 0.5}),
+                start),
             _at(f.window("solo", 0, 0, busy_s=30.0 if k % 4 else 0.0, node="gpu-b"), start),
             _at(f.window("never", 1, 0, busy_s=0.0, node="gpu-b"), start),
         ]
@@ -171,11 +175,6 @@ def test_the_pod_daily_rollups_and_their_rows_since_any_start_equal_the_raw_wind
                               _since(start))
             assert_figures_equal(raw, rollup_figures(store, rollup, keys, rollup.rows_since("start"), _since(start)),
                                  f"{rollup.table.name} since {start}")
-
-
-def test_a_daily_rollup_without_an_hourly_twin_does_not_answer_from_a_start() -> None:
-    with pytest.raises(ValueError, match="hourly"):
-        rollups.PROGRESS_DAILY.rows_since("start")
 
 
 def test_the_active_windows_back_fill_keeps_the_days_whose_windows_are_gone(

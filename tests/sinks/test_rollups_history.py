@@ -35,7 +35,7 @@ import pytest
 
 from benchmarks.history.fill import FillOutcome, FillSpec, fill, sink_settings, template_scenario
 from common.metrics import MetricsRegistry
-from reports.analyses import run_report
+from reports.analyses import report_period, run_report
 from reports.reader import round_floats, scoped
 from reports.timeseries import utilisation_by_team
 from schemas.topics import POD_WINDOWS
@@ -329,19 +329,38 @@ def _assert_rows_equal(raw: list[dict[str, Any]], rolled: list[dict[str, Any]], 
                 assert got[name] == value, (what, name, expected)
 
 
+def _since(sql: str, start: datetime | None) -> str:
+    """``sql`` over the raw windows and progress at or after ``start`` (None: all of them)."""
+    if start is None:
+        return sql
+    at = f"toDateTime64('{start:%Y-%m-%d %H:%M:%S.%f}', 6, 'UTC')"
+    windows = f"(SELECT * FROM pod_windows FINAL WHERE window_start >= {at})"
+    return (sql.replace("pod_windows AS w FINAL", f"{windows} AS w").replace("pod_windows FINAL", windows)
+            .replace("workload_progress FINAL", f"(SELECT * FROM workload_progress FINAL WHERE ts >= {at})"))
+
+
+@pytest.mark.parametrize("since_h", [None, 2.5, 1.0, 1 / 60],
+                         ids=lambda h: "whole history" if h is None else f"{h:g} h")
 def test_the_report_sections_from_the_rollups_equal_the_same_sql_over_the_raw_windows(
-        filled: FillOutcome) -> None:
+        filled: FillOutcome, since_h: float | None) -> None:
+    """Over the whole history and over the last ``since_h`` hours of data (``gpulens report --since``):
+    a start inside an hour, on the hour, in the last hour."""
     names = {"team": "if(team = '', '(none)', team)", "project": "if(project = '', '(none)', project)",
              "idle_class": rollups.IDLE_CLASS, "price": PRICE}
     with closing(open_store(f"chdb://{filled.path}")) as store:
         reader = scoped(store)
-        report = run_report(reader, list(RAW_SECTIONS))
+        period = report_period(reader, None if since_h is None else since_h * 3600)
+        assert (period.start is None) == (since_h is None)
+        report = run_report(reader, list(RAW_SECTIONS), period=period)
         for name, sql in RAW_SECTIONS.items():
-            raw = round_floats(store.query(sql.format(**names)).dicts(), 9 if name == "cost_per_unit_of_work" else 6)
+            raw = round_floats(store.query(_since(sql, period.start).format(**names)).dicts(),
+                               9 if name == "cost_per_unit_of_work" else 6)
             if name == "summary":  # its capacity and lifecycle figures come from their own tables
                 report[name] = [{key: report[name][0][key] for key in raw[0]}]
             _assert_rows_equal(raw, report[name], name)
         assert len({r["idle_class"] for r in report["idle_by_team_and_class"]}) >= 2, "several idle classes"
+        if since_h is not None:
+            return
         for bucket_s in (3600, 7200, 86400):
             raw = round_floats(store.query(RAW_UTILISATION.format(bucket_s=bucket_s, **names)).dicts())
             _assert_rows_equal(raw, utilisation_by_team(reader, bucket_s), f"utilisation per {bucket_s} s")
