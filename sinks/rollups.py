@@ -19,7 +19,8 @@ merge rows with (:meth:`Rollup.merged`) are built from that declaration.
   and per day (``pod_windows``): windows, distinct pods (all, and those with idle or gap seconds),
   allocated, busy, idle and gap seconds, utilisation, peak VRAM, energy, cost and its idle part,
   first and last window. The report's fleet summary, top teams and projects, idle by team and class,
-  cost by team and utilisation by team read them.
+  cost by team and utilisation by team read them (over ``gpulens report --since``'s period: whole days
+  from the daily one, the hours before the first from the hourly one).
 - :data:`POD_HOURLY`, :data:`POD_DAILY`: pod windows per pod and GPU (with the pod's namespace, name,
   team and project, its node and the GPU model), per hour and per day (``pod_windows``): windows and
   busy windows, allocated, busy, idle, gap and held (allocated x share) GPU-seconds, utilisation,
@@ -30,7 +31,8 @@ merge rows with (:meth:`Rollup.merged`) are built from that declaration.
   daily one; the advisor reads the hourly one from its start on (:meth:`Rollup.rows_since`).
 - :data:`PROGRESS_DAILY`: workload progress per pod and day (``workload_progress``): the least and the
   greatest of each total it reported (steps, tokens, samples), so a pod's progress over any days is
-  the greatest less the least (``v_cost_per_unit``).
+  the greatest less the least (``v_cost_per_unit``, :func:`cost_per_unit`). Without an hourly twin,
+  it and :data:`SHARED_GPU_DAILY` take a period's part first day from the raw rows.
 - :data:`POD_ACTIVE_HOURLY`: a pod's active windows per GPU, team and hour (the advisor's evidence and
   percentiles); :data:`SHARED_GPU_DAILY`: a pod's windows on shared GPUs per day (``v_shared_gpu_cost``).
   Both read the stamps the node stage gives each window (:attr:`Rollup.stamped`).
