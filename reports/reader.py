@@ -144,15 +144,21 @@ SELECT maxOrNull(e) AS data_end FROM (
 ) WHERE e > toDateTime64(0, 3, 'UTC')"""
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""Where a period longer than the data starts (the store holds nothing earlier)."""
+
+
 def data_period(reader: SqlReader, since_s: float) -> tuple[datetime, datetime] | None:
     """The last ``since_s`` seconds of the data: counted back from the latest window stored (pod or
-    capacity; not the wall clock, so a replayed or lagging history reads the same); None: no data."""
+    capacity; not the wall clock, so a replayed or lagging history reads the same), from
+    :data:`EPOCH` at the earliest; None: no data."""
     rows = query_rows(reader, _DATA_END)
     end = rows[0]["data_end"] if rows else None
     if not end:
         return None
     data_end = utc_time(end)
-    return data_end - timedelta(seconds=since_s), data_end
+    longest_s = (data_end - EPOCH).total_seconds()
+    return (EPOCH if since_s >= longest_s else data_end - timedelta(seconds=since_s)), data_end
 
 
 def query_rows(reader: SqlReader, sql: str, parameters: dict[str, Any] | None = None) -> Rows:

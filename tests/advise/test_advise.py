@@ -132,6 +132,10 @@ def test_since_counts_back_from_the_latest_data_not_the_wall_clock(stored: Calla
     assert (t["reclaim_gpu_hours"], t["right_size_gpu_hours"], t["pack_gpu_hours"], t["scale_to_zero_gpu_hours"]) \
         == pytest.approx((1.0, 6.0, 2.0, 8.0))
     assert advice["headline"]["gpus"] == pytest.approx(17.0)
+    # a period longer than any date (past what a time can hold) is the whole history, from 1970
+    whole = advise_json(stored("advise-fleet"), "--since", "99999999999d")
+    assert whole["period"]["start"] == "1970-01-01T00:00:00.000Z"
+    assert whole["totals"] == advise_json(stored("advise-fleet"), "--since", "3650d")["totals"]
 
 
 def test_a_shorter_idle_run_than_the_threshold_is_not_reclaimed_but_packed(stored: Callable[[str], Path]) -> None:

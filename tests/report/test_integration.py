@@ -205,6 +205,7 @@ def test_since_reports_the_last_part_of_the_history_only(
         assert [r["hour"] for r in got["fragmentation_over_time"]] == [
             r["hour"] for r in whole["fragmentation_over_time"]][-1 if windows < 60 else 0:], since
     assert report("--since", "3d") == whole
+    assert report("--since", "99999999999d") == whole, "longer than any date: the whole history"
 
     # the HTML report's charts: the 10 late minutes, in minutes (the whole history: the 70 hours, hourly)
     out = tmp_path / "since.html"
