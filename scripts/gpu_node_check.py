@@ -29,7 +29,8 @@ GPU 0 and what loading and initialising the real library adds to a process's mem
 agent's), ``workload.log`` (both CUDA processes) and ``summary.json``, which it also prints: every line decoded by the
 topic's schema, GPU 0's readings against nvidia-smi's, the workload's process and its pod as the
 agent attributed them, progress and allocator messages, and the agent's peak RSS. Exit 1 when a
-check fails; each failure is named in the summary.
+check fails; each failure is named in the summary. Stopped (Ctrl-C, SIGTERM), it stops its processes
+and removes the cgroups it made.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def main() -> int:
     parser.add_argument("--metrics-port", type=int, default=9477)
     parser.add_argument("--backend-costs", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminated)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     if args.backend_costs:
@@ -196,6 +198,12 @@ def _smi(args: list[str], out: Path) -> str:
         with (out / "smi-errors.txt").open("a") as errors:
             errors.write(f"{args}: {exc}\n")
         return ""
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM (a timeout, a stopped job) unwinds like Ctrl-C: the workload and the agent are stopped and
+    the pod's cgroups removed, none left behind in the machine's hierarchy."""
+    raise SystemExit(128 + signum)
 
 
 def _pod_cgroup(stack: contextlib.ExitStack, pod_uid: str, container_id: str) -> Path | None:
