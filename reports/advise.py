@@ -37,7 +37,7 @@ from typing import Any
 
 from common.settings import AdviseThresholds
 from reports.packing import EPS, GIB, PodEvidence, iso_utc, pack_pods, reclaimable_by_pod, right_size
-from reports.reader import IN_CLUSTER, Row, Rows, SqlReader, data_period, query_rows, sql_time, utc_time
+from reports.reader import IN_CLUSTER, START, Row, Rows, SqlReader, data_period, query_rows, sql_time, utc_time
 from sinks import rollups
 from sinks.rollups import POD_ACTIVE_DAILY, POD_DAILY, POD_HOURLY, PRICE
 
@@ -59,7 +59,7 @@ def _params(start: datetime, team: str | None, alias: str = "",
     come from a subquery that starts there) and of ``team``, and its parameters."""
     where = f"{alias}{IN_CLUSTER}"
     if time_column:
-        where += f" AND {alias}{time_column} >= toDateTime64({{start:String}}, 3, 'UTC')"
+        where += f" AND {alias}{time_column} >= {START}"
     params = {"start": sql_time(start)}
     if team is not None:
         where += f" AND if({alias}team = '', '(none)', {alias}team) = {{team:String}}"
@@ -357,7 +357,7 @@ SELECT sum(coalesce(gpu_s_total, gpus_total * dateDiff('millisecond', window_sta
            AS unallocated_gpu_hours,
        sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS span_s
 FROM cluster_capacity FINAL
-WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')""", {"start": sql_time(start)})[0]
+WHERE {IN_CLUSTER} AND window_start >= {START}""", {"start": sql_time(start)})[0]
     cost = query_rows(reader, f"""
 SELECT sum(s.sampled_s / 3600 * coalesce(p.usd_per_gpu_hour, 0)) AS cost_usd
 FROM {rollups.gpu_rows_since("start")} AS s
@@ -415,14 +415,14 @@ def _queue(reader: SqlReader, start: datetime, team: str | None) -> Rows:
 WITH
 c AS (SELECT window_start, window_end, arraySum(mapValues(free_gpus_by_node)) AS free, largest_free_block,
              intDiv(toInt64(toUnixTimestamp(window_start)), 3600) AS hour
-      FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= toDateTime64({{start:String}}, 3, 'UTC')),
+      FROM cluster_capacity FINAL WHERE {IN_CLUSTER} AND window_start >= {START}),
 w AS (SELECT *, addMilliseconds(created_at, toInt64(floor(pending_s * 1000))) AS wait_end
       FROM pod_lifecycle FINAL WHERE {IN_CLUSTER} AND gpus > 0 AND pending_s > 0),
 l AS (SELECT *, arrayJoin(range(
                     intDiv(toInt64(toUnixTimestamp(created_at)) - (SELECT intDiv(max(dateDiff('millisecond',
                         window_start, window_end)), 1000) + 1 FROM c), 3600),
                     intDiv(toInt64(toUnixTimestamp(wait_end)), 3600) + 1)) AS hour
-      FROM w WHERE wait_end > toDateTime64({{start:String}}, 3, 'UTC'))
+      FROM w WHERE wait_end > {START})
 SELECT l.pod_uid AS pod_uid, any(l.namespace) AS namespace, any(l.name) AS pod, any(l.team) AS team,
        any(l.gpus) AS gpus, any(l.created_at) AS created_at, any(l.scheduled_at) AS scheduled_at,
        any(l.pending_s) AS pending_s,

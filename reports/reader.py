@@ -137,6 +137,7 @@ def scoped(reader: SqlReader, cluster: str | None = None) -> ClusterScope:
         raise ClusterError(f"no data of cluster {cluster!r}; the store holds: {', '.join(names)}")
     return ClusterScope(reader.reader if isinstance(reader, ClusterScope) else reader, cluster)
 
+
 _DATA_END = f"""
 SELECT maxOrNull(e) AS data_end FROM (
     SELECT max(last_end) AS e FROM pod_hourly WHERE {IN_CLUSTER}

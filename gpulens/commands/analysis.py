@@ -165,10 +165,10 @@ def report(as_json: bool, sections: tuple[str, ...], html_path: Path | None, clu
     settings = settings_from_flags(AdvisorSettings, **flags)
     reader = open_analysis_reader(clickhouse_url, flags)
     try:
-        period = report_period(scoped(reader, cluster), since_s)
-        gaps = price_gaps(scoped(reader, cluster), period)
-        notes = (dead_letter_notes(settings, period.start or period_start(scoped(reader, cluster)))
-                 + gap_notes(gaps))
+        scope = scoped(reader, cluster)
+        period = report_period(scope, since_s)
+        gaps = price_gaps(scope, period)
+        notes = dead_letter_notes(settings, period.start or period_start(scope)) + gap_notes(gaps)
         if html_path is not None:
             written = write_html_report(reader, html_path, settings.advise, cluster, period)
             click.echo(f"HTML report written to {written}")
