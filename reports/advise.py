@@ -149,14 +149,17 @@ def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: A
     where, params = _params(start, team, time_column="")
     m = {name: POD_ACTIVE_DAILY.merged(name) for name in POD_ACTIVE_DAILY.measures}
     return query_rows(reader, f"""
-SELECT pod_uid, gpu_uuid, {m["active_windows"]} AS active_windows, {m["active_gpu_s"]} AS active_s,
-       {m["sm_windows"]} AS sm_windows, {m["active_peak_sm_pct"]} AS peak_sm,
-       {m["active_peak_mem_bytes"]} AS peak_mem,
-       {rollups.percentile(m["sm_bins"], "sm_windows", "peak_sm", rollups.SM_BIN_PCT, level)} AS pct_sm,
-       {rollups.percentile(m["mem_bins"], "active_windows", "peak_mem", rollups.VRAM_BIN_BYTES, level)} AS pct_mem
-FROM {POD_ACTIVE_DAILY.rows_since("start")}
-WHERE {where}
-GROUP BY pod_uid, gpu_uuid""", params)
+SELECT pod_uid, gpu_uuid, active_windows, active_s, sm_windows, peak_sm, peak_mem,
+       {rollups.percentile("sm_pairs", "sm_windows", "peak_sm", rollups.SM_BIN_PCT, level)} AS pct_sm,
+       {rollups.percentile("mem_pairs", "active_windows", "peak_mem", rollups.VRAM_BIN_BYTES, level)} AS pct_mem
+FROM (
+    SELECT pod_uid, gpu_uuid, {m["active_windows"]} AS active_windows, {m["active_gpu_s"]} AS active_s,
+           {m["sm_windows"]} AS sm_windows, {m["active_peak_sm_pct"]} AS peak_sm,
+           {m["active_peak_mem_bytes"]} AS peak_mem,
+           {rollups.histogram_pairs("sm_bins")} AS sm_pairs, {rollups.histogram_pairs("mem_bins")} AS mem_pairs
+    FROM {POD_ACTIVE_DAILY.rows_since("start")}
+    WHERE {where}
+    GROUP BY pod_uid, gpu_uuid)""", params)
 
 
 def _owners(reader: SqlReader) -> dict[str, Row]:

@@ -410,14 +410,22 @@ SHARED_GPU_COST_VIEW = f"CREATE OR REPLACE VIEW v_shared_gpu_cost AS\n{shared_gp
 """Each pod's usage-based cost on shared GPUs over all its history (:func:`shared_gpu_cost`)."""
 
 
-def percentile(histogram: str, count: str, peak: str, width: int, level: float) -> str:
-    """The expression of the ``level`` percentile (0-1) of ``count`` values whose merged
-    :data:`HISTOGRAM <sinks.tables.HISTOGRAM>` is ``histogram`` and greatest value ``peak``, as
-    ``quantileExact(level)`` picks it (the value at index ``level x count`` of the sorted values, the
-    last one at level 1): its bin's upper bound, or the peak where that is less. Never below the
-    exact value, less than ``width`` above it; NULL when there is no value."""
+def histogram_pairs(column: str) -> str:
+    """The aggregate expression of the rows' :data:`HISTOGRAM <sinks.tables.HISTOGRAM>` ``column``
+    put together as one array of (bin, count) pairs sorted by bin, a bin repeated where several rows
+    have it. :func:`percentile` needs no more than that: the cumulative counts cross a rank in the bin
+    in which the merged histogram's cross it, and unlike ``sumMap`` no map is built per group."""
+    return f"arraySort(arrayFlatten(groupArray(arrayZip(({column}).1, ({column}).2))))"
+
+
+def percentile(pairs: str, count: str, peak: str, width: int, level: float) -> str:
+    """The expression of the ``level`` percentile (0-1) of ``count`` values whose histogram is
+    ``pairs`` (:func:`histogram_pairs`) and greatest value ``peak``, as ``quantileExact(level)``
+    picks it (the value at index ``level x count`` of the sorted values, the last one at level 1):
+    its bin's upper bound, or the peak where that is less. Never below the exact value, less than
+    ``width`` above it; NULL when there is no value."""
     rank = f"if({level!r} < 1, toUInt64(floor({level!r} * {count})), {count} - 1)"
-    bin_ = f"({histogram}).1[arrayFirstIndex(c -> c > {rank}, arrayCumSum(({histogram}).2))]"
+    bin_ = f"({pairs})[arrayFirstIndex(c -> c > {rank}, arrayCumSum(arrayMap(p -> p.2, {pairs})))].1"
     return f"if({count} = 0, NULL, least({bin_} * {width}, {peak}))"
 
 

@@ -30,6 +30,7 @@ from sinks.migrations import migrate
 from tests.sinks import factories as f
 
 ROLLUP = rollups.POD_ACTIVE_HOURLY
+SM_PAIRS, MEM_PAIRS = rollups.histogram_pairs('sm_bins'), rollups.histogram_pairs('mem_bins')
 MINUTES = range(0, 150, 1)
 LEVELS = (0.01, 0.5, 0.9, 0.95, 1.0)
 
@@ -125,9 +126,8 @@ WITH r AS (
     SELECT pod_uid, gpu_uuid, {ROLLUP.merged('sm_windows')} AS sm_windows,
            {ROLLUP.merged('active_windows')} AS active_windows,
            {ROLLUP.merged('active_peak_sm_pct')} AS peak_sm, {ROLLUP.merged('active_peak_mem_bytes')} AS peak_mem,
-           {rollups.percentile(ROLLUP.merged('sm_bins'), 'sm_windows', 'peak_sm', rollups.SM_BIN_PCT, level)} AS sm,
-           {rollups.percentile(ROLLUP.merged('mem_bins'), 'active_windows', 'peak_mem', rollups.VRAM_BIN_BYTES,
-                               level)} AS mem
+           {rollups.percentile(SM_PAIRS, 'sm_windows', 'peak_sm', rollups.SM_BIN_PCT, level)} AS sm,
+           {rollups.percentile(MEM_PAIRS, 'active_windows', 'peak_mem', rollups.VRAM_BIN_BYTES, level)} AS mem
     FROM {ROLLUP.table.name} WHERE cluster = 'default' GROUP BY pod_uid, gpu_uuid),
 x AS (
     SELECT pod_uid, gpu_uuid, quantileExactIf({level!r})(max_sm_util_pct, max_sm_util_pct IS NOT NULL) AS sm,
