@@ -147,7 +147,8 @@ def _active_figures(reader: SqlReader, start: datetime, team: str | None, cfg: A
     (:data:`~sinks.rollups.SM_BIN_PCT`, :data:`~sinks.rollups.VRAM_BIN_BYTES`) above it."""
     level = cfg.percentile / 100
     where, params = _params(start, team, time_column="")
-    m = {name: POD_ACTIVE_DAILY.merged(name) for name in POD_ACTIVE_DAILY.measures}
+    m = {name: POD_ACTIVE_DAILY.merged(name) for name in (
+        "active_windows", "active_gpu_s", "sm_windows", "active_peak_sm_pct", "active_peak_mem_bytes")}
     return query_rows(reader, f"""
 SELECT pod_uid, gpu_uuid, active_windows, active_s, sm_windows, peak_sm, peak_mem,
        {rollups.percentile("sm_pairs", "sm_windows", "peak_sm", rollups.SM_BIN_PCT, level)} AS pct_sm,

@@ -1,5 +1,5 @@
 """A query's result comes back as plain, JSON-friendly values, whatever the column's type: what
-``gpulens query``, the read API, the report and the advisor show and serialise."""
+``gpulens sql``, the read API, the report and the advisor show and serialise."""
 
 from __future__ import annotations
 
