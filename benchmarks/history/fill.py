@@ -57,7 +57,7 @@ from sinks.migrations import MIGRATIONS
 from sinks.rollups import ROLLUPS
 from sinks.service import prepare_store
 
-FILL_VERSION = 3
+FILL_VERSION = 4
 """Part of the cache key: a change to what the fill writes makes new stores."""
 
 DAY_S = 86_400
@@ -220,11 +220,14 @@ def _wandering(doc: dict[str, Any], parsed: Scenario, variant: int) -> dict[str,
 
 
 def sink_settings(spec: FillSpec, path: Path) -> SinkSettings:
-    """Settings of the store at ``path`` that keep the whole history (raw samples included)."""
+    """Settings of the store at ``path`` that keep the whole history (raw samples included), with the
+    template fleet's list prices (the sink loads them into ``gpu_prices``, as an installation priced
+    for its GPU models has them; without them every money figure of a report is unknown)."""
     keep = TtlDays.keeping(spec.start)
     return SinkSettings(data_dir=path.parent, clickhouse=ClickHouseSettings(url=f"chdb://{path}"),
                         raw_sample_ttl_days=keep.raw + spec.days, state_ttl_days=keep.state + spec.days,
-                        rollup_ttl_days=keep.rollup + spec.days, max_future_skew_s=2 * DAY_S)
+                        rollup_ttl_days=keep.rollup + spec.days, max_future_skew_s=2 * DAY_S,
+                        prices_usd_per_gpu_hour=template_scenario(spec, 0).prices)
 
 
 @dataclass

@@ -8,8 +8,9 @@ Figures and their baselines, all from one run:
   query): CPU time and bytes read over N days, with the ratio to the same over 1 day (target: at
   most 2x for a fleet- or team-level aggregate; per row of the answer for a subject that lists pods
   or rows, and for a cookbook query whose N-day answer has at least twice the rows of its 1-day
-  one); its largest query's peak memory and duration against the product's read limits with a
-  margin of 4x (512 MiB, 15 s);
+  one; per pod of the range for one that judges or ranks every pod of it, :class:`Rating`); its
+  largest query's peak memory and duration against the product's read limits with a margin of 4x
+  (512 MiB, 15 s);
 - ``gpulens report --since 1d`` on the N-day store against the same on the 1-day store (the last day
   of a long history costs what the day alone costs);
 - report and advise over N days against one full scan of one raw-samples column over the same N
@@ -30,7 +31,7 @@ import orjson
 
 from benchmarks.harness import Result, print_table
 from benchmarks.history.fill import TABLES, FillOutcome, FillSpec, fill
-from benchmarks.history.measure import RUNS, StoreFigures, is_aggregate, measure_store
+from benchmarks.history.measure import RUNS, Rating, StoreFigures, measure_store, rating_of
 from common.settings import CommonSettings, load_settings
 from sinks.rollups import ROLLUPS
 
@@ -103,17 +104,24 @@ def cost_figures(short: StoreFigures, long: StoreFigures) -> list[Result]:
         one = short.costs.get(name)
         label = name[:44]
         if one is not None and subject.kind != "baseline":
-            if is_aggregate(subject, one, cost):
-                ratio, target = _ratio(cost.cpu_s, one.cpu_s), "<= 2x (1 d)"
-            else:  # a list: the cost per row of the answer
+            rating = rating_of(subject, one, cost)
+            whole = _ratio(cost.cpu_s, one.cpu_s)
+            if rating is Rating.AGGREGATE:
+                ratio, target, size = whole, "<= 2x (1 d)", ""
+            elif rating is Rating.PER_ROW:
                 ratio = _ratio(cost.cpu_s / max(cost.result_rows, 1), one.cpu_s / max(one.result_rows, 1))
-                target = "<= 2x per row (1 d)"
+                target, size = "<= 2x per row (1 d)", f"; {whole or 0:.2f}x 1 d as a whole"
+            else:
+                ratio = _ratio(cost.cpu_s / max(long.pods, 1), one.cpu_s / max(short.pods, 1))
+                target = "<= 2x per pod (1 d)"
+                size = f"; weighs {long.pods} pods (1 d: {short.pods}), {whole or 0:.2f}x 1 d as a whole"
             results.append(Result(BENCH, label, cost.cpu_s, f"CPU s {n}d", baseline=f"{name}, 1 d",
                                   ratio_to_baseline=ratio, target=target,
                                   notes=f"{cost.queries} queries, {cost.read_rows} rows / {cost.read_bytes} bytes "
                                         f"read ({_ratio(cost.read_bytes, one.read_bytes) or 0:.2f}x 1 d), "
                                         f"{cost.result_rows} result rows, wall {cost.wall_s:.2f} s (1 d: "
-                                        f"{one.cpu_s:.3f} CPU s, {one.read_bytes} bytes, wall {one.wall_s:.2f} s)"))
+                                        f"{one.cpu_s:.3f} CPU s, {one.read_bytes} bytes, wall {one.wall_s:.2f} s)"
+                                        f"{size}"))
         if subject.kind == "baseline" or name in REPORT_AND_ADVISE:
             read = _ratio(cost.read_bytes, baseline.read_bytes) or 0
             results.append(Result(BENCH, f"{label[:34]} vs scan", cost.cpu_s, f"CPU s {n}d",

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -121,25 +122,37 @@ class Cost:
                    max((q.duration_s for q in queries), default=0.0), sum(q.result_rows for q in queries), wall_s)
 
 
+class Rating(Enum):
+    """What a subject's cost over the long range is held to, against the same over 1 day."""
+
+    AGGREGATE = "aggregate"
+    """A fleet-, team- or node-level figure: its cost must not grow with the history."""
+    PER_ROW = "per row"
+    """A list of pods, alerts, hours or days: its cost per row of the answer."""
+    PER_POD = "per pod"
+    """A judgement or ranking of every pod of the range (the advisor, a top N of pods by cost): its
+    cost per pod of the range. Its answer is exact only if every pod is weighed, so what it costs
+    follows the pods the range holds, not the rows it prints."""
+
+
 @dataclass(frozen=True)
 class Subject:
     name: str
     kind: str
     """``cli``, ``section`` (one section of ``gpulens report``), ``panel``, ``cookbook``, ``baseline``."""
     run: Callable[[], object]
-    aggregate: bool | None = True
-    """A fleet- or team-level aggregate (its cost must not grow with the history); False: it lists
-    pods or rows, whose cost may grow with its answer; None: told by its answer (:func:`is_aggregate`)."""
+    rating: Rating | None = Rating.AGGREGATE
+    """None: told by its answer (:func:`rating_of`)."""
 
 
-def is_aggregate(subject: Subject, short: Cost, long: Cost) -> bool:
-    """Whether ``subject`` is rated as an aggregate, given its costs over 1 day (``short``) and over
-    the long range: as declared, or where undeclared (the cookbook's free-form queries) unless its
-    long answer has at least twice the rows of its 1-day answer, as a list of pods or alerts or a row
-    per hour or day has (its cost is then rated per row of the answer)."""
-    if subject.aggregate is not None:
-        return subject.aggregate
-    return long.result_rows < 2 * max(short.result_rows, 1)
+def rating_of(subject: Subject, short: Cost, long: Cost) -> Rating:
+    """How ``subject`` is rated, given its costs over 1 day (``short``) and over the long range: as
+    declared, or where undeclared (the cookbook's free-form queries) as an aggregate unless its long
+    answer has at least twice the rows of its 1-day answer, as a list of pods or alerts or a row per
+    hour or day has."""
+    if subject.rating is not None:
+        return subject.rating
+    return Rating.AGGREGATE if long.result_rows < 2 * max(short.result_rows, 1) else Rating.PER_ROW
 
 
 def measure(engine: LoggedEngine, subject: Subject, runs: int = RUNS) -> Cost:
@@ -219,6 +232,11 @@ def panels() -> list[tuple[str, str, str]]:
     return found
 
 
+RANKS_PODS = re.compile(r"GROUP BY namespace, pod\b[^;]*?ORDER BY [^;]*?LIMIT \d+\s*$", re.DOTALL)
+"""A panel's or cookbook query's SQL that ranks the range's pods and keeps the top N (:attr:`Rating.PER_POD`)."""
+RANKING_SECTIONS = frozenset({"top_pods", "cost_per_unit_of_work", "shared_gpu_cost"})
+"""The report's sections that rank the range's pods and keep the top N (:attr:`Rating.PER_POD`)."""
+
 LISTING_PANELS = re.compile(r"active alerts|pending pods|reserved but unused|retries", re.IGNORECASE)
 """Panels whose answer is a list of pods or alerts (cost per row of the answer), not an aggregate."""
 
@@ -249,16 +267,22 @@ def subjects(url: str, reader: ClickHouseStore, start: datetime, end: datetime, 
         Subject("gpulens report (text)", "cli", cli(["report"], url)),
         Subject("gpulens report --json", "cli", cli(["report", "--json"], url)),
         Subject("gpulens report --html", "cli", cli(["report", "--html", str(html)], url)),
-        Subject("gpulens advise --since <range>", "cli", cli(["advise", "--since", f"{since_days}d"], url)),
+        Subject("gpulens advise --since <range>", "cli", cli(["advise", "--since", f"{since_days}d"], url),
+                rating=Rating.PER_POD),
         Subject("gpulens report --json --since 1d", "cli", cli(["report", "--json", "--since", "1d"], url)),
     ]
     for name in ANALYSES:
-        found.append(Subject(f"report section {name}", "section", section(reader, name), aggregate=name not in LISTS))
+        rating = (Rating.PER_POD if name in RANKING_SECTIONS else Rating.PER_ROW if name in LISTS
+                  else Rating.AGGREGATE)
+        found.append(Subject(f"report section {name}", "section", section(reader, name), rating))
     for dashboard, title, raw in panels():
+        rating = (Rating.PER_POD if RANKS_PODS.search(raw) else
+                  Rating.PER_ROW if LISTING_PANELS.search(title) or POINT_PER_WINDOW.search(raw) else Rating.AGGREGATE)
         found.append(Subject(f"panel {dashboard}: {title}", "panel", sql(reader, expand_macros(raw, start, end)),
-                             aggregate=not (LISTING_PANELS.search(title) or POINT_PER_WINDOW.search(raw))))
+                             rating))
     for i, (heading, text) in enumerate(cookbook(), start=1):
-        found.append(Subject(f"sql.md #{i} {heading}", "cookbook", sql(reader, text), aggregate=None))
+        found.append(Subject(f"sql.md #{i} {heading}", "cookbook", sql(reader, text),
+                             Rating.PER_POD if RANKS_PODS.search(text) else None))
     return found
 
 
@@ -283,6 +307,11 @@ def bytes_on_disk(engine: LoggedEngine) -> dict[str, int]:
         "GROUP BY table ORDER BY table")}
 
 
+def pods_of(engine: LoggedEngine) -> int:
+    """Distinct pods that held a GPU in the store."""
+    return int(engine.rows("SELECT uniqExact(cluster, namespace, pod) FROM pod_daily")[0][0])
+
+
 @dataclass
 class StoreFigures:
     days: int
@@ -290,6 +319,8 @@ class StoreFigures:
     costs: dict[str, Cost]
     subjects: dict[str, Subject]
     disk: dict[str, int]
+    pods: int
+    """Pods of the range (the store's whole history), the size of a :attr:`Rating.PER_POD` question."""
 
 
 def measure_store(path: Path, days: int, gpus: int, start: datetime, end: datetime, scratch: Path,
@@ -301,7 +332,7 @@ def measure_store(path: Path, days: int, gpus: int, start: datetime, end: dateti
         with quiet_environment():
             chosen = [s for s in subjects(engine.url, reader, start, end, days, scratch) if only is None or only(s)]
             costs = {s.name: measure(engine, s, runs) for s in chosen}
-        return StoreFigures(days, gpus, costs, {s.name: s for s in chosen}, bytes_on_disk(engine))
+        return StoreFigures(days, gpus, costs, {s.name: s for s in chosen}, bytes_on_disk(engine), pods_of(engine))
     finally:
         reader.close()
         engine.close()

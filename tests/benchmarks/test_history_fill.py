@@ -10,7 +10,8 @@ against the same template days stored through the sink's write path
 - every copied (fleet copy, day) holds its variant's rows once: no copy's natural key collides with
   another's (counts under ``FINAL`` equal the sum of the copies);
 - every table has the sink's columns, in order (the column spec of sinks/tables.py);
-- a cached store of an older schema is migrated forward, not filled again.
+- a cached store of an older schema is migrated forward, not filled again;
+- the store is priced: every GPU model it sampled has a list price, so the report's money is known.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import pytest
 
 from benchmarks.history.fill import TABLES, FillOutcome, FillSpec, fill, sink_settings, template_scenario
+from reports.analyses import scoped
+from reports.notes import price_gaps
 from simulation.replay import run_in_process
 from simulation.store import store_in_process
 from sinks.clickhouse import ClickHouseStore, open_store
@@ -173,3 +176,15 @@ def test_a_cached_store_of_an_older_schema_is_migrated_not_filled_again(filled: 
     with closing(open_store(f"chdb://{older / 'clickhouse'}")) as store:
         assert last not in [int(r[0]) for r in store.query("SELECT version FROM schema_migrations").rows]
     assert fill(SPEC_SMALL, tmp_path).upgraded_from == older.name  # cached now, not migrated again
+
+
+def test_the_store_is_priced_as_an_installation_is(filled: FillOutcome) -> None:
+    """Every GPU model the fleet sampled has a list price in ``gpu_prices`` (the sink loads the
+    configured prices at start), so the report's money over the filled history is known."""
+    with closing(open_store(f"chdb://{filled.path}")) as store:
+        sampled = {str(r[0]) for r in store.query("SELECT DISTINCT gpu_model FROM gpu_samples "
+                                                  "WHERE mig_parent_uuid = ''").rows}
+        priced = {str(r[0]) for r in store.query("SELECT gpu_model FROM gpu_prices WHERE usd_per_gpu_hour > 0").rows}
+    assert len(sampled) >= 2 and sampled <= priced
+    with closing(ClickHouseStore(f"chdb://{filled.path}", read_only=True)) as reader:
+        assert not price_gaps(scoped(reader)), "the report would show the money as unknown"
